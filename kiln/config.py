@@ -1,0 +1,162 @@
+"""The one flag registry of kiln, and its log channels.
+
+Every tunable lives here as a typed `Flag`. Each flag can be overridden from the environment as
+`KILN_<NAME>` (upper case); nothing else in kiln reads `os.environ`. Code reads a flag with
+`config.get("name")` or the attribute form `config.flags.name`, and tests change one for a block with
+`with config.patch(name=value): ...`.
+
+Log channels: `log = channel("fusion")` gives a `logging.Logger` named `kiln.fusion` that prints to
+stderr when `KILN_LOGS=fusion` (comma separated; `all` switches every channel on).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import sys
+from typing import Any, Callable, Iterator
+
+
+@dataclasses.dataclass(slots=True)
+class Flag:
+    name: str
+    default: Any
+    type: Callable[[str], Any]
+    doc: str
+    value: Any = None
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected a boolean (1/0/true/false), got {text!r}")
+
+
+def _parse_optional_str(text: str) -> str | None:
+    return text or None
+
+
+_FLAGS: dict[str, Flag] = {}
+
+
+def define(name: str, default: Any, doc: str, type: Callable[[str], Any] | None = None) -> Flag:
+    """Register a flag. Its environment override is `KILN_<NAME>`."""
+    if name in _FLAGS:
+        raise ValueError(f"flag {name!r} is defined twice")
+    if type is None:
+        type = _parse_bool if isinstance(default, bool) else (builtin_type(default))
+    flag = Flag(name, default, type, doc)
+    env = os.environ.get("KILN_" + name.upper())
+    if env is not None:
+        try:
+            flag.value = type(env)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"bad value for environment variable KILN_{name.upper()}={env!r}: {e}") from None
+    else:
+        flag.value = default
+    _FLAGS[name] = flag
+    return flag
+
+
+def builtin_type(default: Any) -> Callable[[str], Any]:
+    if default is None:
+        return _parse_optional_str
+    return type(default)
+
+
+def get(name: str) -> Any:
+    try:
+        return _FLAGS[name].value
+    except KeyError:
+        raise KeyError(f"unknown kiln flag {name!r}; known flags: {sorted(_FLAGS)}") from None
+
+
+def set(name: str, value: Any) -> None:  # noqa: A001 - mirrors get()
+    get(name)
+    _FLAGS[name].value = value
+
+
+@contextlib.contextmanager
+def patch(**values: Any) -> Iterator[None]:
+    """Temporarily set flags: `with config.patch(verify=True): ...`."""
+    old = {name: get(name) for name in values}
+    try:
+        for name, value in values.items():
+            set(name, value)
+        yield
+    finally:
+        for name, value in old.items():
+            set(name, value)
+
+
+def describe() -> str:
+    """Every flag with its current value and doc, one per line."""
+    return "\n".join(f"KILN_{f.name.upper()}={f.value!r}  # {f.doc}" for f in _FLAGS.values())
+
+
+class _Flags:
+    def __getattr__(self, name: str) -> Any:
+        return get(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        set(name, value)
+
+
+flags = _Flags()
+
+# ---- the flags -------------------------------------------------------------------------------------------
+define("logs", "", "comma-separated log channels to print (or 'all')", type=str)
+define("debug_dir", None, "dump every artifact of every compiled graph into this directory")
+define("verify", False, "run the graph verifier after every pass")
+define("cache_dir", os.path.join(os.path.expanduser("~"), ".cache", "kiln"), "on-disk cache directory",
+       type=str)
+define("raise_on_error", False, "raise internal compile errors instead of falling back to eager")
+define("recompile_limit", 8, "recaptures of one code object before it runs eagerly")
+define("strict_decompositions", False,
+       "raise when a decomposition disagrees with eager instead of falling back to the torch op")
+define("fuel", -1, "optimization fuel: stop fusing after this many fusions (-1: unlimited)")
+define("cxx", "g++", "C++ compiler used by the cpp backend", type=str)
+
+
+# ---- log channels ----------------------------------------------------------------------------------------
+CHANNELS = ("capture", "guards", "recompiles", "breaks", "graph", "prims", "fusion", "kernels", "cache",
+            "bench")
+_handler: logging.Handler | None = None
+
+
+def _enabled_channels() -> set[str]:
+    names = {c.strip() for c in str(get("logs")).split(",") if c.strip()}
+    return set(CHANNELS) if "all" in names else names
+
+
+def channel(name: str) -> logging.Logger:
+    """The logger of one channel; it prints when the channel is named in KILN_LOGS."""
+    global _handler
+    if name not in CHANNELS:
+        raise ValueError(f"unknown log channel {name!r}; channels: {', '.join(CHANNELS)}")
+    logger = logging.getLogger("kiln." + name)
+    if _handler is None:
+        _handler = logging.StreamHandler(sys.stderr)
+        _handler.setFormatter(logging.Formatter("[kiln.%(name_short)s] %(message)s"))
+        _handler.addFilter(_short_name)
+    if _handler not in logger.handlers:
+        logger.addHandler(_handler)
+        logger.propagate = False
+    logger.setLevel(logging.DEBUG if name in _enabled_channels() else logging.WARNING)
+    return logger
+
+
+def refresh_channels() -> None:
+    """Re-read `logs` after it was changed at run time (e.g. by config.patch)."""
+    enabled = _enabled_channels()
+    for name in CHANNELS:
+        logging.getLogger("kiln." + name).setLevel(logging.DEBUG if name in enabled else logging.WARNING)
+
+
+def _short_name(record: logging.LogRecord) -> bool:
+    record.name_short = record.name.removeprefix("kiln.")
+    return True

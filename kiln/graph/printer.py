@@ -1,0 +1,136 @@
+"""Print a Graph as a runnable Python function, with shapes and dtypes in comments."""
+from __future__ import annotations
+
+import math
+import types
+from typing import Any
+
+import torch
+
+from .graph import Graph, Node, meta_text, nan_safe_repr, torch_name
+
+_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.memory_format, torch.layout)
+
+
+def _resolves(dotted: str, obj: Any) -> bool:
+    parts = dotted.split(".")
+    if parts[0] != "torch":
+        return False
+    current: Any = torch
+    for part in parts[1:]:
+        current = getattr(current, part, None)
+        if current is None:
+            return False
+    return current is obj
+
+
+class _Emitter:
+    def __init__(self) -> None:
+        self.globals: dict[str, Any] = {"torch": torch, "inf": math.inf, "nan": math.nan,
+                                        "device": torch.device}
+        self.prims: dict[str, Any] = {}
+        self._objects: dict[int, str] = {}
+
+    def hold(self, obj: Any, hint: str) -> str:
+        """Name an object the source cannot spell; it goes into the globals."""
+        key = id(obj)
+        if key not in self._objects:
+            name = f"_{hint}_{len(self._objects)}"
+            self._objects[key] = name
+            self.globals[name] = obj
+        return self._objects[key]
+
+    def value(self, v: Any) -> str:
+        if isinstance(v, Node):
+            return v.name
+        if isinstance(v, float):
+            return nan_safe_repr(v)
+        if isinstance(v, _PLAIN):
+            return repr(v)
+        if isinstance(v, torch.device):
+            return f"device({str(v)!r})"
+        if isinstance(v, torch.Size):
+            return repr(tuple(v))
+        if isinstance(v, slice):
+            return f"slice({self.value(v.start)}, {self.value(v.stop)}, {self.value(v.step)})"
+        if v is Ellipsis:
+            return "Ellipsis"
+        if isinstance(v, tuple) and not hasattr(v, "_fields"):
+            inner = ", ".join(self.value(x) for x in v)
+            return f"({inner},)" if len(v) == 1 else f"({inner})"
+        if isinstance(v, list):
+            return "[" + ", ".join(self.value(x) for x in v) + "]"
+        if isinstance(v, dict) and all(isinstance(k, str) for k in v):
+            return "{" + ", ".join(f"{k!r}: {self.value(x)}" for k, x in v.items()) + "}"
+        if isinstance(v, complex):
+            return repr(v)
+        return self.hold(v, "obj")
+
+    def target(self, node: Node) -> str:
+        if node.op == "call_prim":
+            self.prims[node.target.name] = node.target
+            return f"prims.{node.target.name}"
+        name = torch_name(node.target)
+        if _resolves(name, node.target):
+            return name
+        return self.hold(node.target, "fn")
+
+
+def python_code(graph: Graph, header: str | None = None) -> tuple[str, dict[str, Any]]:
+    em = _Emitter()
+    lines: list[str] = []
+    if header:
+        lines.append(f"# {header}")
+    params = []
+    for node in graph.placeholders:
+        params.append(node.name)
+    lines.append(f"def {graph.name}({', '.join(params)}):")
+    for node in graph.placeholders:
+        lines.append(f"    # {node.name}: {meta_text(node.meta)}")
+    body = 0
+    for node in graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        body += 1
+        comment = f"  # {meta_text(node.meta)}"
+        if node.is_fallback:
+            comment += "  (fallback)"
+        if node.origin:
+            comment += f"  from {node.origin}"
+        if node.op == "constant":
+            rhs = em.hold(node.target, "const")
+        elif node.op == "getitem":
+            rhs = f"{node.args[0].name}[{node.args[1]}]"
+        else:
+            args = [em.value(a) for a in node.args]
+            args += [f"{k}={em.value(v)}" for k, v in node.kwargs.items()]
+            rhs = f"{em.target(node)}({', '.join(args)})"
+        lines.append(f"    {node.name} = {rhs}{comment}")
+    for name, node in graph.mutated_inputs.items():
+        lines.append(f"    {name}.copy_({node.name})  # input {name} is mutated")
+    if graph.nodes and graph.nodes[-1].op == "output":
+        lines.append(f"    return {em.value(graph.output_value)}")
+    elif body == 0:
+        lines.append("    pass")
+    if em.prims:
+        em.globals["prims"] = types.SimpleNamespace(**em.prims)
+    return "\n".join(lines) + "\n", em.globals
+
+
+def compile_python(graph: Graph) -> Any:
+    """The graph's printed source, executed: a Python function computing the graph."""
+    source, env = python_code(graph)
+    code = compile(source, f"<kiln graph {graph.name}>", "exec")
+    exec(code, env)
+    return env[graph.name]
+
+
+def count_ops(graph: Graph) -> dict[str, int]:
+    """How many nodes call each target, by printed name."""
+    counts: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.op in ("call_prim", "call_torch"):
+            name = node.target_name()
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+

@@ -1,0 +1,346 @@
+"""The torch surface: each torch callable maps to a decomposition into prims.
+
+`@register(torch.add, torch.Tensor.add, torch.Tensor.__add__)` registers a Python function that takes the
+same arguments as the torch op — with proxies for tensors — and computes the result with prims and other
+decompositions. Torch calls on proxies reach `call`:
+
+- at the top level of a trace, `call` records one `call_torch` node whose `decomposition` is the prim graph
+  of the op, built by running the decomposition on fresh proxies; its output meta comes from there;
+- inside a decomposition (the tracer is `inline`), torch calls record their prims directly;
+- an op with no decomposition, or whose decomposition raises `NoDecomposition`, becomes a fallback node
+  (it calls the torch op; its output meta comes from the `meta` device); fallbacks are counted;
+- bad input raises the exception eager raises; a decomposition error eager does not share is a kiln bug:
+  the op falls back (counted) unless `strict_decompositions` is set.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any, Callable
+
+import torch
+
+from .. import config
+from ..counters import counters
+from ..graph import (DataDependentError, Graph, Proxy, TensorMeta, Tracer, current_tracer, dce, flatten,
+                     map_structure, torch_name, tracing)
+from ..graph.proxy import set_torch_call_handler
+
+log = config.channel("prims")
+
+DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {}
+
+
+class NoDecomposition(Exception):
+    """Raised by a decomposition for a case it does not handle; the op runs as a fallback."""
+
+
+class UnsupportedError(RuntimeError):
+    """The trace cannot represent this program (kiln's capture turns it into a graph break)."""
+
+
+def register(*targets: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a decomposition for one or more torch callables."""
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for target in targets:
+            if target is None:
+                continue
+            DECOMPOSITIONS[target] = fn
+        return fn
+    return wrap
+
+
+def lookup(func: Any) -> Callable[..., Any] | None:
+    return DECOMPOSITIONS.get(func)
+
+
+# ---- aliasing: views share storage, and in-place ops on aliased tensors are refused ---------------------
+
+class _Aliases:
+    """Which proxies are views of which base, so in-place updates that would reach an alias are refused."""
+
+    def __init__(self) -> None:
+        self.base: weakref.WeakKeyDictionary[Proxy, Proxy] = weakref.WeakKeyDictionary()
+        self.has_views: weakref.WeakSet[Proxy] = weakref.WeakSet()
+        self.input_name: weakref.WeakKeyDictionary[Proxy, str] = weakref.WeakKeyDictionary()
+
+
+_ALIASES: weakref.WeakKeyDictionary[Graph, _Aliases] = weakref.WeakKeyDictionary()
+
+
+def aliases(graph: Graph) -> _Aliases:
+    if graph not in _ALIASES:
+        _ALIASES[graph] = _Aliases()
+    return _ALIASES[graph]
+
+
+VIEW_OPS: set[Any] = set()  # torch callables whose (tensor) outputs alias their first input
+INPLACE_OPS: set[Any] = set()  # torch callables that update their first argument in place
+
+
+def mark_view(*targets: Any) -> None:
+    VIEW_OPS.update(t for t in targets if t is not None)
+
+
+def mark_inplace(*targets: Any) -> None:
+    INPLACE_OPS.update(t for t in targets if t is not None)
+
+
+# ---- the torch-call handler ------------------------------------------------------------------------------
+
+def _op_name(func: Any) -> str:
+    return torch_name(func)
+
+
+def _shapes(args: tuple, kwargs: dict) -> str:
+    parts = []
+    for v in flatten((args, kwargs)):
+        if isinstance(v, (Proxy, torch.Tensor)):
+            parts.append(f"{str(v.dtype).removeprefix('torch.')}[{', '.join(str(s) for s in v.shape)}]")
+    return ", ".join(parts)
+
+
+def _meta_value(v: Any) -> Any:
+    if isinstance(v, Proxy):
+        return v.meta.empty()
+    return v
+
+
+def _example_value(v: Any) -> Any:
+    if isinstance(v, Proxy):
+        if v.example is None:
+            raise LookupError
+        return v.example
+    return v
+
+
+def _eager(func: Any, args: tuple, kwargs: dict, on: str) -> Any:
+    convert = _meta_value if on == "meta" else _example_value
+    return func(*map_structure(convert, args), **map_structure(convert, kwargs))
+
+
+def _has_examples(args: tuple, kwargs: dict) -> bool:
+    return all(p.example is not None for p in flatten((args, kwargs)) if isinstance(p, Proxy))
+
+
+def call(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Handle a torch call whose arguments include proxies (or any torch call while tracing)."""
+    proxies = [a for a in flatten((args, kwargs)) if isinstance(a, Proxy)]
+    tracer = current_tracer()
+    if tracer is None:
+        if not proxies:
+            return func(*args, **kwargs)
+        tracer = Tracer(proxies[0].node.graph)
+    if tracer.inline:
+        fn = lookup(func)
+        if fn is None:
+            raise NoDecomposition(_op_name(func))
+        return fn(*args, **kwargs)
+    with tracing(tracer):
+        return _record(tracer, func, args, kwargs)
+
+
+def _lift(graph: Graph, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Turn real tensors among the arguments into constant nodes of the graph."""
+    def lift(v: Any) -> Any:
+        if isinstance(v, torch.Tensor) and not isinstance(v, Proxy):
+            return Proxy(graph.constant(v), example=v)
+        return v
+    return map_structure(lift, args), map_structure(lift, kwargs)
+
+
+def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
+    graph = tracer.graph
+    args, kwargs = _lift(graph, args, kwargs)
+    name = _op_name(func)
+    inplace = func in INPLACE_OPS
+    if inplace:
+        _check_inplace(graph, func, args)
+    outer = [v for v in flatten((args, kwargs)) if isinstance(v, Proxy)]
+
+    # Build the decomposition on fresh proxies of a sub-graph.
+    sub = Graph(name.rsplit(".", 1)[-1])
+    sub_inputs = [Proxy(sub.placeholder(f"a{i}", p.meta)) for i, p in enumerate(outer)]
+    order = iter(sub_inputs)
+
+    def to_sub(v: Any) -> Any:
+        return next(order) if isinstance(v, Proxy) else v
+    sub_args, sub_kwargs = map_structure(to_sub, args), map_structure(to_sub, kwargs)
+    decomposition: Graph | None = None
+    result: Any = None
+    fn = lookup(func)
+    failure: BaseException | None = None
+    if fn is not None:
+        try:
+            with tracing(Tracer(sub, inline=True)):
+                result = fn(*sub_args, **sub_kwargs)
+            decomposition = sub
+        except NoDecomposition as e:
+            counters["no_decomposition"][f"{name} (needs {e})" if str(e) != name else name] += 1
+        except DataDependentError as e:
+            failure = e
+        except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError, AssertionError,
+                ZeroDivisionError, OverflowError) as e:
+            failure = e
+    else:
+        counters["no_decomposition"][name] += 1
+
+    examples = _has_examples(args, kwargs)
+    if failure is not None:
+        _raise_eager_error(func, name, args, kwargs, failure, examples)
+        counters["decomposition_error"][name] += 1
+        log.warning("decomposition of %s failed where eager succeeds (%s: %s); running it as a fallback",
+                    name, type(failure).__name__, failure)
+        if config.get("strict_decompositions"):
+            raise failure
+
+    if decomposition is not None and not any(isinstance(v, Proxy) for v in flatten(result)):
+        return result  # a Python value (e.g. torch.numel); nothing to record
+
+    real: Any = None
+    if examples:
+        real = _eager(func, args, kwargs, "example")
+    if decomposition is not None:
+        identity = _identity_output(result, sub_inputs, outer)
+        if identity is not None and not inplace:
+            return identity
+        leaves = [v for v in flatten(result) if isinstance(v, Proxy)]
+        if real is not None and not _metas_agree(leaves, real):
+            counters["decomposition_mismatch"][name] += 1
+            log.warning("decomposition of %s gives %s, eager gives %s; running it as a fallback", name,
+                        [p.meta.short() for p in leaves],
+                        [TensorMeta.of(t).short() for t in flatten(real) if isinstance(t, torch.Tensor)])
+            if config.get("strict_decompositions"):
+                raise AssertionError(f"decomposition of {name} disagrees with eager on metadata")
+            decomposition = None
+        else:
+            sub.output(map_structure(lambda v: v.node if isinstance(v, Proxy) else v, result))
+            dce(sub)
+            metas = tuple(p.meta for p in leaves)
+            structure = result
+    if decomposition is None:
+        counters["fallback"][name] += 1
+        if real is None:
+            try:
+                real = _eager(func, args, kwargs, "meta")
+            except Exception as e:
+                raise UnsupportedError(f"{name} has no decomposition and no meta implementation, so kiln "
+                                       f"cannot know its output shape ({type(e).__name__}: {e})") from None
+        structure = real
+        metas = tuple(TensorMeta.of(t) for t in flatten(real) if isinstance(t, torch.Tensor))
+
+    node_args = map_structure(lambda v: v.node if isinstance(v, Proxy) else v, args)
+    node_kwargs = map_structure(lambda v: v.node if isinstance(v, Proxy) else v, kwargs)
+    single = isinstance(structure, (Proxy, torch.Tensor))
+    node = graph.call_torch(func, node_args, node_kwargs, metas[0] if single else metas, decomposition,
+                            origin=tracer.origin)
+    if single:
+        out: Any = Proxy(node, example=real if isinstance(real, torch.Tensor) else None)
+    else:
+        counter = itertools.count()
+        real_leaves = [t for t in flatten(real) if isinstance(t, torch.Tensor)] if real is not None else None
+
+        def rebuild(v: Any) -> Any:
+            if isinstance(v, (Proxy, torch.Tensor)):
+                i = next(counter)
+                return Proxy(graph.getitem(node, i), example=real_leaves[i] if real_leaves else None)
+            return v
+        out = map_structure(rebuild, structure)
+    if func in VIEW_OPS and outer:
+        _note_views(graph, outer[0], out)
+    if inplace:
+        return _apply_inplace(graph, args[0], out)
+    return out
+
+
+def _identity_output(result: Any, sub_inputs: list[Proxy], outer: list[Proxy]) -> Any:
+    """When the decomposition returned one of its inputs unchanged, return the caller's proxy itself."""
+    if isinstance(result, Proxy):
+        for inner, o in zip(sub_inputs, outer):
+            if result is inner:
+                return o
+    return None
+
+
+def _metas_agree(leaves: list[Proxy], real: Any) -> bool:
+    reals = [t for t in flatten(real) if isinstance(t, torch.Tensor)]
+    if len(reals) != len(leaves):
+        return False
+    return all(tuple(p.meta.shape) == tuple(t.shape) and p.meta.dtype == t.dtype for p, t in zip(leaves, reals))
+
+
+def _raise_eager_error(func: Any, name: str, args: tuple, kwargs: dict, failure: BaseException,
+                       examples: bool) -> None:
+    """If eager fails on these inputs too, raise eager's exception type with a message naming the op."""
+    try:
+        _eager(func, args, kwargs, "example" if examples else "meta")
+    except NotImplementedError:
+        if not examples:
+            raise failure  # the meta device cannot tell; trust the decomposition's check
+        return
+    except Exception as eager_error:
+        if isinstance(failure, type(eager_error)):
+            raise failure.with_traceback(None) from None
+        message = f"{name}({_shapes(args, kwargs)}): {eager_error}"
+        try:
+            error = type(eager_error)(message)
+        except Exception:
+            raise eager_error from None
+        raise error from None
+
+
+def _check_inplace(graph: Graph, func: Any, args: tuple) -> None:
+    target = args[0] if args else None
+    if not isinstance(target, Proxy):
+        raise TypeError(f"{_op_name(func)}: expected a tensor to update in place")
+    al = aliases(graph)
+    if target in al.base or target in al.has_views:
+        raise UnsupportedError(
+            f"{_op_name(func)} updates tensor {target.node.name} in place while other tensors share its "
+            f"memory (a view or its base); kiln does not trace in-place updates of aliased tensors")
+
+
+def _note_views(graph: Graph, source: Proxy, out: Any) -> None:
+    al = aliases(graph)
+    base = al.base.get(source, source)
+    for v in flatten(out):
+        if isinstance(v, Proxy) and v is not source:
+            al.base[v] = base
+            al.has_views.add(base)
+
+
+def _apply_inplace(graph: Graph, target: Proxy, result: Any) -> Proxy:
+    """Make `target` stand for the updated value; record the mutation when it is a graph input."""
+    new = result if isinstance(result, Proxy) else next(v for v in flatten(result) if isinstance(v, Proxy))
+    check_same = new.meta
+    if tuple(check_same.shape) != tuple(target.meta.shape) or check_same.dtype != target.meta.dtype:
+        raise RuntimeError(f"in-place result {check_same.short()} does not match the updated tensor "
+                           f"{target.meta.short()}")
+    target.node = new.node
+    target.example = new.example
+    name = aliases(graph).input_name.get(target)
+    if name is not None:
+        graph.mutated_inputs[name] = new.node
+    return target
+
+
+set_torch_call_handler(call)
+
+
+def symbolic_call(func: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run one torch op on tensor metadata (TensorMeta or example tensors) without computing values.
+
+    Returns the recorded graph's output proxies; used to check meta rules and error behaviour.
+    """
+    graph = Graph(_op_name(func).rsplit(".", 1)[-1])
+    counter = itertools.count()
+
+    def to_proxy(v: Any) -> Any:
+        if isinstance(v, TensorMeta):
+            return Proxy(graph.placeholder(f"x{next(counter)}", v))
+        if isinstance(v, torch.Tensor):
+            return Proxy(graph.placeholder(f"x{next(counter)}", TensorMeta.of(v)))
+        return v
+    args, kwargs = map_structure(to_proxy, args), map_structure(to_proxy, kwargs)
+    with tracing(graph):
+        return call(func, args, kwargs)

@@ -1,0 +1,218 @@
+"""What decompositions share: torch's type promotion, broadcasting, dims, and the elementwise wrapper."""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .. import prims
+from ..graph import Proxy, TensorMeta
+
+Number = (bool, int, float, complex)
+
+
+def is_tensor(v: Any) -> bool:
+    return isinstance(v, (Proxy, torch.Tensor))
+
+
+def is_number(v: Any) -> bool:
+    return isinstance(v, Number) and not isinstance(v, torch.Tensor)
+
+
+def check(cond: bool, message: Callable[[], str], exc: type[Exception] = RuntimeError) -> None:
+    if not cond:
+        raise exc(message())
+
+
+def shape_text(v: Any) -> str:
+    if is_tensor(v):
+        return f"[{', '.join(str(s) for s in v.shape)}]"
+    return repr(v)
+
+
+# ---- type promotion (torch's rules: dimensioned tensors > zero-dim tensors > Python numbers) ----------------
+
+def _category(dtype: torch.dtype | None) -> int:
+    if dtype is None:
+        return -1
+    if dtype == torch.bool:
+        return 0
+    if dtype.is_complex:
+        return 3
+    return 2 if dtype.is_floating_point else 1
+
+
+def _promote(a: torch.dtype | None, b: torch.dtype | None) -> torch.dtype | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return torch.promote_types(a, b)
+
+
+def _to_complex(dtype: torch.dtype) -> torch.dtype:
+    return {torch.float64: torch.complex128, torch.float16: torch.complex32}.get(dtype, torch.complex64)
+
+
+def _combine(higher: torch.dtype | None, lower: torch.dtype | None) -> torch.dtype | None:
+    """Combine the results of two priority groups: the lower group counts only if its category is higher."""
+    if higher is not None and higher.is_complex:
+        return higher
+    if lower is not None and lower.is_complex:
+        if higher is not None and higher.is_floating_point:
+            return _to_complex(higher)
+        return lower
+    if higher is not None and higher.is_floating_point:
+        return higher
+    if higher == torch.bool or (lower is not None and lower.is_floating_point):
+        return _promote(higher, lower)
+    return higher if higher is not None else lower
+
+
+def scalar_dtype(value: Any) -> torch.dtype:
+    if isinstance(value, bool):
+        return torch.bool
+    if isinstance(value, int):
+        return torch.int64
+    if isinstance(value, float):
+        return torch.get_default_dtype()
+    if isinstance(value, complex):
+        return _to_complex(torch.get_default_dtype())
+    raise TypeError(f"expected a tensor or a number, got {type(value).__name__}")
+
+
+def result_type(*args: Any) -> torch.dtype:
+    """The dtype torch computes an elementwise op in, for tensors and Python numbers (torch.result_type)."""
+    dim_result = zero_result = wrapped_result = None
+    for a in args:
+        if a is None:
+            continue
+        if is_tensor(a):
+            if a.ndim > 0:
+                dim_result = _promote(dim_result, a.dtype)
+            else:
+                zero_result = _promote(zero_result, a.dtype)
+        elif isinstance(a, torch.dtype):
+            dim_result = _promote(dim_result, a)
+        else:
+            wrapped_result = _promote(wrapped_result, scalar_dtype(a))
+    result = _combine(dim_result, _combine(zero_result, wrapped_result))
+    if result is None:
+        raise TypeError("result_type needs at least one tensor or number")
+    return result
+
+
+def is_float_dtype(dtype: torch.dtype) -> bool:
+    return dtype.is_floating_point or dtype.is_complex
+
+
+def computation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Low-precision floats compute in float32 (as torch's CPU kernels do), then round back."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return torch.float32
+    if dtype == torch.complex32:
+        return torch.complex64
+    return dtype
+
+
+def can_cast(from_: torch.dtype, to: torch.dtype) -> bool:
+    """torch.can_cast: same or lower category."""
+    return _category(from_) <= _category(to)
+
+
+# ---- conversion and broadcasting --------------------------------------------------------------------------
+
+def convert(a: Any, dtype: torch.dtype) -> Any:
+    """A tensor or number converted to dtype (numbers stay Python numbers of the right kind)."""
+    if is_tensor(a):
+        return a if a.dtype == dtype else prims.convert_element_type(a, dtype)
+    if dtype == torch.bool:
+        return bool(a)
+    if dtype.is_complex:
+        return complex(a)
+    if dtype.is_floating_point:
+        return float(a) if not isinstance(a, complex) else a
+    return int(a) if not isinstance(a, (float, complex)) else a
+
+
+def broadcast_shapes(*shapes: Sequence[Any]) -> tuple:
+    """torch.broadcast_shapes, with eager's error message."""
+    ndim = max((len(s) for s in shapes), default=0)
+    result: list[Any] = [1] * ndim
+    for shape in shapes:
+        offset = ndim - len(shape)
+        for i, size in enumerate(shape):
+            j = offset + i
+            if size == 1:
+                continue
+            if result[j] == 1:
+                result[j] = size
+            elif result[j] != size:
+                raise RuntimeError(f"The size of tensor a ({result[j]}) must match the size of tensor b "
+                                   f"({size}) at non-singleton dimension {j}")
+    # a 0-size dim wins over a size-1 dim
+    for shape in shapes:
+        offset = ndim - len(shape)
+        for i, size in enumerate(shape):
+            if size == 0:
+                result[offset + i] = 0
+    return tuple(result)
+
+
+def broadcast_to(a: Any, shape: Sequence[Any]) -> Any:
+    """Broadcast a tensor to shape (a view); numbers stay numbers."""
+    if not is_tensor(a):
+        return a
+    shape = tuple(shape)
+    if tuple(a.shape) == shape:
+        return a
+    check(len(shape) >= a.ndim, lambda: f"cannot broadcast {shape_text(a)} to {list(shape)}")
+    offset = len(shape) - a.ndim
+    return prims.broadcast_in_dim(a, shape, tuple(range(offset, len(shape))))
+
+
+def broadcast(*args: Any) -> list[Any]:
+    shape = broadcast_shapes(*[a.shape for a in args if is_tensor(a)])
+    return [broadcast_to(a, shape) for a in args]
+
+
+def wrap_dim(dim: int, ndim: int) -> int:
+    return prims.wrap_dim(dim, ndim)
+
+
+def canonical_dims(dims: Any, ndim: int) -> tuple[int, ...]:
+    """Dims as a sorted tuple of non-negative ints; None or () mean every dim."""
+    if dims is None:
+        return tuple(range(ndim))
+    if isinstance(dims, int):
+        dims = (dims,)
+    dims = tuple(wrap_dim(d, ndim) for d in dims)
+    check(len(set(dims)) == len(dims), lambda: f"dim {dims} appears multiple times in the list of dims")
+    return tuple(sorted(dims)) if dims else tuple(range(ndim))
+
+
+# ---- the elementwise wrapper --------------------------------------------------------------------------
+
+def elementwise(prim: Any, *args: Any, promotion: str = "default", name: str | None = None) -> Any:
+    """Apply an elementwise prim with torch's promotion and broadcasting.
+
+    promotion:
+      default       compute and return in the promoted dtype (low-precision floats compute in float32)
+      int_to_float  like default, but integer and bool inputs compute in the default float dtype
+      always_bool   compute in the promoted dtype, the prim returns bool (comparisons)
+      no_opmath     compute in the promoted dtype exactly, no float32 upcast
+    """
+    check(any(is_tensor(a) for a in args), lambda: f"{name or prim.name}: expected a tensor argument", TypeError)
+    dtype = result_type(*args)
+    if promotion == "int_to_float" and not is_float_dtype(dtype):
+        dtype = torch.get_default_dtype()
+    compute = dtype if promotion == "no_opmath" else computation_dtype(dtype)
+    converted = [convert(a, compute) for a in args]
+    out = prim(*broadcast(*converted))
+    if promotion == "always_bool":
+        return out
+    return convert(out, dtype) if out.dtype != dtype else out
+
+
+def meta_like(a: Any) -> TensorMeta:
+    return a.meta if isinstance(a, Proxy) else TensorMeta.of(a)
