@@ -130,7 +130,7 @@ _handler: logging.Handler | None = None
 
 def _enabled_channels() -> set[str]:
     names = {c.strip() for c in str(get("logs")).split(",") if c.strip()}
-    return set(CHANNELS) if "all" in names else names
+    return {*CHANNELS} if "all" in names else names  # (`set` is shadowed by config.set)
 
 
 def channel(name: str) -> logging.Logger:

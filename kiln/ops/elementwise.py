@@ -1,42 +1,442 @@
-"""Decompositions of elementwise torch ops: math, comparisons, bitwise and logical ops, where, casts."""
+"""Decompositions of elementwise torch ops: math, comparisons, bitwise and logical ops, clamp, where.
+
+Every op goes through `utils.elementwise`, which applies torch's type promotion (dimensioned tensors >
+0-d tensors > Python numbers; low-precision floats compute in float32) and broadcasting. Reflected
+operators (`2 - x` is `x.__rsub__(2)`) swap their operands. Special functions and casts live in
+`elementwise_special.py`, imported at the end of this module.
+"""
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Callable
 
 import torch
 
 from .. import prims
-from .registry import register
-from .utils import check, elementwise, is_tensor
+from .registry import NoDecomposition, register
+from .utils import (broadcast, check, computation_dtype, convert, elementwise, is_float_dtype, is_tensor,
+                    result_type)
 
 
-def _scaled(b: Any, alpha: Any, op: str) -> Any:
-    if alpha is None or alpha == 1:
-        return b
-    check(not isinstance(alpha, bool) or (is_tensor(b) and b.dtype == torch.bool),
-          lambda: f"{op}: Boolean alpha only supported for Boolean results.")
-    return elementwise(prims.mul, b, alpha)
+def decomposition(*targets: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`register`, skipping targets this torch build lacks (None) and refusing `out=` (a fallback)."""
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.pop("out", None) is not None:
+                raise NoDecomposition(f"{fn.__name__} with out=")
+            return fn(*args, **kwargs)
+        run.__name__ = fn.__name__
+        run.__qualname__ = fn.__qualname__
+        run.__doc__ = fn.__doc__
+        register(*targets)(run)
+        return run
+    return wrap
 
 
-@register(torch.add, torch.Tensor.add, torch.Tensor.__add__, torch.Tensor.__radd__)
-def add(a: Any, b: Any, *, alpha: Any = None) -> Any:
-    return elementwise(prims.add, a, _scaled(b, alpha, "add"))
+def method(name: str) -> Any:
+    return getattr(torch.Tensor, name, None)
 
 
-@register(torch.sub, torch.subtract, torch.Tensor.sub, torch.Tensor.subtract, torch.Tensor.__sub__)
-def sub(a: Any, b: Any, *, alpha: Any = None) -> Any:
-    check(not (is_tensor(a) and a.dtype == torch.bool) or not (is_tensor(b) and b.dtype == torch.bool),
-          lambda: "Subtraction, the `-` operator, with two bool tensors is not supported. "
-                  "Use the `^` or `logical_xor()` operator instead.")
-    return elementwise(prims.sub, a, _scaled(b, alpha, "sub"))
+def copy(a: Any) -> Any:
+    """A fresh tensor with a's values (an op whose result equals its input must still not alias it)."""
+    return prims.convert_element_type(a, a.dtype)
 
 
-@register(torch.mul, torch.multiply, torch.Tensor.mul, torch.Tensor.multiply, torch.Tensor.__mul__,
-          torch.Tensor.__rmul__)
-def mul(a: Any, b: Any) -> Any:
-    return elementwise(prims.mul, a, b)
+def dtype_of(a: Any) -> torch.dtype:
+    return a.dtype if is_tensor(a) else result_type(a)
 
 
-@register(torch.exp, torch.Tensor.exp)
-def exp(a: Any) -> Any:
-    return elementwise(prims.exp, a, promotion="int_to_float")
+def _refuse_complex(op: str, *args: Any) -> None:
+    if any(is_tensor(a) and a.dtype.is_complex for a in args) or any(isinstance(a, complex) for a in args):
+        raise NoDecomposition(f"{op} of complex values")
+
+
+def _refuse_bool(op: str, a: Any, what: str = "cpu") -> None:
+    check(not (is_tensor(a) and a.dtype == torch.bool),
+          lambda: f'"{op}_{what}" not implemented for \'Bool\'', NotImplementedError)
+
+
+# ---- unary math -------------------------------------------------------------------------------------------
+
+def _float_unary(prim: Any, name: str, *targets: Any) -> None:
+    """An op computing in floats: integer and bool inputs become the default float dtype. The prim is the
+    op itself, so it runs in the input's dtype (float16 too), exactly as eager."""
+    def fn(input: Any) -> Any:
+        check(is_tensor(input), lambda: f"{name}(): argument 'input' must be Tensor, not "
+              f"{type(input).__name__}", TypeError)
+        dtype = input.dtype if is_float_dtype(input.dtype) else torch.get_default_dtype()
+        return prim(convert(input, dtype))
+    fn.__name__ = name
+    decomposition(*targets)(fn)
+
+
+_FLOAT_UNARY = [
+    (prims.exp, "exp", [torch.exp, method("exp")]),
+    (prims.exp2, "exp2", [torch.exp2, method("exp2"), torch.special.exp2]),
+    (prims.expm1, "expm1", [torch.expm1, method("expm1"), torch.special.expm1]),
+    (prims.log, "log", [torch.log, method("log")]),
+    (prims.log2, "log2", [torch.log2, method("log2")]),
+    (prims.log10, "log10", [torch.log10, method("log10")]),
+    (prims.log1p, "log1p", [torch.log1p, method("log1p"), torch.special.log1p]),
+    (prims.sqrt, "sqrt", [torch.sqrt, method("sqrt")]),
+    (prims.rsqrt, "rsqrt", [torch.rsqrt, method("rsqrt")]),
+    (prims.sin, "sin", [torch.sin, method("sin")]),
+    (prims.cos, "cos", [torch.cos, method("cos")]),
+    (prims.tan, "tan", [torch.tan, method("tan")]),
+    (prims.asin, "asin", [torch.asin, torch.arcsin, method("asin"), method("arcsin")]),
+    (prims.acos, "acos", [torch.acos, torch.arccos, method("acos"), method("arccos")]),
+    (prims.atan, "atan", [torch.atan, torch.arctan, method("atan"), method("arctan")]),
+    (prims.sinh, "sinh", [torch.sinh, method("sinh")]),
+    (prims.cosh, "cosh", [torch.cosh, method("cosh")]),
+    (prims.tanh, "tanh", [torch.tanh, method("tanh")]),
+    (prims.asinh, "asinh", [torch.asinh, torch.arcsinh, method("asinh"), method("arcsinh")]),
+    (prims.acosh, "acosh", [torch.acosh, torch.arccosh, method("acosh"), method("arccosh")]),
+    (prims.atanh, "atanh", [torch.atanh, torch.arctanh, method("atanh"), method("arctanh")]),
+    (prims.erf, "erf", [torch.erf, method("erf"), torch.special.erf]),
+    (prims.erfc, "erfc", [torch.erfc, method("erfc"), torch.special.erfc]),
+    (prims.erfinv, "erfinv", [torch.erfinv, method("erfinv"), torch.special.erfinv]),
+    (prims.lgamma, "lgamma", [torch.lgamma, method("lgamma"), torch.special.gammaln]),
+    (prims.digamma, "digamma", [torch.digamma, method("digamma"), torch.special.digamma, torch.special.psi]),
+    (prims.sigmoid, "sigmoid", [torch.sigmoid, method("sigmoid"), torch.special.expit]),
+    (prims.reciprocal, "reciprocal", [torch.reciprocal, method("reciprocal")]),
+    (prims.i0, "i0", [torch.i0, method("i0"), torch.special.i0]),
+    (prims.i0e, "i0e", [torch.special.i0e]),
+    (prims.i1, "i1", [torch.special.i1]),
+    (prims.i1e, "i1e", [torch.special.i1e]),
+    (prims.ndtr, "ndtr", [torch.special.ndtr]),
+    (prims.ndtri, "ndtri", [torch.special.ndtri]),
+    (prims.log_ndtr, "log_ndtr", [torch.special.log_ndtr]),
+    (prims.erfcx, "erfcx", [torch.special.erfcx]),
+]
+for _prim, _name, _targets in _FLOAT_UNARY:
+    _float_unary(_prim, _name, *_targets)
+
+
+@decomposition(torch.abs, torch.absolute, method("abs"), method("absolute"), method("__abs__"))
+def abs(input: Any) -> Any:  # noqa: A001
+    _refuse_complex("abs", input)
+    _refuse_bool("abs", input)
+    return elementwise(prims.abs, input)
+
+
+@decomposition(torch.neg, torch.negative, method("neg"), method("negative"), method("__neg__"))
+def neg(input: Any) -> Any:
+    check(input.dtype != torch.bool, lambda: "Negation, the `-` operator, on a bool tensor is not supported. "
+          "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.")
+    return elementwise(prims.neg, input)
+
+
+@decomposition(torch.positive, method("positive"), method("__pos__"))
+def positive(input: Any) -> Any:
+    check(input.dtype != torch.bool, lambda: "The `+` operator, on a bool tensor is not supported.")
+    return input
+
+
+@decomposition(torch.sign, method("sign"))
+def sign(input: Any) -> Any:
+    check(not input.dtype.is_complex, lambda: "Unlike NumPy, torch.sign is not intended to support complex "
+          "numbers. Please use torch.sgn instead.", NotImplementedError)
+    if input.dtype == torch.bool:
+        return copy(input)
+    return elementwise(prims.sign, input)
+
+
+@decomposition(torch.sgn, method("sgn"))
+def sgn(input: Any) -> Any:
+    _refuse_complex("sgn", input)
+    return sign(input)
+
+
+def _rounding(prim: Any, name: str, *targets: Any) -> None:
+    def fn(input: Any) -> Any:
+        _refuse_complex(name, input)
+        if not input.dtype.is_floating_point:
+            _refuse_bool(name, input, "vml_cpu" if name == "trunc" else "cpu")
+            return copy(input)
+        return elementwise(prim, input)
+    fn.__name__ = name
+    decomposition(*targets)(fn)
+
+
+_rounding(prims.ceil, "ceil", torch.ceil, method("ceil"))
+_rounding(prims.floor, "floor", torch.floor, method("floor"))
+_rounding(prims.trunc, "trunc", torch.trunc, torch.fix, method("trunc"), method("fix"))
+
+
+@decomposition(torch.round, method("round"), torch.special.round)
+def round(input: Any, *, decimals: int = 0) -> Any:  # noqa: A001
+    _refuse_complex("round", input)
+    if not input.dtype.is_floating_point:
+        check(decimals == 0, lambda: f"\"round_cpu\" not implemented for '{_dtype_name(input.dtype)}'",
+              NotImplementedError)
+        _refuse_bool("round", input)
+        return copy(input)
+    if decimals == 0:
+        return elementwise(prims.round, input)
+    # as torch: nearbyint(x * 10^d) / 10^d, or nearbyint(x / 10^-d) * 10^-d for negative d
+    ten_pow = float(10.0 ** builtins_abs(decimals))
+    x = convert(input, computation_dtype(input.dtype))
+    if decimals > 0:
+        out = prims.div(prims.round(prims.mul(x, ten_pow)), ten_pow)
+    else:
+        out = prims.mul(prims.round(prims.div(x, ten_pow)), ten_pow)
+    return convert(out, input.dtype)
+
+
+def to_compute(v: Any, dtype: torch.dtype) -> Any:
+    """An operand of an op whose result dtype is `dtype`, in the dtype the op computes in: through `dtype`
+    first (a float16 operand of a bfloat16 op rounds to bfloat16), then upcast (float16 -> float32)."""
+    return convert(convert(v, dtype), computation_dtype(dtype))
+
+
+def builtins_abs(v: Any) -> Any:
+    return v if v >= 0 else -v
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
+            torch.uint8: "Byte", torch.bool: "Bool", torch.float32: "Float", torch.float64: "Double",
+            torch.float16: "Half", torch.bfloat16: "BFloat16"}.get(dtype, str(dtype))
+
+
+@decomposition(torch.frac, method("frac"))
+def frac(input: Any) -> Any:
+    check(input.dtype.is_floating_point, lambda: f"\"frac_cpu\" not implemented for "
+          f"'{_dtype_name(input.dtype)}'", NotImplementedError)
+    x = convert(input, computation_dtype(input.dtype))
+    return convert(prims.sub(x, prims.trunc(x)), input.dtype)
+
+
+@decomposition(torch.square, method("square"))
+def square(input: Any) -> Any:
+    return pow(input, 2)
+
+
+@decomposition(torch.deg2rad, method("deg2rad"))
+def deg2rad(input: Any) -> Any:
+    _refuse_complex("deg2rad", input)
+    return elementwise(prims.mul, input, math.pi / 180, promotion="int_to_float")
+
+
+@decomposition(torch.rad2deg, method("rad2deg"))
+def rad2deg(input: Any) -> Any:
+    _refuse_complex("rad2deg", input)
+    return elementwise(prims.mul, input, 180 / math.pi, promotion="int_to_float")
+
+
+@decomposition(torch.sinc, method("sinc"), torch.special.sinc)
+def sinc(input: Any) -> Any:
+    _refuse_complex("sinc", input)
+    dtype = result_type(input)
+    dtype = dtype if is_float_dtype(dtype) else torch.get_default_dtype()
+    x = convert(input, computation_dtype(dtype))
+    product = prims.mul(x, math.pi)
+    out = prims.where(prims.eq(x, 0), 1.0, prims.div(prims.sin(product), product))
+    return convert(out, dtype)
+
+
+@decomposition(torch.signbit, method("signbit"))
+def signbit(input: Any) -> Any:
+    _refuse_complex("signbit", input)
+    if input.dtype == torch.bool or input.dtype == torch.uint8:
+        return prims.ne(input, input)  # never negative: all False
+    return prims.signbit(input)
+
+
+@decomposition(torch.isnan, method("isnan"))
+def isnan(input: Any) -> Any:
+    if not is_float_dtype(input.dtype):
+        return prims.ne(input, input)  # integers are never NaN: all False
+    return prims.isnan(input)
+
+
+@decomposition(torch.isinf, method("isinf"))
+def isinf(input: Any) -> Any:
+    if not is_float_dtype(input.dtype):
+        return prims.ne(input, input)
+    return prims.isinf(input)
+
+
+@decomposition(torch.isfinite, method("isfinite"))
+def isfinite(input: Any) -> Any:
+    if not is_float_dtype(input.dtype):
+        return prims.eq(input, input)  # all True
+    return prims.isfinite(input)
+
+
+@decomposition(torch.isposinf, method("isposinf"))
+def isposinf(input: Any) -> Any:
+    check(not input.dtype.is_complex, lambda: "isposinf does not support complex inputs.")
+    if not input.dtype.is_floating_point:
+        return prims.ne(input, input)
+    return prims.eq(input, math.inf)
+
+
+@decomposition(torch.isneginf, method("isneginf"))
+def isneginf(input: Any) -> Any:
+    check(not input.dtype.is_complex, lambda: "isneginf does not support complex inputs.")
+    if not input.dtype.is_floating_point:
+        return prims.ne(input, input)
+    return prims.eq(input, -math.inf)
+
+
+@decomposition(torch.isreal, method("isreal"))
+def isreal(input: Any) -> Any:
+    _refuse_complex("isreal", input)
+    return full_like(input, True, torch.bool)
+
+
+@decomposition(torch.nan_to_num, method("nan_to_num"))
+def nan_to_num(input: Any, nan: float | None = 0.0, posinf: float | None = None,
+               neginf: float | None = None) -> Any:
+    _refuse_complex("nan_to_num", input)
+    if not input.dtype.is_floating_point:
+        return copy(input)
+    info = torch.finfo(input.dtype)
+    nan = 0.0 if nan is None else nan
+    posinf = info.max if posinf is None else posinf
+    neginf = info.min if neginf is None else neginf
+    out = prims.where(prims.isnan(input), float(nan), input)
+    out = prims.where(prims.eq(input, math.inf), float(posinf), out)
+    return prims.where(prims.eq(input, -math.inf), float(neginf), out)
+
+
+@decomposition(torch.logit, method("logit"), torch.special.logit)
+def logit(input: Any, eps: float | None = None) -> Any:
+    _refuse_complex("logit", input)
+    dtype = input.dtype if is_float_dtype(input.dtype) else torch.get_default_dtype()
+    x = convert(input, dtype)  # eager computes in the input dtype, float16 included
+    if eps is not None:
+        x = prims.minimum(prims.maximum(x, float(eps)), 1.0 - float(eps))
+    return prims.log(prims.div(x, prims.sub(1.0, x)))
+
+
+@decomposition(torch.angle, method("angle"))
+def angle(input: Any) -> Any:
+    _refuse_complex("angle", input)
+    dtype = result_type(input)
+    dtype = dtype if is_float_dtype(dtype) else torch.get_default_dtype()
+    x = convert(input, computation_dtype(dtype))
+    out = prims.where(prims.isnan(x), x, prims.where(prims.lt(x, 0), math.pi, full_like(x, 0.0, x.dtype)))
+    return convert(out, dtype)
+
+
+@decomposition(torch.bitwise_not, method("bitwise_not"), method("__invert__"))
+def bitwise_not(input: Any) -> Any:
+    check(not is_float_dtype(input.dtype), lambda: f"\"bitwise_not_cpu\" not implemented for "
+          f"'{_dtype_name(input.dtype)}'", NotImplementedError)
+    return prims.bitwise_not(input)
+
+
+@decomposition(torch.logical_not, method("logical_not"))
+def logical_not(input: Any) -> Any:
+    return prims.bitwise_not(_to_bool(input))
+
+
+def full_like(t: Any, value: Any, dtype: torch.dtype) -> Any:
+    """A tensor of t's shape filled with a Python number (no creation prim needed: an all-true mask)."""
+    mask = prims.convert_element_type(t, torch.bool)
+    return prims.where(prims.eq(mask, mask), convert(value, dtype), prims.convert_element_type(t, dtype))
+
+
+def materialize(*args: Any) -> list[Any]:
+    """Operands with Python numbers replaced by full tensors of the first tensor's shape and dtype."""
+    like = next(a for a in args if is_tensor(a))
+    return [a if is_tensor(a) else full_like(like, a, like.dtype) for a in args]
+
+
+def _to_bool(a: Any) -> Any:
+    if not is_tensor(a):
+        return bool(a)
+    return a if a.dtype == torch.bool else prims.ne(a, 0)
+
+
+# ---- type conversions ----------------------------------------------------------------------------------
+
+def _converted(input: Any, dtype: torch.dtype | None, copy_: bool) -> Any:
+    if dtype is None or dtype == input.dtype:
+        return copy(input) if copy_ else input  # eager returns self itself
+    return prims.convert_element_type(input, dtype)
+
+
+def _parse_device(device: Any) -> torch.device | None:
+    if device is None:
+        return None
+    if isinstance(device, int):
+        return torch.device("cuda", device)
+    return torch.device(device)
+
+
+def _same_device(input: Any, device: torch.device | None) -> bool:
+    if device is None:
+        return True
+    here = input.device
+    return here.type == device.type and (device.index is None or device.index == (here.index or 0))
+
+
+@decomposition(method("to"))
+def to(input: Any, *args: Any, **kwargs: Any) -> Any:
+    """Tensor.to(dtype | device | other, ..., non_blocking=False, copy=False, memory_format=...)."""
+    dtype = kwargs.pop("dtype", None)
+    device = kwargs.pop("device", None)
+    copy_ = kwargs.pop("copy", False)
+    kwargs.pop("non_blocking", None)
+    memory_format = kwargs.pop("memory_format", torch.preserve_format)
+    if kwargs:
+        raise TypeError(f"to() got unexpected keyword arguments {sorted(kwargs)}")
+    positional = list(args)
+    if positional and is_tensor(positional[0]):
+        other = positional.pop(0)
+        dtype, device = other.dtype, other.device
+    elif positional and isinstance(positional[0], (str, torch.device, int)) and \
+            not isinstance(positional[0], bool):
+        device = positional.pop(0)
+        if positional and isinstance(positional[0], torch.dtype):
+            dtype = positional.pop(0)
+    elif positional and isinstance(positional[0], torch.dtype):
+        dtype = positional.pop(0)
+    if positional:  # non_blocking, copy
+        positional.pop(0)
+        if positional:
+            copy_ = positional.pop(0)
+    if positional:
+        raise TypeError(f"to() received too many arguments: {args}")
+    if not _same_device(input, _parse_device(device)):
+        raise NoDecomposition("to() another device")
+    if memory_format not in (torch.preserve_format, torch.contiguous_format):
+        raise NoDecomposition(f"to() with {memory_format}")
+    if memory_format == torch.contiguous_format and not input.meta.is_contiguous():
+        raise NoDecomposition("to() with contiguous_format of a non-contiguous tensor")
+    return _converted(input, dtype, bool(copy_))
+
+
+def _cast_method(name: str, dtype: torch.dtype) -> None:
+    def fn(input: Any, memory_format: Any = torch.preserve_format) -> Any:
+        if memory_format != torch.preserve_format:
+            raise NoDecomposition(f"{name}() with {memory_format}")
+        return _converted(input, dtype, False)
+    fn.__name__ = name
+    decomposition(method(name))(fn)
+
+
+for _name, _dtype in [("float", torch.float32), ("double", torch.float64), ("half", torch.float16),
+                      ("bfloat16", torch.bfloat16), ("int", torch.int32), ("long", torch.int64),
+                      ("short", torch.int16), ("char", torch.int8), ("byte", torch.uint8), ("bool", torch.bool),
+                      ("cfloat", torch.complex64), ("cdouble", torch.complex128)]:
+    _cast_method(_name, _dtype)
+
+
+@decomposition(method("type_as"))
+def type_as(input: Any, other: Any) -> Any:
+    return _converted(input, other.dtype, False)
+
+
+@decomposition(method("type"))
+def type_(input: Any, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+    if not isinstance(dtype, torch.dtype):
+        raise NoDecomposition("Tensor.type() without a torch.dtype")
+    return _converted(input, dtype, False)
+
+
+from . import elementwise_binary  # noqa: E402,F401  (binary and ternary ops)
+from .elementwise_binary import pow  # noqa: E402

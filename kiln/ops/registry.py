@@ -56,13 +56,36 @@ def lookup(func: Any) -> Callable[..., Any] | None:
 
 # ---- aliasing: views share storage, and in-place ops on aliased tensors are refused ---------------------
 
+class _WeakIdentityDict:
+    """Weak keys compared by identity: WeakKeyDictionary compares keys with `==`, which on a Proxy records
+    an op (and then asks for its truth value)."""
+
+    def __init__(self) -> None:
+        self._data: dict[int, tuple[weakref.ref, Any]] = {}
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        data, k = self._data, id(key)
+        data[k] = (weakref.ref(key, lambda _ref: data.pop(k, None)), value)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        entry = self._data.get(id(key))
+        return entry[1] if entry is not None and entry[0]() is key else default
+
+    def __contains__(self, key: Any) -> bool:
+        entry = self._data.get(id(key))
+        return entry is not None and entry[0]() is key
+
+    def add(self, key: Any) -> None:
+        self[key] = True
+
+
 class _Aliases:
     """Which proxies are views of which base, so in-place updates that would reach an alias are refused."""
 
     def __init__(self) -> None:
-        self.base: weakref.WeakKeyDictionary[Proxy, Proxy] = weakref.WeakKeyDictionary()
-        self.has_views: weakref.WeakSet[Proxy] = weakref.WeakSet()
-        self.input_name: weakref.WeakKeyDictionary[Proxy, str] = weakref.WeakKeyDictionary()
+        self.base = _WeakIdentityDict()  # Proxy -> the Proxy it is a view of
+        self.has_views = _WeakIdentityDict()  # Proxies that have views (a set)
+        self.input_name = _WeakIdentityDict()  # Proxy -> its graph input's name
 
 
 _ALIASES: weakref.WeakKeyDictionary[Graph, _Aliases] = weakref.WeakKeyDictionary()
@@ -116,7 +139,10 @@ def _example_value(v: Any) -> Any:
 
 def _eager(func: Any, args: tuple, kwargs: dict, on: str) -> Any:
     convert = _meta_value if on == "meta" else _example_value
-    return func(*map_structure(convert, args), **map_structure(convert, kwargs))
+    args = map_structure(convert, args)
+    if func in INPLACE_OPS and args and isinstance(args[0], torch.Tensor) and on != "meta":
+        args = (args[0].clone(), *args[1:])  # an in-place op must not mutate the example (a user's tensor)
+    return func(*args, **map_structure(convert, kwargs))
 
 
 def _has_examples(args: tuple, kwargs: dict) -> bool:

@@ -207,7 +207,8 @@ def elementwise(prim: Any, *args: Any, promotion: str = "default", name: str | N
     if promotion == "int_to_float" and not is_float_dtype(dtype):
         dtype = torch.get_default_dtype()
     compute = dtype if promotion == "no_opmath" else computation_dtype(dtype)
-    converted = [convert(a, compute) for a in args]
+    # through the result dtype first: a float16 operand of a bfloat16 op rounds to bfloat16, as eager
+    converted = [convert(convert(a, dtype), compute) for a in args]
     out = prim(*broadcast(*converted))
     if promotion == "always_bool":
         return out

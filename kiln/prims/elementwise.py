@@ -71,6 +71,15 @@ def _not_complex(dtype: torch.dtype) -> bool:
     return not dtype.is_complex
 
 
+def scalar_tensor(value: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A Python number as a 0-d tensor of dtype, converted as torch converts a wrapped scalar (integers
+    wrap around, large doubles round to the float type); tensors pass through."""
+    if isinstance(value, torch.Tensor):
+        return value
+    wide = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
+    return torch.tensor(value, dtype=wide.get(type(value)), device=device).to(dtype)
+
+
 def _unary(name: str, ref: Callable[..., Any], allowed: Callable[[torch.dtype], bool] | None = None,
            out_dtype: torch.dtype | None = None, tags: tuple = ("elementwise",)) -> Prim:
     def meta(a: Any) -> TensorMeta:
@@ -85,8 +94,13 @@ def _binary(name: str, ref: Callable[..., Any], allowed: Callable[[torch.dtype],
         return _elementwise_meta(name, (a, b), out_dtype, allowed)
 
     def strict_ref(a: Any, b: Any) -> Any:
+        # A Python number operand becomes a 0-d tensor of the other operand's dtype: the prim computes in
+        # that dtype (torch's own scalar overloads would promote, and some ops have none for a first scalar).
+        tensor = a if isinstance(a, torch.Tensor) else b
+        a = scalar_tensor(a, tensor.dtype, tensor.device)
+        b = scalar_tensor(b, tensor.dtype, tensor.device)
         out = ref(a, b)
-        dtype = out_dtype or (a.dtype if isinstance(a, torch.Tensor) else b.dtype)
+        dtype = out_dtype or tensor.dtype
         return out if out.dtype == dtype else out.to(dtype)
     return prim(name, meta, strict_ref, tags=tags + ("binary",))
 
@@ -132,6 +146,15 @@ isnan = _unary("isnan", torch.isnan, out_dtype=torch.bool)
 isinf = _unary("isinf", torch.isinf, out_dtype=torch.bool)
 isfinite = _unary("isfinite", torch.isfinite, out_dtype=torch.bool)
 signbit = _unary("signbit", torch.signbit, _not_complex, out_dtype=torch.bool)
+# special functions (torch.special); the rarer ones stay fallbacks in kiln.ops
+i0 = _unary("i0", torch.i0, _is_real_float)
+i0e = _unary("i0e", torch.special.i0e, _is_real_float)
+i1 = _unary("i1", torch.special.i1, _is_real_float)
+i1e = _unary("i1e", torch.special.i1e, _is_real_float)
+ndtr = _unary("ndtr", torch.special.ndtr, _is_real_float)
+ndtri = _unary("ndtri", torch.special.ndtri, _is_real_float)
+log_ndtr = _unary("log_ndtr", torch.special.log_ndtr, _is_real_float)
+erfcx = _unary("erfcx", torch.special.erfcx, _is_real_float)
 
 # ---- binary math ----------------------------------------------------------------------------------------
 
@@ -143,19 +166,13 @@ def _div_ref(a: Any, b: Any) -> Any:
     return torch.div(a, b, rounding_mode="trunc")
 
 
-def _pow_ref(a: Any, b: Any) -> Any:
-    if not isinstance(a, torch.Tensor):
-        return torch.pow(a, b)
-    return torch.pow(a, b)
-
-
 add = _binary("add", torch.add, lambda d: True)
 sub = _binary("sub", torch.sub, lambda d: d != torch.bool)
 mul = _binary("mul", torch.mul)
 div = _binary("div", _div_ref)  # true division for floats, truncation for integers
 remainder = _binary("remainder", torch.remainder, _not_complex)  # sign of the divisor, as Python's %
 fmod = _binary("fmod", torch.fmod, _not_complex)  # sign of the dividend, as C's fmod
-pow = _binary("pow", _pow_ref, lambda d: d != torch.bool)  # noqa: A001
+pow = _binary("pow", torch.pow, lambda d: d != torch.bool)  # noqa: A001
 atan2 = _binary("atan2", torch.atan2, _is_real_float)
 hypot = _binary("hypot", torch.hypot, _is_real_float)
 copysign = _binary("copysign", torch.copysign, _is_real_float)
@@ -196,12 +213,9 @@ def _where_meta(pred: Any, a: Any, b: Any) -> TensorMeta:
 
 
 def _where_ref(pred: torch.Tensor, a: Any, b: Any) -> torch.Tensor:
-    dtype = a.dtype if isinstance(a, torch.Tensor) else b.dtype
-    if not isinstance(a, torch.Tensor):
-        a = torch.tensor(a, dtype=dtype)
-    if not isinstance(b, torch.Tensor):
-        b = torch.tensor(b, dtype=dtype)
-    return torch.where(pred, a, b)
+    tensor = a if isinstance(a, torch.Tensor) else b
+    return torch.where(pred, scalar_tensor(a, tensor.dtype, tensor.device),
+                       scalar_tensor(b, tensor.dtype, tensor.device))
 
 
 where = prim("where", _where_meta, _where_ref, tags=("elementwise", "ternary"))

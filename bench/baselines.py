@@ -1,0 +1,31 @@
+"""Baseline compilers for `kiln bench`: torch.compile (TorchInductor), the compiler kiln is measured against.
+
+This file lives outside `kiln/` on purpose: kiln never imports torch's compiler stack (a test scans `kiln/`
+for it), and torch.compile appears only here, as the baseline. `kiln/bench/adapters.py` loads this file by
+its path, so it works from a source checkout (`pip install -e .`); where it is missing, the torch.compile
+column reports "unavailable".
+
+A baseline is `compile(model, cache_dir) -> callable`; `cache_dir` is an empty directory for a cold compile
+and the same directory again for a warm one (cache hit).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import torch
+
+
+def torch_compile(model: torch.nn.Module, cache_dir: str | None) -> Callable[..., Any]:
+    """torch.compile with the default backend (inductor), its caches under `cache_dir`."""
+    if cache_dir:
+        # Inductor reads its cache location from the environment when it first needs it (FX graph cache,
+        # AOTAutograd cache, compiled C++ kernels): point it at the run's own directory before compiling.
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_dir, "inductor")
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(cache_dir, "triton")
+    return torch.compile(model)
+
+
+BASELINES: dict[str, Callable[[torch.nn.Module, str | None], Callable[..., Any]]] = {
+    "torch.compile": torch_compile,
+}

@@ -1,0 +1,264 @@
+"""The public API: kiln.compile, kiln.explain, kiln.reset, kiln.register_backend, kiln.GraphBreakError.
+
+    model = kiln.compile(model)                 # an nn.Module: a wrapper whose forward is compiled
+    fn = kiln.compile(fn, backend="eager")      # a function or bound method
+    @kiln.compile                               # a decorator, with or without arguments
+    report = kiln.explain(fn, *args)            # graphs, breaks with reasons and lines, guards
+"""
+from __future__ import annotations
+
+import inspect
+import sys
+import types
+import warnings
+from typing import Any, Callable
+
+import torch
+
+from . import config
+from .backends import lookup_backend, register_backend
+from .capture import cache as _cache
+from .capture.cache import CompiledFunction, warn_once
+from .capture.entry import NO_SELF
+from .capture.errors import GraphBreakError
+from .counters import counters
+from .counters import reset as _reset_counters
+
+__all__ = ["compile", "explain", "reset", "register_backend", "GraphBreakError", "CompiledModule",
+           "ExplainReport"]
+
+_SUPPORTED_PYTHON = (3, 11)
+
+
+def compile(model: Any = None, *, backend: Any = "auto", fullgraph: bool = False, dynamic: Any = None,
+            mode: str | None = None, options: dict | None = None, disable: bool = False) -> Any:
+    """Compile a function, bound method or nn.Module (torch.compile's signature and conventions).
+
+    Returns a callable computing the same results: graphs of torch operations are captured from the
+    bytecode, guarded, and run by `backend` ("auto", "eager", "prims", or any callable
+    `(graph, example_inputs) -> callable`). Without `model` it returns a decorator.
+    """
+    if model is None:
+        def decorate(fn: Any) -> Any:
+            return compile(fn, backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode,
+                           options=options, disable=disable)
+        return decorate
+    options = dict(options or {})
+    raise_on_error = bool(options.pop("raise_on_error", False))
+    if isinstance(model, torch.nn.Module):
+        if disable:
+            return model
+        return CompiledModule(model, backend=backend, fullgraph=fullgraph, raise_on_error=raise_on_error)
+    if not callable(model):
+        raise TypeError(f"kiln.compile expects a function, method or nn.Module, got a "
+                        f"{type(model).__name__} ({model!r:.60})")
+    if disable:
+        return model
+    if sys.version_info[:2] != _SUPPORTED_PYTHON:
+        warn_once("python", f"kiln captures CPython {_SUPPORTED_PYTHON[0]}.{_SUPPORTED_PYTHON[1]} bytecode; "
+                  f"on Python {sys.version_info[0]}.{sys.version_info[1]} compiled code runs eagerly")
+        return model
+    backend_fn = lookup_backend(backend)
+    fn, bound_self = _unwrap(model)
+    if fn is None:
+        warn_once(f"c:{id(model)}", f"kiln.compile: {getattr(model, '__qualname__', model)!r} is not Python "
+                  "code kiln can capture (a C function or builtin); it runs eagerly")
+        return model
+    flags = fn.__code__.co_flags
+    if flags & (0x20 | 0x80 | 0x100 | 0x200):
+        kind = "a generator" if flags & 0x20 else "a coroutine or async generator"
+        warn_once(f"gen:{id(fn)}", f"kiln.compile: {fn.__qualname__} is {kind} function; it runs eagerly")
+        return model
+    return CompiledFunction(fn, backend_fn, fullgraph=fullgraph, raise_on_error=raise_on_error,
+                            bound_self=bound_self)
+
+
+def _unwrap(model: Any) -> tuple[types.FunctionType | None, Any]:
+    if isinstance(model, CompiledFunction):
+        return model.fn, model.bound_self
+    if isinstance(model, types.FunctionType):
+        return model, NO_SELF
+    if isinstance(model, types.MethodType) and isinstance(model.__func__, types.FunctionType):
+        return model.__func__, model.__self__
+    if isinstance(model, type):
+        return None, NO_SELF
+    call = getattr(type(model), "__call__", None)
+    if isinstance(call, types.FunctionType):
+        return call, model
+    return None, NO_SELF
+
+
+class CompiledModule(torch.nn.Module):
+    """Wraps an nn.Module: calls run the original module's hooks and a compiled `forward`; parameters,
+    buffers, state_dict, train()/eval() and attribute access are the original module's."""
+
+    def __init__(self, module: torch.nn.Module, backend: Any = "auto", fullgraph: bool = False,
+                 raise_on_error: bool = False):
+        super().__init__()
+        self.__dict__.pop("training", None)  # read through to the original module
+        object.__setattr__(self, "_orig_mod", module)
+        object.__setattr__(self, "_compiled_forward", compile(module.forward, backend=backend,
+                                                              fullgraph=fullgraph,
+                                                              options={"raise_on_error": raise_on_error}))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        mod = self._orig_mod
+        hooks = torch.nn.modules.module
+        if not (mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks or
+                mod._backward_pre_hooks or hooks._global_forward_hooks or hooks._global_forward_pre_hooks
+                or hooks._global_backward_hooks or hooks._global_backward_pre_hooks):
+            return self._compiled_forward(*args, **kwargs)
+        mod.forward = self._compiled_forward
+        try:
+            return mod(*args, **kwargs)
+        finally:
+            del mod.forward
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._compiled_forward(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "_orig_mod"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._orig_mod, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        delattr(self._orig_mod, name)
+
+    def __dir__(self) -> list[str]:
+        return dir(self._orig_mod)
+
+    def __repr__(self) -> str:
+        return f"CompiledModule({self._orig_mod!r})"
+
+    # the module API, delegated to the original module
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.load_state_dict(*args, **kwargs)
+
+    def parameters(self, recurse: bool = True) -> Any:
+        return self._orig_mod.parameters(recurse)
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.named_parameters(*args, **kwargs)
+
+    def buffers(self, recurse: bool = True) -> Any:
+        return self._orig_mod.buffers(recurse)
+
+    def named_buffers(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.named_buffers(*args, **kwargs)
+
+    def children(self) -> Any:
+        return self._orig_mod.children()
+
+    def named_children(self) -> Any:
+        return self._orig_mod.named_children()
+
+    def modules(self) -> Any:
+        return self._orig_mod.modules()
+
+    def named_modules(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.named_modules(*args, **kwargs)
+
+    def train(self, mode: bool = True) -> "CompiledModule":
+        self._orig_mod.train(mode)
+        return self
+
+    def eval(self) -> "CompiledModule":
+        self._orig_mod.eval()
+        return self
+
+    def to(self, *args: Any, **kwargs: Any) -> "CompiledModule":
+        self._orig_mod.to(*args, **kwargs)
+        return self
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._orig_mod.zero_grad(set_to_none)
+
+    def register_forward_hook(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.register_forward_hook(*args, **kwargs)
+
+    def register_forward_pre_hook(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.register_forward_pre_hook(*args, **kwargs)
+
+    def apply(self, fn: Callable[[torch.nn.Module], None]) -> "CompiledModule":
+        self._orig_mod.apply(fn)
+        return self
+
+
+def reset() -> None:
+    """Forget every captured graph and the counters; compiled functions capture again when called."""
+    _cache.reset()
+    _reset_counters()
+
+
+class ExplainReport:
+    """What kiln.explain found: graphs, breaks (reason, file:line, source line, hint), ops, guards."""
+
+    def __init__(self, graphs: list, breaks: list, guards: list[list[str]], ops: list[dict[str, int]],
+                 fallbacks: list[dict[str, int]]):
+        self.graphs = graphs
+        self.breaks = breaks
+        self.guards = guards
+        self.ops_per_graph = ops
+        self.fallbacks = fallbacks
+
+    @property
+    def graph_count(self) -> int:
+        return len(self.graphs)
+
+    @property
+    def graph_break_count(self) -> int:
+        return len(self.breaks)
+
+    def __str__(self) -> str:
+        lines = [f"kiln.explain: {self.graph_count} graph(s), {self.graph_break_count} graph break(s)"]
+        for i, brk in enumerate(self.breaks):
+            lines.append(f"  break {i + 1}: {brk.location}: {brk.reason}")
+            if brk.source_line:
+                lines.append(f"      {brk.source_line}")
+            if brk.hint:
+                lines.append(f"      hint: {brk.hint}")
+        for i, ops in enumerate(self.ops_per_graph):
+            total = sum(ops.values())
+            detail = ", ".join(f"{k} x{v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])[:8])
+            lines.append(f"  graph {i + 1}: {total} ops ({detail})")
+        for i, guards in enumerate(self.guards):
+            lines.append(f"  guards of capture {i + 1}:")
+            lines.extend(f"    {g}" for g in guards)
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
+    """Capture `fn_or_module(*args, **kwargs)` once with the eager backend; print and return a report."""
+    target = fn_or_module._orig_mod if isinstance(fn_or_module, CompiledModule) else fn_or_module
+    if isinstance(target, CompiledFunction):
+        target = target.fn if target.bound_self is NO_SELF else types.MethodType(target.fn,
+                                                                                 target.bound_self)
+    callee = target.forward if isinstance(target, torch.nn.Module) else target
+    fn, bound_self = _unwrap(callee)
+    if fn is None:
+        raise TypeError(f"kiln.explain expects Python code, got {fn_or_module!r:.60}")
+    compiled = CompiledFunction(fn, lookup_backend("eager"), bound_self=bound_self)
+    entry = compiled.capture(args, kwargs)
+    graphs, breaks, guards, ops, fallbacks = [], [], [entry.guards], [], []
+    if entry.brk is not None:
+        breaks.append(entry.brk)
+    if entry.graph is not None and entry.ops:
+        graphs.append(entry.graph)
+        ops.append(entry.ops)
+        fallbacks.append({n.target_name(): 1 for n in entry.graph.fallbacks()})
+    report = ExplainReport(graphs, breaks, guards, ops, fallbacks)
+    print(report)
+    return report
+
+
+inspect = inspect
+warnings = warnings
+config = config
+counters = counters

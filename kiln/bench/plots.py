@@ -1,0 +1,81 @@
+"""PNG plots of a `kiln bench` run (needs matplotlib, the optional extra `plots`).
+
+speedup.png: speedup over eager per model, one bar per compiler, a line at 1x; rows that fail accuracy or
+error are drawn hatched at 0. compile_time.png: cold and warm compile seconds per model and compiler, log
+scale.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+
+def available() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def write(rows: list[dict[str, Any]], out_dir: str) -> list[str]:
+    """Write speedup.png and compile_time.png into out_dir; [] when matplotlib is not installed."""
+    if not available():
+        return []
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(out_dir, exist_ok=True)
+    models = list(dict.fromkeys(row["model"] for row in rows))
+    compilers = [c for c in dict.fromkeys(row["compiler"] for row in rows) if c != "eager"]
+    by_key = {(row["model"], row["compiler"]): row for row in rows}
+    paths = []
+    if not models or not compilers:
+        return paths
+    width = 0.8 / len(compilers)
+    positions = range(len(models))
+
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.0 + 0.9 * len(models)), 4.0))
+    for i, compiler in enumerate(compilers):
+        heights, hatches = [], []
+        for model in models:
+            row = by_key.get((model, compiler), {})
+            ok = row.get("status") == "pass" and row.get("speedup")
+            heights.append(row["speedup"] if ok else 0.0)
+            hatches.append(not ok and row.get("status") not in (None, "unavailable"))
+        xs = [p + (i - (len(compilers) - 1) / 2) * width for p in positions]
+        bars = ax.bar(xs, heights, width, label=compiler)
+        for bar, failed in zip(bars, hatches):
+            if failed:
+                bar.set_height(0.05)
+                bar.set_hatch("xx")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(list(positions), models, rotation=30, ha="right")
+    ax.set_ylabel("speedup over eager (x)")
+    ax.set_title("speedup per model (median eager / median compiled)")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(os.path.join(out_dir, "speedup.png"))
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.0 + 0.9 * len(models)), 4.0))
+    series = [(c, kind) for c in compilers for kind in ("cold", "warm")]
+    width = 0.8 / len(series)
+    drawn = False
+    for i, (compiler, kind) in enumerate(series):
+        values = [by_key.get((m, compiler), {}).get(f"compile_{kind}_s") for m in models]
+        xs = [p + (i - (len(series) - 1) / 2) * width for p in positions]
+        heights = [v if v and v > 0 else 0.0 for v in values]
+        if any(heights):
+            drawn = True
+            ax.bar(xs, heights, width, label=f"{compiler} ({kind})", alpha=1.0 if kind == "cold" else 0.6)
+    if drawn:
+        ax.set_yscale("log")
+        ax.legend()
+    ax.set_xticks(list(positions), models, rotation=30, ha="right")
+    ax.set_ylabel("compile time (s, log scale)")
+    ax.set_title("compile time per model: cold (empty caches) and warm (cache hit), fresh process")
+    fig.tight_layout()
+    paths.append(os.path.join(out_dir, "compile_time.png"))
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths

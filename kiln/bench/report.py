@@ -1,0 +1,163 @@
+"""The report of a `kiln bench` run: terminal table, results.json, results.md, and the summary lines.
+
+A run is `{"meta": {...}, "rows": [row, ...]}`; a row is one (model, compiler) pair:
+  model, compiler, mode, batch, status (pass | fail_accuracy | error | timeout | unavailable),
+  time_ms (median per call), eager_ms (median eager per call, interleaved in the same process),
+  speedup (eager_ms / time_ms), compile_cold_s, compile_warm_s, peak_mem_mb, graph_count,
+  graph_break_count, accuracy (the Verdict as a dict), error.
+The summary gives, per compiler, the pass rate and the geometric-mean speedup over the models that pass
+accuracy (as PyTorch reports its compiler), and the median compile times.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from typing import Any
+
+STATUSES = ("pass", "fail_accuracy", "error", "timeout", "unavailable")
+
+
+def geomean(values: list[float]) -> float | None:
+    values = [v for v in values if v and v > 0 and math.isfinite(v)]
+    if not values:
+        return None
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per compiler: models, passed, pass rate, geomean speedup (passing models), median compile times."""
+    summary: dict[str, dict[str, Any]] = {}
+    for compiler in dict.fromkeys(row["compiler"] for row in rows):
+        mine = [row for row in rows if row["compiler"] == compiler]
+        ran = [row for row in mine if row["status"] != "unavailable"]
+        passed = [row for row in ran if row["status"] == "pass"]
+        cold = [row["compile_cold_s"] for row in passed if row.get("compile_cold_s") is not None]
+        warm = [row["compile_warm_s"] for row in passed if row.get("compile_warm_s") is not None]
+        summary[compiler] = {
+            "models": len(mine),
+            "ran": len(ran),
+            "passed": len(passed),
+            "unavailable": len(mine) - len(ran),
+            "pass_rate": len(passed) / len(ran) if ran else None,
+            "geomean_speedup": geomean([row.get("speedup") for row in passed]),
+            "median_compile_cold_s": statistics.median(cold) if cold else None,
+            "median_compile_warm_s": statistics.median(warm) if warm else None,
+        }
+    return summary
+
+
+# ---- formatting ------------------------------------------------------------------------------------------
+def _num(value: Any, fmt: str, suffix: str = "") -> str:
+    if value is None:
+        return "-"
+    return format(value, fmt) + suffix
+
+
+def _graphs(row: dict[str, Any]) -> str:
+    if row.get("graph_count") is None:
+        return "-"
+    return f"{row['graph_count']}/{row.get('graph_break_count', '?')}"
+
+
+def _status(row: dict[str, Any]) -> str:
+    return {"pass": "pass", "fail_accuracy": "FAIL acc", "error": "ERROR", "timeout": "TIMEOUT",
+            "unavailable": "n/a"}.get(row["status"], row["status"])
+
+
+COLUMNS = ("model", "compiler", "status", "ms/iter", "speedup", "cold s", "warm s", "mem MB", "graphs/brk")
+
+
+def row_cells(row: dict[str, Any]) -> list[str]:
+    return [row["model"], row["compiler"], _status(row), _num(row.get("time_ms"), ".3f"),
+            _num(row.get("speedup"), ".2f", "x"), _num(row.get("compile_cold_s"), ".1f"),
+            _num(row.get("compile_warm_s"), ".1f"), _num(row.get("peak_mem_mb"), ".0f"), _graphs(row)]
+
+
+def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The lines under the table: per compiler, pass rate, geomean speedup, median compile times."""
+    summary = summarize(rows)
+    lines = []
+    for compiler, s in summary.items():
+        if s["ran"] == 0:
+            reasons = {row.get("error") for row in rows if row["compiler"] == compiler and row.get("error")}
+            why = f": {'; '.join(sorted(reasons))}" if reasons else ""
+            lines.append(f"{compiler}: unavailable ({s['models']} models){why}")
+            continue
+        line = f"{compiler}: pass rate {s['passed']}/{s['ran']} ({100 * s['pass_rate']:.0f}%)"
+        if compiler != "eager":
+            line += f", geomean speedup {_num(s['geomean_speedup'], '.2f', 'x')} (passing models)"
+            line += f", median compile cold {_num(s['median_compile_cold_s'], '.1f', ' s')}"
+            line += f" / warm {_num(s['median_compile_warm_s'], '.1f', ' s')}"
+        if s["unavailable"]:
+            line += f"; unavailable for {s['unavailable']}"
+        lines.append(line)
+    return lines
+
+
+def problems(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per row that did not pass, saying why."""
+    lines = []
+    for row in rows:
+        if row["status"] == "pass":
+            continue
+        reason = row.get("error") or (row.get("accuracy") or {}).get("reason") or ""
+        reason = " ".join(reason.split())
+        if len(reason) > 300:
+            reason = reason[:297] + "..."
+        lines.append(f"{row['model']} / {row['compiler']}: {row['status']}: {reason}")
+    return lines
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The terminal table: one line per (model, compiler), the summary below."""
+    cells = [list(COLUMNS)] + [row_cells(row) for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
+    left = {0, 1, 2}
+
+    def fmt(line: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+    out = [fmt(cells[0]), "  ".join("-" * w for w in widths)]
+    out += [fmt(line) for line in cells[1:]]
+    out.append("")
+    out += summary_lines(rows)
+    return "\n".join(out)
+
+
+def markdown(run: dict[str, Any]) -> str:
+    """results.md: the run's settings, the table, the summary and what failed."""
+    rows, meta = run["rows"], run.get("meta", {})
+    out = ["# kiln bench", ""]
+    settings = ", ".join(f"{key} {meta[key]}" for key in ("suite", "mode", "batch", "kiln_backend", "torch",
+                                                            "threads", "date") if meta.get(key) is not None)
+    if settings:
+        out += [settings, ""]
+    out.append("| " + " | ".join(COLUMNS) + " |")
+    out.append("|" + "|".join("---" if i < 3 else "---:" for i in range(len(COLUMNS))) + "|")
+    for row in rows:
+        out.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row_cells(row)) + " |")
+    out += [""] + [f"- {line}" for line in summary_lines(rows)]
+    failed = problems(rows)
+    if failed:
+        out += ["", "## Not passing", ""] + [f"- {line}" for line in failed]
+    if meta.get("interrupted"):
+        out += ["", "_Interrupted: only the finished rows are shown._"]
+    out += ["", "speedup = median eager / median compiled over interleaved calls in one process; cold = empty "
+            "caches, fresh process; warm = cache hit, fresh process; mem = peak RSS growth over the compile "
+            "and first call; graphs/brk = kiln's graphs / graph breaks.", ""]
+    return "\n".join(out)
+
+
+def write(run: dict[str, Any], out_dir: str) -> list[str]:
+    """Write results.json and results.md into out_dir (created); the paths written."""
+    os.makedirs(out_dir, exist_ok=True)
+    run = dict(run, summary=summarize(run["rows"]))
+    json_path = os.path.join(out_dir, "results.json")
+    md_path = os.path.join(out_dir, "results.md")
+    for path, text in ((json_path, json.dumps(run, indent=2, default=str) + "\n"), (md_path, markdown(run))):
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)   # a Ctrl-C mid-write leaves the previous complete file
+    return [json_path, md_path]

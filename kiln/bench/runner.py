@@ -1,0 +1,194 @@
+"""`kiln bench`: eager, torch.compile and kiln side by side on the model zoo.
+
+For each model and compiler, a fresh worker process (`python -m kiln.bench.worker`) compiles with empty
+caches, checks accuracy (kiln.testing.accuracy), and times eager and compiled calls interleaved; a second
+fresh process compiles again with the caches the first one filled (warm compile time). Every finished row
+is written at once to results.json and results.md, so Ctrl-C (or a crash) leaves the finished rows; a
+model that errors, misses accuracy or times out is a row, never the end of the run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable, TextIO
+
+import torch
+
+from .. import config
+from ..testing import models as zoo
+from . import adapters, plots, report
+
+log = config.channel("bench")
+DEFAULT_BACKENDS = ("eager", "torch.compile", "kiln")
+
+
+@dataclasses.dataclass
+class Options:
+    """What to run; the fields mirror `kiln bench`'s flags."""
+    suite: str = "quick"
+    models: list[str] | None = None       # overrides the suite
+    backends: tuple[str, ...] = DEFAULT_BACKENDS
+    mode: str = "inference"               # or "training": forward + backward + SGD step
+    batch: int | None = None              # None: each model's own batch size
+    out: str = "bench-results"
+    kiln_backend: str = "auto"
+    timeout_s: float = 600.0              # per worker process
+    budget_s: float = 2.0                 # timing budget per (model, compiler) after warm-up
+    warm: bool = True                     # also measure the warm compile time
+    plots: bool = True
+    progress: bool = True
+
+
+class Progress:
+    """A plain progress bar on stderr: redrawn in place on a terminal, one line per step otherwise."""
+
+    def __init__(self, total: int, stream: TextIO | None = None, enabled: bool = True):
+        self.total, self.done, self.stream, self.enabled = total, 0, stream or sys.stderr, enabled
+        self.start = time.monotonic()
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+
+    def show(self, label: str) -> None:
+        if not self.enabled:
+            return
+        elapsed = int(time.monotonic() - self.start)
+        filled = int(30 * self.done / max(1, self.total))
+        line = (f"[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} "
+                f"{elapsed // 60}:{elapsed % 60:02d}  {label}")
+        if self.tty:
+            self.stream.write("\r\033[K" + line[:150])
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def step(self, label: str = "") -> None:
+        self.done += 1
+        self.show(label)
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def select_models(options: Options) -> list[str]:
+    """The zoo entries to run: --models, else the suite (entries whose extras are missing are skipped)."""
+    if options.models:
+        for name in options.models:
+            zoo.get(name)   # unknown names fail here, before anything runs
+        return list(options.models)
+    return zoo.names(options.suite)
+
+
+def run_worker(job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Run one job in a fresh process; its result, or an error/timeout result."""
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-job-") as tmp:
+        result_path = os.path.join(tmp, "result.json")
+        stderr_path = os.path.join(tmp, "stderr.txt")
+        command = [sys.executable, "-m", "kiln.bench.worker", json.dumps(job), result_path]
+        with open(stderr_path, "w") as stderr:
+            process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
+            try:
+                process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+                return {"status": "timeout", "error": f"no result after {timeout_s:.0f} s"}
+            except BaseException:   # Ctrl-C: the worker must not outlive the run
+                process.kill()
+                process.wait()
+                raise
+        if os.path.exists(result_path):
+            with open(result_path) as f:
+                return json.load(f)
+        with open(stderr_path) as f:
+            tail = f.read()[-2000:]
+        return {"status": "error", "error": f"worker exited with code {process.returncode}: {tail.strip()}"}
+
+
+def bench_one(model: str, compiler: str, options: Options, progress: Progress,
+              launch: Callable[[dict[str, Any], float], dict[str, Any]] = run_worker) -> dict[str, Any]:
+    """The row of one (model, compiler) pair: a cold measuring run, then a warm compile run."""
+    row: dict[str, Any] = {"model": model, "compiler": compiler, "mode": options.mode,
+                           "batch": options.batch or zoo.get(model).batch}
+    kiln_backend = adapters.kiln_backend_of(compiler, options.kiln_backend)
+    if kiln_backend is not None:
+        row["kiln_backend"] = kiln_backend
+        reason = adapters.kiln_availability()
+        if reason is not None:
+            progress.step(f"{model} / {compiler}: unavailable")
+            progress.step()
+            return dict(row, status="unavailable", error=reason)
+    elif compiler != "eager" and compiler not in adapters.baseline_names():
+        progress.step(f"{model} / {compiler}: unavailable")
+        progress.step()
+        return dict(row, status="unavailable", error=f"{compiler}: no such baseline in bench/baselines.py")
+
+    cache_dir = tempfile.mkdtemp(prefix="kiln-bench-cache-")
+    try:
+        job = {"model": model, "backend": compiler, "mode": options.mode, "batch": options.batch,
+               "kiln_backend": options.kiln_backend, "cache_dir": cache_dir, "budget_s": options.budget_s}
+        progress.show(f"{model} / {compiler}: compile (cold) and measure")
+        result = launch(dict(job, phase="measure"), options.timeout_s)
+        progress.step(f"{model} / {compiler}: {result['status']}")
+        row.update(status=result["status"], error=result.get("error"), accuracy=result.get("accuracy"),
+                   time_ms=result.get("compiled_ms"), eager_ms=result.get("eager_ms"),
+                   speedup=result.get("speedup"), reps=result.get("reps"),
+                   compile_cold_s=result.get("compile_s"), peak_mem_mb=result.get("peak_mem_mb"),
+                   graph_count=result.get("graph_count"), graph_break_count=result.get("graph_break_count"),
+                   counters=result.get("counters"), threads=result.get("threads"))
+        if compiler == "eager" or result["status"] not in ("pass", "fail_accuracy") or not options.warm:
+            if compiler == "eager":
+                row.update(compile_cold_s=None)
+            progress.step()
+            return row
+        progress.show(f"{model} / {compiler}: compile (warm)")
+        warm = launch(dict(job, phase="compile"), options.timeout_s)
+        progress.step(f"{model} / {compiler}: warm {warm['status']}")
+        if warm["status"] == "pass":
+            row["compile_warm_s"] = warm["compile_s"]
+        else:
+            row["warm_error"] = warm.get("error")
+        return row
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+def run(options: Options, launch: Callable[[dict[str, Any], float], dict[str, Any]] = run_worker,
+        stream: TextIO | None = None) -> dict[str, Any]:
+    """Run the benchmark; returns {"meta", "rows"} and writes results.json/.md (and plots) to options.out.
+
+    Ctrl-C stops the run after writing the finished rows (meta["interrupted"] is then True)."""
+    models = select_models(options)
+    meta = {"suite": None if options.models else options.suite, "mode": options.mode, "batch": options.batch,
+            "backends": list(options.backends), "kiln_backend": options.kiln_backend,
+            "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
+            "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "interrupted": False}
+    results: dict[str, Any] = {"meta": meta, "rows": []}
+    progress = Progress(2 * len(models) * len(options.backends), stream=stream, enabled=options.progress)
+    start = time.monotonic()
+    try:
+        for model in models:
+            for compiler in options.backends:
+                row = bench_one(model, compiler, options, progress, launch)
+                results["rows"].append(row)
+                report.write(results, options.out)
+                log.info("%s / %s: %s", model, compiler, row["status"])
+    except KeyboardInterrupt:
+        meta["interrupted"] = True
+    finally:
+        progress.close()
+    meta["wall_s"] = round(time.monotonic() - start, 1)
+    results["files"] = report.write(results, options.out)
+    if options.plots:
+        results["files"] += plots.write(results["rows"], options.out)
+    return results

@@ -1,0 +1,202 @@
+"""One measurement of one model with one compiler, in a fresh process.
+
+    python -m kiln.bench.worker '<job json>' RESULT_FILE
+
+`kiln bench` runs this for every (model, compiler) pair, so each compile starts with no in-memory cache; the
+job names a cache directory, empty for a cold compile and reused for the warm one. Phases:
+  measure  compile (cold), accuracy against eager and fp64, interleaved eager/compiled timing, peak memory
+  compile  the first call only (warm compile time), and one steady call to subtract
+The result is written as JSON to RESULT_FILE; errors become {"status": "error", ...}, never a crash.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import resource
+import statistics
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+import torch
+
+from ..testing import accuracy
+from ..testing import models as zoo
+from . import adapters
+
+SGD_LR = 1e-3
+
+
+def current_rss_mb() -> float | None:
+    """Resident memory of this process now, in MiB (Linux)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            pages = int(statm.read().split()[1])
+    except OSError:
+        return None
+    return pages * resource.getpagesize() / 2**20
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # KiB on Linux
+
+
+class Step:
+    """One benchmark step of `fn` (the eager or compiled model): inference, or forward+backward+SGD."""
+
+    def __init__(self, fn: Callable[..., Any], module: torch.nn.Module, example: zoo.Example, mode: str):
+        self.fn, self.module, self.mode = fn, module, mode
+        self.args, self.kwargs = example
+        self.optimizer = torch.optim.SGD(module.parameters(), lr=SGD_LR) if mode == "training" else None
+
+    def __call__(self) -> Any:
+        if self.optimizer is None:
+            with torch.no_grad():
+                return self.fn(*self.args, **self.kwargs)
+        self.optimizer.zero_grad(set_to_none=True)
+        out = self.fn(*self.args, **self.kwargs)
+        scalar_loss(out).backward()
+        grads = [p.grad.detach().clone() if p.grad is not None else None for p in self.module.parameters()]
+        self.optimizer.step()
+        return {"output": detach(out), "grads": grads}
+
+
+def scalar_loss(out: Any) -> torch.Tensor:
+    """A scalar to differentiate: the sum of the means of the floating-point outputs (as PyTorch's runner)."""
+    leaves = [leaf for _, leaf in accuracy.flatten(out)
+              if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and leaf.requires_grad]
+    if not leaves:
+        raise ValueError("training mode: the model returns no floating-point tensor that requires grad")
+    return sum(leaf.mean() for leaf in leaves)
+
+
+def detach(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, dict):
+        return {key: detach(item) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return tuple(detach(item) for item in value)
+    if isinstance(value, list):
+        return [detach(item) for item in value]
+    return value
+
+
+def timed(step: Callable[[], Any]) -> tuple[Any, float]:
+    start = time.perf_counter()
+    out = step()
+    return out, time.perf_counter() - start
+
+
+def warm_up(step: Callable[[], Any], min_calls: int = 5, min_s: float = 0.5, max_calls: int = 50) -> float:
+    """Call `step` until warm (lazy initialisation in torch's libraries takes the first few calls); the
+    estimated seconds per call."""
+    times: list[float] = []
+    while len(times) < min_calls or (sum(times) < min_s and len(times) < max_calls):
+        times.append(timed(step)[1])
+    return statistics.median(times[-3:])
+
+
+def interleaved(eager: Step, compiled: Step | None, budget_s: float, min_reps: int = 5,
+                max_reps: int = 200) -> tuple[list[float], list[float]]:
+    """Seconds per call, alternating eager and compiled calls after warm-up."""
+    per_round = warm_up(eager) + (warm_up(compiled) if compiled is not None else 0.0)
+    reps = int(max(min_reps, min(max_reps, budget_s / max(per_round, 1e-6))))
+    eager_times, compiled_times = [], []
+    for _ in range(reps):
+        eager_times.append(timed(eager)[1])
+        if compiled is not None:
+            compiled_times.append(timed(compiled)[1])
+    return eager_times, compiled_times
+
+
+def measure(job: dict[str, Any]) -> dict[str, Any]:
+    """The `measure` phase (module docstring)."""
+    mode, name = job["mode"], job["backend"]
+    adapter = adapters.get(name, job.get("kiln_backend", "auto"))
+    model, example = zoo.build(job["model"], batch=job.get("batch"))
+    model.train(mode == "training")
+    fp64_model = copy.deepcopy(model).double()
+    compiled_module = copy.deepcopy(model)
+    result: dict[str, Any] = {"threads": torch.get_num_threads()}
+
+    rss_before = current_rss_mb()
+    start = time.perf_counter()
+    compiled_fn = adapter(compiled_module, job.get("cache_dir"))
+    compiled = Step(compiled_fn, compiled_module, example, mode)
+    compiled_out = compiled()                      # compiles on the first call
+    result["first_call_s"] = time.perf_counter() - start
+    if rss_before is not None:
+        result["peak_mem_mb"] = max(0.0, peak_rss_mb() - rss_before)
+
+    eager = Step(model, model, example, mode)
+    eager_out = eager()
+    fp64_example = (accuracy.to_fp64(example[0]), accuracy.to_fp64(example[1]))
+    fp64_out = accuracy.to_fp64(Step(fp64_model, fp64_model, fp64_example, mode)())
+    verdict = accuracy.check(compiled_out, eager_out, fp64_out, tol=job.get("tol", accuracy.MODEL_TOL))
+    result["accuracy"] = verdict.to_dict()
+    del fp64_model, fp64_out
+
+    is_eager = name == "eager"
+    eager_times, compiled_times = interleaved(eager, None if is_eager else compiled, job.get("budget_s", 2.0))
+    if is_eager:
+        compiled_times = eager_times
+    result["eager_ms"] = statistics.median(eager_times) * 1e3
+    result["compiled_ms"] = statistics.median(compiled_times) * 1e3
+    result["reps"] = len(compiled_times)
+    result["speedup"] = result["eager_ms"] / result["compiled_ms"]
+    result["compile_s"] = 0.0 if is_eager else max(0.0, result["first_call_s"] - min(compiled_times))
+
+    if adapters.kiln_backend_of(name, "auto") is not None:
+        try:
+            result.update(adapters.kiln_graph_counts(copy.deepcopy(model), *example))
+        except Exception as e:   # the counts are extra information; a failure is noted, not fatal
+            result["graph_count_error"] = f"{type(e).__name__}: {e}"
+    result["status"] = "pass" if verdict.passed else "fail_accuracy"
+    return result
+
+
+def compile_only(job: dict[str, Any]) -> dict[str, Any]:
+    """The `compile` phase: first-call time minus a steady call, with the job's (warm) cache."""
+    adapter = adapters.get(job["backend"], job.get("kiln_backend", "auto"))
+    model, example = zoo.build(job["model"], batch=job.get("batch"))
+    model.train(job["mode"] == "training")
+    start = time.perf_counter()
+    step = Step(adapter(model, job.get("cache_dir")), model, example, job["mode"])
+    step()
+    first = time.perf_counter() - start
+    steady = min(timed(step)[1] for _ in range(3))
+    return {"status": "pass", "first_call_s": first, "compile_s": max(0.0, first - steady)}
+
+
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    """Run one job; every failure is a result with a status, never an exception."""
+    torch.manual_seed(0)
+    try:
+        if job["phase"] == "measure":
+            return measure(job)
+        if job["phase"] == "compile":
+            return compile_only(job)
+        raise ValueError(f"unknown phase {job['phase']!r} (measure, compile)")
+    except adapters.Unavailable as e:
+        return {"status": "unavailable", "error": str(e)}
+    except Exception as e:
+        lines = traceback.format_exc().strip().splitlines()
+        return {"status": "error", "error": f"{type(e).__name__}: {e}".strip()[:2000],
+                "traceback": "\n".join(lines[-30:])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m kiln.bench.worker JOB_JSON RESULT_FILE", file=sys.stderr)
+        return 2
+    result = run_job(json.loads(argv[0]))
+    with open(argv[1], "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,559 @@
+"""Calls in the symbolic interpreter: inlining Python functions and modules, running torch ops into the
+graph, builtins on symbolic values, and graph breaks on everything kiln cannot see into."""
+from __future__ import annotations
+
+import builtins
+import dis
+import functools
+import types
+from typing import Any, Callable
+
+import torch
+
+from ..graph import DataDependentError, Proxy, flatten, tracing
+from ..ops import UnsupportedError
+from ..ops import call as ops_call
+from ..ops.trace import _RecordMode
+from .errors import HINTS, GraphBreak
+from .frame import NATIVE_OPERAND_TYPES, NULL, Frame, symbolic_break
+from .values import NativeCall, NoAttribute, class_lookup
+
+_BUILTIN_TYPES = (builtin_function := type(len), type([].append), type(str.join), type(object.__init__),
+                  type((1).__add__), type(dict.fromkeys))
+# torch functions with effects kiln must not run while capturing (they break the graph instead)
+_IMPURE_TORCH = {torch.manual_seed, torch.seed, torch.set_rng_state, torch.set_default_dtype,
+                 torch._C._set_grad_enabled, torch.set_printoptions, torch.use_deterministic_algorithms,
+                 torch.set_num_threads}
+_PURE_MODULES = ("math", "operator", "_operator", "builtins", "itertools", "functools", "_functools",
+                 "collections", "string", "cmath")
+_PRINTING = {print, input, breakpoint, open, exec, eval, compile, globals, locals, vars, dir, id, exit}
+
+
+class GradModeContext:
+    """torch.no_grad() / enable_grad() / set_grad_enabled(m) seen by the interpreter."""
+
+    def __init__(self, enabled: bool, prev: bool | None = None):
+        self.enabled = enabled
+        self.prev = prev  # set_grad_enabled() changes the mode at construction, remembering this
+
+    def enter(self, cap: Any) -> None:
+        if self.prev is None:
+            self.prev = torch.is_grad_enabled()
+            set_grad(cap, self.enabled)
+        return None
+
+    def exit_fn(self) -> "GradModeExit":
+        return GradModeExit(self)
+
+
+class GradModeExit:
+    def __init__(self, ctx: GradModeContext):
+        self.ctx = ctx
+
+
+def set_grad(cap: Any, enabled: bool) -> None:
+    """Record a grad-mode change in the graph (and make it during capture, for correct metadata)."""
+    if torch.is_grad_enabled() == enabled:
+        return
+    cap.graph.call_torch(torch._C._set_grad_enabled, (enabled,), {}, None, origin=cap.tracer.origin)
+    torch._C._set_grad_enabled(enabled)
+    cap.grad_changes += 1
+
+
+def is_torch_callable(fn: Any) -> bool:
+    module = getattr(fn, "__module__", None) or ""
+    if module.startswith("torch.nn.modules") or module.startswith("torch.nn.utils.parametriz"):
+        return False
+    if module == "torch" or module.startswith("torch.") or module.startswith("torch._"):
+        return True
+    owner = getattr(fn, "__self__", None)
+    if isinstance(owner, types.ModuleType) and owner.__name__.startswith("torch"):
+        return True
+    return owner is not None and type(owner).__name__ in ("_VariableFunctionsClass",)
+
+
+class CallOps:
+    """Frame mixin: CALL and friends, and the call dispatcher."""
+
+    # ---- instructions ----
+    def op_KW_NAMES(self, inst: dis.Instruction) -> None:
+        self.kw_names = self.code.co_consts[inst.arg]
+
+    def op_CALL(self, inst: dis.Instruction) -> None:
+        argc = inst.arg
+        args = self.popn(argc)
+        second = self.pop()
+        first = self.pop()
+        if first is NULL:
+            fn = second
+        else:
+            fn, args = first, [second] + args
+        kwargs = {}
+        if self.kw_names:
+            names = self.kw_names
+            self.kw_names = ()
+            values = args[len(args) - len(names):]
+            args = args[:len(args) - len(names)]
+            kwargs = dict(zip(names, values))
+        self.push(self.call(fn, args, kwargs))
+
+    def op_CALL_FUNCTION_EX(self, inst: dis.Instruction) -> None:
+        kwargs = self.pop() if inst.arg & 1 else {}
+        args = self.pop()
+        fn = self.pop()
+        if self.stack and self.stack[-1] is NULL:
+            self.pop()
+        if not isinstance(kwargs, dict):
+            kwargs = self.as_mapping(kwargs)
+        self.push(self.call(fn, list(self.iterate(args)), dict(kwargs)))
+
+    def op_MAKE_FUNCTION(self, inst: dis.Instruction) -> None:
+        code = self.pop()
+        flags = inst.arg
+        closure = self.pop() if flags & 0x08 else None
+        if flags & 0x04:
+            self.pop()
+        kwdefaults = self.pop() if flags & 0x02 else None
+        defaults = self.pop() if flags & 0x01 else None
+        fn = types.FunctionType(code, self.globals, code.co_name, defaults, closure)
+        if kwdefaults:
+            fn.__kwdefaults__ = kwdefaults
+        fn.__qualname__ = code.co_qualname
+        self.cap.new_local(fn)
+        self.push(fn)
+
+    # ---- dispatch ----
+    def call(self, fn: Any, args: list, kwargs: dict) -> Any:
+        """Call `fn` on symbolic arguments: inline it, record it, or break."""
+        cap = self.cap
+        if isinstance(fn, NativeCall):
+            return self.native(fn.fn, args, kwargs, fn.name)
+        if isinstance(fn, GradModeExit):
+            ctx = fn.ctx
+            if ctx.prev is not None:
+                set_grad(cap, ctx.prev)
+            return None
+        if isinstance(fn, torch.nn.Module):
+            return self.call_module(fn, args, kwargs)
+        if isinstance(fn, types.MethodType):
+            owner, func = fn.__self__, fn.__func__
+            if isinstance(owner, Proxy):
+                return self.native(fn, args, kwargs, f"Tensor.{func.__name__}")
+            if isinstance(owner, torch.nn.Module) and func in _MODULE_CALLS:
+                return self.call_module(owner, args, kwargs)
+            return self.call(func, [owner] + list(args), kwargs)
+        if isinstance(fn, types.FunctionType):
+            if fn in _SPECIAL_FUNCTIONS:
+                return _SPECIAL_FUNCTIONS[fn](self, args, kwargs)
+            module = fn.__module__ or ""
+            if module.startswith("kiln.graph") or module.startswith("kiln.ops"):
+                return self.native(fn, args, kwargs, fn.__qualname__)
+            if is_torch_callable(fn):
+                return self.torch_call(fn, args, kwargs)
+            return self.inline(fn, args, kwargs)
+        if isinstance(fn, functools.partial):
+            return self.call(fn.func, list(fn.args) + list(args), {**fn.keywords, **kwargs})
+        if isinstance(fn, type):
+            return self.construct(fn, args, kwargs)
+        if isinstance(fn, _BUILTIN_TYPES):
+            return self.call_builtin(fn, args, kwargs)
+        if isinstance(fn, (classmethod, staticmethod)):
+            return self.call(fn.__func__, args, kwargs)
+        method = class_lookup(type(fn), "__call__")
+        if isinstance(method, types.FunctionType):
+            return self.call(method, [fn] + list(args), kwargs)
+        raise GraphBreak(f"call to {type(fn).__name__} object {_name(fn)}", HINTS["call"])
+
+    def call_builtin(self, fn: Any, args: list, kwargs: dict) -> Any:
+        cap = self.cap
+        handler = _BUILTIN_HANDLERS.get(fn)
+        if handler is not None:
+            return handler(self, args, kwargs)
+        if fn in _PRINTING:
+            raise GraphBreak(f"call to {fn.__name__}()", HINTS["print"] if fn is print else HINTS["call"])
+        owner = getattr(fn, "__self__", None)
+        if isinstance(owner, Proxy):
+            return self.native(fn, args, kwargs, f"Tensor.{fn.__name__}")
+        if fn in _IMPURE_TORCH:
+            raise GraphBreak(f"call to {_name(fn)} (it changes global torch state)", HINTS["call"])
+        if is_torch_callable(fn) or getattr(fn, "__objclass__", None) is torch._C.TensorBase:
+            return self.torch_call(fn, args, kwargs)
+        if owner is not None and not isinstance(owner, types.ModuleType):
+            if cap.is_local(owner) or id(owner) in cap.mirrors or isinstance(owner, (str, bytes, tuple,
+                                                                                     frozenset, int, float,
+                                                                                     torch.Size, type)):
+                return self.native(fn, args, kwargs, _name(fn))
+            raise GraphBreak(f"method {_name(fn)} of a {type(owner).__name__} kiln does not track",
+                             HINTS["call"])
+        objclass = getattr(fn, "__objclass__", None)
+        if objclass is not None and args and (cap.is_local(args[0]) or id(args[0]) in cap.mirrors or
+                                              isinstance(args[0], NATIVE_OPERAND_TYPES)):
+            return self.native(fn, args, kwargs, _name(fn))
+        module = getattr(fn, "__module__", None) or getattr(owner, "__name__", "") or ""
+        if module.split(".")[0] in _PURE_MODULES:
+            return self.native(fn, args, kwargs, _name(fn))
+        raise GraphBreak(f"call to C function {_name(fn)}", HINTS["call"])
+
+    def native(self, fn: Callable[..., Any], args: list, kwargs: dict, name: str) -> Any:
+        """Run fn directly on the symbolic values (torch calls on proxies record into the graph)."""
+        try:
+            with tracing(self.cap.tracer):
+                result = fn(*args, **kwargs)
+        except Exception as e:
+            raise symbolic_break(e, name) from None
+        if type(result) in (list, dict, set):
+            self.cap.new_local(result)
+        return result
+
+    def torch_call(self, fn: Any, args: list, kwargs: dict) -> Any:
+        """A torch function: proxies route through kiln.ops; factories are recorded too."""
+        name = _name(fn)
+        if fn in _IMPURE_TORCH:
+            raise GraphBreak(f"call to {name} (it changes global torch state)", HINTS["call"])
+        has_proxy = any(isinstance(a, Proxy) for a in flatten((args, kwargs)))
+        try:
+            with tracing(self.cap.tracer):
+                if has_proxy:
+                    if isinstance(fn, types.FunctionType):
+                        with _RecordMode():
+                            return fn(*args, **kwargs)
+                    return fn(*args, **kwargs)
+                result = fn(*args, **kwargs)
+                if any(isinstance(v, torch.Tensor) for v in flatten(result)):
+                    return ops_call(fn, tuple(args), dict(kwargs))
+                return result
+        except (GraphBreak, DataDependentError, UnsupportedError) as e:
+            raise symbolic_break(e, name) from None
+        except Exception as e:
+            raise symbolic_break(e, name) from None
+
+    def call_module(self, module: torch.nn.Module, args: list, kwargs: dict) -> Any:
+        hooks = torch.nn.modules.module
+        if (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or
+                getattr(module, "_backward_pre_hooks", None) or hooks._global_forward_hooks or
+                hooks._global_forward_pre_hooks or hooks._global_backward_hooks):
+            raise GraphBreak(f"module {type(module).__name__} has hooks", "hooks run eagerly")
+        src = self.cap.source_of(module)
+        if src is not None:
+            self.cap.guards.add(f"not {src.expr}._forward_hooks and not {src.expr}._forward_pre_hooks",
+                                f"{src.name} has no forward hooks", "hooks")
+        forward = self.load_attr(module, "forward")
+        return self.call(forward, args, kwargs)
+
+    def construct(self, cls: type, args: list, kwargs: dict) -> Any:
+        cap = self.cap
+        if cls in (torch.no_grad, torch.enable_grad):
+            if args or kwargs:
+                raise GraphBreak(f"{cls.__name__} with arguments")
+            return GradModeContext(cls is torch.enable_grad)
+        if cls is torch.set_grad_enabled:
+            mode = args[0] if args else kwargs.get("mode")
+            if not isinstance(mode, bool):
+                raise GraphBreak("torch.set_grad_enabled with a non-constant mode")
+            prev = torch.is_grad_enabled()
+            set_grad(cap, mode)
+            return GradModeContext(mode, prev)
+        if cls is super:
+            return self.make_super(args)
+        if cls is type:
+            return _type(self, args, kwargs)
+        if issubclass(cls, torch.nn.Module):
+            raise GraphBreak(f"creating module {cls.__name__} inside compiled code", HINTS["call"])
+        if cls is functools.partial:
+            return cap.new_local(functools.partial(*args, **kwargs))
+        if cls.__module__ == "builtins" or cls in (torch.Size, torch.device, torch.dtype) or \
+                issubclass(cls, BaseException) or (issubclass(cls, tuple) and hasattr(cls, "_fields")):
+            if cls in (list, dict, set):
+                items = self.call_builtin_iterables(args)
+                return cap.new_local(self.native(cls, items, kwargs, cls.__name__))
+            if cls in (tuple, frozenset, enumerate, zip, reversed, sorted, str, bool, int, float):
+                args = self.call_builtin_iterables(args) if cls in (tuple, frozenset, enumerate, zip,
+                                                                    reversed) else args
+                if cls is bool and len(args) == 1:
+                    return self.truth(args[0])
+            if cls is map or cls is filter:
+                return _map_filter(self, cls, args)
+            return self.native(cls, args, kwargs, cls.__name__)
+        if is_torch_callable(cls):
+            return self.torch_call(cls, args, kwargs)
+        new = class_lookup(cls, "__new__")
+        init = class_lookup(cls, "__init__")
+        if isinstance(new, types.FunctionType) or not (isinstance(init, types.FunctionType) or
+                                                       init is object.__init__ or init is dict.__init__):
+            raise GraphBreak(f"creating a {cls.__name__} (custom __new__ or C __init__)", HINTS["call"])
+        try:
+            obj = cls.__new__(cls)
+        except Exception as e:
+            raise symbolic_break(e, f"{cls.__name__}.__new__") from None
+        cap.new_local(obj)
+        if isinstance(init, types.FunctionType):
+            self.call(init, [obj] + list(args), kwargs)
+        elif args or kwargs:
+            raise GraphBreak(f"creating a {cls.__name__} with arguments to a C __init__")
+        return obj
+
+    def make_super(self, args: list) -> Any:
+        if args:
+            return super(*args)
+        cell = self.cells.get("__class__")
+        first = self.code.co_varnames[0] if self.code.co_argcount else None
+        if cell is None or first is None:
+            raise GraphBreak("super() without __class__")
+        owner = self.locals.get(first)
+        if owner is None and first in self.cells:
+            owner = self.cells[first].cell_contents
+        return super(cell.cell_contents, owner)
+
+    def call_builtin_iterables(self, args: list) -> list:
+        """Arguments of list()/tuple()/zip()/enumerate(): iterables become lists of symbolic items."""
+        out = []
+        for a in args:
+            if isinstance(a, (Proxy, torch.nn.Module)) or self.cap.is_local(a) or id(a) in self.cap.mirrors \
+                    or isinstance(a, (list, tuple, dict, range, str, set, frozenset)) or \
+                    isinstance(class_lookup(type(a), "__iter__"), types.FunctionType) or \
+                    type(a).__module__ == "builtins":
+                if isinstance(a, dict) and (self.cap.is_local(a) or id(a) in self.cap.mirrors):
+                    out.append(a)
+                else:
+                    out.append(self.iterate(a))
+            else:
+                out.append(a)
+        return out
+
+    # ---- inlining ----
+    def inline(self, fn: types.FunctionType, args: list, kwargs: dict) -> Any:
+        from .interpreter import Interpreter
+        code = fn.__code__
+        if code.co_flags & (0x80 | 0x100 | 0x200):  # coroutine, iterable coroutine, async generator
+            raise GraphBreak(f"call to async function {fn.__qualname__}")
+        try:
+            bound = bind_arguments(fn, args, kwargs)
+        except TypeError as e:
+            raise GraphBreak(f"calling {fn.__qualname__}: {e}", "the call fails eagerly too", e) from None
+        cap = self.cap
+        if fn.__defaults__ and not cap.is_local(fn):
+            for name, value in bound.items():
+                if isinstance(value, torch.Tensor) and not isinstance(value, Proxy):
+                    raise GraphBreak(f"tensor default argument {name!r} of {fn.__qualname__}")
+        for name in code.co_varnames[code.co_argcount + code.co_kwonlyargcount:][:2]:
+            if isinstance(bound.get(name), dict):
+                cap.new_local(bound[name])
+        frame = Interpreter(cap, code, fn, bound, fn.__globals__, parent=self)
+        return frame.run()
+
+
+def bind_arguments(fn: types.FunctionType, args: list | tuple, kwargs: dict) -> dict[str, Any]:
+    """The frame's initial locals for fn(*args, **kwargs), as CPython binds them (TypeError if not)."""
+    code = fn.__code__
+    names = code.co_varnames
+    n, posonly, kwonly = code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount
+    has_varargs, has_varkw = bool(code.co_flags & 0x04), bool(code.co_flags & 0x08)
+    bound: dict[str, Any] = {}
+    if len(args) > n and not has_varargs:
+        raise TypeError(f"{fn.__qualname__}() takes {n} positional arguments but {len(args)} were given")
+    for name, value in zip(names[:n], args):
+        bound[name] = value
+    extra_kw: dict[str, Any] = {}
+    keyword_ok = set(names[posonly:n + kwonly])
+    for key, value in kwargs.items():
+        if key in keyword_ok:
+            if key in bound:
+                raise TypeError(f"{fn.__qualname__}() got multiple values for argument {key!r}")
+            bound[key] = value
+        elif has_varkw:
+            extra_kw[key] = value
+        else:
+            raise TypeError(f"{fn.__qualname__}() got an unexpected keyword argument {key!r}")
+    defaults = fn.__defaults__ or ()
+    first_default = n - len(defaults)
+    for i, name in enumerate(names[:n]):
+        if name not in bound:
+            if i >= first_default:
+                bound[name] = defaults[i - first_default]
+            else:
+                raise TypeError(f"{fn.__qualname__}() missing required argument {name!r}")
+    kwdefaults = fn.__kwdefaults__ or {}
+    for name in names[n:n + kwonly]:
+        if name not in bound:
+            if name in kwdefaults:
+                bound[name] = kwdefaults[name]
+            else:
+                raise TypeError(f"{fn.__qualname__}() missing required keyword argument {name!r}")
+    i = n + kwonly
+    if has_varargs:
+        bound[names[i]] = tuple(args[n:])
+        i += 1
+    if has_varkw:
+        bound[names[i]] = extra_kw
+    return bound
+
+
+_MODULE_CALLS = {torch.nn.Module.__call__, getattr(torch.nn.Module, "_call_impl", None),
+                 getattr(torch.nn.Module, "_wrapped_call_impl", None)} - {None}
+
+
+def _name(fn: Any) -> str:
+    module = getattr(fn, "__module__", None)
+    qual = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    if module is None:
+        owner = getattr(fn, "__self__", None)
+        module = getattr(owner, "__name__", None) if isinstance(owner, types.ModuleType) else None
+    return f"{module}.{qual}" if module and module != "builtins" else qual
+
+
+# ---- builtins on symbolic values ------------------------------------------------------------------------
+
+def _isinstance(frame: Frame, args: list, kwargs: dict) -> bool:
+    obj, classinfo = args
+    if isinstance(obj, Proxy):
+        cls = torch.nn.Parameter if id(obj) in frame.cap.param_proxies else torch.Tensor
+        return issubclass(cls, classinfo)
+    return isinstance(obj, classinfo)
+
+
+def _type(frame: Frame, args: list, kwargs: dict) -> Any:
+    if len(args) != 1:
+        raise GraphBreak("type() with three arguments")
+    obj = args[0]
+    if isinstance(obj, Proxy):
+        return torch.nn.Parameter if id(obj) in frame.cap.param_proxies else torch.Tensor
+    return type(obj)
+
+
+def _len(frame: Frame, args: list, kwargs: dict) -> int:
+    (obj,) = args
+    if isinstance(obj, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict,
+                        torch.nn.ParameterList, torch.nn.ParameterDict)):
+        return len(frame.iterate(obj))
+    if isinstance(obj, Proxy) or isinstance(obj, NATIVE_OPERAND_TYPES) or frame.cap.is_local(obj) or \
+            id(obj) in frame.cap.mirrors:
+        return frame.native(len, [obj], {}, "len")
+    method = class_lookup(type(obj), "__len__")
+    if isinstance(method, types.FunctionType):
+        return frame.call(method, [obj], {})
+    raise GraphBreak(f"len() of a {type(obj).__name__}")
+
+
+def _getattr(frame: Frame, args: list, kwargs: dict) -> Any:
+    obj, name = args[0], args[1]
+    if not isinstance(name, str):
+        raise GraphBreak("getattr with a non-constant name")
+    try:
+        return frame.load_attr(obj, name)
+    except NoAttribute:
+        if len(args) > 2:
+            return args[2]
+        raise
+
+
+def _hasattr(frame: Frame, args: list, kwargs: dict) -> bool:
+    obj, name = args
+    try:
+        frame.load_attr(obj, name)
+        return True
+    except NoAttribute:
+        src = frame.cap.source_of(obj)
+        if src is not None:
+            frame.cap.guards.add(f"not hasattr({src.expr}, {name!r})", f"{src.name} has no attribute {name!r}",
+                                 "attr")
+        return False
+
+
+def _setattr(frame: Frame, args: list, kwargs: dict) -> None:
+    frame.store_attr(args[0], args[1], args[2])
+
+
+def _iter(frame: Frame, args: list, kwargs: dict) -> Any:
+    if len(args) != 1:
+        raise GraphBreak("iter() with a sentinel")
+    return iter(frame.iterate(args[0]))
+
+
+def _next(frame: Frame, args: list, kwargs: dict) -> Any:
+    it = args[0]
+    if not isinstance(it, type(iter([]))) and not frame.cap.is_local(it):
+        if type(it).__module__ != "builtins":
+            raise GraphBreak(f"next() on a {type(it).__name__}")
+    try:
+        return next(it, *args[1:])
+    except StopIteration:
+        raise GraphBreak("StopIteration from next()") from None
+
+
+def _reducer(fn: Any) -> Callable[..., Any]:
+    def handle(frame: Frame, args: list, kwargs: dict) -> Any:
+        if len(args) == 1:
+            args = [frame.iterate(args[0])]
+        if "key" in kwargs and not isinstance(kwargs["key"], _BUILTIN_TYPES):
+            raise GraphBreak(f"{fn.__name__}() with a Python key function")
+        return frame.native(fn, args, kwargs, fn.__name__)
+    return handle
+
+
+def _truth_reducer(want: bool) -> Callable[..., Any]:
+    def handle(frame: Frame, args: list, kwargs: dict) -> bool:
+        for item in frame.iterate(args[0]):
+            if frame.truth(item) == want:
+                return want
+        return not want
+    return handle
+
+
+def _callable(frame: Frame, args: list, kwargs: dict) -> bool:
+    obj = args[0]
+    return isinstance(obj, NativeCall) or (not isinstance(obj, Proxy) and callable(obj))
+
+
+def _map_filter(frame: Frame, cls: type, args: list) -> Any:
+    fn, iterables = args[0], [frame.iterate(a) for a in args[1:]]
+    if cls is map:
+        return iter([frame.call(fn, list(items), {}) for items in zip(*iterables)])
+    keep = []
+    for item in iterables[0]:
+        if frame.truth(item if fn is None else frame.call(fn, [item], {})):
+            keep.append(item)
+    return iter(keep)
+
+
+def _id(frame: Frame, args: list, kwargs: dict) -> Any:
+    raise GraphBreak("id() depends on object identity", HINTS["call"])
+
+
+_BUILTIN_HANDLERS: dict[Any, Callable[..., Any]] = {
+    builtins.isinstance: _isinstance,
+    builtins.len: _len,
+    builtins.getattr: _getattr,
+    builtins.hasattr: _hasattr,
+    builtins.setattr: _setattr,
+    builtins.iter: _iter,
+    builtins.next: _next,
+    builtins.min: _reducer(min),
+    builtins.max: _reducer(max),
+    builtins.sum: _reducer(sum),
+    builtins.sorted: _reducer(sorted),
+    builtins.any: _truth_reducer(True),
+    builtins.all: _truth_reducer(False),
+    builtins.callable: _callable,
+    builtins.id: _id,
+}
+
+
+def _issubclass(frame: Frame, args: list, kwargs: dict) -> bool:
+    return issubclass(args[0], args[1])
+
+
+_BUILTIN_HANDLERS[builtins.issubclass] = _issubclass
+
+
+def _torch_is_tensor(frame: Frame, args: list, kwargs: dict) -> bool:
+    return isinstance(args[0], (Proxy, torch.Tensor))
+
+
+def _torch_grad_enabled(frame: Frame, args: list, kwargs: dict) -> bool:
+    return torch.is_grad_enabled()
+
+
+_BUILTIN_HANDLERS[torch.is_tensor] = _torch_is_tensor
+_BUILTIN_HANDLERS[torch.is_grad_enabled] = _torch_grad_enabled
+
+_SPECIAL_FUNCTIONS: dict[Any, Callable[..., Any]] = {torch.is_tensor: _torch_is_tensor}

@@ -1,0 +1,255 @@
+"""Generated entry functions: one per cache entry, with the compiled function's own signature.
+
+    def __entry(x, y):
+        try:
+            if not ((type(x) is __Tensor_1 and x.dtype is ... ) and (...)):
+                return __MISS
+        except Exception:
+            return __MISS
+        __out = __graph(x, __Parameter_4)
+        __ret = (__out[0], 3)
+        __self_2.steps = __out[1]     # side effects, replayed after the graph
+        return __ret
+
+An entry for a frame that broke calls the original function instead of the graph.
+"""
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+
+from ..graph import Proxy
+from .errors import GraphBreak
+from .guards import check_expr, is_constant
+from .state import Capture
+
+
+class _Miss:
+    def __repr__(self) -> str:
+        return "<guard miss>"
+
+
+MISS = _Miss()
+
+
+def build_object(cls: type, attrs: dict, items: dict | None) -> Any:
+    """Rebuild an object made inside compiled code (dataclass, model output, user class)."""
+    obj = cls.__new__(cls)
+    if items is not None:
+        dict.update(obj, items)
+    if attrs:
+        obj.__dict__.update(attrs)
+    return obj
+
+
+def parameters(code: types.CodeType, skip_first: bool) -> tuple[list[str], str, list[str]]:
+    """(parameter names, parameter list source, call-forwarding argument source list)."""
+    names = code.co_varnames
+    n, posonly, kwonly = code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount
+    positional = list(names[:n])
+    keyword = list(names[n:n + kwonly])
+    i = n + kwonly
+    varargs = names[i] if code.co_flags & 0x04 else None
+    i += 1 if varargs else 0
+    varkw = names[i] if code.co_flags & 0x08 else None
+    if skip_first:
+        positional = positional[1:]
+        posonly = max(posonly - 1, 0)
+    parts: list[str] = []
+    forward: list[str] = []
+    for j, name in enumerate(positional):
+        parts.append(name)
+        forward.append(name)
+        if posonly and j == posonly - 1:
+            parts.append("/")
+    if varargs:
+        parts.append("*" + varargs)
+        forward.append("*" + varargs)
+    elif keyword:
+        parts.append("*")
+    parts.extend(keyword)
+    forward.extend(f"{k}={k}" for k in keyword)
+    if varkw:
+        parts.append("**" + varkw)
+        forward.append("**" + varkw)
+    all_names = positional + keyword + ([varargs] if varargs else []) + ([varkw] if varkw else [])
+    return all_names, ", ".join(parts), forward
+
+
+class Reconstructor:
+    """Python source that rebuilds symbolic values after the graph ran."""
+
+    def __init__(self, cap: Capture):
+        self.cap = cap
+        self.outputs: list[Any] = []  # graph output nodes
+        self._index: dict[int, int] = {}
+        self.held_inputs: dict[str, str] = {}
+
+    def value(self, v: Any) -> str:
+        cap = self.cap
+        ns = cap.ns
+        if isinstance(v, Proxy):
+            src = cap.proxy_sources.get(id(v))
+            if src is not None:
+                return self.held_inputs.get(src.expr, src.expr)
+            key = id(v.node)
+            if key not in self._index:
+                self._index[key] = len(self.outputs)
+                self.outputs.append(v.node)
+            return f"__out[{self._index[key]}]"
+        if is_constant(v):
+            return ns.literal(v)
+        if id(v) in cap.mirrors:
+            return cap.mirrors[id(v)][1].expr
+        typ = type(v)
+        if typ is tuple:
+            return "(" + "".join(self.value(x) + ", " for x in v) + ")"
+        if isinstance(v, tuple) and hasattr(v, "_fields"):
+            return f"{ns.hold(typ, typ.__name__)}({', '.join(self.value(x) for x in v)})"
+        if isinstance(v, tuple) and hasattr(v, "n_fields"):
+            return f"{ns.hold(typ, typ.__name__)}(({''.join(self.value(x) + ', ' for x in v)}))"
+        if typ is list:
+            return "[" + ", ".join(self.value(x) for x in v) + "]"
+        if typ is dict:
+            return "{" + ", ".join(f"{self.key(k)}: {self.value(x)}" for k, x in v.items()) + "}"
+        if typ is slice:
+            return f"slice({self.value(v.start)}, {self.value(v.stop)}, {self.value(v.step)})"
+        src = cap.source_of(v)
+        if src is not None:
+            return src.expr
+        if cap.is_local(v):
+            if isinstance(v, dict) and typ.__module__ == "collections":
+                pairs = ", ".join(f"({self.key(k)}, {self.value(x)})" for k, x in v.items())
+                return f"{ns.hold(typ, typ.__name__)}([{pairs}])"
+            if isinstance(v, (types.FunctionType, set)):
+                raise GraphBreak(f"returning a {typ.__name__} made inside compiled code")
+            attrs = getattr(v, "__dict__", None)
+            if attrs is None:
+                raise GraphBreak(f"returning a {typ.__name__} made inside compiled code")
+            attr_src = "{" + ", ".join(f"{k!r}: {self.value(x)}" for k, x in attrs.items()) + "}"
+            items_src = "None"
+            if isinstance(v, dict):
+                items_src = "{" + ", ".join(f"{self.key(k)}: {self.value(x)}" for k, x in v.items()) + "}"
+            build = ns.hold(build_object, "build")
+            return f"{build}({ns.hold(typ, typ.__name__)}, {attr_src}, {items_src})"
+        if isinstance(v, torch.Tensor):
+            raise GraphBreak("returning a tensor kiln did not capture")
+        if isinstance(v, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)):
+            return ns.hold(v, "obj")
+        if isinstance(v, torch.nn.Module):
+            return ns.hold(v, "module")
+        if isinstance(v, (range, frozenset, bytes, complex)):
+            return ns.hold(v, "const")
+        raise GraphBreak(f"returning a {typ.__name__} kiln cannot rebuild")
+
+    def key(self, k: Any) -> str:
+        if not is_constant(k):
+            raise GraphBreak(f"dict key of type {type(k).__name__}")
+        return self.cap.ns.literal(k)
+
+
+def _entry_source(cap: Capture, params: str, body: list[str]) -> str:
+    guard = check_expr(cap.guards.guards)
+    lines = [f"def __entry({params}):",
+             "    try:",
+             f"        if not ({guard}):",
+             "            return __MISS",
+             "    except Exception:",
+             "        return __MISS"]
+    lines += ["    " + line for line in body]
+    return "\n".join(lines) + "\n"
+
+
+def _checks_source(cap: Capture, params: str) -> str:
+    items = [f"    (lambda {params}: ({g.expr}))," for g in cap.guards.guards]
+    return "__checks = [\n" + "\n".join(items) + "\n]\n"
+
+
+def _exec(cap: Capture, source: str, fn: Any, extra: dict[str, Any]) -> dict[str, Any]:
+    env: dict[str, Any] = dict(cap.ns.values)
+    env.update(extra)
+    env["__MISS"] = MISS
+    exec(compile(source, f"<kiln entry {getattr(fn, '__qualname__', '?')}>", "exec"), env)
+    for name, value in env.items():
+        if name in ("__entry",) or name == "__checks":
+            for f in (value if isinstance(value, list) else [value]):
+                f.__defaults__ = fn.__defaults__
+                f.__kwdefaults__ = fn.__kwdefaults__
+    return env
+
+
+def graph_body(cap: Capture, ret: Any) -> tuple[list[str], Reconstructor]:
+    """Body lines of a graph entry: call the graph, compute results, replay side effects, return."""
+    rec = Reconstructor(cap)
+    for source, tensor, by_identity in cap.inputs:
+        if by_identity:
+            rec.held_inputs[source.expr] = cap.ns.hold(tensor, "input")
+    temps: list[str] = []
+    writes: list[str] = []
+    n = 0
+
+    def temp(expr: str) -> str:
+        nonlocal n
+        name = f"__v{n}"
+        n += 1
+        temps.append(f"{name} = {expr}")
+        return name
+    ret_name = temp(rec.value(ret))
+    for obj, source, name, value in cap.attr_writes.values():
+        writes.append(f"setattr({source.expr}, {name!r}, {temp(rec.value(value))})")
+    for gdict, source, value in cap.global_writes.values():
+        writes.append(f"{source.expr} = {temp(rec.value(value))}")
+    for cell, source, value in cap.cell_writes.values():
+        writes.append(f"{source.expr} = {temp(rec.value(value))}")
+    for copy, source in cap.changed_mirrors():
+        if isinstance(copy, list):
+            writes.append(f"{source.expr}[:] = {temp(rec.value(list(copy)))}")
+        else:
+            items = dict(copy)
+            tmp = temp("{" + ", ".join(f"{rec.key(k)}: {rec.value(x)}" for k, x in items.items()) + "}")
+            writes.append(f"{source.expr}.clear(); {source.expr}.update({tmp})")
+    return temps + writes + [f"return {ret_name}"], rec
+
+
+def make_graph_entry(cap: Capture, fn: Any, code: types.CodeType, skip_first: bool, ret: Any,
+                     compile_graph: Any) -> tuple[Any, list, Any]:
+    """Build the graph's output, compile it with the backend, and generate the entry function."""
+    body, rec = graph_body(cap, ret)
+    _, params, _ = parameters(code, skip_first)
+    graph = cap.graph
+    graph.output(tuple(rec.outputs))
+    has_ops = any(n.op in ("call_torch", "call_prim") for n in graph.nodes)
+    extra: dict[str, Any] = {}
+    if has_ops or rec.outputs:
+        inputs = []
+        for source, tensor, by_identity in cap.inputs:
+            inputs.append(rec.held_inputs[source.expr] if by_identity else source.expr)
+        extra["__graph"] = compile_graph(graph, [t for _, t, _ in cap.inputs])
+        body = [f"__out = __graph({', '.join(inputs)})"] + body
+    source = _entry_source(cap, params, body) + _checks_source(cap, params)
+    env = _exec(cap, source, fn, extra)
+    return env["__entry"], env["__checks"], source
+
+
+def make_eager_entry(cap: Capture, fn: Any, code: types.CodeType, bound_self: Any) -> tuple[Any, list, str]:
+    """An entry that runs the original function (the frame broke) when the same guards hold."""
+    _, params, forward = parameters(code, bound_self is not _NO_SELF)
+    call_args = list(forward)
+    extra: dict[str, Any] = {"__fn": fn}
+    if bound_self is not _NO_SELF:
+        extra["__bound_self"] = bound_self
+        call_args.insert(0, "__bound_self")
+    body = [f"return __fn({', '.join(call_args)})"]
+    source = _entry_source(cap, params, body) + _checks_source(cap, params)
+    env = _exec(cap, source, fn, extra)
+    return env["__entry"], env["__checks"], source
+
+
+class _NoSelf:
+    pass
+
+
+_NO_SELF = _NoSelf()
+NO_SELF = _NO_SELF

@@ -1,0 +1,575 @@
+"""The symbolic interpreter over CPython 3.11 bytecode: one `Frame` per code object being run.
+
+The top frame is the compiled function; calls to Python functions and modules are inlined as child
+frames. Each instruction is a method `op_<OPNAME>`; anything without one, or that cannot be followed
+symbolically, raises `GraphBreak`. Calls are handled in `calls.py`, attribute reads and iteration in
+`values.py`.
+"""
+from __future__ import annotations
+
+import dis
+import operator
+import os
+import types
+from typing import Any
+
+import torch
+
+from ..graph import DataDependentError, Proxy
+from ..ops import UnsupportedError
+from . import sources as S
+from .errors import HINTS, GraphBreak
+from .state import Capture
+
+CO_GENERATOR = 0x20
+MAX_INLINE_DEPTH = 48
+MAX_INSTRUCTIONS = 2_000_000
+
+_BINARY = {
+    "+": operator.add, "&": operator.and_, "//": operator.floordiv, "<<": operator.lshift,
+    "@": operator.matmul, "*": operator.mul, "%": operator.mod, "|": operator.or_, "**": operator.pow,
+    ">>": operator.rshift, "-": operator.sub, "/": operator.truediv, "^": operator.xor,
+    "+=": operator.iadd, "&=": operator.iand, "//=": operator.ifloordiv, "<<=": operator.ilshift,
+    "@=": operator.imatmul, "*=": operator.imul, "%=": operator.imod, "|=": operator.ior,
+    "**=": operator.ipow, ">>=": operator.irshift, "-=": operator.isub, "/=": operator.itruediv,
+    "^=": operator.ixor,
+}
+_BINARY_BY_ARG = [_BINARY[sym] for _, sym in dis._nb_ops]  # type: ignore[attr-defined]
+_COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt,
+            ">=": operator.ge}
+
+# Types whose operators kiln runs directly on symbolic values (user types with dunders break instead).
+NATIVE_OPERAND_TYPES = (Proxy, type(None), bool, int, float, complex, str, bytes, tuple, list, dict, set,
+                        frozenset, slice, range, torch.Size, torch.dtype, torch.device, type,
+                        type(Ellipsis), types.MappingProxyType)
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+
+
+class Null:
+    """The NULL that PUSH_NULL / LOAD_GLOBAL push below a callable."""
+
+    def __repr__(self) -> str:
+        return "NULL"
+
+
+NULL = Null()
+
+
+class _Instructions:
+    """Decoded instructions of a code object, shared by every frame running it."""
+
+    _cache: dict[types.CodeType, "_Instructions"] = {}
+
+    def __init__(self, code: types.CodeType):
+        self.insts = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
+        self.index = {inst.offset: n for n, inst in enumerate(self.insts)}
+        self.lines: list[int] = []
+        line = code.co_firstlineno
+        for inst in self.insts:
+            if inst.positions is not None and inst.positions.lineno is not None:
+                line = inst.positions.lineno
+            self.lines.append(line)
+
+    @classmethod
+    def of(cls, code: types.CodeType) -> "_Instructions":
+        found = cls._cache.get(code)
+        if found is None:
+            found = cls._cache[code] = cls(code)
+        return found
+
+
+def symbolic_break(e: BaseException, what: str) -> GraphBreak:
+    """Turn an error raised by running an operation symbolically into a graph break."""
+    if isinstance(e, GraphBreak):
+        return e
+    if isinstance(e, DataDependentError):
+        text = str(e)
+        key = "item" if (".item()" in text or ".tolist()" in text) else "data"
+        return GraphBreak(f"data-dependent: {text.split(', which')[0]}", HINTS[key], e)
+    if isinstance(e, UnsupportedError):
+        return GraphBreak(f"unsupported: {e}", HINTS["call"], e)
+    return GraphBreak(f"{what} raised {type(e).__name__}: {e}", "the code raises here; it runs eagerly, so "
+                      "the error is the same as without kiln", e)
+
+
+class Frame:
+    """A frame of the symbolic interpreter."""
+
+    def __init__(self, cap: Capture, code: types.CodeType, fn: Any, f_locals: dict[str, Any],
+                 f_globals: dict[str, Any], parent: "Frame | None" = None, closure: tuple | None = None):
+        self.cap = cap
+        self.code = code
+        self.fn = fn
+        self.locals = f_locals
+        self.globals = f_globals
+        builtins = f_globals.get("__builtins__", __builtins__)
+        self.builtins = builtins.__dict__ if isinstance(builtins, types.ModuleType) else builtins
+        self.parent = parent
+        self.depth = 0 if parent is None else parent.depth + 1
+        self.closure = closure if closure is not None else (fn.__closure__ if fn is not None else None)
+        self.cells: dict[str, Any] = {}
+        self.stack: list[Any] = []
+        self.kw_names: tuple = ()
+        self.yielded: list[Any] | None = [] if code.co_flags & CO_GENERATOR else None
+        decoded = _Instructions.of(code)
+        self.insts = decoded.insts
+        self.index = decoded.index
+        self.lines = decoded.lines
+        self.pc = 0
+        self.lineno = code.co_firstlineno
+        self.user_code = not code.co_filename.startswith(_TORCH_DIR)
+        if self.depth > MAX_INLINE_DEPTH:
+            raise GraphBreak(f"calls nested deeper than {MAX_INLINE_DEPTH} frames (recursion?)")
+
+    # ---- running ----
+    def run(self) -> Any:
+        """Interpret the code until RETURN_VALUE; return the symbolic return value."""
+        steps = 0
+        insts = self.insts
+        while True:
+            inst = insts[self.pc]
+            self.lineno = self.lines[self.pc]
+            if self.user_code:
+                self.cap.tracer.origin = f"{self.code.co_filename}:{self.lineno}"
+            self.pc += 1
+            steps += 1
+            if steps > MAX_INSTRUCTIONS:
+                raise self.located(GraphBreak("too many instructions (a very long loop?)"))
+            handler = getattr(self, "op_" + inst.opname, None)
+            try:
+                if handler is None:
+                    raise GraphBreak(f"bytecode {inst.opname} is not supported by kiln's interpreter",
+                                     "rewrite the construct, or call it outside the compiled function")
+                result = handler(inst)
+            except _Return as r:
+                return r.value
+            except GraphBreak as e:
+                raise self.located(e)
+            except (DataDependentError, UnsupportedError) as e:
+                raise self.located(symbolic_break(e, inst.opname))
+            if result is not None:  # a jump target offset
+                self.pc = self.index[result]
+
+    def located(self, brk: GraphBreak) -> GraphBreak:
+        if not brk.where or brk.where[-1] != (self.code.co_filename, self.lineno):
+            brk.where.append((self.code.co_filename, self.lineno))
+        return brk
+
+    def push(self, value: Any) -> None:
+        self.stack.append(value)
+
+    def pop(self) -> Any:
+        return self.stack.pop()
+
+    def popn(self, n: int) -> list[Any]:
+        if n == 0:
+            return []
+        values = self.stack[-n:]
+        del self.stack[-n:]
+        return values
+
+    # ---- simple instructions ----
+    def op_NOP(self, inst: dis.Instruction) -> None:
+        pass
+
+    op_RESUME = op_NOP
+    op_PRECALL = op_NOP
+    op_CACHE = op_NOP
+
+    def op_POP_TOP(self, inst: dis.Instruction) -> None:
+        self.pop()
+
+    def op_PUSH_NULL(self, inst: dis.Instruction) -> None:
+        self.push(NULL)
+
+    def op_COPY(self, inst: dis.Instruction) -> None:
+        self.push(self.stack[-inst.arg])
+
+    def op_SWAP(self, inst: dis.Instruction) -> None:
+        i = inst.arg
+        self.stack[-1], self.stack[-i] = self.stack[-i], self.stack[-1]
+
+    def op_LOAD_CONST(self, inst: dis.Instruction) -> None:
+        self.push(inst.argval)
+
+    def op_LOAD_FAST(self, inst: dis.Instruction) -> None:
+        try:
+            self.push(self.locals[inst.argval])
+        except KeyError:
+            raise GraphBreak(f"local variable {inst.argval!r} is read before it is assigned") from None
+
+    def op_STORE_FAST(self, inst: dis.Instruction) -> None:
+        self.locals[inst.argval] = self.pop()
+
+    def op_DELETE_FAST(self, inst: dis.Instruction) -> None:
+        self.locals.pop(inst.argval, None)
+
+    def op_RETURN_VALUE(self, inst: dis.Instruction) -> None:
+        value = self.pop()
+        if self.yielded is not None:
+            value = iter(self.yielded)
+        raise _Return(value)
+
+    # ---- globals ----
+    def op_LOAD_GLOBAL(self, inst: dis.Instruction) -> None:
+        if inst.arg & 1:
+            self.push(NULL)
+        self.push(self.load_global(inst.argval))
+
+    def load_global(self, name: str) -> Any:
+        cap = self.cap
+        written = cap.global_writes.get((id(self.globals), name))
+        if written is not None:
+            return written[2]
+        if name in self.globals:
+            return cap.wrap(self.globals[name], S.global_(cap.ns, self.globals, name))
+        if name in self.builtins:
+            gname = cap.ns.hold(self.globals, "G")
+            cap.guards.add(f"{name!r} not in {gname}", f"global {name!r} is not defined (builtin)", "global")
+            return self.builtins[name]
+        raise GraphBreak(f"name {name!r} is not defined")
+
+    def op_STORE_GLOBAL(self, inst: dis.Instruction) -> None:
+        value = self.pop()
+        source = S.global_(self.cap.ns, self.globals, inst.argval)
+        self.cap.global_writes[(id(self.globals), inst.argval)] = (self.globals, source, value)
+
+    # ---- cells ----
+    def op_MAKE_CELL(self, inst: dis.Instruction) -> None:
+        name = inst.argval
+        cell = types.CellType(self.locals.pop(name)) if name in self.locals else types.CellType()
+        self.cap.local_cells[id(cell)] = cell
+        self.cells[name] = cell
+
+    def op_COPY_FREE_VARS(self, inst: dis.Instruction) -> None:
+        for name, cell in zip(self.code.co_freevars, self.closure or ()):
+            self.cells[name] = cell
+
+    def op_LOAD_CLOSURE(self, inst: dis.Instruction) -> None:
+        self.push(self.cells[inst.argval])
+
+    def op_LOAD_DEREF(self, inst: dis.Instruction) -> None:
+        cell = self.cells[inst.argval]
+        cap = self.cap
+        if id(cell) in cap.local_cells:
+            try:
+                self.push(cell.cell_contents)
+            except ValueError:
+                raise GraphBreak(f"free variable {inst.argval!r} is read before it is assigned") from None
+            return
+        written = cap.cell_writes.get(id(cell))
+        if written is not None:
+            self.push(written[2])
+            return
+        source = S.cell(cap.ns, cell, inst.argval)
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            raise GraphBreak(f"free variable {inst.argval!r} is empty") from None
+        self.push(cap.wrap(value, source))
+
+    def op_STORE_DEREF(self, inst: dis.Instruction) -> None:
+        cell = self.cells[inst.argval]
+        value = self.pop()
+        if id(cell) in self.cap.local_cells:
+            cell.cell_contents = value
+        else:
+            self.cap.cell_writes[id(cell)] = (cell, S.cell(self.cap.ns, cell, inst.argval), value)
+
+    # ---- containers ----
+    def op_BUILD_TUPLE(self, inst: dis.Instruction) -> None:
+        self.push(tuple(self.popn(inst.arg)))
+
+    def op_BUILD_LIST(self, inst: dis.Instruction) -> None:
+        self.push(self.cap.new_local(self.popn(inst.arg)))
+
+    def op_BUILD_SET(self, inst: dis.Instruction) -> None:
+        self.push(self.cap.new_local(set(self.native_items(self.popn(inst.arg)))))
+
+    def op_BUILD_MAP(self, inst: dis.Instruction) -> None:
+        items = self.popn(2 * inst.arg)
+        self.push(self.cap.new_local(dict(zip(self.native_items(items[::2]), items[1::2]))))
+
+    def op_BUILD_CONST_KEY_MAP(self, inst: dis.Instruction) -> None:
+        keys = self.pop()
+        values = self.popn(inst.arg)
+        self.push(self.cap.new_local(dict(zip(keys, values))))
+
+    def op_BUILD_SLICE(self, inst: dis.Instruction) -> None:
+        self.push(slice(*self.popn(inst.arg)))
+
+    def op_BUILD_STRING(self, inst: dis.Instruction) -> None:
+        self.push("".join(self.popn(inst.arg)))
+
+    def op_LIST_APPEND(self, inst: dis.Instruction) -> None:
+        value = self.pop()
+        self.stack[-inst.arg].append(value)
+
+    def op_SET_ADD(self, inst: dis.Instruction) -> None:
+        value = self.pop()
+        self.stack[-inst.arg].add(*self.native_items([value]))
+
+    def op_MAP_ADD(self, inst: dis.Instruction) -> None:
+        value = self.pop()
+        key = self.pop()
+        self.stack[-inst.arg][self.native_items([key])[0]] = value
+
+    def op_LIST_EXTEND(self, inst: dis.Instruction) -> None:
+        values = self.pop()
+        self.stack[-inst.arg].extend(self.iterate(values))
+
+    def op_SET_UPDATE(self, inst: dis.Instruction) -> None:
+        values = self.pop()
+        self.stack[-inst.arg].update(self.native_items(list(self.iterate(values))))
+
+    def op_DICT_UPDATE(self, inst: dis.Instruction) -> None:
+        values = self.pop()
+        self.stack[-inst.arg].update(self.as_mapping(values))
+
+    def op_DICT_MERGE(self, inst: dis.Instruction) -> None:
+        values = self.as_mapping(self.pop())
+        target = self.stack[-inst.arg]
+        for key in values:
+            if key in target:
+                raise GraphBreak(f"got multiple values for keyword argument {key!r}")
+        target.update(values)
+
+    def op_LIST_TO_TUPLE(self, inst: dis.Instruction) -> None:
+        self.push(tuple(self.pop()))
+
+    def op_UNPACK_SEQUENCE(self, inst: dis.Instruction) -> None:
+        items = list(self.iterate(self.pop()))
+        if len(items) != inst.arg:
+            raise GraphBreak(f"cannot unpack {len(items)} values into {inst.arg}")
+        self.stack.extend(reversed(items))
+
+    def op_UNPACK_EX(self, inst: dis.Instruction) -> None:
+        items = list(self.iterate(self.pop()))
+        before, after = inst.arg & 0xFF, inst.arg >> 8
+        if len(items) < before + after:
+            raise GraphBreak(f"not enough values to unpack (expected at least {before + after})")
+        middle = self.cap.new_local(items[before:len(items) - after])
+        values = items[:before] + [middle] + items[len(items) - after:]
+        self.stack.extend(reversed(values))
+
+    def as_mapping(self, value: Any) -> dict:
+        if isinstance(value, dict):
+            return value
+        raise GraphBreak(f"** on a {type(value).__name__} is not supported")
+
+    def native_items(self, items: list) -> list:
+        for item in items:
+            if isinstance(item, Proxy):
+                raise GraphBreak("a tensor used as a set element or dict key")
+        return items
+
+    # ---- operators ----
+    def native_op(self, fn: Any, *args: Any) -> Any:
+        for a in args:
+            if not isinstance(a, NATIVE_OPERAND_TYPES) and not self.cap.is_local(a):
+                raise GraphBreak(f"operator {fn.__name__} on a {type(a).__name__} (user-defined operators "
+                                 "are not followed)", HINTS["call"])
+        try:
+            return fn(*args)
+        except (GraphBreak, DataDependentError, UnsupportedError):
+            raise
+        except Exception as e:
+            raise symbolic_break(e, f"operator {fn.__name__}") from None
+
+    def op_BINARY_OP(self, inst: dis.Instruction) -> None:
+        right = self.pop()
+        left = self.pop()
+        self.push(self.native_op(_BINARY_BY_ARG[inst.arg], left, right))
+
+    def op_COMPARE_OP(self, inst: dis.Instruction) -> None:
+        right = self.pop()
+        left = self.pop()
+        self.push(self.native_op(_COMPARE[inst.argval], left, right))
+
+    def op_IS_OP(self, inst: dis.Instruction) -> None:
+        right = self.pop()
+        left = self.pop()
+        self.push((left is not right) if inst.arg else (left is right))
+
+    def op_CONTAINS_OP(self, inst: dis.Instruction) -> None:
+        container = self.pop()
+        item = self.pop()
+        if isinstance(container, torch.nn.Module):
+            raise GraphBreak("`in` on a module")
+        found = self.native_op(operator.contains, container, item)
+        self.push((not found) if inst.arg else found)
+
+    def op_UNARY_NEGATIVE(self, inst: dis.Instruction) -> None:
+        self.push(self.native_op(operator.neg, self.pop()))
+
+    def op_UNARY_POSITIVE(self, inst: dis.Instruction) -> None:
+        self.push(self.native_op(operator.pos, self.pop()))
+
+    def op_UNARY_INVERT(self, inst: dis.Instruction) -> None:
+        self.push(self.native_op(operator.invert, self.pop()))
+
+    def op_UNARY_NOT(self, inst: dis.Instruction) -> None:
+        self.push(not self.truth(self.pop()))
+
+    def truth(self, value: Any) -> bool:
+        if isinstance(value, Proxy):
+            raise GraphBreak(f"data-dependent branch on tensor {value.node.name} ({value.meta.short()})",
+                             HINTS["data"])
+        if isinstance(value, NATIVE_OPERAND_TYPES) or self.cap.is_local(value) and type(value) is object:
+            return bool(value)
+        if isinstance(value, torch.nn.Module):
+            return True if type(value).__len__ is torch.nn.Module.__len__ else bool(len(self.iterate(value)))
+        cls = type(value)
+        if getattr(cls, "__bool__", None) is None and getattr(cls, "__len__", None) is None:
+            return True
+        return bool(self.call(getattr(cls, "__bool__", None) or len, [value] if hasattr(cls, "__bool__")
+                              else [value], {}))
+
+    def op_BINARY_SUBSCR(self, inst: dis.Instruction) -> None:
+        index = self.pop()
+        container = self.pop()
+        self.push(self.subscript(container, index))
+
+    def op_STORE_SUBSCR(self, inst: dis.Instruction) -> None:
+        index = self.pop()
+        container = self.pop()
+        value = self.pop()
+        self.check_mutable(container)
+        self.native_op(operator.setitem, container, index, value)
+
+    def op_DELETE_SUBSCR(self, inst: dis.Instruction) -> None:
+        index = self.pop()
+        container = self.pop()
+        self.check_mutable(container)
+        self.native_op(operator.delitem, container, index)
+
+    def check_mutable(self, container: Any) -> None:
+        cap = self.cap
+        if isinstance(container, Proxy) or cap.is_local(container) or id(container) in cap.mirrors:
+            return
+        raise GraphBreak(f"mutating a {type(container).__name__} kiln cannot replay")
+
+    # ---- jumps ----
+    def op_JUMP_FORWARD(self, inst: dis.Instruction) -> int:
+        return inst.argval
+
+    op_JUMP_BACKWARD = op_JUMP_FORWARD
+    op_JUMP_BACKWARD_NO_INTERRUPT = op_JUMP_FORWARD
+
+    def _jump_if(self, inst: dis.Instruction, when: bool) -> int | None:
+        return inst.argval if self.truth(self.pop()) == when else None
+
+    def op_POP_JUMP_FORWARD_IF_TRUE(self, inst: dis.Instruction) -> int | None:
+        return self._jump_if(inst, True)
+
+    def op_POP_JUMP_FORWARD_IF_FALSE(self, inst: dis.Instruction) -> int | None:
+        return self._jump_if(inst, False)
+
+    op_POP_JUMP_BACKWARD_IF_TRUE = op_POP_JUMP_FORWARD_IF_TRUE
+    op_POP_JUMP_BACKWARD_IF_FALSE = op_POP_JUMP_FORWARD_IF_FALSE
+
+    def op_POP_JUMP_FORWARD_IF_NONE(self, inst: dis.Instruction) -> int | None:
+        return inst.argval if self.pop() is None else None
+
+    def op_POP_JUMP_FORWARD_IF_NOT_NONE(self, inst: dis.Instruction) -> int | None:
+        return inst.argval if self.pop() is not None else None
+
+    op_POP_JUMP_BACKWARD_IF_NONE = op_POP_JUMP_FORWARD_IF_NONE
+    op_POP_JUMP_BACKWARD_IF_NOT_NONE = op_POP_JUMP_FORWARD_IF_NOT_NONE
+
+    def op_JUMP_IF_TRUE_OR_POP(self, inst: dis.Instruction) -> int | None:
+        if self.truth(self.stack[-1]):
+            return inst.argval
+        self.pop()
+        return None
+
+    def op_JUMP_IF_FALSE_OR_POP(self, inst: dis.Instruction) -> int | None:
+        if not self.truth(self.stack[-1]):
+            return inst.argval
+        self.pop()
+        return None
+
+    # ---- iteration ----
+    def op_GET_ITER(self, inst: dis.Instruction) -> None:
+        self.push(iter(self.iterate(self.pop())))
+
+    def op_FOR_ITER(self, inst: dis.Instruction) -> int | None:
+        it = self.stack[-1]
+        try:
+            value = next(it)
+        except StopIteration:
+            self.pop()
+            return inst.argval
+        except (GraphBreak, DataDependentError, UnsupportedError):
+            raise
+        except Exception as e:
+            raise symbolic_break(e, "iteration") from None
+        self.push(value)
+        return None
+
+    # ---- generators (consumed in place) ----
+    def op_RETURN_GENERATOR(self, inst: dis.Instruction) -> None:
+        self.push(None)
+
+    def op_YIELD_VALUE(self, inst: dis.Instruction) -> None:
+        if self.yielded is None:
+            raise GraphBreak("yield outside a generator kiln consumes")
+        self.yielded.append(self.pop())
+        self.push(None)
+
+    # ---- formatting ----
+    def op_FORMAT_VALUE(self, inst: dis.Instruction) -> None:
+        spec = self.pop() if inst.arg & 0x04 else ""
+        value = self.pop()
+        if isinstance(value, Proxy) or not isinstance(value, NATIVE_OPERAND_TYPES):
+            raise GraphBreak(f"formatting a {type(value).__name__} into a string", HINTS["print"])
+        conv = inst.arg & 0x03
+        if conv == 1:
+            value = str(value)
+        elif conv == 2:
+            value = repr(value)
+        elif conv == 3:
+            value = ascii(value)
+        self.push(format(value, spec))
+
+    # ---- errors ----
+    def op_LOAD_ASSERTION_ERROR(self, inst: dis.Instruction) -> None:
+        self.push(AssertionError)
+
+    def op_RAISE_VARARGS(self, inst: dis.Instruction) -> None:
+        raise GraphBreak("the code raises an exception", HINTS["raise"])
+
+    # ---- imports ----
+    def op_IMPORT_NAME(self, inst: dis.Instruction) -> None:
+        fromlist = self.pop()
+        level = self.pop()
+        try:
+            module = __import__(inst.argval, self.globals, None, fromlist, level)
+        except ImportError as e:
+            raise GraphBreak(f"import {inst.argval} failed: {e}") from None
+        self.push(module)
+
+    def op_IMPORT_FROM(self, inst: dis.Instruction) -> None:
+        module = self.stack[-1]
+        try:
+            self.push(getattr(module, inst.argval))
+        except AttributeError:
+            raise GraphBreak(f"cannot import {inst.argval} from {module}") from None
+
+    # ---- implemented in values.py / calls.py ----
+    def iterate(self, value: Any) -> list:  # pragma: no cover - replaced below
+        raise NotImplementedError
+
+    def subscript(self, container: Any, index: Any) -> Any:  # pragma: no cover
+        raise NotImplementedError
+
+    def call(self, fn: Any, args: list, kwargs: dict) -> Any:  # pragma: no cover
+        raise NotImplementedError
+
+
+class _Return(Exception):
+    def __init__(self, value: Any):
+        self.value = value
+

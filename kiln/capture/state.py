@@ -1,0 +1,222 @@
+"""The state of one capture, shared by the frames it inlines: the graph being built, the sources and
+guards of every value read from outside, and the side effects to replay after the graph runs.
+
+Values are plain Python objects: `Proxy` for tensors, real constants, containers holding symbolic values,
+and the program's own modules, functions and objects. Values from outside get a source (a way to reload
+them) and a guard when they are read. Outside containers are copied on read ("mirrors"), outside
+attributes, globals and closure cells are written to overlays, so capture never changes the program's
+state; the generated entry function replays the changes after the graph runs.
+"""
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+
+from ..graph import Graph, Proxy, TensorMeta, Tracer
+from ..ops.registry import aliases
+from .errors import GraphBreak
+from .guards import GuardSet, is_constant
+from .sources import Namespace, Source
+
+_MODULE_TYPES = (torch.nn.Module,)
+_IMMUTABLE_MODULES = ("torch", "math", "builtins", "operator", "functools", "itertools", "collections",
+                      "typing", "numbers", "inspect", "warnings", "dataclasses", "enum", "abc", "types",
+                      "copy", "numpy", "transformers", "contextlib", "logging", "os", "sys", "re")
+
+
+def trusted_module(mod: types.ModuleType) -> bool:
+    """Library modules whose attributes kiln treats as fixed (their reads are not guarded)."""
+    return mod.__name__.split(".")[0] in _IMMUTABLE_MODULES
+
+
+class Capture:
+    """Everything one capture of one frame collects."""
+
+    def __init__(self, name: str, root: Any = None):
+        self.ns = Namespace()
+        self.guards = GuardSet(self.ns)
+        self.graph = Graph(name)
+        self.tracer = Tracer(self.graph)
+        self.sources: dict[int, tuple[Any, Source]] = {}
+        self.tensor_proxies: dict[int, Proxy] = {}
+        self.proxy_sources: dict[int, Source] = {}
+        self.param_proxies: set[int] = set()
+        self.inputs: list[tuple[Source, torch.Tensor, bool]] = []  # (source, tensor, by identity)
+        self.mirrors: dict[int, tuple[Any, Source, list]] = {}  # id(copy) -> (copy, source, snapshot)
+        self.local_objects: dict[int, Any] = {}
+        self.local_cells: dict[int, Any] = {}
+        self.attr_writes: dict[tuple[int, str], tuple[Any, Source, str, Any]] = {}
+        self.global_writes: dict[tuple[int, str], tuple[dict, Source, Any]] = {}
+        self.cell_writes: dict[int, tuple[Any, Source, Any]] = {}
+        self.keep: list[Any] = []
+        self.root = root
+        self._module_paths: dict[int, Source] | None = None
+        self.grad_changes = 0
+
+    # ---- reading values from outside ----
+    def wrap(self, value: Any, source: Source) -> Any:
+        """The symbolic value for an outside value found at `source`, guarded as it is read."""
+        if isinstance(value, torch.Tensor):
+            return self._wrap_tensor(value, source)
+        if is_constant(value):
+            self.guards.constant(source, value)
+            return value
+        known = self.sources.get(id(value))
+        if known is not None and known[0] is value:
+            if known[1].expr != source.expr:
+                self.guards.add(f"{source.expr} is {known[1].expr}", f"{source.name} is {known[1].name}",
+                                "alias")
+            return value
+        typ = type(value)
+        if typ is tuple or (isinstance(value, tuple) and hasattr(value, "_fields")):
+            self.guards.length(source, value)
+            items = [self.wrap(v, source.item(i)) for i, v in enumerate(value)]
+            return tuple(items) if typ is tuple else typ(*items)
+        if typ is list:
+            self.guards.length(source, value)
+            copy = [self.wrap(v, source.item(i)) for i, v in enumerate(value)]
+            self._mirror(copy, source)
+            return copy
+        if typ is dict or (isinstance(value, dict) and typ.__module__ == "collections"):
+            if not all(is_constant(k) for k in value):
+                raise GraphBreak(f"dict {source.name} has keys kiln does not guard", "")
+            self.guards.keys(source, value)
+            copy = typ((k, self.wrap(v, source.item(k))) for k, v in value.items())
+            self._mirror(copy, source)
+            return copy
+        if isinstance(value, (set, frozenset)):
+            if all(is_constant(v) for v in value):
+                self.guards.type_of(source, value)
+                self.guards.add(f"{source.expr} == {self.ns.literal(frozenset(value))}",
+                                f"{source.name} == {value!r}", "constant")
+                return set(value) if typ is set else value
+            raise GraphBreak(f"set {source.name} holds values kiln does not guard")
+        if isinstance(value, (_MODULE_TYPES + (types.FunctionType, types.BuiltinFunctionType, type,
+                                                types.ModuleType))):
+            self.guards.identity(source, value)
+        elif isinstance(value, types.MethodType):
+            self.guards.identity(source.attr("__func__"), value.__func__)
+            self.wrap(value.__self__, source.attr("__self__"))
+        else:
+            self.guards.type_of(source, value)
+        self.register(value, source)
+        return value
+
+    def register(self, value: Any, source: Source) -> None:
+        if id(value) not in self.sources:
+            self.sources[id(value)] = (value, source)
+
+    def source_of(self, value: Any) -> Source | None:
+        known = self.sources.get(id(value))
+        if known is not None and known[0] is value:
+            return known[1]
+        if isinstance(value, torch.nn.Module) and self.root is not None:
+            src = self.module_paths().get(id(value))
+            if src is not None:
+                self.wrap(value, src)
+                return src
+        return None
+
+    def module_paths(self) -> dict[int, Source]:
+        """Sources of every submodule of the compiled module (for modules reached by native calls)."""
+        if self._module_paths is None:
+            self._module_paths = {}
+            root_src = self.source_of(self.root)
+            if root_src is not None:
+                stack = [(self.root, root_src)]
+                while stack:
+                    mod, src = stack.pop()
+                    for name, child in mod._modules.items():
+                        if child is not None and id(child) not in self._module_paths:
+                            child_src = src.attr("_modules").item(name)
+                            self._module_paths[id(child)] = child_src
+                            stack.append((child, child_src))
+        return self._module_paths
+
+    def _wrap_tensor(self, t: torch.Tensor, source: Source) -> Proxy:
+        known = self.tensor_proxies.get(id(t))
+        if known is not None:
+            first = self.proxy_sources.get(id(known))
+            if first is not None and first.expr != source.expr:
+                self.guards.add(f"{source.expr} is {first.expr}", f"{source.name} is {first.name}", "alias")
+            return known
+        by_identity = isinstance(t, torch.nn.Parameter) or source.in_module() or source.kind == "global"
+        if by_identity:
+            self.guards.parameter(source, t)
+        else:
+            self.guards.tensor(source, t)
+        if t.layout != torch.strided or t.is_sparse or t.is_quantized or type(t) not in (torch.Tensor,
+                                                                                          torch.nn.Parameter):
+            raise GraphBreak(f"{source.name} is a {type(t).__name__} with layout {t.layout}; kiln captures "
+                             "plain strided tensors")
+        name = source.name
+        for part in ("._modules[", "._parameters[", "._buffers[", "["):
+            name = name.replace(part, ".")
+        name = "".join(c if c.isalnum() else "_" for c in name).strip("_")
+        while "__" in name:
+            name = name.replace("__", "_")
+        name = name.removeprefix("self_") or "input"
+        with torch.no_grad():
+            example = t.detach().clone() if t.numel() < (1 << 24) else t.detach()
+        node = self.graph.placeholder(name[-48:].strip("_"), TensorMeta.of(t))
+        proxy = Proxy(node, example=example)
+        aliases(self.graph).input_name[proxy] = node.name
+        self.tensor_proxies[id(t)] = proxy
+        self.proxy_sources[id(proxy)] = source
+        if isinstance(t, torch.nn.Parameter):
+            self.param_proxies.add(id(proxy))
+        self.inputs.append((source, t, by_identity))
+        self.keep.extend((t, proxy))
+        return proxy
+
+    def _mirror(self, copy: Any, source: Source) -> None:
+        snapshot = list(copy.items()) if isinstance(copy, dict) else list(copy)
+        self.mirrors[id(copy)] = (copy, source, snapshot)
+        self.keep.append(copy)
+
+    # ---- objects made during capture ----
+    def is_local(self, value: Any) -> bool:
+        return id(value) in self.local_objects
+
+    def new_local(self, value: Any) -> Any:
+        self.local_objects[id(value)] = value
+        return value
+
+    def changed_mirrors(self) -> list[tuple[Any, Source]]:
+        changed = []
+        for copy, source, snapshot in self.mirrors.values():
+            now = list(copy.items()) if isinstance(copy, dict) else list(copy)
+            if len(now) != len(snapshot) or any(_differs(a, b) for a, b in zip(now, snapshot)):
+                changed.append((copy, source))
+        return changed
+
+    # ---- writes to outside state ----
+    def write_attr(self, obj: Any, name: str, value: Any) -> None:
+        source = self.source_of(obj)
+        if source is None:
+            raise GraphBreak(f"setting attribute {name!r} of a {type(obj).__name__} kiln cannot reload")
+        if isinstance(obj, torch.nn.Module) and (name in obj._parameters or name in obj._modules or
+                                                 name in obj._buffers or isinstance(value, torch.nn.Module)):
+            raise GraphBreak(f"assigning module attribute {name!r} (a parameter, buffer or submodule)")
+        self.attr_writes[(id(obj), name)] = (obj, source, name, value)
+
+    def read_attr_overlay(self, obj: Any, name: str) -> Any:
+        entry = self.attr_writes.get((id(obj), name))
+        return _MISSING if entry is None else entry[3]
+
+
+def _differs(a: Any, b: Any) -> bool:
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == 2 == len(b):
+        return a[0] is not b[0] and a[0] != b[0] or a[1] is not b[1]
+    return a is not b
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING = _Missing()
+MISSING = _MISSING

@@ -1,0 +1,268 @@
+"""Attribute reads and writes, subscripts, iteration and `with` blocks on symbolic values."""
+from __future__ import annotations
+
+import dis
+import types
+from typing import Any
+
+import torch
+
+from ..graph import Proxy
+from .errors import GraphBreak
+from .frame import NATIVE_OPERAND_TYPES, NULL, symbolic_break
+from .state import MISSING, trusted_module
+
+_NO_TENSOR_ATTRS = {"grad", "grad_fn", "data", "is_leaf", "_version", "storage", "untyped_storage",
+                    "data_ptr", "register_hook", "backward", "retain_grad", "_base", "numpy", "tolist",
+                    "item", "__array__", "share_memory_", "pin_memory", "record_stream"}
+_MODULE_DICTS = ("_parameters", "_buffers", "_modules")
+
+
+class NoAttribute(GraphBreak):
+    """The attribute does not exist (hasattr/getattr with a default catch this)."""
+
+
+class NativeCall:
+    """A callable kiln runs directly on symbolic values (tensor methods of a Proxy)."""
+
+    __slots__ = ("fn", "name")
+
+    def __init__(self, fn: Any, name: str):
+        self.fn = fn
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"NativeCall({self.name})"
+
+
+def class_lookup(cls: type, name: str) -> Any:
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return MISSING
+
+
+class ValueOps:
+    """Frame mixin: attributes, subscripts, iteration, with-blocks."""
+
+    # ---- attributes ----
+    def op_LOAD_ATTR(self, inst: dis.Instruction) -> None:
+        self.push(self.load_attr(self.pop(), inst.argval))
+
+    def op_LOAD_METHOD(self, inst: dis.Instruction) -> None:
+        obj = self.pop()
+        self.push(NULL)
+        self.push(self.load_attr(obj, inst.argval))
+
+    def op_STORE_ATTR(self, inst: dis.Instruction) -> None:
+        obj = self.pop()
+        value = self.pop()
+        self.store_attr(obj, inst.argval, value)
+
+    def load_attr(self, obj: Any, name: str) -> Any:
+        cap = self.cap
+        if isinstance(obj, Proxy):
+            return self.proxy_attr(obj, name)
+        if isinstance(obj, (types.ModuleType, type, super)) or obj is NULL:
+            try:
+                value = getattr(obj, name)
+            except AttributeError:
+                raise NoAttribute(f"{obj!r} has no attribute {name!r}") from None
+            src = cap.source_of(obj)
+            if isinstance(obj, super) or src is None:
+                return value
+            if isinstance(obj, types.ModuleType) and trusted_module(obj):
+                return value
+            if isinstance(obj, type) and obj.__module__.split(".")[0] in ("torch", "builtins"):
+                return value
+            return cap.wrap(value, src.attr(name))
+        written = cap.read_attr_overlay(obj, name)
+        if written is not MISSING:
+            return written
+        cls = type(obj)
+        static = class_lookup(cls, name)
+        if isinstance(static, property):
+            if static.fget is None:
+                raise NoAttribute(f"property {name!r} of {cls.__name__} has no getter")
+            return self.call(static.fget, [obj], {})
+        src = cap.source_of(obj)
+        if static is not MISSING and hasattr(type(static), "__set__") and not isinstance(static, property):
+            try:
+                value = static.__get__(obj, cls)
+            except AttributeError:
+                raise NoAttribute(f"{cls.__name__} has no attribute {name!r}") from None
+            return cap.wrap(value, src.attr(name)) if src is not None else value
+        inst_dict = getattr(obj, "__dict__", None)
+        if isinstance(inst_dict, dict) and name in inst_dict:
+            value = inst_dict[name]
+            return cap.wrap(value, src.attr(name)) if src is not None else value
+        if static is not MISSING:
+            if isinstance(static, types.FunctionType):
+                return types.MethodType(static, obj)
+            if isinstance(static, staticmethod):
+                return static.__func__
+            if isinstance(static, classmethod):
+                return types.MethodType(static.__func__, cls)
+            if hasattr(static, "__get__") and not isinstance(static, type):
+                return static.__get__(obj, cls)
+            return cap.wrap(static, src.attr(name)) if src is not None else static
+        if isinstance(obj, torch.nn.Module) and isinstance(inst_dict, dict):
+            for dict_name in _MODULE_DICTS:
+                entries = inst_dict.get(dict_name, {})
+                if name in entries:
+                    value = entries[name]
+                    if src is None:
+                        return value
+                    return cap.wrap(value, src.attr(dict_name).item(name))
+        getattr_hook = class_lookup(cls, "__getattr__")
+        if isinstance(getattr_hook, types.FunctionType) and not isinstance(obj, torch.nn.Module):
+            return self.call(getattr_hook, [obj, name], {})
+        raise NoAttribute(f"'{cls.__name__}' object has no attribute {name!r}")
+
+    def proxy_attr(self, proxy: Proxy, name: str) -> Any:
+        if name == "__class__":
+            return torch.nn.Parameter if id(proxy) in self.cap.param_proxies else torch.Tensor
+        if name in _NO_TENSOR_ATTRS:
+            raise GraphBreak(f"tensor attribute .{name} is not captured (it needs the real tensor)",
+                             "use it outside the compiled function")
+        try:
+            value = getattr(proxy, name)
+        except AttributeError:
+            raise NoAttribute(f"'Tensor' object has no attribute {name!r}") from None
+        except GraphBreak:
+            raise
+        except Exception as e:
+            raise symbolic_break(e, f"tensor.{name}") from None
+        if callable(value) and not isinstance(value, (torch.dtype, torch.device, type)):
+            return NativeCall(value, f"Tensor.{name}")
+        return value
+
+    def store_attr(self, obj: Any, name: str, value: Any) -> None:
+        cap = self.cap
+        if isinstance(obj, Proxy):
+            raise GraphBreak(f"setting tensor attribute .{name}")
+        static = class_lookup(type(obj), name)
+        if isinstance(static, property):
+            if static.fset is None:
+                raise GraphBreak(f"property {name!r} has no setter")
+            self.call(static.fset, [obj, value], {})
+            return
+        if cap.is_local(obj):
+            setter = class_lookup(type(obj), "__setattr__")
+            if isinstance(setter, types.FunctionType):
+                self.call(setter, [obj, name, value], {})
+            else:
+                object.__setattr__(obj, name, value)
+            return
+        if isinstance(obj, torch.nn.Module) and type(obj).__setattr__ is not torch.nn.Module.__setattr__:
+            raise GraphBreak(f"module {type(obj).__name__} defines __setattr__")
+        if isinstance(value, Proxy) and isinstance(obj, torch.nn.Module):
+            raise GraphBreak(f"assigning a tensor to module attribute {name!r}")
+        cap.write_attr(obj, name, value)
+
+    def op_DELETE_ATTR(self, inst: dis.Instruction) -> None:
+        obj = self.pop()
+        if self.cap.is_local(obj):
+            delattr(obj, inst.argval)
+            return
+        raise GraphBreak(f"deleting attribute {inst.argval!r}")
+
+    # ---- subscripts ----
+    def subscript(self, container: Any, index: Any) -> Any:
+        cap = self.cap
+        if isinstance(container, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict,
+                                  torch.nn.ParameterList, torch.nn.ParameterDict)):
+            return self.module_item(container, index)
+        if isinstance(container, type):
+            return container[index]
+        if isinstance(container, Proxy) or isinstance(container, NATIVE_OPERAND_TYPES) or \
+                cap.is_local(container) or id(container) in cap.mirrors:
+            if isinstance(container, dict) and not isinstance(container, NATIVE_OPERAND_TYPES):
+                getter = class_lookup(type(container), "__getitem__")
+                if isinstance(getter, types.FunctionType):
+                    return self.call(getter, [container, index], {})
+            return self.native_op(_getitem, container, index)
+        getter = class_lookup(type(container), "__getitem__")
+        if isinstance(getter, types.FunctionType):
+            return self.call(getter, [container, index], {})
+        raise GraphBreak(f"indexing a {type(container).__name__}")
+
+    def module_item(self, container: Any, index: Any) -> Any:
+        cap = self.cap
+        if isinstance(index, Proxy):
+            raise GraphBreak("indexing a module container with a tensor")
+        try:
+            value = container[index]
+        except Exception as e:
+            raise symbolic_break(e, f"{type(container).__name__}[{index!r}]") from None
+        if isinstance(index, slice):
+            return cap.new_local(value)
+        src = cap.source_of(container)
+        if src is None:
+            return value
+        for dict_name in _MODULE_DICTS:
+            for key, item in getattr(container, dict_name).items():
+                if item is value:
+                    cap.guards.length(src.attr(dict_name), getattr(container, dict_name))
+                    return cap.wrap(value, src.attr(dict_name).item(key))
+        return value
+
+    # ---- iteration ----
+    def iterate(self, value: Any) -> list:
+        """The items of an iterable as a list of symbolic values (loops over them are unrolled)."""
+        cap = self.cap
+        if isinstance(value, Proxy):
+            try:
+                return list(value)
+            except Exception as e:
+                raise symbolic_break(e, "iterating a tensor") from None
+        if isinstance(value, (torch.nn.ModuleList, torch.nn.Sequential)):
+            src = cap.source_of(value)
+            if src is None:
+                return list(value)
+            cap.guards.length(src.attr("_modules"), value._modules)
+            return [cap.wrap(m, src.attr("_modules").item(k)) for k, m in value._modules.items()]
+        if isinstance(value, torch.nn.ParameterList):
+            src = cap.source_of(value)
+            if src is None:
+                return list(value)
+            cap.guards.length(src.attr("_parameters"), value._parameters)
+            return [cap.wrap(p, src.attr("_parameters").item(k)) for k, p in value._parameters.items()]
+        if isinstance(value, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
+            src = cap.source_of(value)
+            inner = value._modules if isinstance(value, torch.nn.ModuleDict) else value._parameters
+            if src is not None:
+                cap.guards.keys(src.attr("_modules" if isinstance(value, torch.nn.ModuleDict)
+                                         else "_parameters"), inner)
+            return list(inner)
+        if isinstance(value, torch.nn.Module):
+            raise GraphBreak(f"iterating a {type(value).__name__} module")
+        if isinstance(value, (list, tuple, dict, str, range, set, frozenset, torch.Size, bytes)) \
+                or type(value).__module__ == "builtins" or cap.is_local(value) or id(value) in cap.mirrors:
+            if isinstance(value, dict) and type(value) not in (dict,) and not cap.is_local(value) and \
+                    id(value) not in cap.mirrors and type(value).__module__ != "collections":
+                raise GraphBreak(f"iterating a {type(value).__name__}")
+            try:
+                return list(value)
+            except (GraphBreak,):
+                raise
+            except Exception as e:
+                raise symbolic_break(e, "iteration") from None
+        method = class_lookup(type(value), "__iter__")
+        if isinstance(method, types.FunctionType):
+            return self.iterate(self.call(method, [value], {}))
+        raise GraphBreak(f"iterating a {type(value).__name__}")
+
+    # ---- with blocks ----
+    def op_BEFORE_WITH(self, inst: dis.Instruction) -> None:
+        from .calls import GradModeContext
+        manager = self.pop()
+        if not isinstance(manager, GradModeContext):
+            raise GraphBreak(f"with-block on a {type(manager).__name__} (kiln follows torch.no_grad() and "
+                             "torch.enable_grad())", "move the with-block outside the compiled function")
+        self.push(manager.exit_fn())
+        self.push(manager.enter(self.cap))
+
+
+def _getitem(container: Any, index: Any) -> Any:
+    return container[index]

@@ -1,0 +1,87 @@
+"""The `kiln` command.
+
+    kiln bench [--suite quick|full] [--models NAMES] [--backends eager,torch.compile,kiln]
+               [--mode inference|training] [--batch N] [--out DIR] [--kiln-backend NAME]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kiln", description="kiln: a compiler for unmodified PyTorch "
+                                                              "programs")
+    commands = parser.add_subparsers(dest="command", required=True)
+    bench = commands.add_parser(
+        "bench", help="benchmark the model zoo: eager, torch.compile and kiln side by side",
+        description="Per model and compiler: accuracy (fp64 reference), speedup over eager, compile time "
+                    "cold and warm, peak memory. Writes a table, results.json, results.md and plots.")
+    bench.add_argument("--suite", choices=("quick", "full"), default="quick",
+                       help="quick: a few tiny models (minutes); full: the whole zoo (default: quick)")
+    bench.add_argument("--models", type=_names, default=None,
+                       help="comma-separated zoo names (overrides --suite); --list shows them")
+    bench.add_argument("--backends", type=_names, default=["eager", "torch.compile", "kiln"],
+                       help="comma-separated compilers: eager, torch.compile, kiln, kiln:BACKEND "
+                            "(default: eager,torch.compile,kiln)")
+    bench.add_argument("--mode", choices=("inference", "training"), default="inference",
+                       help="training runs forward + backward + an SGD step (default: inference)")
+    bench.add_argument("--batch", type=int, default=None, help="batch size (default: each model's own)")
+    bench.add_argument("--out", default="bench-results", help="output directory (default: bench-results)")
+    bench.add_argument("--kiln-backend", default="auto", help="kiln backend for the kiln column "
+                                                              "(default: auto)")
+    bench.add_argument("--timeout", type=float, default=600.0,
+                       help="seconds per worker process before the row is a timeout (default: 600)")
+    bench.add_argument("--budget", type=float, default=2.0,
+                       help="seconds of timed calls per model and compiler (default: 2)")
+    bench.add_argument("--no-warm", action="store_true", help="skip the warm compile measurement")
+    bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    bench.add_argument("--list", action="store_true", help="list the model zoo and exit")
+    return parser
+
+
+def bench_main(args: argparse.Namespace) -> int:
+    from .bench import plots, report, runner
+    from .testing import models as zoo
+
+    if args.list:
+        for name, spec in zoo.ZOO.items():
+            extra = "" if spec.available() else f"  (needs {', '.join(spec.requires)})"
+            print(f"{name:14s} batch {spec.batch:3d}  {'/'.join(spec.suites):10s}  {spec.description}{extra}")
+        return 0
+    try:
+        options = runner.Options(suite=args.suite, models=args.models, backends=tuple(args.backends),
+                                 mode=args.mode, batch=args.batch, out=args.out, kiln_backend=args.kiln_backend,
+                                 timeout_s=args.timeout, budget_s=args.budget, warm=not args.no_warm,
+                                 plots=not args.no_plots)
+        runner.select_models(options)
+    except (KeyError, ValueError) as e:
+        print(f"kiln bench: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 2
+    results = runner.run(options)
+    print(report.table(results["rows"]))
+    print()
+    if args.no_plots or plots.available():
+        print("wrote " + ", ".join(results["files"]))
+    else:
+        print("wrote " + ", ".join(results["files"]) + "  (no plots: pip install matplotlib)")
+    if results["meta"]["interrupted"]:
+        print("interrupted: the finished rows are written", file=sys.stderr)
+        return 130
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `kiln` console script."""
+    args = build_parser().parse_args(argv)
+    if args.command == "bench":
+        return bench_main(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Code generation: C++ kernels and the Python wrapper that calls them."""

@@ -1,0 +1,544 @@
+"""C++ code generation: fused groups → one `extern "C"` function per segment of kernels.
+
+Each kernel is an OpenMP loop over its outer ranges; inside it, each member runs its own inner loop (the
+innermost loop is written so the compiler vectorizes it, tails included). When the outer ranges are too
+small to feed the threads (a full reduction to a scalar), the inner loops are split across threads instead,
+reductions keeping one accumulator per thread combined in thread order (deterministic).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import sympy
+import torch
+
+from ..lower.index import FloorDiv, ModularIndexing, simplify_index
+from ..lower.ir import Buffer, ComputedBuffer, Reduction
+from ..lower.ops import Handler
+from ..schedule.fusion import PARALLEL_THRESHOLD, FusedGroup, Member
+
+CTYPES = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
+          torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool"}
+
+HEADER = r"""
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+#include <omp.h>
+
+#ifdef KILN_MVEC
+// glibc's libmvec has SIMD versions of these: declaring them lets the compiler vectorize loops calling them
+extern "C" {
+#define KILN_SIMD(name) \
+  __attribute__((simd("notinbranch"))) float name##f(float); \
+  __attribute__((simd("notinbranch"))) double name(double);
+KILN_SIMD(exp) KILN_SIMD(exp2) KILN_SIMD(expm1) KILN_SIMD(log) KILN_SIMD(log2) KILN_SIMD(log10)
+KILN_SIMD(log1p) KILN_SIMD(sin) KILN_SIMD(cos) KILN_SIMD(tan) KILN_SIMD(asin) KILN_SIMD(acos) KILN_SIMD(atan)
+KILN_SIMD(sinh) KILN_SIMD(cosh) KILN_SIMD(tanh) KILN_SIMD(asinh) KILN_SIMD(acosh) KILN_SIMD(atanh)
+KILN_SIMD(erf) KILN_SIMD(erfc)
+#undef KILN_SIMD
+}
+#endif
+
+template <typename T> static inline T kiln_max(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a > b ? a : b)); }
+template <typename T> static inline T kiln_min(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a < b ? a : b)); }
+#define KILN_REDUCTIONS(T) \
+  _Pragma("omp declare reduction(kmax : T : omp_out = kiln_max<T>(omp_out, omp_in)) initializer(omp_priv = omp_orig)") \
+  _Pragma("omp declare reduction(kmin : T : omp_out = kiln_min<T>(omp_out, omp_in)) initializer(omp_priv = omp_orig)")
+KILN_REDUCTIONS(float) KILN_REDUCTIONS(double) KILN_REDUCTIONS(int64_t) KILN_REDUCTIONS(int32_t)
+KILN_REDUCTIONS(int16_t) KILN_REDUCTIONS(int8_t) KILN_REDUCTIONS(uint8_t) KILN_REDUCTIONS(bool)
+template <typename T> static inline T kiln_remainder(T a, T b) {
+  T r = std::fmod(a, b);
+  if (r != 0 && ((b < 0) != (r < 0))) r += b;
+  return r;
+}
+template <typename T> static inline T kiln_shl(T a, T b) {
+  return (b < 0 || b >= (T)(sizeof(T) * 8)) ? T(0) : (T)((typename std::make_unsigned<T>::type)a << b);
+}
+template <typename T> static inline T kiln_shr(T a, T b) {
+  return (b < 0 || b >= (T)(sizeof(T) * 8)) ? (a < 0 ? T(-1) : T(0)) : (T)(a >> b);
+}
+template <typename T> static inline T kiln_sign(T a) { return (a != a) ? a : (T)((T(0) < a) - (a < T(0))); }
+template <typename T> static inline bool kiln_signbit(T a) { return std::signbit((double)a); }
+// argmax/argmin step: NaN counts as the extreme; ties keep the first index.
+template <typename T> static inline void kiln_argmax(T& v, int64_t& i, T nv, int64_t ni) {
+  if (v != v) return;
+  if (nv != nv || nv > v) { v = nv; i = ni; }
+}
+template <typename T> static inline void kiln_argmin(T& v, int64_t& i, T nv, int64_t ni) {
+  if (v != v) return;
+  if (nv != nv || nv < v) { v = nv; i = ni; }
+}
+"""
+
+
+
+def cexpr(expr: Any) -> str:
+    """C++ text of an integer index expression."""
+    expr = sympy.sympify(expr)
+    if expr.is_Integer:
+        return str(int(expr))
+    if expr.is_Symbol:
+        return expr.name
+    if isinstance(expr, FloorDiv):
+        return f"({cexpr(expr.args[0])} / {cexpr(expr.args[1])})"
+    if isinstance(expr, ModularIndexing):
+        return f"({cexpr(expr.args[0])} % {cexpr(expr.args[1])})"
+    if expr.is_Add:
+        return "(" + " + ".join(cexpr(a) for a in expr.args) + ")"
+    if expr.is_Mul:
+        return "(" + " * ".join(cexpr(a) for a in expr.args) + ")"
+    raise NotImplementedError(f"cpp codegen: index expression {expr}")
+
+
+def cconst(value: Any, dtype: torch.dtype) -> str:
+    ctype = CTYPES[dtype]
+    if dtype == torch.bool:
+        return "true" if value else "false"
+    if dtype.is_floating_point:
+        value = float(value)
+        if math.isnan(value):
+            return f"std::numeric_limits<{ctype}>::quiet_NaN()"
+        if math.isinf(value):
+            sign = "" if value > 0 else "-"
+            return f"{sign}std::numeric_limits<{ctype}>::infinity()"
+        return f"static_cast<{ctype}>({value!r})"
+    value = int(value)
+    if value == -(2 ** 63):
+        return "std::numeric_limits<int64_t>::min()"
+    return f"static_cast<{ctype}>({value}LL)"
+
+
+class CppValue:
+    __slots__ = ("name", "dtype")
+
+    def __init__(self, name: str, dtype: torch.dtype):
+        self.name = name
+        self.dtype = dtype
+
+    def __str__(self) -> str:
+        return self.name
+
+
+_STD_FLOAT = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "sin", "cos", "tan", "asin",
+              "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "lgamma",
+              "ceil", "floor", "trunc", "atan2", "hypot", "copysign", "nextafter", "fmod"}
+_CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_BOOL_RESULT = {"eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "isfinite", "signbit", "logical_not",
+                "logical_and", "logical_or", "logical_xor"}
+
+
+class CppHandler(Handler):
+    """Emits one C++ statement per scalar op into `lines`, returning typed temporaries."""
+
+    def __init__(self, buffers: dict[str, Buffer], pointers: dict[str, str], ranges: dict, indent: str,
+                 local: dict[str, str] | None = None, inner_index: str = "0"):
+        self.local = local or {}
+        self.inner_index = inner_index
+        self.buffers = buffers
+        self.pointers = pointers
+        self.ranges = ranges
+        self.lines: list[str] = []
+        self.indent = indent
+        self.counter = 0
+
+    def tmp(self, expr: str, dtype: torch.dtype) -> CppValue:
+        self.counter += 1
+        name = f"t{self.counter}"
+        self.lines.append(f"{self.indent}{CTYPES[dtype]} {name} = {expr};")
+        return CppValue(name, dtype)
+
+    def load(self, name: str, index: sympy.Expr) -> CppValue:
+        # fusion checked that a kernel-local buffer is read exactly where it was written
+        if self.local.get(name) == "scalar":
+            return CppValue(f"loc_{name}", self.buffers[name].dtype)
+        if self.local.get(name) == "array":
+            return self.tmp(f"loc_{name}[{self.inner_index}]", self.buffers[name].dtype)
+        index = simplify_index(sympy.expand(index), self.ranges)
+        return self.tmp(f"{self.pointers[name]}[{cexpr(index)}]", self.buffers[name].dtype)
+
+    def constant(self, value: Any, dtype: torch.dtype) -> CppValue:
+        return CppValue(cconst(value, dtype), dtype)
+
+    def index_expr(self, expr: sympy.Expr, dtype: torch.dtype) -> CppValue:
+        expr = simplify_index(sympy.expand(expr), self.ranges)
+        return self.tmp(f"static_cast<{CTYPES[dtype]}>({cexpr(expr)})", dtype)
+
+    def to_dtype(self, x: CppValue, dtype: torch.dtype) -> CppValue:
+        if dtype == torch.bool:
+            return self.tmp(f"({x} != 0)", dtype)
+        return self.tmp(f"static_cast<{CTYPES[dtype]}>({x})", dtype)
+
+    def masked(self, cond: CppValue, body: Any, other: Any, dtype: torch.dtype) -> CppValue:
+        self.counter += 1
+        name = f"m{self.counter}"
+        self.lines.append(f"{self.indent}{CTYPES[dtype]} {name};")
+        self.lines.append(f"{self.indent}if ({cond}) {{")
+        outer_indent = self.indent
+        self.indent += "  "
+        value = body()
+        self.lines.append(f"{self.indent}{name} = {value};")
+        self.indent = outer_indent
+        self.lines.append(f"{self.indent}}} else {{")
+        self.indent += "  "
+        value = other()
+        self.lines.append(f"{self.indent}{name} = {value};")
+        self.indent = outer_indent
+        self.lines.append(f"{self.indent}}}")
+        return CppValue(name, dtype)
+
+    def op(self, name: str, *args: Any) -> CppValue:
+        a = args[0]
+        dtype = a.dtype
+        out = torch.bool if name in _BOOL_RESULT else dtype
+        is_float = dtype.is_floating_point
+        is_bool = dtype == torch.bool
+        ctype = CTYPES[dtype]
+        if name == "where":
+            return self.tmp(f"{a} ? {args[1]} : {args[2]}", args[1].dtype)
+        if len(args) == 2:
+            b = args[1]
+            if name in _CMP:
+                return self.tmp(f"{a} {_CMP[name]} {b}", out)
+            if name in ("add", "sub", "mul", "div"):
+                if is_bool and name == "add":
+                    return self.tmp(f"{a} || {b}", out)
+                if is_bool and name == "mul":
+                    return self.tmp(f"{a} && {b}", out)
+                symbol = {"add": "+", "sub": "-", "mul": "*", "div": "/"}[name]
+                return self.tmp(f"{a} {symbol} {b}", out)
+            if name in ("maximum", "minimum"):
+                fn = "kiln_max" if name == "maximum" else "kiln_min"
+                return self.tmp(f"{fn}<{ctype}>({a}, {b})", out)
+            if name in ("fmax", "fmin"):
+                if is_float:
+                    return self.tmp(f"std::{name}({a}, {b})", out)
+                return self.tmp(f"std::{name[1:]}<{ctype}>({a}, {b})", out)
+            if name == "remainder":
+                return self.tmp(f"kiln_remainder<{ctype}>({a}, {b})", out)
+            if name == "pow":
+                return self.tmp(f"std::pow({a}, {b})", out)
+            if name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
+                if is_bool:
+                    symbol = {"bitwise_and": "&&", "bitwise_or": "||", "bitwise_xor": "!="}[name]
+                else:
+                    symbol = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}[name]
+                return self.tmp(f"{a} {symbol} {b}", out)
+            if name in ("logical_and", "logical_or", "logical_xor"):
+                symbol = {"logical_and": "&&", "logical_or": "||", "logical_xor": "!="}[name]
+                return self.tmp(f"({a} != 0) {symbol} ({b} != 0)", out)
+            if name in ("shift_left", "shift_right"):
+                fn = "kiln_shl" if name == "shift_left" else "kiln_shr"
+                return self.tmp(f"{fn}<{ctype}>({a}, {b})", out)
+            if name in _STD_FLOAT and is_float:
+                return self.tmp(f"std::{name}({a}, {b})", out)
+            raise NotImplementedError(f"cpp codegen: {name} on {dtype}")
+        if name == "neg":
+            return self.tmp(f"-{a}", out)
+        if name == "abs":
+            if is_float:
+                return self.tmp(f"std::abs({a})", out)
+            return self.tmp(a.name if is_bool else f"({a} < 0 ? -{a} : {a})", out)
+        if name == "sign":
+            return self.tmp(a.name if is_bool else f"kiln_sign<{ctype}>({a})", out)
+        if name == "isnan":
+            return self.tmp(f"{a} != {a}" if is_float else "false", out)
+        if name == "isinf":
+            return self.tmp(f"std::isinf({a})" if is_float else "false", out)
+        if name == "isfinite":
+            return self.tmp(f"std::isfinite({a})" if is_float else "true", out)
+        if name == "signbit":
+            return self.tmp(f"std::signbit({a})" if is_float else ("false" if is_bool else f"{a} < 0"), out)
+        if name == "logical_not":
+            return self.tmp(f"!({a} != 0)", out)
+        if name == "bitwise_not":
+            return self.tmp(f"!{a}" if is_bool else f"~{a}", out)
+        if not is_float:
+            raise NotImplementedError(f"cpp codegen: {name} on {dtype}")
+        if name == "rsqrt":
+            return self.tmp(f"{ctype}(1) / std::sqrt({a})", out)
+        if name == "reciprocal":
+            return self.tmp(f"{ctype}(1) / {a}", out)
+        if name == "sigmoid":
+            return self.tmp(f"{ctype}(1) / ({ctype}(1) + std::exp(-{a}))", out)
+        if name == "round":
+            return self.tmp(f"std::nearbyint({a})", out)
+        if name in _STD_FLOAT:
+            return self.tmp(f"std::{name}({a})", out)
+        raise NotImplementedError(f"cpp codegen: {name} on {dtype}")
+
+
+# ---- reductions -----------------------------------------------------------------------------------------
+
+def _acc_type(rtype: str, dtype: torch.dtype) -> torch.dtype:
+    if rtype in ("sum", "prod") and dtype == torch.float32:
+        return torch.float64  # float sums accumulate in double: as accurate as eager's cascade sums
+    return dtype
+
+
+def _init(rtype: str, dtype: torch.dtype) -> str:
+    ctype = CTYPES[dtype]
+    if rtype == "sum":
+        return cconst(0, dtype)
+    if rtype == "prod":
+        return cconst(1, dtype)
+    if rtype in ("max", "argmax"):
+        if dtype.is_floating_point:
+            return f"-std::numeric_limits<{ctype}>::infinity()"
+        return f"std::numeric_limits<{ctype}>::lowest()"
+    if dtype.is_floating_point:
+        return f"std::numeric_limits<{ctype}>::infinity()"
+    return f"std::numeric_limits<{ctype}>::max()"
+
+
+def _combine(rtype: str, acc: str, value: str, ctype: str) -> str:
+    if rtype == "sum":
+        return f"{acc} = {acc} + {value};"
+    if rtype == "prod":
+        return f"{acc} = {acc} * {value};"
+    if rtype == "max":
+        return f"{acc} = kiln_max<{ctype}>({acc}, {value});"
+    return f"{acc} = kiln_min<{ctype}>({acc}, {value});"
+
+
+# ---- kernels ------------------------------------------------------------------------------------------
+
+class KernelWriter:
+    """Writes the C++ of the kernels of one segment."""
+
+    def __init__(self, buffers: dict[str, Buffer], pointers: dict[str, str]):
+        self.buffers = buffers
+        self.pointers = pointers
+        self.lines: list[str] = []
+
+    def emit(self, line: str, depth: int) -> None:
+        self.lines.append("  " * depth + line)
+
+    def kernel(self, group: FusedGroup) -> None:
+        outer_n = math.prod(group.outer)
+        inner_n = math.prod(group.inner or ())
+        if outer_n == 0:
+            return
+        self.emit(f"// {group.describe()}", 1)
+        self.emit("{", 1)
+        if group.threads_split_inner():
+            self.split_inner(group)
+        else:
+            self.split_outer(group, outer_n * max(inner_n, 1) >= PARALLEL_THRESHOLD)
+        self.emit("}", 1)
+
+    def _outer_header(self, group: FusedGroup, depth: int) -> None:
+        outer_n = math.prod(group.outer)
+        self.emit(f"for (int64_t xo = 0; xo < {outer_n}; ++xo) {{", depth)
+        rest = "xo"
+        for d in reversed(range(len(group.outer))):
+            size = group.outer[d]
+            if d == 0:
+                self.emit(f"  const int64_t x{d} = {rest};", depth)
+            else:
+                self.emit(f"  const int64_t x{d} = {rest} % {size};", depth)
+                rest = f"({rest} / {size})"
+
+    def split_outer(self, group: FusedGroup, parallel: bool) -> None:
+        arrays = [n for n, kind in group.local.items() if kind == "array"]
+        inner_n = math.prod(group.inner or ())
+        depth = 2
+        if arrays:
+            # per-thread scratch rows for buffers that never leave the kernel
+            if parallel:
+                self.emit("#pragma omp parallel", depth)
+            self.emit("{", depth)
+            for name in arrays:
+                ctype = CTYPES[self.buffers[name].dtype]
+                self.emit(f"std::vector<{ctype}> vec_{name}({max(inner_n, 1)});", depth + 1)
+                self.emit(f"{ctype}* __restrict__ loc_{name} = vec_{name}.data();", depth + 1)
+            depth += 1
+            if parallel:
+                self.emit("#pragma omp for schedule(static)", depth)
+        elif parallel:
+            self.emit("#pragma omp parallel for schedule(static)", depth)
+        self._outer_header(group, depth)
+        for name, kind in group.local.items():
+            if kind == "scalar":
+                self.emit(f"  {CTYPES[self.buffers[name].dtype]} loc_{name};", depth)
+        for member in group.members:
+            self.member(group, member, depth + 1, split=False)
+        self.emit("}", depth)
+        if arrays:
+            self.emit("}", depth - 1)
+
+    def split_inner(self, group: FusedGroup) -> None:
+        self.emit("const int kiln_nt = omp_get_max_threads();", 2)
+        for i, member in enumerate(group.members):
+            if member.role == "reduction":
+                acc = _acc_type(member.buffer.data.reduction_type, member.buffer.dtype)
+                self.emit(f"std::vector<{CTYPES[acc]}> part{i}(kiln_nt);", 2)
+                if member.buffer.data.reduction_type in ("argmax", "argmin"):
+                    self.emit(f"std::vector<int64_t> parti{i}(kiln_nt);", 2)
+        self.emit("#pragma omp parallel", 2)
+        self.emit("{", 2)
+        self.emit("const int kiln_tid = omp_get_thread_num();", 3)
+        self._outer_header(group, 3)
+        for i, member in enumerate(group.members):
+            self.member(group, member, 4, split=True, slot=i)
+        self.emit("}", 3)
+        self.emit("}", 2)
+
+    def _body(self, group: FusedGroup, member: Member, depth: int) -> CppValue:
+        handler = CppHandler(self.buffers, self.pointers, group.var_ranges(), "  " * depth, group.local,
+                             _inner_linear(group))
+        index, rindex = group.member_index(member)
+        if member.role == "reduction":
+            value = member.buffer.data.fn(handler, index, rindex)
+        else:
+            value = member.buffer.data.fn(handler, index)
+        self.lines.extend(handler.lines)
+        return value
+
+    def _store(self, group: FusedGroup, member: Member, value: str, depth: int) -> None:
+        buf = member.buffer
+        kind = group.local.get(buf.name)
+        if kind is not None:
+            target = f"loc_{buf.name}" + (f"[{_inner_linear(group)}]" if kind == "array" else "")
+            self.emit(f"{target} = static_cast<{CTYPES[buf.dtype]}>({value});", depth)
+            return
+        index = simplify_index(sympy.expand(group.store_index(member)), group.var_ranges())
+        self.emit(f"{self.pointers[buf.name]}[{cexpr(index)}] = static_cast<{CTYPES[buf.dtype]}>({value});",
+                  depth)
+
+    def _inner_loops(self, group: FusedGroup, depth: int, pragma: str | None) -> int:
+        inner = group.inner or ()
+        for d, size in enumerate(inner):
+            if d == len(inner) - 1 and pragma:
+                self.emit(pragma, depth)
+            self.emit(f"for (int64_t r{d} = 0; r{d} < {size}; ++r{d}) {{", depth)
+            depth += 1
+        return depth
+
+    def _close(self, group: FusedGroup, depth: int) -> None:
+        for _ in group.inner or ():
+            depth -= 1
+            self.emit("}", depth)
+
+    def member(self, group: FusedGroup, member: Member, depth: int, split: bool, slot: int = 0) -> None:
+        buf = member.buffer
+        inner = group.inner or ()
+        if member.role == "outer":
+            if split:
+                self.emit("#pragma omp single", depth)
+            self.emit("{", depth)
+            value = self._body(group, member, depth + 1)
+            self._store(group, member, str(value), depth + 1)
+            self.emit("}", depth)
+            return
+        if member.role == "inner":
+            pragma = "#pragma omp for schedule(static)" if split else None
+            if split and len(inner) > 1:
+                pragma = f"#pragma omp for schedule(static) collapse({len(inner)})"
+                self.emit(pragma, depth)
+                pragma = None
+            elif split:
+                self.emit(pragma, depth)
+                pragma = None
+            else:
+                pragma = "#pragma omp simd"
+            inner_depth = self._inner_loops(group, depth, pragma)
+            value = self._body(group, member, inner_depth)
+            self._store(group, member, str(value), inner_depth)
+            self._close(group, inner_depth)
+            return
+        self.reduction(group, member, depth, split, slot)
+
+    def reduction(self, group: FusedGroup, member: Member, depth: int, split: bool, slot: int) -> None:
+        data: Reduction = member.buffer.data
+        rtype = data.reduction_type
+        buf: ComputedBuffer = member.buffer
+        acc_dtype = _acc_type(rtype, buf.dtype)
+        inner = group.inner or ()
+        self.emit("{", depth)
+        depth += 1
+        is_arg = rtype in ("argmax", "argmin")
+        value_dtype = None
+        # the value type of an arg reduction is its input's dtype: find it by a dry run
+        if is_arg:
+            probe = CppHandler(self.buffers, self.pointers, group.var_ranges(), "")
+            index, rindex = group.member_index(member)
+            value_dtype = data.fn(probe, index, rindex).dtype
+            acc_dtype = value_dtype
+        actype = CTYPES[acc_dtype]
+        self.emit(f"{actype} acc = {_init('max' if rtype == 'argmax' else rtype, acc_dtype)};", depth)
+        if is_arg:
+            self.emit("int64_t acci = 0;", depth)
+        if split:
+            self.emit("#pragma omp for schedule(static)" + (f" collapse({len(inner)})" if len(inner) > 1
+                                                              else ""), depth)
+            pragma = None
+        elif rtype == "sum" and not is_arg:
+            pragma = "#pragma omp simd reduction(+:acc)"
+        elif rtype == "prod":
+            pragma = "#pragma omp simd reduction(*:acc)"
+        elif rtype in ("max", "min"):
+            pragma = f"#pragma omp simd reduction(k{rtype}:acc)"
+        else:
+            pragma = None
+        inner_depth = self._inner_loops(group, depth, pragma)
+        value = self._body(group, member, inner_depth)
+        if is_arg:
+            strides = _row_major(inner)
+            rlin = " + ".join(f"r{d} * {s}" for d, s in enumerate(strides)) or "0"
+            self.emit(f"kiln_{rtype}<{actype}>(acc, acci, {value}, {rlin});", inner_depth)
+        else:
+            self.emit(_combine(rtype, "acc", f"static_cast<{actype}>({value})", actype), inner_depth)
+        self._close(group, inner_depth)
+        result = "acci" if is_arg else "acc"
+        if split:
+            self.emit(f"part{slot}[kiln_tid] = acc;", depth)
+            if is_arg:
+                self.emit(f"parti{slot}[kiln_tid] = acci;", depth)
+            self.emit("#pragma omp barrier", depth)
+            self.emit("#pragma omp single", depth)
+            self.emit("{", depth)
+            self.emit(f"{actype} total = part{slot}[0];", depth + 1)
+            if is_arg:
+                self.emit(f"int64_t totali = parti{slot}[0];", depth + 1)
+            self.emit("for (int t = 1; t < omp_get_num_threads(); ++t) {", depth + 1)
+            if is_arg:
+                self.emit(f"kiln_{rtype}<{actype}>(total, totali, part{slot}[t], parti{slot}[t]);", depth + 2)
+            else:
+                self.emit(_combine(rtype, "total", f"part{slot}[t]", actype), depth + 2)
+            self.emit("}", depth + 1)
+            self._store(group, member, "totali" if is_arg else "total", depth + 1)
+            self.emit("}", depth)
+        else:
+            self._store(group, member, result, depth)
+        depth -= 1
+        self.emit("}", depth)
+
+
+def _inner_linear(group: FusedGroup) -> str:
+    strides = _row_major(group.inner or ())
+    return " + ".join(f"r{d} * {s}" for d, s in enumerate(strides)) or "0"
+
+
+def _row_major(shape: tuple) -> list[int]:
+    strides, running = [], 1
+    for size in reversed(shape):
+        strides.append(running)
+        running *= size
+    return strides[::-1]
+
+
+def segment_source(entry: str, groups: list[FusedGroup], args: list[str], buffers: dict[str, Buffer]) -> str:
+    """The C++ of one `extern "C"` entry running `groups` in order; `args` name its pointer parameters."""
+    pointers = {name: f"p_{name}" for name in args}
+    writer = KernelWriter(buffers, pointers)
+    params = ", ".join(f"{CTYPES[buffers[n].dtype]}* __restrict__ p_{n}" for n in args)
+    writer.lines.append(f'extern "C" int {entry}({params}) {{')
+    for group in groups:
+        writer.kernel(group)
+    writer.lines.append("  return 0;")
+    writer.lines.append("}")
+    return "\n".join(writer.lines)

@@ -1,0 +1,142 @@
+"""The Python wrapper of a compiled graph: check inputs, allocate, call kernels and externs, return outputs.
+
+It is generated as source (dumped to KILN_DEBUG_DIR) so a graph's per-call work is a straight line of
+Python: one stride/shape check per input, one `torch.empty_strided` per fresh buffer, one ctypes call
+per segment of kernels, one torch call per extern node.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Callable
+
+import torch
+
+from ..graph import map_structure
+from ..lower.ir import BufferRef, ExternNode, LoopGraph, OutputView
+from ..schedule.memory import Plan, Segment
+
+
+def _restride(t: torch.Tensor, strides: tuple) -> torch.Tensor:
+    """`t` with the given strides (a copy unless it already has them)."""
+    if tuple(t.stride()) == strides or t.numel() <= 1:
+        return t
+    out = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
+
+
+class _Source:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.globals: dict[str, Any] = {"torch": torch, "_restride": _restride}
+        self.count = 0
+
+    def const(self, value: Any, hint: str = "c") -> str:
+        self.count += 1
+        name = f"{hint}{self.count}"
+        self.globals[name] = value
+        return name
+
+
+def _render(src: _Source, value: Any) -> str:
+    """Python text building the output structure."""
+    if isinstance(value, BufferRef):
+        return value.name
+    if isinstance(value, OutputView):
+        return f"{value.name}.as_strided({tuple(value.shape)}, {tuple(value.strides)}, {value.offset})"
+    if isinstance(value, tuple) and type(value) is tuple:
+        inner = ", ".join(_render(src, v) for v in value)
+        return f"({inner},)" if value else "()"
+    if isinstance(value, list):
+        return "[" + ", ".join(_render(src, v) for v in value) + "]"
+    if value is None or isinstance(value, (bool, int)):
+        return repr(value)
+    if isinstance(value, (tuple, dict)):
+        template = value
+        leaves = src.const(template, "out")
+        refs = []
+        map_structure(lambda v: refs.append(v) if isinstance(v, (BufferRef, OutputView)) else None, template)
+        fn = src.const(_structure_builder(template), "build")
+        return f"{fn}({leaves}, [{', '.join(_render(src, r) for r in refs)}])"
+    return src.const(value)
+
+
+def _structure_builder(template: Any) -> Callable[..., Any]:
+    def build(_template: Any, tensors: list) -> Any:
+        it = iter(tensors)
+        return map_structure(lambda v: next(it) if isinstance(v, (BufferRef, OutputView)) else v, _template)
+    return build
+
+
+def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any],
+                   fallback: Callable[..., Any]) -> tuple[str, dict[str, Any]]:
+    """Source of `kiln_call(*inputs)` and its globals (`entries`: segment name → ctypes function)."""
+    src = _Source()
+    src.globals["_fallback"] = fallback
+    params = [b.name for b in graph.inputs]
+    lines = src.lines
+    lines.append(f"def kiln_call({', '.join(params)}):")
+    checks = []
+    for b in graph.inputs:
+        dt = src.const(b.dtype, "dtype")
+        checks.append(f"{b.name}.stride() != {tuple(b.layout.strides)} or {b.name}.shape != {tuple(b.shape)} "
+                      f"or {b.name}.dtype != {dt}")
+    if checks:
+        lines.append(f"    if {' or '.join(f'({c})' for c in checks)}:")
+        lines.append(f"        return _fallback({', '.join(params)})")
+    for b in graph.constants:
+        src.globals[b.name] = b.constant
+    for step in plan.steps:
+        node = step.node
+        for name, reuse in step.allocs:
+            buf = graph.buffers[name]
+            if reuse is not None:
+                lines.append(f"    {name} = {reuse}.as_strided({tuple(buf.shape)}, {tuple(buf.layout.strides)}); "
+                             f"del {reuse}")
+            else:
+                dt = src.const(buf.dtype, "dtype")
+                lines.append(f"    {name} = torch.empty_strided({tuple(buf.shape)}, {tuple(buf.layout.strides)}, "
+                             f"dtype={dt})")
+        if isinstance(node, Segment):
+            fn = src.const(entries[node.name], node.name + "_")
+            ptrs = ", ".join(f"{a}.data_ptr()" for a in node.args)
+            lines.append(f"    {fn}({ptrs})")
+        else:
+            lines.extend(_extern_lines(src, node))
+        pooled = {r for s in plan.steps for _, r in s.allocs if r is not None}
+        for name in step.frees:
+            if name not in pooled:
+                lines.append(f"    del {name}")
+    for position, value in graph.mutations:
+        lines.append(f"    {params[position]}.copy_({_render(src, value)})")
+    lines.append(f"    return {_render(src, graph.output)}")
+    return "\n".join(lines) + "\n", src.globals
+
+
+def _extern_lines(src: _Source, node: ExternNode) -> list[str]:
+    refs: list[str] = []
+    map_structure(lambda v: refs.append(v.name) if isinstance(v, BufferRef) else None, (node.args, node.kwargs))
+    template = (node.args, node.kwargs)
+    target = node.target
+
+    def call(*tensors: Any) -> Any:
+        it = iter(tensors)
+        args, kwargs = map_structure(lambda v: next(it) if isinstance(v, BufferRef) else v, template)
+        return target(*args, **kwargs)
+    fn = src.const(call, f"{node.kind}_")
+    lines = [f"    # {node.describe()}"]
+    outs = [o.name for o in node.outputs]
+    if node.multi_output:
+        lines.append(f"    {', '.join(outs)}, = {fn}({', '.join(refs)})")
+    else:
+        lines.append(f"    {outs[0]} = {fn}({', '.join(refs)})")
+    for o in node.outputs:
+        lines.append(f"    {o.name} = _restride({o.name}, {tuple(o.layout.strides)})")
+    return lines
+
+
+def load_entry(lib: ctypes.CDLL, name: str, nargs: int) -> Any:
+    fn = getattr(lib, name)
+    fn.argtypes = [ctypes.c_void_p] * nargs
+    fn.restype = ctypes.c_int
+    return fn

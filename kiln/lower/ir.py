@@ -1,0 +1,175 @@
+"""The loop IR: buffers computed by (ranges, inner function) bodies, extern calls, and the graph holding them.
+
+A `ComputedBuffer` is written by a `Pointwise` body (`fn(h, index)` gives one element) or a `Reduction`
+body (`fn(h, index, rindex)` gives one element to fold into the output at `index`). An `ExternNode` runs a
+torch callable on whole tensors (matmul, convolution, attention: `kind="extern"`; anything kiln cannot
+lower: `kind="fallback"`). Graph inputs and constants are `InputBuffer`s. Views never appear as nodes:
+they are folded into the index expressions of the bodies that read them; a graph output that is a view is an
+`OutputView` (the wrapper makes it with `as_strided`, so it aliases exactly as eager's).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import sympy
+import torch
+
+from ..graph.meta import dtype_abbrev
+from .index import index_var
+from .ops import DepsHandler, PrintHandler
+
+
+@dataclasses.dataclass
+class Layout:
+    """Where element `index` of a buffer lives: offset + sum(index * strides), in elements."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int = 0
+
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def storage_size(self) -> int:
+        """Elements needed behind the data pointer (0 for an empty tensor)."""
+        if self.numel() == 0:
+            return 0
+        return self.offset + 1 + sum((s - 1) * st for s, st in zip(self.shape, self.strides))
+
+
+@dataclasses.dataclass
+class Buffer:
+    name: str
+    dtype: torch.dtype
+    layout: Layout
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.layout.shape
+
+    def numel(self) -> int:
+        return self.layout.numel()
+
+    def nbytes(self) -> int:
+        return self.layout.storage_size() * self.dtype.itemsize
+
+
+@dataclasses.dataclass
+class InputBuffer(Buffer):
+    """A graph input (`position` among the placeholders) or a constant tensor (`constant`)."""
+
+    position: int = -1
+    constant: torch.Tensor | None = None
+
+
+@dataclasses.dataclass
+class Pointwise:
+    ranges: tuple[int, ...]
+    fn: Callable[..., Any]  # fn(h, index) -> value
+
+    def body(self, h: Any) -> Any:
+        return self.fn(h, [index_var("i", d) for d in range(len(self.ranges))])
+
+
+@dataclasses.dataclass
+class Reduction:
+    ranges: tuple[int, ...]
+    reduction_ranges: tuple[int, ...]
+    reduction_type: str  # sum, prod, max, min, argmax, argmin, any, all
+    fn: Callable[..., Any]  # fn(h, index, rindex) -> value
+
+    def body(self, h: Any) -> Any:
+        return self.fn(h, [index_var("i", d) for d in range(len(self.ranges))],
+                       [index_var("r", d) for d in range(len(self.reduction_ranges))])
+
+
+@dataclasses.dataclass
+class ComputedBuffer(Buffer):
+    data: Pointwise | Reduction | None = None
+
+    @property
+    def is_reduction(self) -> bool:
+        return isinstance(self.data, Reduction)
+
+    def reads(self) -> list[tuple[str, sympy.Expr]]:
+        deps = DepsHandler()
+        self.data.body(deps)
+        return deps.loads
+
+    def describe(self) -> str:
+        text = self.data.body(PrintHandler())
+        meta = f"{dtype_abbrev(self.dtype)}[{', '.join(map(str, self.shape))}]"
+        if isinstance(self.data, Reduction):
+            return (f"{self.name} = Reduction({self.data.reduction_type}, ranges={list(self.data.ranges)}, "
+                    f"reduction_ranges={list(self.data.reduction_ranges)},\n    body=lambda i, r: {text})"
+                    f"  # {meta}")
+        return f"{self.name} = Pointwise(ranges={list(self.data.ranges)},\n    body=lambda i: {text})  # {meta}"
+
+
+@dataclasses.dataclass
+class ExternNode:
+    """A torch callable run on whole tensors by the wrapper.
+
+    `args`/`kwargs` hold `BufferRef`s where tensors go; `outputs` are the buffers it produces (their layout
+    is what kernels reading them assume; the wrapper restrides a result that differs).
+    """
+
+    name: str
+    kind: str  # "extern" or "fallback"
+    target: Callable[..., Any]
+    target_name: str
+    args: tuple
+    kwargs: dict
+    outputs: list[Buffer]
+    multi_output: bool
+
+    def reads(self) -> list[str]:
+        from ..graph import flatten
+        return [v.name for v in flatten((self.args, self.kwargs)) if isinstance(v, BufferRef)]
+
+    def describe(self) -> str:
+        outs = ", ".join(o.name for o in self.outputs)
+        return f"{outs} = {self.kind}({self.target_name}, reads={self.reads()})"
+
+
+@dataclasses.dataclass(frozen=True)
+class BufferRef:
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputView:
+    """Output = as_strided(buffer, shape, strides, offset) (a view of an input or a computed buffer)."""
+
+    name: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int
+
+
+@dataclasses.dataclass
+class LoopGraph:
+    """The lowered graph: inputs, ordered nodes, the output structure and input mutations."""
+
+    name: str
+    inputs: list[InputBuffer]
+    constants: list[InputBuffer]
+    nodes: list[ComputedBuffer | ExternNode]
+    output: Any  # structure of BufferRef / OutputView / Python constants
+    mutations: list[tuple[int, Any]]  # (input position, BufferRef or OutputView of the final value)
+    buffers: dict[str, Buffer] = dataclasses.field(default_factory=dict)
+
+    def describe(self, header: str = "") -> str:
+        lines = [f"# {header}"] if header else []
+        for b in self.inputs:
+            lines.append(f"# input {b.name}: {dtype_abbrev(b.dtype)}{list(b.shape)} strides={b.layout.strides}")
+        for b in self.constants:
+            lines.append(f"# constant {b.name}: {dtype_abbrev(b.dtype)}{list(b.shape)}")
+        for node in self.nodes:
+            lines.append(node.describe())
+        lines.append(f"return {self.output}")
+        return "\n".join(lines)

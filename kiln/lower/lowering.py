@@ -1,0 +1,465 @@
+"""Lowering: a prim graph → a LoopGraph.
+
+Each prim node becomes a `Box`: a shape, a dtype and a loader `loader(h, index)` computing one element with
+scalar ops. Elementwise prims compose loaders (so a pointwise chain is inlined into its consumer by
+default); view prims remap the index (broadcast, permute, slice, reshape fold into index arithmetic, never
+copies); reductions always materialize a buffer. A box is materialized (`realize`) when it is an output,
+read by an extern or fallback, or read by several consumers while being expensive to recompute. A prim
+without a lowering runs as a Fallback node through its reference implementation — always correct.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable
+
+import sympy
+import torch
+
+from .. import config
+from ..counters import counters
+from ..graph import Graph, Node, TensorMeta, flatten, map_structure
+from .index import contiguous_strides, linear_index, unravel
+from .ir import (BufferRef, ComputedBuffer, ExternNode, InputBuffer, Layout, LoopGraph, OutputView,
+                 Pointwise, Reduction)
+from .ops import BINARY_OPS, UNARY_OPS, CountHandler
+
+log = config.channel("fusion")
+
+# dtypes the C++ backend computes in; anything else runs as a fallback.
+SUPPORTED_DTYPES = {torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
+                    torch.uint8, torch.bool}
+# Inline a pointwise value into each of several consumers only while it is this cheap (CountHandler units).
+INLINE_REUSE_COST = 8
+EXTERN_PRIMS = {"mm", "bmm", "convolution", "sdpa"}
+
+
+class Unlowerable(Exception):
+    """A prim application this lowering does not handle; it runs as a fallback."""
+
+
+class Box:
+    """A lowered value: shape, dtype, loader(h, index); `view` = (buffer, strides, offset) when it reads a
+    buffer through a strided view (then it can be passed on without a copy)."""
+
+    __slots__ = ("shape", "dtype", "loader", "view", "_cost")
+
+    def __init__(self, shape: tuple, dtype: torch.dtype, loader: Callable[..., Any],
+                 view: tuple[str, tuple, int] | None = None):
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = dtype
+        self.loader = loader
+        self.view = view
+        self._cost: int | None = None
+
+    def cost(self) -> int:
+        if self._cost is None:
+            counter = CountHandler()
+            self.loader(counter, [sympy.Integer(0)] * len(self.shape))
+            self._cost = counter.ops
+        return self._cost
+
+
+def _buffer_box(name: str, dtype: torch.dtype, shape: tuple, strides: tuple, offset: int = 0) -> Box:
+    def load(h: Any, index: list) -> Any:
+        return h.load(name, linear_index(index, strides, offset))
+    return Box(shape, dtype, load, view=(name, tuple(strides), offset))
+
+
+def _dense_strides(meta: TensorMeta) -> tuple[int, ...]:
+    """The meta's strides when they are non-overlapping and dense, else row-major strides."""
+    shape = [int(s) for s in meta.shape]
+    strides = [int(s) for s in meta.strides]
+    dims = sorted((i for i in range(len(shape)) if shape[i] != 1), key=lambda i: strides[i])
+    expected = 1
+    for i in dims:
+        if strides[i] != expected:
+            return tuple(contiguous_strides(shape))
+        expected *= shape[i]
+    return tuple(strides)
+
+
+class Lowering:
+    """State of one lowering run: the loop graph being built and the value of each prim node."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.names = (f"buf{i}" for i in itertools.count())
+        self.loop = LoopGraph(graph.name, [], [], [], None, [])
+        self.env: dict[int, Any] = {}
+        self.users: dict[Node, list[Node]] = graph.users()
+
+    # -- buffers --
+    def new_name(self) -> str:
+        return next(self.names)
+
+    def realize(self, box: Box, meta: TensorMeta | None = None) -> str:
+        """The name of a buffer holding the box's value at its natural (full, dense) layout."""
+        if box.view is not None:
+            name, strides, offset = box.view
+            buf = self.loop.buffers[name]
+            if buf.layout.shape == box.shape and buf.layout.strides == strides and offset == buf.layout.offset:
+                return name
+        strides = _dense_strides(meta) if meta is not None and meta.shape == box.shape else \
+            tuple(contiguous_strides(box.shape))
+        name = self.new_name()
+        loader = box.loader
+        buf = ComputedBuffer(name, box.dtype, Layout(box.shape, strides),
+                             Pointwise(box.shape, lambda h, index: loader(h, index)))
+        self.add_node(buf)
+        return name
+
+    def realized_box(self, box: Box, meta: TensorMeta | None = None) -> Box:
+        name = self.realize(box, meta)
+        buf = self.loop.buffers[name]
+        return _buffer_box(name, buf.dtype, buf.shape, buf.layout.strides, buf.layout.offset)
+
+    def add_node(self, node: Any) -> None:
+        self.loop.nodes.append(node)
+        if isinstance(node, ExternNode):
+            for out in node.outputs:
+                self.loop.buffers[out.name] = out
+        else:
+            self.loop.buffers[node.name] = node
+
+    # -- the walk --
+    def run(self) -> LoopGraph:
+        position = 0
+        for node in self.graph.nodes:
+            if node.op == "placeholder":
+                self.env[id(node)] = self.input(node, position)
+                position += 1
+            elif node.op == "constant":
+                self.env[id(node)] = self.constant(node)
+            elif node.op == "getitem":
+                self.env[id(node)] = self.env[id(node.args[0])][node.args[1]]
+            elif node.op == "call_prim":
+                self.env[id(node)] = self.call_prim(node)
+            elif node.op == "call_torch":
+                self.env[id(node)] = self.fallback(node, node.target, _torch_name(node), kind="fallback")
+            elif node.op == "output":
+                self.loop.output = map_structure(self.output_value, node.args[0])
+        for name, node in self.graph.mutated_inputs.items():
+            pos = next(i for i, ph in enumerate(self.graph.placeholders) if ph.name == name)
+            self.loop.mutations.append((pos, self.output_value(node)))
+        return self.loop
+
+    def input(self, node: Node, position: int) -> Box:
+        meta = node.meta
+        self.check_dtype(meta.dtype, node)
+        strides = tuple(int(s) for s in meta.strides)
+        buf = InputBuffer(node.name, meta.dtype, Layout(tuple(int(s) for s in meta.shape), strides),
+                          position=position)
+        self.loop.inputs.append(buf)
+        self.loop.buffers[buf.name] = buf
+        return _buffer_box(buf.name, buf.dtype, buf.shape, strides)
+
+    def constant(self, node: Node) -> Any:
+        value = node.target
+        if not isinstance(value, torch.Tensor):
+            return value
+        self.check_dtype(value.dtype, node)
+        buf = InputBuffer(f"const_{node.name}", value.dtype,
+                          Layout(tuple(value.shape), tuple(value.stride())), constant=value)
+        self.loop.constants.append(buf)
+        self.loop.buffers[buf.name] = buf
+        return _buffer_box(buf.name, buf.dtype, buf.shape, buf.layout.strides)
+
+    @staticmethod
+    def check_dtype(dtype: torch.dtype, node: Node) -> None:
+        if dtype not in SUPPORTED_DTYPES:
+            raise NotImplementedError(f"cpp backend: dtype {dtype} of {node.name} is not supported")
+
+    def output_value(self, value: Any) -> Any:
+        if isinstance(value, Node):
+            box = self.env[id(value)]
+            if not isinstance(box, Box):
+                return box
+            if box.view is not None:
+                name, strides, offset = box.view
+                layout = self.loop.buffers[name].layout
+                if (layout.shape, layout.strides, layout.offset) == (box.shape, strides, offset) and \
+                        not _is_graph_input(self.loop.buffers[name]):
+                    return BufferRef(name)
+                return OutputView(name, box.shape, strides, offset)
+            return BufferRef(self.realize(box, value.meta))
+        return value
+
+    def call_prim(self, node: Node) -> Any:
+        prim = node.target
+        fn = LOWERINGS.get(prim.name)
+        if fn is None and "view" in prim.tags:
+            fn = lower_view
+        metas = node.meta if isinstance(node.meta, tuple) else (node.meta,)
+        supported = all(isinstance(m, TensorMeta) and m.dtype in SUPPORTED_DTYPES for m in metas)
+        if fn is not None and supported and prim.name not in EXTERN_PRIMS:
+            args = map_structure(lambda v: self.env[id(v)] if isinstance(v, Node) else v, node.args)
+            kwargs = map_structure(lambda v: self.env[id(v)] if isinstance(v, Node) else v, node.kwargs)
+            try:
+                box = fn(self, node, *args, **kwargs)
+            except Unlowerable as e:
+                log.debug("prims.%s of %s runs as a fallback: %s", prim.name, node.name, e)
+            else:
+                if isinstance(box, Box) and box.view is None and len(self.users.get(node, ())) > 1 \
+                        and box.cost() > INLINE_REUSE_COST:
+                    box = self.realized_box(box, node.meta)
+                return box
+        kind = "extern" if prim.name in EXTERN_PRIMS else "fallback"
+        return self.fallback(node, prim.ref, f"prims.{prim.name}", kind)
+
+    def fallback(self, node: Node, target: Any, target_name: str, kind: str) -> Any:
+        """Run `target` on whole tensors in the wrapper (inputs realized)."""
+        def arg(v: Any) -> Any:
+            if isinstance(v, Node):
+                value = self.env[id(v)]
+                if isinstance(value, Box):
+                    return BufferRef(self.realize(value, v.meta))
+                return value
+            return v
+        args = map_structure(arg, node.args)
+        kwargs = map_structure(arg, node.kwargs)
+        metas = node.meta if isinstance(node.meta, tuple) else (node.meta,)
+        outputs = []
+        for m in metas:
+            if not isinstance(m, TensorMeta):
+                raise NotImplementedError(f"cpp backend: {target_name} returns a non-tensor ({m})")
+            self.check_dtype(m.dtype, node)
+            shape = tuple(int(s) for s in m.shape)
+            outputs.append(InputBuffer(self.new_name(), m.dtype, Layout(shape, _dense_strides(m))))
+        counters[kind][target_name] += 1
+        self.add_node(ExternNode(outputs[0].name if len(outputs) == 1 else self.new_name(), kind, target,
+                                 target_name, args, kwargs, outputs, isinstance(node.meta, tuple)))
+        boxes = tuple(_buffer_box(o.name, o.dtype, o.shape, o.layout.strides) for o in outputs)
+        return boxes if isinstance(node.meta, tuple) else boxes[0]
+
+
+def _is_graph_input(buf: Any) -> bool:
+    return isinstance(buf, InputBuffer) and (buf.position >= 0 or buf.constant is not None)
+
+
+def _torch_name(node: Node) -> str:
+    return node.target_name()
+
+
+# ---- the lowering table -----------------------------------------------------------------------------------
+
+LOWERINGS: dict[str, Callable[..., Any]] = {}
+
+
+def lowering(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for name in names:
+            LOWERINGS[name] = fn
+        return fn
+    return register
+
+
+def _operand(value: Any, dtype: torch.dtype) -> Callable[..., Any]:
+    """A loader for a Box or a Python number (converted to dtype, as the prim converts it)."""
+    if isinstance(value, Box):
+        return value.loader
+    if isinstance(value, complex):
+        raise Unlowerable("complex scalar")
+    if dtype == torch.bool:
+        scalar = bool(value)
+    elif dtype.is_floating_point:
+        scalar = float(torch.tensor(value).to(dtype).item()) if not isinstance(value, float) else value
+    else:
+        scalar = int(torch.tensor(value).to(dtype).item())
+    return lambda h, index: h.constant(scalar, dtype)
+
+
+def _elementwise(name: str) -> Callable[..., Any]:
+    def lower(ctx: Lowering, node: Node, *args: Any) -> Box:
+        tensors = [a for a in args if isinstance(a, Box)]
+        dtype = tensors[0].dtype
+        loaders = [_operand(a, dtype) for a in args]
+        if name == "pow" and not dtype.is_floating_point:
+            raise Unlowerable("integer pow")
+        if name in ("remainder", "fmod", "div") and not dtype.is_floating_point:
+            raise Unlowerable("integer division (torch raises on a zero divisor)")
+
+        def load(h: Any, index: list) -> Any:
+            return h.op(name, *[ld(h, index) for ld in loaders])
+        return Box(node.meta.shape, node.meta.dtype, load)
+    return lower
+
+
+for _name in UNARY_OPS | BINARY_OPS:
+    LOWERINGS[_name] = _elementwise(_name)
+
+
+@lowering("where")
+def lower_where(ctx: Lowering, node: Node, pred: Box, a: Any, b: Any) -> Box:
+    dtype = node.meta.dtype
+    la, lb = _operand(a, dtype), _operand(b, dtype)
+    return Box(node.meta.shape, dtype, lambda h, i: h.where(pred.loader(h, i), la(h, i), lb(h, i)))
+
+
+@lowering("convert_element_type")
+def lower_convert(ctx: Lowering, node: Node, a: Box, dtype: torch.dtype) -> Box:
+    return Box(a.shape, dtype, lambda h, i: h.to_dtype(a.loader(h, i), dtype))
+
+
+@lowering("clone")
+def lower_clone(ctx: Lowering, node: Node, a: Box, memory_format: Any = None) -> Box:
+    return ctx.realized_box(Box(a.shape, a.dtype, a.loader), node.meta)
+
+
+def lower_view(ctx: Lowering, node: Node, a: Box, *args: Any, **kwargs: Any) -> Box:
+    """Any view prim: run its reference on a meta tensor to learn the output's strides and offset."""
+    if a.view is not None:
+        name, strides, offset = a.view
+        base = torch.empty(max(Layout(a.shape, strides, offset).storage_size(), 1), device="meta")
+        t = base.as_strided(a.shape, strides, offset)
+        out = node.target.ref(t, *args, **kwargs)
+        if not isinstance(out, torch.Tensor) or not out._is_view():
+            raise Unlowerable(f"prims.{node.target.name} did not give a view")
+        return _buffer_box(name, a.dtype, tuple(out.shape), tuple(out.stride()), out.storage_offset())
+    # A view of a computed value: address it as if it were contiguous, then unravel.
+    t = torch.empty(a.shape, device="meta")
+    out = node.target.ref(t, *args, **kwargs)
+    if not isinstance(out, torch.Tensor) or not out._is_view():
+        raise Unlowerable(f"prims.{node.target.name} did not give a view")
+    out_strides, out_offset, in_shape = tuple(out.stride()), out.storage_offset(), a.shape
+    loader = a.loader
+
+    def load(h: Any, index: list) -> Any:
+        return loader(h, unravel(linear_index(index, out_strides, out_offset), in_shape))
+    return Box(tuple(out.shape), a.dtype, load)
+
+
+@lowering("broadcast_in_dim")
+def lower_broadcast(ctx: Lowering, node: Node, a: Box, shape: Any, dims: Any) -> Box:
+    if a.view is not None:
+        return lower_view(ctx, node, a, shape, dims)
+    in_shape = a.shape
+    zero = sympy.Integer(0)
+
+    def load(h: Any, index: list) -> Any:
+        return a.loader(h, [index[d] if in_shape[i] != 1 else zero for i, d in enumerate(dims)])
+    return Box(tuple(shape), a.dtype, load)
+
+
+@lowering("rev")
+def lower_rev(ctx: Lowering, node: Node, a: Box, dims: Any) -> Box:
+    shape = a.shape
+
+    def load(h: Any, index: list) -> Any:
+        return a.loader(h, [shape[d] - 1 - i if d in dims else i for d, i in enumerate(index)])
+    return Box(shape, a.dtype, load)
+
+
+@lowering("cat")
+def lower_cat(ctx: Lowering, node: Node, tensors: Any, dim: int) -> Box:
+    if len(tensors) > 16:
+        raise Unlowerable("cat of many tensors")
+    dtype = node.meta.dtype
+    parts, start = [], 0
+    for t in tensors:
+        parts.append((start, t))
+        start += t.shape[dim]
+
+    # Each branch loads at an index that may be out of its range: realize so loads stay in bounds.
+    return _guarded_cat(ctx, node, parts, dim)
+
+
+def _guarded_cat(ctx: Lowering, node: Node, parts: list, dim: int) -> Box:
+    dtype = node.meta.dtype
+    shape = tuple(int(s) for s in node.meta.shape)
+
+    def load(h: Any, index: list) -> Any:
+        return _select_part(h, index, parts, dim, dtype)
+    return Box(shape, dtype, load)
+
+
+def _select_part(h: Any, index: list, parts: list, dim: int, dtype: torch.dtype) -> Any:
+    # h.masked(cond, fn, other) evaluates fn only where cond holds (no out-of-bounds loads).
+    pos = index[dim]
+    live = [(b, t) for b, t in parts if t.shape[dim] != 0]
+    if not live:
+        return h.constant(0, dtype)
+    begin, t = live[-1]
+    shifted = list(index)
+    shifted[dim] = pos - begin
+    value = t.loader(h, shifted) if len(live) == 1 else None
+    if value is not None:
+        return value
+    cond = h.op("ge", h.index_expr(pos, torch.int64), h.constant(begin, torch.int64))
+    return h.masked(cond, lambda: t.loader(h, shifted),
+                    lambda: _select_part(h, index, live[:-1], dim, dtype), dtype)
+
+
+# ---- reductions ---------------------------------------------------------------------------------------------
+
+def _reduction(ctx: Lowering, node: Node, a: Box, dims: tuple, rtype: str, dtype: torch.dtype,
+               value_fn: Callable[..., Any] | None = None) -> Box:
+    dims = tuple(dims)
+    keep = [d for d in range(len(a.shape)) if d not in dims]
+    ranges = tuple(a.shape[d] for d in keep)
+    rranges = tuple(a.shape[d] for d in dims)
+    loader = a.loader
+    rank = len(a.shape)
+
+    def full_index(index: list, rindex: list) -> list:
+        full = [None] * rank
+        for d, i in zip(keep, index):
+            full[d] = i
+        for d, r in zip(dims, rindex):
+            full[d] = r
+        return full
+
+    def fn(h: Any, index: list, rindex: list) -> Any:
+        value = loader(h, full_index(index, rindex))
+        return value_fn(h, value, index) if value_fn is not None else value
+    name = ctx.new_name()
+    buf = ComputedBuffer(name, dtype, Layout(ranges, tuple(contiguous_strides(ranges))),
+                         Reduction(ranges, rranges, rtype, fn))
+    ctx.add_node(buf)
+    return _buffer_box(name, dtype, ranges, buf.layout.strides)
+
+
+def _simple_reduction(rtype: str) -> Callable[..., Any]:
+    def lower(ctx: Lowering, node: Node, a: Box, dims: Any) -> Box:
+        if not dims:
+            return ctx.realized_box(Box(a.shape, a.dtype, a.loader), node.meta)
+        return _reduction(ctx, node, a, dims, rtype, node.meta.dtype)
+    return lower
+
+
+LOWERINGS["sum"] = _simple_reduction("sum")
+LOWERINGS["prod"] = _simple_reduction("prod")
+LOWERINGS["amax"] = _simple_reduction("max")
+LOWERINGS["amin"] = _simple_reduction("min")
+LOWERINGS["argmax"] = _simple_reduction("argmax")
+LOWERINGS["argmin"] = _simple_reduction("argmin")
+
+
+@lowering("var")
+def lower_var(ctx: Lowering, node: Node, a: Box, dims: Any, correction: Any) -> Box:
+    """Two passes in one kernel: mean, then sum((x - mean)^2) / (N - correction)."""
+    if not a.dtype.is_floating_point:
+        raise Unlowerable("var of a non-float tensor")
+    dims = tuple(dims)
+    if not dims:
+        raise Unlowerable("var over no dims")
+    n = 1
+    for d in dims:
+        n *= a.shape[d]
+    dtype = a.dtype
+    total = _reduction(ctx, node, a, dims, "sum", dtype)
+
+    def centered_sq(h: Any, value: Any, index: list) -> Any:
+        mean = h.op("div", total.loader(h, index), h.constant(float(n), dtype))
+        diff = h.op("sub", value, mean)
+        return h.op("mul", diff, diff)
+    squares = _reduction(ctx, node, a, dims, "sum", dtype, centered_sq)
+    denom = float(n) - float(correction)
+
+    def load(h: Any, index: list) -> Any:
+        return h.op("div", squares.loader(h, index), h.constant(max(denom, 0.0), dtype))
+    return Box(squares.shape, dtype, load)
+
+
+def lower(graph: Graph) -> LoopGraph:
+    """Lower a prim graph (from `kiln.graph.to_prims`) to the loop IR."""
+    return Lowering(graph).run()

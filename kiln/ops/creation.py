@@ -1,0 +1,403 @@
+"""Decompositions of torch's factories: zeros/ones/full/empty and their _like and new_ forms, arange,
+linspace, logspace, eye, scalar_tensor, and the random factories rand/randn/randint/bernoulli/normal.
+
+Dtypes follow eager's defaults (a float fill or bound gives the default dtype, ints give int64, bools give
+bool). `*_like` ops keep the input's dense layout (memory_format=preserve_format) by creating the values in
+the input's memory order and permuting them back, so strides — and random values — match eager's.
+Arguments the prims do not model (requires_grad=True, pinned memory, non-strided layouts, tensor bounds)
+fall back.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import torch
+
+from .. import prims
+from ..prims.shape import dense_strides_like, is_non_overlapping_and_dense
+from .registry import NoDecomposition, register
+from .utils import check, is_tensor, scalar_dtype
+
+_Shape = (tuple, list, torch.Size)
+
+
+def _size(args: Sequence[Any], kwargs: dict, op: str) -> tuple:
+    """Sizes given as `f(2, 3)`, `f((2, 3))` or `f(size=(2, 3))`."""
+    if "size" in kwargs:
+        args = (kwargs.pop("size"),)
+    if len(args) == 1 and isinstance(args[0], _Shape):
+        args = tuple(args[0])
+    for s in args:
+        if is_tensor(s):
+            raise NoDecomposition(f"{op} with tensor sizes")
+        check(isinstance(s, int) and not isinstance(s, bool), lambda: f"{op}(): argument 'size' must be tuple "
+              f"of ints, but found element of type {type(s).__name__}", TypeError)
+        check(s >= 0, lambda: f"Trying to create tensor with negative dimension {s}: {list(args)}")
+    return tuple(args)
+
+
+def _options(op: str, kwargs: dict, dtype: Any = None, device: Any = None) -> tuple[torch.dtype, torch.device]:
+    """dtype and device from factory keyword arguments; refuses what the prims do not model."""
+    if kwargs.pop("requires_grad", False):
+        raise NoDecomposition(f"{op} with requires_grad=True")
+    if kwargs.pop("pin_memory", False):
+        raise NoDecomposition(f"{op} with pin_memory=True")
+    layout = kwargs.pop("layout", None)
+    if layout not in (None, torch.strided):
+        raise NoDecomposition(f"{op} with layout {layout}")
+    if kwargs.pop("out", None) is not None:
+        raise NoDecomposition(f"{op} with out=")
+    if kwargs.pop("names", None) is not None:
+        raise NoDecomposition(f"{op} with named dims")
+    dtype = kwargs.pop("dtype", None) or dtype
+    device = kwargs.pop("device", None) or device
+    check(not kwargs, lambda: f"{op}() got unexpected keyword arguments {sorted(kwargs)}", TypeError)
+    if dtype is None:
+        dtype = torch.get_default_dtype()
+    if device is None:
+        device = torch.get_default_device()
+    return dtype, torch.device(device)
+
+
+def _fill_value(value: Any, dtype: torch.dtype) -> Any:
+    """A Python number converted as eager converts a fill value to dtype."""
+    if is_tensor(value):
+        raise NoDecomposition("a tensor fill value")
+    if dtype == torch.bool:
+        return bool(value)
+    if dtype.is_complex:
+        return complex(value)
+    if dtype.is_floating_point:
+        check(not isinstance(value, complex), lambda: f"value cannot be converted to type {dtype} without "
+              f"overflow", RuntimeError)
+        return float(value)
+    check(not isinstance(value, complex), lambda: f"value cannot be converted to type {dtype} without overflow")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise NoDecomposition("a non-finite fill for an integer dtype")
+    value = int(value)
+    info = torch.iinfo(dtype)
+    check(info.min <= value <= info.max, lambda: f"value cannot be converted to type {dtype} without overflow")
+    return value
+
+
+# ---- zeros / ones / full / empty ----------------------------------------------------------------------
+
+@register(torch.zeros)
+def zeros(*size: Any, **kwargs: Any) -> Any:
+    shape = _size(size, kwargs, "zeros")
+    dtype, device = _options("zeros", kwargs)
+    return prims.full(shape, _fill_value(0, dtype), dtype, device)
+
+
+@register(torch.ones)
+def ones(*size: Any, **kwargs: Any) -> Any:
+    shape = _size(size, kwargs, "ones")
+    dtype, device = _options("ones", kwargs)
+    return prims.full(shape, _fill_value(1, dtype), dtype, device)
+
+
+@register(torch.full)
+def full(size: Any, fill_value: Any, **kwargs: Any) -> Any:
+    shape = _size((size,), {}, "full")
+    if is_tensor(fill_value):
+        raise NoDecomposition("full with a tensor fill value")
+    default = scalar_dtype(fill_value) if kwargs.get("dtype") is None else None
+    dtype, device = _options("full", kwargs, default)
+    return prims.full(shape, _fill_value(fill_value, dtype), dtype, device)
+
+
+@register(torch.empty)
+def empty(*size: Any, **kwargs: Any) -> Any:
+    shape = _size(size, kwargs, "empty")
+    memory_format = kwargs.pop("memory_format", None) or torch.contiguous_format
+    dtype, device = _options("empty", kwargs)
+    return prims.empty_strided(shape, prims.shape.memory_format_strides(shape, memory_format, "empty"), dtype,
+                               device)
+
+
+@register(torch.empty_strided)
+def empty_strided(size: Any, stride: Any, **kwargs: Any) -> Any:
+    dtype, device = _options("empty_strided", kwargs)
+    return prims.empty_strided(_size((size,), {}, "empty_strided"), tuple(stride), dtype, device)
+
+
+@register(torch.scalar_tensor)
+def scalar_tensor(s: Any, **kwargs: Any) -> Any:
+    dtype, device = _options("scalar_tensor", kwargs)
+    return prims.full((), _fill_value(s, dtype), dtype, device)
+
+
+# ---- _like and new_ -----------------------------------------------------------------------------------
+
+def _like_layout(a: Any, memory_format: Any) -> tuple[tuple, tuple] | None:
+    """(permutation, permuted shape) that creates a tensor in `a`'s memory order, or None for contiguous."""
+    if memory_format is None or memory_format == torch.preserve_format:
+        shape, strides = tuple(a.shape), tuple(a.stride())
+        if not is_non_overlapping_and_dense(shape, strides):
+            strides = dense_strides_like(shape, strides)
+        if a.meta.with_(strides=strides).is_contiguous():
+            return None
+        # outermost (largest stride) first; size-1 dims keep their relative place
+        perm = tuple(sorted(range(len(shape)), key=lambda d: (-strides[d], d)))
+        return perm, tuple(shape[d] for d in perm)
+    if memory_format == torch.contiguous_format:
+        return None
+    raise NoDecomposition(f"a _like factory with {memory_format}")
+
+
+def _like(a: Any, op: str, kwargs: dict, make: Any, contiguous_only: bool = False) -> Any:
+    """Run make(shape, dtype, device) in `a`'s memory order and permute the result back to `a`'s dims."""
+    layout = _like_layout(a, kwargs.pop("memory_format", None))
+    dtype, device = _options(op, kwargs, a.dtype, a.device)
+    if layout is None:
+        return make(tuple(a.shape), dtype, device)
+    if contiguous_only:
+        raise NoDecomposition(f"{op} of a non-contiguous tensor (eager draws in another order)")
+    perm, shape = layout
+    inverse = [0] * len(perm)
+    for i, d in enumerate(perm):
+        inverse[d] = i
+    return prims.permute(make(shape, dtype, device), tuple(inverse))
+
+
+@register(torch.zeros_like)
+def zeros_like(a: Any, **kwargs: Any) -> Any:
+    return _like(a, "zeros_like", kwargs, lambda s, dt, dev: prims.full(s, _fill_value(0, dt), dt, dev))
+
+
+@register(torch.ones_like)
+def ones_like(a: Any, **kwargs: Any) -> Any:
+    return _like(a, "ones_like", kwargs, lambda s, dt, dev: prims.full(s, _fill_value(1, dt), dt, dev))
+
+
+@register(torch.full_like)
+def full_like(a: Any, fill_value: Any, **kwargs: Any) -> Any:
+    return _like(a, "full_like", kwargs, lambda s, dt, dev: prims.full(s, _fill_value(fill_value, dt), dt, dev))
+
+
+@register(torch.empty_like)
+def empty_like(a: Any, **kwargs: Any) -> Any:
+    return _like(a, "empty_like", kwargs,
+                 lambda s, dt, dev: prims.empty_strided(s, prims.shape.contiguous_strides(s), dt, dev))
+
+
+def _new(a: Any, op: str, size: Sequence[Any], kwargs: dict, value: Any) -> Any:
+    shape = _size(size, kwargs, op)
+    dtype, device = _options(op, kwargs, a.dtype, a.device)
+    if value is None:
+        return prims.empty_strided(shape, prims.shape.contiguous_strides(shape), dtype, device)
+    return prims.full(shape, _fill_value(value, dtype), dtype, device)
+
+
+@register(torch.Tensor.new_zeros)
+def new_zeros(a: Any, *size: Any, **kwargs: Any) -> Any:
+    return _new(a, "new_zeros", size, kwargs, 0)
+
+
+@register(torch.Tensor.new_ones)
+def new_ones(a: Any, *size: Any, **kwargs: Any) -> Any:
+    return _new(a, "new_ones", size, kwargs, 1)
+
+
+@register(torch.Tensor.new_empty)
+def new_empty(a: Any, *size: Any, **kwargs: Any) -> Any:
+    return _new(a, "new_empty", size, kwargs, None)
+
+
+@register(torch.Tensor.new_full)
+def new_full(a: Any, size: Any, fill_value: Any, **kwargs: Any) -> Any:
+    return _new(a, "new_full", (size,), kwargs, fill_value)
+
+
+# ---- ranges ---------------------------------------------------------------------------------------------
+
+def _range_number(v: Any, op: str) -> Any:
+    if is_tensor(v):
+        raise NoDecomposition(f"{op} with tensor bounds")
+    check(isinstance(v, (bool, int, float)), lambda: f"{op}(): expected a number, got {type(v).__name__}",
+          TypeError)
+    return v
+
+
+@register(torch.arange)
+def arange(*args: Any, **kwargs: Any) -> Any:
+    names = ["start", "end", "step"]
+    given = {k: kwargs.pop(k) for k in names if k in kwargs}
+    if len(args) == 1 and "end" not in given:
+        given["end"] = args[0]
+    else:
+        for name, v in zip(names, args):
+            given[name] = v
+    start = _range_number(given.get("start", 0), "arange")
+    end = _range_number(given["end"], "arange")
+    step = _range_number(given.get("step", 1), "arange")
+    inferred = torch.int64
+    if any(isinstance(v, float) for v in (start, end, step)):
+        inferred = torch.get_default_dtype()
+    dtype, device = _options("arange", kwargs, inferred if kwargs.get("dtype") is None else None)
+    check(step != 0, lambda: "step must be nonzero")
+    check(all(math.isfinite(float(v)) for v in (start, end)),
+          lambda: f"unsupported range: {start} -> {end}")
+    check((step > 0 and end >= start) or (step < 0 and end <= start),
+          lambda: "upper bound and larger bound inconsistent with step sign")
+    if dtype == torch.int64 and all(isinstance(v, int) for v in (start, end, step)):
+        length = -(-(end - start) // step)  # exact ceiling division, as eager's int64 size rule
+    else:
+        length = math.ceil((float(end) - float(start)) / float(step))
+    if dtype == torch.bool or dtype.is_complex:
+        raise NoDecomposition(f"arange with dtype {dtype}")
+    if not dtype.is_floating_point:
+        # eager computes integer ranges in the dtype's own arithmetic; fractional bounds need care
+        if any(isinstance(v, float) and not float(v).is_integer() for v in (start, step)):
+            raise NoDecomposition("arange with fractional start/step and an integer dtype")
+        start, step = int(start), int(step)
+    return prims.iota(int(length), start, step, dtype, device)
+
+
+@register(torch.linspace)
+def linspace(start: Any, end: Any, steps: int, **kwargs: Any) -> Any:
+    start, end = _range_number(start, "linspace"), _range_number(end, "linspace")
+    check(isinstance(steps, int) and steps >= 0, lambda: "linspace(): number of steps must be non-negative")
+    dtype, device = _options("linspace", kwargs)
+    if not dtype.is_floating_point:
+        raise NoDecomposition(f"linspace with dtype {dtype}")
+    if steps <= 1:
+        return prims.full((steps,), _fill_value(start, dtype), dtype, device)
+    # eager: start + step * i for the first half, end - step * (steps - 1 - i) for the second
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    step = (end - start) / (steps - 1)
+    idx = prims.iota(steps, 0, 1, torch.int64, device)
+    fidx = prims.convert_element_type(idx, compute)
+    low = prims.add(prims.mul(fidx, step), float(start))
+    back = prims.convert_element_type(prims.sub(prims.full((steps,), steps - 1, torch.int64, device), idx),
+                                      compute)
+    high = prims.sub(prims.full((steps,), float(end), compute, device), prims.mul(back, step))
+    halfway = steps // 2
+    out = prims.where(prims.lt(idx, halfway), low, high)
+    return out if out.dtype == dtype else prims.convert_element_type(out, dtype)
+
+
+@register(torch.logspace)
+def logspace(start: Any, end: Any, steps: int, base: float = 10.0, **kwargs: Any) -> Any:
+    dtype, device = _options("logspace", dict(kwargs))
+    if not dtype.is_floating_point:
+        raise NoDecomposition(f"logspace with dtype {dtype}")
+    exponents = linspace(start, end, steps, **kwargs)
+    return prims.pow(prims.full(tuple(exponents.shape), float(base), dtype, device), exponents)
+
+
+@register(torch.eye)
+def eye(n: int, m: Any = None, **kwargs: Any) -> Any:
+    if m is None or isinstance(m, (torch.dtype,)):
+        m = n
+    check(n >= 0, lambda: f"n must be greater or equal to 0, got {n}")
+    check(m >= 0, lambda: f"m must be greater or equal to 0, got {m}")
+    dtype, device = _options("eye", kwargs)
+    rows = prims.broadcast_in_dim(prims.iota(n, 0, 1, torch.int64, device), (n, m), (0,))
+    cols = prims.broadcast_in_dim(prims.iota(m, 0, 1, torch.int64, device), (n, m), (1,))
+    return prims.convert_element_type(prims.eq(rows, cols), dtype)
+
+
+# ---- random -------------------------------------------------------------------------------------------
+
+def _float_dtype(dtype: torch.dtype, op: str) -> torch.dtype:
+    check(dtype.is_floating_point or dtype.is_complex, lambda: f"{op} is not implemented for {dtype}",
+          NotImplementedError)
+    if dtype.is_complex:
+        raise NoDecomposition(f"{op} with a complex dtype")
+    return dtype
+
+
+@register(torch.rand)
+def rand(*size: Any, generator: Any = None, **kwargs: Any) -> Any:
+    shape = _size(size, kwargs, "rand")
+    dtype, device = _options("rand", kwargs)
+    return prims.uniform(shape, 0.0, 1.0, _float_dtype(dtype, "rand"), device, generator)
+
+
+@register(torch.randn)
+def randn(*size: Any, generator: Any = None, **kwargs: Any) -> Any:
+    shape = _size(size, kwargs, "randn")
+    dtype, device = _options("randn", kwargs)
+    return prims.normal(shape, 0.0, 1.0, _float_dtype(dtype, "randn"), device, generator)
+
+
+@register(torch.rand_like)
+def rand_like(a: Any, *, generator: Any = None, **kwargs: Any) -> Any:
+    return _like(a, "rand_like", kwargs, lambda s, dt, dev: prims.uniform(s, 0.0, 1.0, _float_dtype(
+        dt, "rand_like"), dev, generator))
+
+
+@register(torch.randn_like)
+def randn_like(a: Any, *, generator: Any = None, **kwargs: Any) -> Any:
+    return _like(a, "randn_like", kwargs, lambda s, dt, dev: prims.normal(s, 0.0, 1.0, _float_dtype(
+        dt, "randn_like"), dev, generator), contiguous_only=True)
+
+
+def _randint_bounds(args: tuple, kwargs: dict) -> tuple:
+    if "high" in kwargs:
+        high = kwargs.pop("high")
+        low = kwargs.pop("low", args[0] if args else 0)
+        size = kwargs.pop("size", args[-1] if args and isinstance(args[-1], _Shape) else None)
+    elif len(args) >= 3 or (len(args) == 2 and not isinstance(args[1], _Shape)):
+        low, high, size = args[0], args[1], (args[2] if len(args) > 2 else kwargs.pop("size"))
+    elif len(args) == 2:
+        low, high, size = 0, args[0], args[1]
+    else:
+        low, high, size = kwargs.pop("low", 0), args[0], kwargs.pop("size")
+    for v in (low, high):
+        if is_tensor(v):
+            raise NoDecomposition("randint with tensor bounds")
+    return int(low), int(high), size
+
+
+@register(torch.randint)
+def randint(*args: Any, generator: Any = None, **kwargs: Any) -> Any:
+    low, high, size = _randint_bounds(args, kwargs)
+    shape = _size((size,), {}, "randint")
+    dtype, device = _options("randint", kwargs, torch.int64 if kwargs.get("dtype") is None else None)
+    if dtype == torch.bool or dtype.is_complex:
+        raise NoDecomposition(f"randint with dtype {dtype}")
+    return prims.randint(low, high, shape, dtype, device, generator)
+
+
+@register(torch.randint_like)
+def randint_like(a: Any, *args: Any, generator: Any = None, **kwargs: Any) -> Any:
+    if len(args) == 1:
+        low, high = kwargs.pop("low", 0), args[0]
+    elif len(args) == 2:
+        low, high = args
+    else:
+        low, high = kwargs.pop("low", 0), kwargs.pop("high")
+    if is_tensor(low) or is_tensor(high):
+        raise NoDecomposition("randint_like with tensor bounds")
+
+    def make(s: tuple, dt: torch.dtype, dev: torch.device) -> Any:
+        if dt == torch.bool or dt.is_complex:
+            raise NoDecomposition(f"randint_like with dtype {dt}")
+        return prims.randint(int(low), int(high), s, dt, dev, generator)
+    return _like(a, "randint_like", kwargs, make)
+
+
+@register(torch.bernoulli, torch.Tensor.bernoulli)
+def bernoulli(a: Any, p: Any = None, *, generator: Any = None, out: Any = None) -> Any:
+    if out is not None:
+        raise NoDecomposition("bernoulli with out=")
+    if is_tensor(p):
+        raise NoDecomposition("bernoulli with a tensor p")
+    check(a.dtype.is_floating_point, lambda: f"\"bernoulli_tensor_cpu_self_\" not implemented for "
+          f"'{str(a.dtype).removeprefix('torch.')}'", NotImplementedError)
+    if not a.meta.is_contiguous():
+        raise NoDecomposition("bernoulli of a non-contiguous tensor (eager draws in its memory order)")
+    return prims.bernoulli(a, None if p is None else float(p), generator)
+
+
+@register(torch.normal)
+def normal(mean: Any, std: Any = 1.0, size: Any = None, *, generator: Any = None, **kwargs: Any) -> Any:
+    if is_tensor(mean) or is_tensor(std) or size is None:
+        raise NoDecomposition("normal with tensor mean or std")
+    check(std >= 0, lambda: f"normal expects std >= 0.0, but found std {std}")
+    shape = _size((size,), {}, "normal")
+    dtype, device = _options("normal", kwargs)
+    return prims.normal(shape, float(mean), float(std), _float_dtype(dtype, "normal"), device, generator)

@@ -1,0 +1,365 @@
+"""Decompositions of matrix products, convolutions and attention onto the extern prims (mm, bmm,
+convolution, sdpa), with torch's rank cases, broadcasting and argument handling.
+
+Other torch.linalg ops (svd, qr, solve, ...) have no decomposition: they run as fallbacks.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .. import prims
+from .registry import NoDecomposition, register
+from .utils import broadcast_shapes, broadcast_to, check, is_tensor, shape_text
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _same_dtype(op: str, *tensors: Any) -> None:
+    first = tensors[0]
+    for t in tensors[1:]:
+        check(t.dtype == first.dtype, lambda: f"{op}: expected m1 and m2 to have the same dtype, but got: "
+              f"{_dtype_name(first.dtype)} != {_dtype_name(t.dtype)}")
+
+
+def _prod(sizes: Sequence[Any]) -> Any:
+    total: Any = 1
+    for s in sizes:
+        total = total * s
+    return total
+
+
+# ---- matrix products ------------------------------------------------------------------------------------
+
+@register(torch.mm, torch.Tensor.mm)
+def mm(a: Any, b: Any) -> Any:
+    return prims.mm(a, b)
+
+
+@register(torch.bmm, torch.Tensor.bmm)
+def bmm(a: Any, b: Any) -> Any:
+    return prims.bmm(a, b)
+
+
+@register(torch.dot, torch.Tensor.dot)
+def dot(a: Any, b: Any) -> Any:
+    check(a.ndim == 1 and b.ndim == 1,
+          lambda: f"1D tensors expected, but got {a.ndim}D and {b.ndim}D tensors")
+    check(a.shape[0] == b.shape[0],
+          lambda: f"inconsistent tensor size, expected tensor [{a.shape[0]}] and src [{b.shape[0]}] to have "
+                  f"the same number of elements, but got {a.shape[0]} and {b.shape[0]} elements respectively")
+    check(a.dtype == b.dtype, lambda: f"dot : expected both vectors to have same dtype, but found "
+          f"{a.dtype} and {b.dtype}")
+    return prims.mm(a.unsqueeze(0), b.unsqueeze(1)).reshape(())
+
+
+@register(torch.vdot, torch.Tensor.vdot)
+def vdot(a: Any, b: Any) -> Any:
+    if a.dtype.is_complex or b.dtype.is_complex:
+        raise NoDecomposition("vdot of complex tensors")
+    return dot(a, b)
+
+
+@register(torch.mv, torch.Tensor.mv)
+def mv(a: Any, v: Any) -> Any:
+    check(a.ndim == 2 and v.ndim == 1, lambda: f"vector + matrix @ vector expected, got {a.ndim}, {a.ndim}, "
+          f"{v.ndim}")
+    check(a.shape[1] == v.shape[0], lambda: f"size mismatch, got input ({a.shape[0]}), mat "
+          f"({a.shape[0]}x{a.shape[1]}), vec ({v.shape[0]})")
+    return prims.mm(a, v.unsqueeze(1)).squeeze(1)
+
+
+@register(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
+def matmul(a: Any, b: Any) -> Any:
+    """torch.matmul for every rank: dot, mv, mm, and batched products with broadcast batch dims."""
+    check(a.ndim >= 1 and b.ndim >= 1, lambda: f"both arguments to matmul need to be at least 1D, but they "
+          f"are {a.ndim}D and {b.ndim}D")
+    _same_dtype("matmul", a, b)
+    if a.ndim == 1 and b.ndim == 1:
+        return dot(a, b)
+    if a.ndim == 2 and b.ndim == 1:
+        return mv(a, b)
+    if a.ndim == 1 and b.ndim == 2:
+        return prims.mm(a.unsqueeze(0), b).squeeze(0)
+    if a.ndim == 2 and b.ndim == 2:
+        return prims.mm(a, b)
+    if a.ndim >= 3 and b.ndim <= 2:
+        # fold a's batch dims into its rows: one mm
+        k = a.shape[-1]
+        rows = a.reshape(-1, k)
+        if b.ndim == 1:
+            return prims.mm(rows, b.unsqueeze(1)).reshape(a.shape[:-1])
+        return prims.mm(rows, b).reshape((*a.shape[:-1], b.shape[-1]))
+    # batched: broadcast the batch dims, then one bmm
+    a2 = a.unsqueeze(0) if a.ndim == 1 else a  # [1, k]
+    b2 = b.unsqueeze(-1) if b.ndim == 1 else b  # [k, 1]
+    n, k = a2.shape[-2], a2.shape[-1]
+    k2, m = b2.shape[-2], b2.shape[-1]
+    check(k == k2, lambda: f"matmul: mat1 and mat2 shapes cannot be multiplied ({n}x{k} and {k2}x{m}) "
+          f"(operands {shape_text(a)} and {shape_text(b)})")
+    batch = broadcast_shapes(tuple(a2.shape[:-2]), tuple(b2.shape[:-2]))
+    count = _prod(batch)
+    a3 = broadcast_to(a2, (*batch, n, k)).reshape(count, n, k)
+    b3 = broadcast_to(b2, (*batch, k, m)).reshape(count, k, m)
+    out = prims.bmm(a3, b3)
+    shape = list(batch)
+    if a.ndim > 1:
+        shape.append(n)
+    if b.ndim > 1:
+        shape.append(m)
+    return out.reshape(tuple(shape))
+
+
+@register(torch.inner, torch.Tensor.inner)
+def inner(a: Any, b: Any) -> Any:
+    if a.ndim == 0 or b.ndim == 0:
+        return a * b
+    check(a.shape[-1] == b.shape[-1], lambda: f"inner() the last dimension must match on both input tensors "
+          f"but got shapes {shape_text(a)} and {shape_text(b)}")
+    _same_dtype("inner", a, b)
+    k = a.shape[-1]
+    out = prims.mm(a.reshape(-1, k), b.reshape(-1, k).t())
+    return out.reshape((*a.shape[:-1], *b.shape[:-1]))
+
+
+@register(torch.outer, torch.ger, torch.Tensor.outer, torch.Tensor.ger)
+def outer(a: Any, b: Any) -> Any:
+    check(a.ndim == 1 and b.ndim == 1, lambda: f"outer: expected 1-D vectors, got {shape_text(a)} and "
+          f"{shape_text(b)}")
+    return a.unsqueeze(1) * b.unsqueeze(0)
+
+
+def _scale(x: Any, factor: Any) -> Any:
+    if isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor == 1:
+        return x
+    return x * factor
+
+
+def _check_scalars(op: str, dtype: torch.dtype, beta: Any, alpha: Any) -> None:
+    for name, value in (("beta", beta), ("alpha", alpha)):
+        if is_tensor(value):
+            raise NoDecomposition(f"{op} with a tensor {name}")
+        check(not isinstance(value, complex) or dtype.is_complex,
+              lambda: f"{op}: argument {name} must not be complex for non-complex input tensors", ValueError)
+        if not (dtype.is_floating_point or dtype.is_complex):
+            check(not isinstance(value, float),
+                  lambda: f"For integral input tensors, argument {name} must not be a floating point number.")
+
+
+def _add_scaled(op: str, inp: Any, product: Any, beta: Any, alpha: Any) -> Any:
+    """beta * inp + alpha * product, where beta == 0 ignores inp (its NaNs too), as eager does."""
+    _check_scalars(op, product.dtype, beta, alpha)
+    check(inp.dtype == product.dtype, lambda: f"{op}: self and mat2 must have the same dtype, but got "
+          f"{_dtype_name(inp.dtype)} and {_dtype_name(product.dtype)}")
+    shape = tuple(product.shape)
+    try:
+        inp = broadcast_to(inp, shape)
+    except RuntimeError:
+        raise RuntimeError(f"{op}: the input {shape_text(inp)} cannot broadcast to the product's shape "
+                           f"{list(shape)}") from None
+    product = _scale(product, alpha)
+    if not isinstance(beta, bool) and beta == 0:
+        return product
+    return _scale(inp, beta) + product
+
+
+@register(torch.addmm, torch.Tensor.addmm)
+def addmm(inp: Any, mat1: Any, mat2: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
+    check(mat1.dtype == mat2.dtype and inp.dtype == mat1.dtype,
+          lambda: f"addmm: self and mat2 must have the same dtype, but got {_dtype_name(inp.dtype)} and "
+                  f"{_dtype_name(mat2.dtype)}")
+    return _add_scaled("addmm", inp, prims.mm(mat1, mat2), beta, alpha)
+
+
+@register(torch.addmv, torch.Tensor.addmv)
+def addmv(inp: Any, mat: Any, vec: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
+    return _add_scaled("addmv", inp, mv(mat, vec), beta, alpha)
+
+
+@register(torch.addr, torch.Tensor.addr)
+def addr(inp: Any, vec1: Any, vec2: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
+    check(vec1.ndim == 1 and vec2.ndim == 1, lambda: f"addr: expected 1-D vectors, got {shape_text(vec1)} "
+          f"and {shape_text(vec2)}")
+    if inp.dtype == torch.bool or vec1.dtype != inp.dtype or vec2.dtype != inp.dtype:
+        raise NoDecomposition("addr with bool or mixed dtypes")
+    return _add_scaled("addr", inp, outer(vec1, vec2), beta, alpha)
+
+
+@register(torch.baddbmm, torch.Tensor.baddbmm)
+def baddbmm(inp: Any, batch1: Any, batch2: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
+    return _add_scaled("baddbmm", inp, prims.bmm(batch1, batch2), beta, alpha)
+
+
+@register(torch.addbmm, torch.Tensor.addbmm)
+def addbmm(inp: Any, batch1: Any, batch2: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
+    """inp + sum over the batch of batch1 @ batch2, as one mm over [n, B*k] @ [B*k, m]."""
+    check(batch1.ndim == 3 and batch2.ndim == 3, lambda: f"addbmm: batch1 and batch2 must be 3D tensors, got "
+          f"{shape_text(batch1)} and {shape_text(batch2)}")
+    b, n, k = batch1.shape
+    b2, k2, m = batch2.shape
+    check(b == b2, lambda: f"addbmm: batch1 and batch2 must have same number of batches, got {b} and {b2}")
+    check(k == k2, lambda: f"addbmm: Incompatible matrix sizes for bmm ({n}x{k} and {k2}x{m})")
+    _same_dtype("addbmm", batch1, batch2)
+    rows = batch1.transpose(0, 1).reshape(n, b * k)
+    cols = batch2.reshape(b * k, m)
+    return _add_scaled("addbmm", inp, prims.mm(rows, cols), beta, alpha)
+
+
+@register(torch.tensordot)
+def tensordot(a: Any, b: Any, dims: Any = 2, out: Any = None) -> Any:
+    """Contract the given dims of a and b with one mm (permute, reshape, mm, reshape)."""
+    if out is not None or is_tensor(dims):
+        raise NoDecomposition("tensordot with out= or tensor dims")
+    if isinstance(dims, int):
+        check(dims >= 0, lambda: f"tensordot expects dims >= 0, but got dims={dims}")
+        check(dims <= a.ndim and dims <= b.ndim,
+              lambda: f"tensordot expects dims < ndim_a or ndim_b, but got dims={dims}")
+        dims_a = list(range(a.ndim - dims, a.ndim))
+        dims_b = list(range(dims))
+    else:
+        dims_a, dims_b = dims
+        dims_a = [dims_a] if isinstance(dims_a, int) else list(dims_a)
+        dims_b = [dims_b] if isinstance(dims_b, int) else list(dims_b)
+    check(len(dims_a) == len(dims_b), lambda: f"both dimension lists should have same length, got "
+          f"{dims_a} and {dims_b}")
+    dims_a = [prims.wrap_dim(d, a.ndim) for d in dims_a]
+    dims_b = [prims.wrap_dim(d, b.ndim) for d in dims_b]
+    for da, db in zip(dims_a, dims_b):
+        check(a.shape[da] == b.shape[db], lambda: f"contracted dimensions need to match, but first has size "
+              f"{a.shape[da]} in dim {da} and second has size {b.shape[db]} in dim {db}")
+    _same_dtype("tensordot", a, b)
+    free_a = [d for d in range(a.ndim) if d not in dims_a]
+    free_b = [d for d in range(b.ndim) if d not in dims_b]
+    k = _prod([a.shape[d] for d in dims_a])
+    lhs = a.permute(*free_a, *dims_a).reshape(_prod([a.shape[d] for d in free_a]), k)
+    rhs = b.permute(*dims_b, *free_b).reshape(k, _prod([b.shape[d] for d in free_b]))
+    out_shape = tuple(a.shape[d] for d in free_a) + tuple(b.shape[d] for d in free_b)
+    return prims.mm(lhs, rhs).reshape(out_shape)
+
+# ---- convolution ----------------------------------------------------------------------------------------
+
+def _expand(name: str, what: str, value: Any, n: int) -> list[int]:
+    if isinstance(value, int):
+        return [value] * n
+    value = list(value)
+    if len(value) == 1 and n > 1:
+        return value * n
+    check(len(value) == n, lambda: f"{name}: expected {what} to be a single integer value or a list of {n} "
+          f"values to match the convolution dimensions, but got {what}={value}")
+    return value
+
+
+def _convolution(name: str, x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any,
+                 transposed: bool, output_padding: Any, groups: int) -> Any:
+    n = w.ndim - 2
+    check(n >= 1, lambda: f"{name}: weight should have at least three dimensions, got {shape_text(w)}")
+    stride = _expand(name, "stride", stride, n)
+    dilation = _expand(name, "dilation", dilation, n)
+    output_padding = _expand(name, "output_padding", output_padding, n)
+    if isinstance(padding, str):
+        check(padding in ("same", "valid"), lambda: f"Invalid padding string: '{padding}'")
+        check(not transposed, lambda: f"{name}: string padding is not supported for transposed convolutions")
+        if padding == "valid":
+            padding = [0] * n
+        else:
+            check(all(s == 1 for s in stride), lambda: "padding='same' is not supported for strided "
+                  "convolutions")
+            totals = [dilation[i] * (w.shape[2 + i] - 1) for i in range(n)]
+            padding = [t // 2 for t in totals]
+            extra = [t - 2 * p for t, p in zip(totals, padding)]
+            if any(extra):
+                # odd total padding: the extra element goes on the right, as eager pads
+                pad: list[int] = []
+                for e in reversed(extra):
+                    pad += [0, e]
+                x = F.pad(x, pad)
+    else:
+        padding = _expand(name, "padding", padding, n)
+    return prims.convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
+
+
+def _batched(name: str, n: int, x: Any, w: Any, fn: Any) -> Any:
+    """Run fn on a batched input; an unbatched input gets a batch dim of 1 and loses it after."""
+    check(x.ndim in (n + 1, n + 2), lambda: f"Expected {n + 1}D (unbatched) or {n + 2}D (batched) input to "
+          f"{name}, but got input of size: {shape_text(x)}")
+    if x.ndim == n + 1:
+        return fn(x.unsqueeze(0)).squeeze(0)
+    return fn(x)
+
+
+def _conv_nd(n: int) -> Any:
+    name = f"conv{n}d"
+
+    def conv(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0,
+             dilation: Any = 1, groups: int = 1) -> Any:
+        return _batched(name, n, input, weight, lambda x: _convolution(
+            name, x, weight, bias, stride, padding, dilation, False, 0, groups))
+    conv.__name__ = name
+    return conv
+
+
+def _conv_transpose_nd(n: int) -> Any:
+    name = f"conv_transpose{n}d"
+
+    def conv_transpose(input: Any, weight: Any, bias: Any = None, stride: Any = 1,
+                       padding: Any = 0, output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Any:
+        if isinstance(padding, str):
+            raise NoDecomposition(f"{name} with string padding")
+        return _batched(name, n, input, weight, lambda x: _convolution(
+            name, x, weight, bias, stride, padding, dilation, True, output_padding, groups))
+    conv_transpose.__name__ = name
+    return conv_transpose
+
+
+for _n in (1, 2, 3):
+    register(getattr(torch, f"conv{_n}d"), getattr(F, f"conv{_n}d"))(_conv_nd(_n))
+    register(getattr(torch, f"conv_transpose{_n}d"),
+             getattr(F, f"conv_transpose{_n}d"))(_conv_transpose_nd(_n))
+
+
+@register(torch.convolution, torch.ops.aten.convolution.default)
+def convolution(input: Any, weight: Any, bias: Any, stride: Sequence[int], padding: Sequence[int],
+                dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int) -> Any:
+    n = weight.ndim - 2
+    if input.ndim == n + 1:
+        raise NoDecomposition("torch.convolution of an unbatched input")
+    return _convolution("convolution", input, weight, bias, stride, padding, dilation, transposed,
+                        output_padding, groups)
+
+
+# ---- attention ------------------------------------------------------------------------------------------
+
+@register(F.scaled_dot_product_attention)
+def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: Any = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                                 enable_gqa: bool = False) -> Any:
+    """softmax(q @ k^T * scale + mask) @ v, without dropout (dropout_p > 0 falls back)."""
+    if dropout_p != 0.0:
+        raise NoDecomposition("scaled_dot_product_attention with dropout")
+    check(query.ndim >= 2 and key.ndim >= 2 and value.ndim >= 2,
+          lambda: f"Expected query, key, and value to all be  at least 2 dimensional, but got query.dim: "
+                  f"{query.ndim} key.dim: {key.ndim} and value.dim: {value.ndim} instead.")
+    if enable_gqa and not (query.ndim == key.ndim == value.ndim):
+        raise NoDecomposition("scaled_dot_product_attention with enable_gqa and mixed ranks")
+    q, k, v = query, key, value
+    if not enable_gqa or q.ndim < 3:
+        batch = broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2]))
+        q = broadcast_to(q, (*batch, *q.shape[-2:]))
+        k = broadcast_to(k, (*batch, *k.shape[-2:]))
+        v = broadcast_to(v, (*batch, *v.shape[-2:]))
+    elif tuple(k.shape[:-3]) != tuple(q.shape[:-3]) or tuple(v.shape[:-3]) != tuple(q.shape[:-3]):
+        raise NoDecomposition("scaled_dot_product_attention with enable_gqa and broadcast batch dims")
+    if attn_mask is not None:
+        check(not is_causal, lambda: "_scaled_dot_product_attention: Explicit attn_mask should not be set "
+              "when is_causal=True")
+        if attn_mask.dtype.is_floating_point and attn_mask.dtype != q.dtype:
+            raise NoDecomposition("scaled_dot_product_attention with a mask of another float dtype")
+        check(attn_mask.dtype in (torch.bool, q.dtype),
+              lambda: f"Expected attn_mask dtype to be bool or float or to match query dtype, but got "
+                      f"attn_mask.dtype: {attn_mask.dtype} and  query.dtype: {q.dtype} instead.")
+        attn_mask = broadcast_to(attn_mask, (*q.shape[:-1], k.shape[-2]))
+    return prims.sdpa(q, k, v, attn_mask, is_causal, scale, enable_gqa)

@@ -1,0 +1,739 @@
+"""Decompositions of torch.nn.functional: activations, softmax, normalizations, dropout, linear layers.
+
+Each decomposition is written with ordinary torch calls on proxies (each routed to its own decomposition)
+and follows eager's CPU kernels where numerics depend on the formula: low-precision floats compute in
+float32 and round back once, softmax subtracts the row maximum, batch_norm folds its statistics into one
+scale and shift per channel. Padding, interpolation and other layout ops live in `nn_layout.py`; losses in
+`nn_loss.py`, pooling in `nn_pool.py`.
+
+The torch./Tensor. twins of activations (torch.relu, Tensor.sigmoid, ...) are registered here only when
+no other module registered them first (the elementwise module owns the plain math).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .. import prims
+from .registry import DECOMPOSITIONS, NoDecomposition, register
+from .utils import check, computation_dtype, convert, elementwise, is_float_dtype, shape_text, wrap_dim
+
+
+def register_missing(*targets: Any):
+    """Register for the targets no other module has registered (torch./Tensor. twins of F ops)."""
+    return register(*[t for t in targets if t is not None and t not in DECOMPOSITIONS])
+
+
+def no_inplace(op: str, inplace: bool) -> None:
+    """In-place F ops (inplace=True) run as fallbacks: the trace cannot yet mark an F op as mutating."""
+    if inplace:
+        raise NoDecomposition(f"{op}(inplace=True)")
+
+
+def upcast(x: Any) -> Any:
+    """x in its computation dtype (float16/bfloat16 compute in float32, as eager's CPU kernels)."""
+    return convert(x, computation_dtype(x.dtype))
+
+
+def check_float(op: str, x: Any) -> None:
+    check(is_float_dtype(x.dtype), lambda: f"{op}: expected a floating point input, got {x.dtype} "
+          f"{shape_text(x)}", RuntimeError)
+
+
+def _t(name: str) -> Any:
+    return getattr(torch, name, None)
+
+
+def _m(name: str) -> Any:
+    return getattr(torch.Tensor, name, None)
+
+
+# ---- activations ------------------------------------------------------------------------------------------
+
+@register(F.relu)
+def relu(input: Any, inplace: bool = False) -> Any:
+    no_inplace("relu", inplace)
+    return torch.clamp_min(input, 0)
+
+
+@register_missing(torch.relu, _m("relu"))
+def relu_twin(input: Any) -> Any:
+    return relu(input)
+
+
+@register(F.relu6)
+def relu6(input: Any, inplace: bool = False) -> Any:
+    no_inplace("relu6", inplace)
+    return hardtanh(input, 0.0, 6.0)
+
+
+@register(F.hardtanh)
+def hardtanh(input: Any, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> Any:
+    no_inplace("hardtanh", inplace)
+    check(max_val >= min_val, lambda: "hardtanh: min_val cannot be greater than max_val", ValueError)
+    if not is_float_dtype(input.dtype):
+        min_val, max_val = int(min_val), int(max_val)  # eager casts the bounds to the integer dtype
+    return torch.clamp(input, min_val, max_val)
+
+
+@register(F.leaky_relu)
+def leaky_relu(input: Any, negative_slope: float = 0.01, inplace: bool = False) -> Any:
+    no_inplace("leaky_relu", inplace)
+    return torch.where(input > 0, input, input * negative_slope)
+
+
+@register_missing(_t("rrelu"))
+def rrelu_twin(input: Any, lower: float = 1.0 / 8, upper: float = 1.0 / 3, training: bool = False,
+               generator: Any = None) -> Any:
+    return rrelu(input, lower, upper, training)
+
+
+@register(F.rrelu)
+def rrelu(input: Any, lower: float = 1.0 / 8, upper: float = 1.0 / 3, training: bool = False,
+          inplace: bool = False) -> Any:
+    no_inplace("rrelu", inplace)
+    if training:
+        raise NoDecomposition("rrelu(training=True)")  # draws a random slope per element
+    return leaky_relu(input, (lower + upper) / 2)
+
+
+def _elu(x: Any, alpha: float, scale: float, input_scale: float) -> Any:
+    # eager: x > 0 ? x * scale : expm1(x * input_scale) * alpha * scale
+    c = upcast(x)
+    negative = torch.expm1(c * input_scale) * (alpha * scale) if input_scale != 1 else \
+        torch.expm1(c) * (alpha * scale)
+    positive = c * scale if scale != 1 else c
+    return convert(torch.where(c > 0, positive, negative), x.dtype)
+
+
+@register(F.elu)
+def elu(input: Any, alpha: float = 1.0, inplace: bool = False) -> Any:
+    no_inplace("elu", inplace)
+    check_float("elu", input)
+    return _elu(input, alpha, 1.0, 1.0)
+
+
+_SELU_ALPHA = 1.6732632423543772848170429916717
+_SELU_SCALE = 1.0507009873554804934193349852946
+
+
+@register(F.selu)
+def selu(input: Any, inplace: bool = False) -> Any:
+    no_inplace("selu", inplace)
+    check_float("selu", input)
+    return _elu(input, _SELU_ALPHA, _SELU_SCALE, 1.0)
+
+
+@register_missing(_t("selu"))
+def selu_twin(input: Any) -> Any:
+    return selu(input)
+
+
+@register(F.celu)
+def celu(input: Any, alpha: float = 1.0, inplace: bool = False) -> Any:
+    no_inplace("celu", inplace)
+    check_float("celu", input)
+    check(alpha != 0, lambda: "ZeroDivisionError", RuntimeError)
+    return _elu(input, alpha, 1.0, 1.0 / alpha)
+
+
+@register_missing(_t("celu"))
+def celu_twin(input: Any, alpha: float = 1.0) -> Any:
+    return celu(input, alpha)
+
+
+_SQRT1_2 = 0.70710678118654752440
+_GELU_BETA = math.sqrt(2.0) * (2.0 / math.sqrt(math.pi)) * 0.5
+_GELU_KAPPA = 0.044715
+
+
+@register(F.gelu)
+def gelu(input: Any, approximate: str = "none") -> Any:
+    check(approximate in ("none", "tanh"), lambda: f"gelu: approximate argument must be either none or "
+          f"tanh, got {approximate!r}", RuntimeError)
+    check_float("gelu", input)
+    x = upcast(input)
+    if approximate == "tanh":
+        inner = (x + x * x * x * _GELU_KAPPA) * _GELU_BETA
+        out = x * 0.5 * (torch.tanh(inner) + 1)
+    else:
+        out = x * 0.5 * (torch.erf(x * _SQRT1_2) + 1)
+    return convert(out, input.dtype)
+
+
+@register(F.silu)
+def silu(input: Any, inplace: bool = False) -> Any:
+    no_inplace("silu", inplace)
+    check_float("silu", input)
+    x = upcast(input)
+    return convert(x / (torch.exp(-x) + 1), input.dtype)
+
+
+@register(F.mish)
+def mish(input: Any, inplace: bool = False) -> Any:
+    no_inplace("mish", inplace)
+    check_float("mish", input)
+    x = upcast(input)
+    return convert(x * torch.tanh(torch.log1p(torch.exp(x))), input.dtype)
+
+
+@register(F.hardsigmoid)
+def hardsigmoid(input: Any, inplace: bool = False) -> Any:
+    no_inplace("hardsigmoid", inplace)
+    check_float("hardsigmoid", input)
+    x = upcast(input)
+    return convert(torch.clamp(x + 3, 0, 6) / 6, input.dtype)
+
+
+@register(F.hardswish)
+def hardswish(input: Any, inplace: bool = False) -> Any:
+    no_inplace("hardswish", inplace)
+    check_float("hardswish", input)
+    x = upcast(input)
+    return convert(x * torch.clamp(x + 3, 0, 6) / 6, input.dtype)
+
+
+@register(F.softplus)
+def softplus(input: Any, beta: float = 1.0, threshold: float = 20.0) -> Any:
+    check_float("softplus", input)
+    x = upcast(input)
+    scaled = x * beta
+    soft = torch.log1p(torch.exp(scaled)) / beta
+    return convert(torch.where(scaled > threshold, x, soft), input.dtype)
+
+
+@register(F.softsign)
+def softsign(input: Any) -> Any:
+    return input / (torch.abs(input) + 1)
+
+
+@register(F.tanhshrink)
+def tanhshrink(input: Any) -> Any:
+    return input - torch.tanh(input)
+
+
+@register(F.threshold)
+def threshold(input: Any, threshold: float, value: float, inplace: bool = False) -> Any:
+    no_inplace("threshold", inplace)
+    return torch.where(input <= threshold, value, input)
+
+
+@register_missing(_t("threshold"))
+def threshold_twin(input: Any, threshold: float, value: float) -> Any:
+    return torch.where(input <= threshold, value, input)
+
+
+@register(F.glu)
+def glu(input: Any, dim: int = -1) -> Any:
+    check(input.ndim > 0, lambda: "glu does not support scalars because halving size must be even",
+          RuntimeError)
+    d = wrap_dim(dim, input.ndim)
+    size = input.shape[d]
+    check(size % 2 == 0, lambda: f"Halving dimension must be even, but dimension {d} is size {size}",
+          RuntimeError)
+    check_float("glu", input)
+    a = torch.narrow(input, d, 0, size // 2)
+    b = torch.narrow(input, d, size // 2, size // 2)
+    return a * torch.sigmoid(b)
+
+
+@register(F.logsigmoid)
+def logsigmoid(input: Any) -> Any:
+    check_float("log_sigmoid", input)
+    x = upcast(input)
+    # eager: min(x, 0) - log1p(exp(-|x|)), stable for large |x|
+    return convert(torch.clamp_max(x, 0) - torch.log1p(torch.exp(-torch.abs(x))), input.dtype)
+
+
+@register(F.prelu, _t("prelu"))
+def prelu(input: Any, weight: Any) -> Any:
+    check(weight.ndim <= 1, lambda: f"prelu: Expected `weight` to be a scalar or 1D tensor, but got: "
+          f"ndim = {weight.ndim}", RuntimeError)
+    channels = input.shape[1] if input.ndim >= 2 else 1
+    count = weight.numel()
+    check(count == 1 or count == channels, lambda: f"prelu: Mismatch of parameter numbers and input "
+          f"channel size. Found parameter numbers = {count} and channel size = {channels}.", RuntimeError)
+    check(input.dtype == weight.dtype, lambda: f"prelu: expected weight of dtype {input.dtype}, got "
+          f"{weight.dtype}", RuntimeError)
+    if input.ndim == 0 or count == 1:
+        w = torch.reshape(weight, ())
+    else:
+        w = torch.reshape(weight, [channels] + [1] * (input.ndim - 2))
+    return torch.where(input > 0, input, w * input)
+
+
+@register(F.hardshrink, _t("hardshrink"), _m("hardshrink"))
+def hardshrink(input: Any, lambd: float = 0.5) -> Any:
+    # eager: (x >= -lambd && x <= lambd) ? 0 : x  (NaN stays NaN)
+    inside = torch.logical_and(input >= -lambd, input <= lambd)
+    return torch.where(inside, 0, input)
+
+
+@register(F.softshrink)
+def softshrink(input: Any, lambd: float = 0.5) -> Any:
+    check(lambd >= 0, lambda: f"lambda must be greater or equal to 0, but found to be {lambd}.",
+          RuntimeError)
+    # eager: x > lambd ? x - lambd : (x < -lambd ? x + lambd : x * 0)  (NaN stays NaN)
+    return torch.where(input > lambd, input - lambd,
+                       torch.where(input < -lambd, input + lambd, input * 0))
+
+
+@register_missing(torch.sigmoid, _m("sigmoid"), F.sigmoid)
+def sigmoid(input: Any) -> Any:
+    return elementwise(prims.sigmoid, input, promotion="int_to_float")
+
+
+@register_missing(torch.tanh, _m("tanh"), F.tanh)
+def tanh(input: Any) -> Any:
+    return elementwise(prims.tanh, input, promotion="int_to_float")
+
+
+# ---- softmax ----------------------------------------------------------------------------------------------
+
+def _legacy_softmax_dim(ndim: int) -> int:
+    return 0 if ndim in (0, 1, 3) else 1
+
+
+def _softmax_input(op: str, input: Any, dim: Any, dtype: torch.dtype | None) -> tuple[Any, int, Any]:
+    """(input in its computation dtype, the wrapped dim, the output dtype)."""
+    check(isinstance(dim, int) and not isinstance(dim, bool),
+          lambda: f"{op}(): argument 'dim' must be int, not {type(dim).__name__}", TypeError)
+    d = wrap_dim(dim, input.ndim)
+    if dtype is not None:
+        input = convert(input, dtype)
+    check(is_float_dtype(input.dtype), lambda: f"\"{op}_lastdim_kernel_impl\" not implemented for "
+          f"'{str(input.dtype).removeprefix('torch.').capitalize()}'", RuntimeError)
+    return upcast(input), d, input.dtype
+
+
+def _shifted(x: Any, d: int) -> Any:
+    """x minus its maximum along d (an empty tensor stays as it is: amax refuses empty dims)."""
+    if x.ndim == 0 or x.numel() == 0:
+        return x - x if x.ndim == 0 else x
+    return x - torch.amax(x, d, keepdim=True)
+
+
+def _softmax(op: str, input: Any, dim: Any, dtype: torch.dtype | None, negate: bool = False) -> Any:
+    x, d, out_dtype = _softmax_input(op, input, dim, dtype)
+    if negate:
+        x = -x
+    e = torch.exp(_shifted(x, d))
+    return convert(e / torch.sum(e, d, keepdim=True), out_dtype)
+
+
+def _log_softmax(op: str, input: Any, dim: Any, dtype: torch.dtype | None) -> Any:
+    x, d, out_dtype = _softmax_input(op, input, dim, dtype)
+    s = _shifted(x, d)
+    return convert(s - torch.log(torch.sum(torch.exp(s), d, keepdim=True)), out_dtype)
+
+
+@register(F.softmax)
+def softmax(input: Any, dim: int | None = None, _stacklevel: int = 3, dtype: torch.dtype | None = None) -> Any:
+    return _softmax("softmax", input, _legacy_softmax_dim(input.ndim) if dim is None else dim, dtype)
+
+
+@register(F.softmin)
+def softmin(input: Any, dim: int | None = None, _stacklevel: int = 3, dtype: torch.dtype | None = None) -> Any:
+    return _softmax("softmax", input, _legacy_softmax_dim(input.ndim) if dim is None else dim, dtype,
+                    negate=True)
+
+
+@register(F.log_softmax)
+def log_softmax(input: Any, dim: int | None = None, _stacklevel: int = 3,
+                dtype: torch.dtype | None = None) -> Any:
+    return _log_softmax("log_softmax", input, _legacy_softmax_dim(input.ndim) if dim is None else dim, dtype)
+
+
+@register(torch.softmax, _m("softmax"), torch.special.softmax)
+def softmax_twin(input: Any, dim: int, dtype: torch.dtype | None = None, **kwargs: Any) -> Any:
+    return _softmax("softmax", input, dim, dtype)
+
+
+@register(torch.log_softmax, _m("log_softmax"), torch.special.log_softmax)
+def log_softmax_twin(input: Any, dim: int, dtype: torch.dtype | None = None, **kwargs: Any) -> Any:
+    return _log_softmax("log_softmax", input, dim, dtype)
+
+
+# ---- normalizations ---------------------------------------------------------------------------------------
+
+def _moments(x: Any, dims: Sequence[int]) -> tuple[Any, Any]:
+    """Mean and biased variance over dims (keepdim), two-pass."""
+    mean = torch.mean(x, list(dims), keepdim=True)
+    centered = x - mean
+    return mean, torch.mean(centered * centered, list(dims), keepdim=True)
+
+
+def _param(p: Any, dtype: torch.dtype) -> Any:
+    return None if p is None else convert(p, dtype)
+
+
+@register(F.layer_norm)
+def layer_norm(input: Any, normalized_shape: Sequence[int], weight: Any = None, bias: Any = None,
+               eps: float = 1e-5) -> Any:
+    shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+    k = len(shape)
+    check(k >= 1, lambda: "Expected normalized_shape to be at least 1-dimensional, i.e., containing at "
+          "least one element, but got normalized_shape = []", RuntimeError)
+    for name, p in (("weight", weight), ("bias", bias)):
+        check(p is None or list(p.shape) == shape, lambda: f"Expected {name} to be of same shape as "
+              f"normalized_shape, but got {name} of shape {shape_text(p)} and normalized_shape = {shape}",
+              RuntimeError)
+    check(input.ndim >= k and list(input.shape[input.ndim - k:]) == shape,
+          lambda: f"Given normalized_shape={shape}, expected input with shape [*, "
+                  f"{', '.join(str(s) for s in shape)}], but got input of size{list(input.shape)}",
+          RuntimeError)
+    check_float("layer_norm", input)
+    x = upcast(input)
+    mean, var = _moments(x, range(input.ndim - k, input.ndim))
+    out = (x - mean) * torch.rsqrt(var + eps)
+    if weight is not None:
+        out = out * _param(weight, x.dtype)
+    if bias is not None:
+        out = out + _param(bias, x.dtype)
+    return convert(out, input.dtype)
+
+
+@register(torch.layer_norm)
+def layer_norm_twin(input: Any, normalized_shape: Sequence[int], weight: Any = None, bias: Any = None,
+                    eps: float = 1e-5, cudnn_enable: bool = True) -> Any:
+    return layer_norm(input, normalized_shape, weight, bias, eps)
+
+
+@register(F.rms_norm, _t("rms_norm"))
+def rms_norm(input: Any, normalized_shape: Sequence[int], weight: Any = None, eps: float | None = None) -> Any:
+    shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+    k = len(shape)
+    check(weight is None or list(weight.shape) == shape, lambda: f"Expected weight to be of same shape as "
+          f"normalized_shape, but got weight of shape {shape_text(weight)} and normalized_shape = {shape}",
+          RuntimeError)
+    check(input.ndim >= k and list(input.shape[input.ndim - k:]) == shape,
+          lambda: f"Given normalized_shape={shape}, expected input with shape [*, "
+                  f"{', '.join(str(s) for s in shape)}], but got input of size{list(input.shape)}",
+          RuntimeError)
+    check_float("rms_norm", input)
+    x = upcast(input)
+    if eps is None:
+        eps = torch.finfo(x.dtype).eps
+    dims = list(range(input.ndim - k, input.ndim))
+    out = convert(x * torch.rsqrt(torch.mean(x * x, dims, keepdim=True) + eps), input.dtype)
+    if weight is not None:
+        out = out * weight
+    return out
+
+
+def _channel_shape(input: Any) -> list[int]:
+    return [1, input.shape[1]] + [1] * (input.ndim - 2)
+
+
+def _normalize_channels(input: Any, mean: Any, var: Any, weight: Any, bias: Any, eps: float) -> Any:
+    """Eager's batch-norm transform: per channel alpha = w / sqrt(var + eps), beta = b - mean * alpha,
+    out = x * alpha + beta; mean and var have shape (C,)."""
+    x = upcast(input)
+    dtype = x.dtype
+    invstd = 1 / torch.sqrt(convert(var, dtype) + eps)
+    alpha = invstd if weight is None else invstd * convert(weight, dtype)
+    mean = convert(mean, dtype)
+    beta = -mean * alpha if bias is None else convert(bias, dtype) - mean * alpha
+    shape = _channel_shape(input)
+    out = x * torch.reshape(alpha, shape) + torch.reshape(beta, shape)
+    return convert(out, input.dtype)
+
+
+def _check_channels(op: str, input: Any, tensors: dict[str, Any]) -> None:
+    check(input.ndim >= 2, lambda: f"{op}: expected 2D or more input, got input of size {list(input.shape)}",
+          ValueError if op == "batch_norm" else RuntimeError)
+    c = input.shape[1]
+    for name, t in tensors.items():
+        check(t is None or t.numel() == c, lambda: f"{op}: {name} should contain {c} elements not "
+              f"{t.numel()}", RuntimeError)
+
+
+def _batch_norm(input: Any, running_mean: Any, running_var: Any, weight: Any, bias: Any, training: bool,
+                eps: float) -> Any:
+    _check_channels("batch_norm", input, {"running_mean": running_mean, "running_var": running_var,
+                                          "weight": weight, "bias": bias})
+    check_float("batch_norm", input)
+    if training:
+        if running_mean is not None or running_var is not None:
+            # Training updates the running statistics in place (module buffers): eager does it.
+            raise NoDecomposition("batch_norm(training=True) with running statistics")
+        x = upcast(input)
+        dims = [0] + list(range(2, input.ndim))
+        mean, var = _moments(x, dims)
+        c = input.shape[1]
+        return _normalize_channels(input, torch.reshape(mean, [c]), torch.reshape(var, [c]), weight, bias, eps)
+    check(running_mean is not None and running_var is not None,
+          lambda: "batch_norm: running_mean and running_var must be defined in evaluation mode", RuntimeError)
+    return _normalize_channels(input, running_mean, running_var, weight, bias, eps)
+
+
+@register(F.batch_norm)
+def batch_norm(input: Any, running_mean: Any, running_var: Any, weight: Any = None, bias: Any = None,
+               training: bool = False, momentum: float = 0.1, eps: float = 1e-5) -> Any:
+    if training:
+        size = list(input.shape)
+        count = size[0] if size else 1
+        for s in size[2:]:
+            count *= s
+        check(count != 1, lambda: f"Expected more than 1 value per channel when training, got input size "
+              f"{torch.Size(size)}", ValueError)
+    return _batch_norm(input, running_mean, running_var, weight, bias, training, eps)
+
+
+@register(torch.batch_norm)
+def batch_norm_twin(input: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, training: bool,
+                    momentum: float, eps: float, cudnn_enabled: bool = True) -> Any:
+    return _batch_norm(input, running_mean, running_var, weight, bias, training, eps)
+
+
+@register(F.instance_norm)
+def instance_norm(input: Any, running_mean: Any = None, running_var: Any = None, weight: Any = None,
+                  bias: Any = None, use_input_stats: bool = True, momentum: float = 0.1,
+                  eps: float = 1e-5) -> Any:
+    if not use_input_stats:
+        _check_channels("instance_norm", input, {"running_mean": running_mean, "running_var": running_var})
+        check(running_mean is not None and running_var is not None, lambda: "Expected running_mean and "
+              "running_var to be defined when use_input_stats is false", RuntimeError)
+        return _batch_norm(input, running_mean, running_var, weight, bias, False, eps)
+    if running_mean is not None or running_var is not None:
+        raise NoDecomposition("instance_norm updating running statistics")
+    spatial = 1
+    for s in input.shape[2:]:
+        spatial *= s
+    check(input.ndim < 2 or spatial != 1, lambda: f"Expected more than 1 spatial element when training, "
+          f"got input size {torch.Size(list(input.shape))}", ValueError)
+    _check_channels("instance_norm", input, {"weight": weight, "bias": bias})
+    check_float("instance_norm", input)
+    x = upcast(input)
+    mean, var = _moments(x, range(2, input.ndim))
+    out = (x - mean) * torch.rsqrt(var + eps)
+    shape = _channel_shape(input)
+    if weight is not None:
+        out = out * torch.reshape(convert(weight, x.dtype), shape)
+    if bias is not None:
+        out = out + torch.reshape(convert(bias, x.dtype), shape)
+    return convert(out, input.dtype)
+
+
+@register(F.group_norm)
+def group_norm(input: Any, num_groups: int, weight: Any = None, bias: Any = None, eps: float = 1e-5) -> Any:
+    check(input.ndim >= 2, lambda: f"Expected at least 2 dimensions for input tensor but received "
+          f"{input.ndim}", RuntimeError)
+    n, c = input.shape[0], input.shape[1]
+    check(c % num_groups == 0, lambda: f"Expected number of channels in input to be divisible by num_groups, "
+          f"but got input of shape {list(input.shape)} and num_groups={num_groups}", RuntimeError)
+    for name, p in (("weight", weight), ("bias", bias)):
+        check(p is None or (p.ndim == 1 and p.numel() == c), lambda: f"Expected {name} to be a vector of "
+              f"size equal to the number of channels in input, but got {name} of shape {shape_text(p)} and "
+              f"input of shape {list(input.shape)}", RuntimeError)
+    check_float("group_norm", input)
+    x = upcast(input)
+    grouped = torch.reshape(x, [n, num_groups, -1])
+    mean, var = _moments(grouped, [2])
+    out = torch.reshape((grouped - mean) * torch.rsqrt(var + eps), list(input.shape))
+    shape = _channel_shape(input)
+    if weight is not None:
+        out = out * torch.reshape(convert(weight, x.dtype), shape)
+    if bias is not None:
+        out = out + torch.reshape(convert(bias, x.dtype), shape)
+    return convert(out, input.dtype)
+
+
+@register(torch.group_norm)
+def group_norm_twin(input: Any, num_groups: int, weight: Any = None, bias: Any = None, eps: float = 1e-5,
+                    cudnn_enabled: bool = True) -> Any:
+    return group_norm(input, num_groups, weight, bias, eps)
+
+
+@register(F.local_response_norm)
+def local_response_norm(input: Any, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0) -> Any:
+    check(input.ndim >= 3, lambda: f"Expected 3D or higher dimensionality input (got {input.ndim} "
+          f"dimensions)", ValueError)
+    if input.numel() == 0:
+        return input
+    div = input * input
+    if input.ndim == 3:
+        div = F.pad(torch.unsqueeze(div, 1), (0, 0, size // 2, (size - 1) // 2))
+        div = torch.squeeze(F.avg_pool2d(div, (size, 1), stride=1), 1)
+    else:
+        sizes = list(input.shape)
+        div = torch.reshape(div, [sizes[0], 1, sizes[1], sizes[2], -1])
+        div = F.pad(div, (0, 0, 0, 0, size // 2, (size - 1) // 2))
+        div = torch.reshape(torch.squeeze(F.avg_pool3d(div, (size, 1, 1), stride=1), 1), sizes)
+    return input / torch.pow(div * alpha + k, beta)
+
+
+def _vector_norm(x: Any, p: float, dims: Sequence[int], keepdim: bool) -> Any:
+    """The p-norm of x over dims (x real floating)."""
+    dims = list(dims)
+    if p == 2:
+        return torch.sqrt(torch.sum(x * x, dims, keepdim=keepdim))
+    if p == 1:
+        return torch.sum(torch.abs(x), dims, keepdim=keepdim)
+    if p == math.inf:
+        return torch.amax(torch.abs(x), dims, keepdim=keepdim)
+    if p == -math.inf:
+        return torch.amin(torch.abs(x), dims, keepdim=keepdim)
+    if p == 0:
+        return torch.sum(convert(x != 0, x.dtype), dims, keepdim=keepdim)
+    return torch.pow(torch.sum(torch.pow(torch.abs(x), p), dims, keepdim=keepdim), 1.0 / p)
+
+
+@register(F.normalize)
+def normalize(input: Any, p: float = 2.0, dim: int = 1, eps: float = 1e-12, out: Any = None) -> Any:
+    if out is not None:
+        raise NoDecomposition("normalize(out=...)")
+    check_float("normalize", input)
+    d = wrap_dim(dim, input.ndim)
+    x = upcast(input)
+    denom = torch.clamp_min(_vector_norm(x, float(p), [d] if input.ndim else [], True), eps)
+    return convert(x / denom, input.dtype)
+
+
+# ---- dropout ----------------------------------------------------------------------------------------------
+
+def _dropout_args(op: str, p: float, inplace: bool) -> None:
+    check(0.0 <= p <= 1.0, lambda: f"{op} probability has to be between 0 and 1, but got {p}", ValueError)
+    no_inplace(op, inplace)
+
+
+_ALPHA = 1.7580993408473766  # eager's alpha_dropout constant (-selu's negative saturation)
+
+
+def _dropout(input: Any, p: float, train: bool, feature: bool, alpha: bool) -> Any:
+    """Eager's CPU dropout (ATen _dropout_impl), step for step, so the same seed draws the same mask:
+    noise = empty(shape).bernoulli_(1 - p) over the input's shape (feature dropout: (N, C, 1, ...)),
+    then plain dropout scales noise by 1 / (1 - p), alpha dropout shifts and scales it."""
+    if p == 0 or not train or input.numel() == 0:
+        return input
+    if p == 1:
+        return input * 0.0 if is_float_dtype(input.dtype) else input * 0
+    check_float("dropout", input)
+    if feature:
+        check(input.ndim >= 2, lambda: f"Feature dropout requires at least 2 dimensions in the input, got "
+              f"{shape_text(input)}", RuntimeError)
+        template = input.new_empty([input.shape[0], input.shape[1]] + [1] * (input.ndim - 2))
+    else:
+        if not input.meta.is_contiguous():
+            # eager draws into empty_like(input), in the input's memory order
+            raise NoDecomposition("dropout(training=True) of a non-contiguous input")
+        template = input
+    noise = prims.bernoulli(template, 1.0 - p)
+    if not alpha:
+        return input * (noise / (1.0 - p))
+    a = 1.0 / math.sqrt((_ALPHA * _ALPHA * p + 1) * (1 - p))
+    b = (noise + -1) * (_ALPHA * a) + _ALPHA * a * p
+    return input * (noise * a) + b
+
+
+@register(F.dropout)
+def dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+    _dropout_args("dropout", p, inplace)
+    return _dropout(input, p, training, feature=False, alpha=False)
+
+
+@register(F.alpha_dropout)
+def alpha_dropout(input: Any, p: float = 0.5, training: bool = False, inplace: bool = False) -> Any:
+    _dropout_args("dropout", p, inplace)
+    return _dropout(input, p, training, feature=False, alpha=True)
+
+
+@register(F.feature_alpha_dropout)
+def feature_alpha_dropout(input: Any, p: float = 0.5, training: bool = False, inplace: bool = False) -> Any:
+    _dropout_args("dropout", p, inplace)
+    return _dropout(input, p, training, feature=True, alpha=True)
+
+
+def _feature_dropout(op: str, batched_ndim: int, input: Any, p: float, training: bool, inplace: bool,
+                     strict: bool) -> Any:
+    """dropout1d/2d/3d: one draw per channel; an input without batch dim is treated as one sample."""
+    _dropout_args("dropout", p, inplace)
+    ndim = input.ndim
+    if strict:
+        check(ndim in (batched_ndim - 1, batched_ndim), lambda: f"{op}: Expected {batched_ndim - 1}D or "
+              f"{batched_ndim}D input, but received a {ndim}D input. Note that dropout1d exists to provide "
+              f"channel-wise dropout on inputs with 1 spatial dimension, a channel dimension, and an optional "
+              f"batch dimension (i.e. 2D or 3D inputs).", RuntimeError)
+    elif ndim not in (batched_ndim - 1, batched_ndim):
+        raise NoDecomposition(f"{op} of a {ndim}D input")  # eager warns and has legacy behaviour
+    if ndim == batched_ndim - 1:
+        if not training or p == 0:
+            return input
+        return torch.squeeze(_dropout(torch.unsqueeze(input, 0), p, training, feature=True, alpha=False), 0)
+    return _dropout(input, p, training, feature=True, alpha=False)
+
+
+@register(F.dropout1d)
+def dropout1d(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+    return _feature_dropout("dropout1d", 3, input, p, training, inplace, strict=True)
+
+
+@register(F.dropout2d)
+def dropout2d(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+    if input.ndim == 3:
+        raise NoDecomposition("dropout2d of a 3D input")  # eager warns about its legacy meaning
+    return _feature_dropout("dropout2d", 4, input, p, training, inplace, strict=False)
+
+
+@register(F.dropout3d)
+def dropout3d(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+    return _feature_dropout("dropout3d", 5, input, p, training, inplace, strict=False)
+
+
+def _check_p(p: float) -> None:
+    check(0.0 <= p <= 1.0, lambda: f"dropout probability has to be between 0 and 1, but got {p}", RuntimeError)
+
+
+@register(torch.dropout)
+def dropout_twin(input: Any, p: float, train: bool) -> Any:
+    _check_p(p)
+    return _dropout(input, p, train, feature=False, alpha=False)
+
+
+@register(torch.feature_dropout)
+def feature_dropout_twin(input: Any, p: float, train: bool) -> Any:
+    _check_p(p)
+    return _dropout(input, p, train, feature=True, alpha=False)
+
+
+@register(torch.alpha_dropout)
+def alpha_dropout_twin(input: Any, p: float, train: bool) -> Any:
+    _check_p(p)
+    return _dropout(input, p, train, feature=False, alpha=True)
+
+
+@register(torch.feature_alpha_dropout)
+def feature_alpha_dropout_twin(input: Any, p: float, train: bool) -> Any:
+    _check_p(p)
+    return _dropout(input, p, train, feature=True, alpha=True)
+
+
+# ---- linear layers ----------------------------------------------------------------------------------------
+
+@register(F.linear)
+def linear(input: Any, weight: Any, bias: Any = None) -> Any:
+    check(input.ndim >= 1 and weight.ndim in (1, 2), lambda: f"linear: expected input of at least 1 dim and "
+          f"a 1-D or 2-D weight, got input {shape_text(input)} and weight {shape_text(weight)}", RuntimeError)
+    w = torch.t(weight) if weight.ndim == 2 else weight
+    out = torch.matmul(input, w)
+    return out if bias is None else out + bias
+
+
+@register(F.bilinear, _t("bilinear"))
+def bilinear(input1: Any, input2: Any, weight: Any, bias: Any = None) -> Any:
+    check(weight.ndim == 3, lambda: f"bilinear(): weight must be 3-D, got {shape_text(weight)}", RuntimeError)
+    o, i, j = weight.shape
+    check(input1.ndim == input2.ndim and list(input1.shape[:-1]) == list(input2.shape[:-1]),
+          lambda: f"bilinear(): input batch dimensions do not match: got {shape_text(input1)} and "
+                  f"{shape_text(input2)}", RuntimeError)
+    check(input1.shape[-1] == i and input2.shape[-1] == j, lambda: f"bilinear(): input sizes "
+          f"{shape_text(input1)}, {shape_text(input2)} do not match weight {shape_text(weight)}", RuntimeError)
+    # out[..., o] = sum_ij x1[..., i] W[o, i, j] x2[..., j]
+    w = torch.reshape(torch.permute(weight, [1, 0, 2]), [i, o * j])
+    t = torch.reshape(torch.matmul(input1, w), list(input1.shape[:-1]) + [o, j])
+    out = torch.sum(t * torch.unsqueeze(input2, -2), -1)
+    return out if bias is None else out + bias
+

@@ -1,0 +1,772 @@
+"""Decompositions of torch's shape and view surface: view/reshape, squeeze/unsqueeze, permute/transpose,
+expand, flatten, split/chunk/unbind, cat/stack, flip/roll, repeat/tile, tril/triu, diagonal, getitem.
+
+Views are built from view prims (view, permute, squeeze, expand_dims, slice, diagonal, broadcast_in_dim),
+so their strides are eager's; copies end in contiguous prims. Every view op is marked with `mark_view`.
+"""
+from __future__ import annotations
+
+import builtins
+from typing import Any, Sequence
+
+import torch
+
+from .. import prims
+from ..prims.shape import view_strides
+from .registry import NoDecomposition, mark_view, register
+from .utils import check, is_tensor, result_type, shape_text, wrap_dim
+
+_Shape = (tuple, list, torch.Size)
+
+
+def _sizes(args: Sequence[Any], op: str) -> tuple:
+    """Sizes given as `f(2, 3)` or `f((2, 3))`."""
+    if len(args) == 1 and isinstance(args[0], _Shape):
+        args = tuple(args[0])
+    for s in args:
+        if isinstance(s, bool) or not isinstance(s, int):
+            if is_tensor(s):
+                raise NoDecomposition(f"{op} with tensor sizes")
+            raise TypeError(f"{op}(): argument 'size' must be tuple of ints, but found element of type "
+                            f"{type(s).__name__}")
+    return tuple(args)
+
+
+def infer_size(shape: Sequence[int], total: Any, op: str = "view") -> tuple:
+    """A shape with at most one -1, resolved against a numel (eager's infer_size)."""
+    shape = list(shape)
+    infer = None
+    known = 1
+    for i, s in enumerate(shape):
+        if s == -1:
+            check(infer is None, lambda: "only one dimension can be inferred")
+            infer = i
+        else:
+            check(s >= 0, lambda: f"invalid shape dimension {s}")
+            known = known * s
+    text = f"shape '[{', '.join(map(str, shape))}]' is invalid for input of size {total}"
+    if infer is not None:
+        check(known != 0, lambda: f"cannot reshape tensor of {total} elements into {text[6:text.index(' is')]} "
+              f"because the unspecified dimension size -1 can be any value and is ambiguous")
+        check(total % known == 0, lambda: text)
+        shape[infer] = total // known
+    else:
+        check(known == total, lambda: text)
+    return tuple(shape)
+
+
+# ---- view / reshape -----------------------------------------------------------------------------------
+
+@register(torch.Tensor.view)
+def view(a: Any, *shape: Any, size: Any = None) -> Any:
+    if size is not None:
+        shape = (size,)
+    if len(shape) == 1 and isinstance(shape[0], torch.dtype):
+        raise NoDecomposition("view(dtype)")
+    return prims.view(a, infer_size(_sizes(shape, "view"), a.numel()))
+
+
+def _reshape(a: Any, shape: tuple) -> Any:
+    shape = infer_size(shape, a.numel())
+    if view_strides(a.shape, a.stride(), shape) is not None:
+        return prims.view(a, shape)
+    return prims.view(prims.clone(a, torch.contiguous_format), shape)
+
+
+@register(torch.reshape, torch.Tensor.reshape)
+def reshape(a: Any, *shape: Any, **kwargs: Any) -> Any:
+    if "shape" in kwargs:
+        shape = (kwargs.pop("shape"),)
+    check(not kwargs, lambda: f"reshape() got unexpected arguments {list(kwargs)}", TypeError)
+    return _reshape(a, _sizes(shape, "reshape"))
+
+
+@register(torch.Tensor.view_as)
+def view_as(a: Any, other: Any) -> Any:
+    return prims.view(a, tuple(other.shape)) if tuple(a.shape) != tuple(other.shape) else view(a, a.shape)
+
+
+@register(torch.Tensor.reshape_as)
+def reshape_as(a: Any, other: Any) -> Any:
+    return _reshape(a, tuple(other.shape))
+
+
+@register(torch.flatten, torch.Tensor.flatten)
+def flatten(a: Any, start_dim: int = 0, end_dim: int = -1) -> Any:
+    if isinstance(start_dim, str) or isinstance(end_dim, str):
+        raise NoDecomposition("flatten with named dims")
+    if a.ndim == 0:
+        return _reshape(a, (1,))
+    start, end = wrap_dim(start_dim, a.ndim), wrap_dim(end_dim, a.ndim)
+    check(start <= end, lambda: "flatten() has invalid args: start_dim cannot come after end_dim")
+    if start == end:
+        return a
+    merged = 1
+    for s in a.shape[start:end + 1]:
+        merged = merged * s
+    return _reshape(a, tuple(a.shape[:start]) + (merged,) + tuple(a.shape[end + 1:]))
+
+
+@register(torch.ravel, torch.Tensor.ravel)
+def ravel(a: Any) -> Any:
+    return _reshape(a, (-1,))
+
+
+@register(torch.unflatten, torch.Tensor.unflatten)
+def unflatten(a: Any, dim: int, sizes: Sequence[int]) -> Any:
+    if isinstance(dim, str):
+        raise NoDecomposition("unflatten with named dims")
+    d = wrap_dim(dim, a.ndim)
+    check(len(sizes) > 0, lambda: "unflatten: sizes must be non-empty")
+    sizes = infer_size(_sizes((sizes,), "unflatten"), a.shape[d])
+    return prims.view(a, tuple(a.shape[:d]) + sizes + tuple(a.shape[d + 1:]))
+
+
+# ---- squeeze / unsqueeze ------------------------------------------------------------------------------
+
+@register(torch.squeeze, torch.Tensor.squeeze)
+def squeeze(a: Any, dim: Any = None) -> Any:
+    if isinstance(dim, str):
+        raise NoDecomposition("squeeze with named dims")
+    if dim is None:
+        dims = tuple(d for d in range(a.ndim) if a.shape[d] == 1)
+    else:
+        wanted = (dim,) if isinstance(dim, int) else tuple(dim)
+        wrapped = [wrap_dim(d, a.ndim) for d in wanted]
+        check(len(set(wrapped)) == len(wrapped), lambda: f"dim {wrapped[0]} appears multiple times in the list "
+              f"of dims")
+        dims = tuple(sorted(d for d in set(wrapped) if a.ndim > 0 and a.shape[d] == 1))
+    return prims.squeeze(a, dims)
+
+
+@register(torch.unsqueeze, torch.Tensor.unsqueeze)
+def unsqueeze(a: Any, dim: int) -> Any:
+    return prims.expand_dims(a, (wrap_dim(dim, a.ndim + 1),))
+
+
+# ---- permute / transpose ------------------------------------------------------------------------------
+
+@register(torch.permute, torch.Tensor.permute)
+def permute(a: Any, *dims: Any) -> Any:
+    dims = _sizes(dims, "permute")
+    check(len(dims) == a.ndim, lambda: f"permute(sparse_coo): number of dimensions in the tensor input does "
+          f"not match the length of the desired ordering of dimensions i.e. input.dim() = {a.ndim} is not equal "
+          f"to len(dims) = {len(dims)}")
+    wrapped = tuple(wrap_dim(d, a.ndim) for d in dims)
+    check(len(set(wrapped)) == len(wrapped), lambda: "permute(): duplicate dims are not allowed.")
+    return prims.permute(a, wrapped)
+
+
+def _transpose(a: Any, dim0: int, dim1: int) -> Any:
+    if a.ndim == 0:
+        wrap_dim(dim0, 0)
+        wrap_dim(dim1, 0)
+        return prims.view(a, ())
+    d0, d1 = wrap_dim(dim0, a.ndim), wrap_dim(dim1, a.ndim)
+    perm = list(range(a.ndim))
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return prims.permute(a, tuple(perm))
+
+
+@register(torch.transpose, torch.Tensor.transpose, torch.swapaxes, torch.Tensor.swapaxes, torch.swapdims,
+          torch.Tensor.swapdims)
+def transpose(a: Any, dim0: int, dim1: int) -> Any:
+    if isinstance(dim0, str) or isinstance(dim1, str):
+        raise NoDecomposition("transpose with named dims")
+    return _transpose(a, dim0, dim1)
+
+
+@register(torch.t, torch.Tensor.t)
+def t(a: Any) -> Any:
+    check(a.ndim <= 2, lambda: f"t() expects a tensor with <= 2 dimensions, but self is {a.ndim}D")
+    return _transpose(a, 0, 1) if a.ndim == 2 else prims.view(a, tuple(a.shape))
+
+
+def _reverse_dims(a: Any) -> Any:
+    return prims.permute(a, tuple(range(a.ndim - 1, -1, -1)))
+
+
+@register(torch.Tensor.T.__get__)
+def T(a: Any) -> Any:
+    return _reverse_dims(a)
+
+
+@register(torch.Tensor.mT.__get__)
+def mT(a: Any) -> Any:
+    check(a.ndim >= 2, lambda: f"tensor.mT is only supported on matrices or batches of matrices. Got "
+          f"{a.ndim}-D tensor.")
+    return _transpose(a, -2, -1)
+
+
+@register(torch.Tensor.H.__get__)
+def H(a: Any) -> Any:
+    check(a.ndim in (0, 1, 2), lambda: f"tensor.H is only supported on matrices (2-D tensors). Got "
+          f"{a.ndim}-D tensor.")
+    if a.dtype.is_complex:
+        raise NoDecomposition("H of a complex tensor")
+    return _reverse_dims(a) if a.ndim == 2 else prims.view(a, tuple(a.shape))
+
+
+@register(torch.Tensor.mH.__get__, torch.adjoint, torch.Tensor.adjoint)
+def mH(a: Any) -> Any:
+    check(a.ndim >= 2, lambda: f"tensor.mH is only supported on matrices or batches of matrices. Got "
+          f"{a.ndim}-D tensor.")
+    if a.dtype.is_complex:
+        raise NoDecomposition("mH of a complex tensor")
+    return _transpose(a, -2, -1)
+
+
+def _move_dims(src: Any, dst: Any, ndim: int, op: str) -> tuple:
+    src = (src,) if isinstance(src, int) else tuple(src)
+    dst = (dst,) if isinstance(dst, int) else tuple(dst)
+    check(len(src) == len(dst), lambda: f"{op}: Invalid source or destination dims: source ({list(src)} dims) "
+          f"should contain the same number of dims as destination ({list(dst)} dims)")
+    src = tuple(wrap_dim(d, ndim) for d in src)
+    dst = tuple(wrap_dim(d, ndim) for d in dst)
+    check(len(set(src)) == len(src), lambda: f"{op}: repeated dim in `source` ({list(src)})")
+    check(len(set(dst)) == len(dst), lambda: f"{op}: repeated dim in `destination` ({list(dst)})")
+    perm = [-1] * ndim
+    for s, d in zip(src, dst):
+        perm[d] = s
+    rest = iter(d for d in range(ndim) if d not in src)
+    return tuple(p if p != -1 else next(rest) for p in perm)
+
+
+@register(torch.movedim, torch.Tensor.movedim, torch.moveaxis, torch.Tensor.moveaxis)
+def movedim(a: Any, source: Any, destination: Any) -> Any:
+    return prims.permute(a, _move_dims(source, destination, a.ndim, "movedim"))
+
+
+# ---- expand / broadcast -------------------------------------------------------------------------------
+
+def _expand(a: Any, sizes: tuple, op: str = "expand") -> Any:
+    check(len(sizes) >= a.ndim, lambda: f"{op}({a.dtype}{{{list(a.shape)}}}, size={list(sizes)}): the number "
+          f"of sizes provided ({len(sizes)}) must be greater or equal to the number of dimensions in the tensor "
+          f"({a.ndim})")
+    offset = len(sizes) - a.ndim
+    shape = []
+    for i, s in enumerate(sizes):
+        if i < offset:
+            check(s >= 0, lambda: f"The expanded size of the tensor ({s}) isn't allowed in a leading, "
+                  f"non-existing dimension {i}")
+            shape.append(s)
+            continue
+        have = a.shape[i - offset]
+        if s == -1:
+            s = have
+        check(have == s or have == 1, lambda: f"The expanded size of the tensor ({s}) must match the existing "
+              f"size ({have}) at non-singleton dimension {i}.  Target sizes: {list(sizes)}.  Tensor sizes: "
+              f"{list(a.shape)}")
+        shape.append(s)
+    if tuple(shape) == tuple(a.shape):
+        return prims.view(a, tuple(shape))
+    return prims.broadcast_in_dim(a, tuple(shape), tuple(range(offset, len(shape))))
+
+
+@register(torch.Tensor.expand)
+def expand(a: Any, *sizes: Any, implicit: bool = False) -> Any:
+    return _expand(a, _sizes(sizes, "expand"))
+
+
+@register(torch.Tensor.expand_as)
+def expand_as(a: Any, other: Any) -> Any:
+    return _expand(a, tuple(other.shape))
+
+
+@register(torch.broadcast_to)
+def broadcast_to(a: Any, size: Any) -> Any:
+    return _expand(a, _sizes((size,), "broadcast_to"), "broadcast_to")
+
+
+@register(torch.broadcast_tensors)
+def broadcast_tensors(*tensors: Any) -> Any:
+    from .utils import broadcast_shapes
+    if len(tensors) == 1 and isinstance(tensors[0], (tuple, list)):
+        tensors = tuple(tensors[0])
+    shape = broadcast_shapes(*[t.shape for t in tensors])
+    return tuple(_expand(t, shape) for t in tensors)
+
+
+# ---- copies: contiguous / clone -----------------------------------------------------------------------
+
+@register(torch.Tensor.contiguous)
+def contiguous(a: Any, memory_format: torch.memory_format = torch.contiguous_format) -> Any:
+    if memory_format == torch.preserve_format:
+        raise RuntimeError("preserve memory format is unsupported by the contiguous operator")
+    if memory_format == torch.contiguous_format and a.meta.is_contiguous():
+        return a
+    if memory_format != torch.contiguous_format:
+        raise NoDecomposition("contiguous with a channels-last memory format")
+    return prims.clone(a, memory_format)
+
+
+@register(torch.clone, torch.Tensor.clone)
+def clone(a: Any, *, memory_format: torch.memory_format = torch.preserve_format) -> Any:
+    return prims.clone(a, memory_format)
+
+
+# ---- slicing: narrow / select / split / chunk / unbind ------------------------------------------------
+
+def slice_dim(a: Any, dim: int, start: int, stop: int, step: int = 1) -> Any:
+    """a[..., start:stop:step, ...] along one (wrapped) dim, bounds already clamped; a view."""
+    starts = [0] * a.ndim
+    limits = list(a.shape)
+    steps = [1] * a.ndim
+    starts[dim], limits[dim], steps[dim] = start, stop, step
+    return prims.slice(a, tuple(starts), tuple(limits), tuple(steps))
+
+
+@register(torch.narrow, torch.Tensor.narrow)
+def narrow(a: Any, dim: int, start: Any, length: int) -> Any:
+    if is_tensor(start) or is_tensor(length):
+        raise NoDecomposition("narrow with a tensor start")
+    check(a.ndim > 0, lambda: "narrow() cannot be applied to a 0-dim tensor.")
+    check(length >= 0, lambda: "narrow(): length must be non-negative.")
+    d = wrap_dim(dim, a.ndim)
+    size = a.shape[d]
+    check(-size <= start <= size, lambda: f"start out of range (expected to be in range of [{-size}, {size}], "
+          f"but got {start})", IndexError)
+    if start < 0:
+        start += size
+    check(start <= size - length, lambda: f"start ({start}) + length ({length}) exceeds dimension size ({size}).")
+    return slice_dim(a, d, start, start + length)
+
+
+@register(torch.select, torch.Tensor.select)
+def select(a: Any, dim: int, index: int) -> Any:
+    if is_tensor(index):
+        raise NoDecomposition("select with a tensor index")
+    if isinstance(dim, str):
+        raise NoDecomposition("select with a named dim")
+    check(a.ndim > 0, lambda: "select() cannot be applied to a 0-dim tensor.", IndexError)
+    d = wrap_dim(dim, a.ndim)
+    size = a.shape[d]
+    check(-size <= index < size, lambda: f"select(): index {index} out of range for tensor of size "
+          f"{list(a.shape)} at dimension {dim}", IndexError)
+    index = index + size if index < 0 else index
+    return prims.squeeze(slice_dim(a, d, index, index + 1), (d,))
+
+
+def _split_sizes(a: Any, dim: int, sizes: Sequence[int]) -> tuple:
+    out, start = [], 0
+    for s in sizes:
+        out.append(slice_dim(a, dim, start, start + s))
+        start += s
+    return tuple(out)
+
+
+@register(torch.split_with_sizes, torch.Tensor.split_with_sizes)
+def split_with_sizes(a: Any, split_sizes: Sequence[int], dim: int = 0) -> Any:
+    d = wrap_dim(dim, a.ndim)
+    sizes = tuple(split_sizes)
+    check(all(s >= 0 for s in sizes), lambda: f"split_with_sizes expects split_sizes have only non-negative "
+          f"entries, but got split_sizes={list(sizes)}")
+    check(sum(sizes) == a.shape[d], lambda: f"split_with_sizes expects split_sizes to sum exactly to "
+          f"{a.shape[d]} (input tensor's size at dimension {d}), but got split_sizes={list(sizes)}")
+    return _split_sizes(a, d, sizes)
+
+
+@register(torch.split, torch.Tensor.split)
+def split(a: Any, split_size_or_sections: Any, dim: int = 0) -> Any:
+    if isinstance(split_size_or_sections, (list, tuple)):
+        return split_with_sizes(a, split_size_or_sections, dim)
+    if is_tensor(split_size_or_sections):
+        raise NoDecomposition("split with a tensor size")
+    check(a.ndim > 0, lambda: "split expects at least a 1-dimensional tensor")
+    d = wrap_dim(dim, a.ndim)
+    size, step = a.shape[d], split_size_or_sections
+    check(step >= 0, lambda: f"split expects split_size be non-negative, but got split_size={step}")
+    check(step > 0 or size == 0, lambda: f"split_size can only be 0 if dimension size is 0, but got dimension "
+          f"size of {size}")
+    if size == 0:
+        return (slice_dim(a, d, 0, 0),)
+    count = -(-size // step)
+    return _split_sizes(a, d, [step] * (count - 1) + [size - step * (count - 1)])
+
+
+@register(torch.chunk, torch.Tensor.chunk)
+def chunk(a: Any, chunks: int, dim: int = 0) -> Any:
+    check(a.ndim > 0, lambda: "chunk expects at least a 1-dimensional tensor")
+    check(chunks > 0, lambda: f"chunk expects `chunks` to be greater than 0, got: {chunks}")
+    d = wrap_dim(dim, a.ndim)
+    size = a.shape[d]
+    step = -(-size // chunks)
+    if size == 0:
+        return tuple(slice_dim(a, d, 0, 0) for _ in range(chunks))
+    return split(a, step, d)
+
+
+@register(torch.unbind, torch.Tensor.unbind)
+def unbind(a: Any, dim: int = 0) -> Any:
+    check(a.ndim > 0, lambda: "Dimension specified as 0 but tensor has no dimensions", IndexError)
+    d = wrap_dim(dim, a.ndim)
+    return tuple(select(a, d, i) for i in range(a.shape[d]))
+
+
+@register(torch.tensor_split, torch.Tensor.tensor_split)
+def tensor_split(a: Any, indices_or_sections: Any, dim: int = 0) -> Any:
+    if is_tensor(indices_or_sections):
+        raise NoDecomposition("tensor_split with a tensor argument")
+    check(a.ndim > 0, lambda: f"tensor_split expected at least a 1-dimensional tensor, but got a tensor with "
+          f"{a.ndim} dims")
+    d = wrap_dim(dim, a.ndim)
+    size = a.shape[d]
+    if isinstance(indices_or_sections, int):
+        n = indices_or_sections
+        check(n > 0, lambda: f"number of sections must be larger than 0, got {n}")
+        base, extra = divmod(size, n)
+        bounds = [0]
+        for i in range(n):
+            bounds.append(bounds[-1] + base + (1 if i < extra else 0))
+    else:
+        bounds = [0] + [builtins.min(builtins.max(i + size if i < 0 else i, 0), size)
+                        for i in indices_or_sections] + [size]
+    out = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        out.append(slice_dim(a, d, lo, builtins.max(lo, hi)))
+    return tuple(out)
+
+
+def _split_along(a: Any, arg: Any, dim: int, op: str) -> Any:
+    if isinstance(arg, int):
+        size = a.shape[dim]
+        check(arg != 0 and size % arg == 0, lambda: f"torch.{op} attempted to split along dimension {dim}, but "
+              f"the size of the dimension {size} is not divisible by the split_size {arg}!")
+    return tensor_split(a, arg, dim)
+
+
+@register(torch.hsplit, torch.Tensor.hsplit)
+def hsplit(a: Any, sections: Any) -> Any:
+    check(a.ndim >= 1, lambda: f"torch.hsplit requires a tensor with at least 1 dimension, but got a tensor "
+          f"with {a.ndim} dimensions!")
+    return _split_along(a, sections, 1 if a.ndim > 1 else 0, "hsplit")
+
+
+@register(torch.vsplit, torch.Tensor.vsplit)
+def vsplit(a: Any, sections: Any) -> Any:
+    check(a.ndim >= 2, lambda: f"torch.vsplit requires a tensor with at least 2 dimension, but got a tensor "
+          f"with {a.ndim} dimensions!")
+    return _split_along(a, sections, 0, "vsplit")
+
+
+@register(torch.dsplit, torch.Tensor.dsplit)
+def dsplit(a: Any, sections: Any) -> Any:
+    check(a.ndim >= 3, lambda: f"torch.dsplit requires a tensor with at least 3 dimension, but got a tensor "
+          f"with {a.ndim} dimensions!")
+    return _split_along(a, sections, 2, "dsplit")
+
+
+# ---- joining: cat / stack and friends -----------------------------------------------------------------
+
+def _tensor_list(tensors: Any, op: str) -> list:
+    check(isinstance(tensors, (tuple, list)), lambda: f"{op}(): argument 'tensors' must be tuple of Tensors",
+          TypeError)
+    for t in tensors:
+        check(is_tensor(t), lambda: f"{op}(): expected Tensor as element in argument 0, but got "
+              f"{type(t).__name__}", TypeError)
+    return list(tensors)
+
+
+@register(torch.cat, torch.concat, torch.concatenate)
+def cat(tensors: Any, dim: int = 0, *, axis: Any = None, out: Any = None) -> Any:
+    if out is not None:
+        raise NoDecomposition("cat with out=")
+    if axis is not None:
+        dim = axis
+    if isinstance(dim, str):
+        raise NoDecomposition("cat with a named dim")
+    tensors = _tensor_list(tensors, "cat")
+    check(len(tensors) > 0, lambda: "torch.cat(): expected a non-empty list of Tensors")
+    for i, t in enumerate(tensors):
+        check(t.ndim > 0, lambda: f"zero-dimensional tensor (at position {i}) cannot be concatenated")
+    dtype = result_type(*[t.dtype for t in tensors])
+    # eager skips 1-D empty tensors (legacy behaviour) when checking and joining shapes
+    kept = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
+    device = tensors[0].device
+    if not kept:
+        return prims.full((0,), False if dtype == torch.bool else 0, dtype, device)
+    ref = kept[0]
+    d = wrap_dim(dim, ref.ndim)
+    for i, t in enumerate(tensors):
+        if t.ndim == 1 and t.shape[0] == 0:
+            continue
+        check(t.ndim == ref.ndim, lambda: f"Tensors must have same number of dimensions: got {ref.ndim} and "
+              f"{t.ndim}")
+        for k in range(ref.ndim):
+            check(k == d or t.shape[k] == ref.shape[k], lambda: f"Sizes of tensors must match except in "
+                  f"dimension {d}. Expected size {ref.shape[k]} but got size {t.shape[k]} for tensor number "
+                  f"{i} in the list.")
+    converted = [t if t.dtype == dtype else prims.convert_element_type(t, dtype) for t in kept]
+    return prims.cat(converted, d)
+
+
+@register(torch.stack)
+def stack(tensors: Any, dim: int = 0, *, out: Any = None) -> Any:
+    if out is not None:
+        raise NoDecomposition("stack with out=")
+    tensors = _tensor_list(tensors, "stack")
+    check(len(tensors) > 0, lambda: "stack expects a non-empty TensorList")
+    first = tensors[0]
+    for i, t in enumerate(tensors):
+        check(tuple(t.shape) == tuple(first.shape), lambda: f"stack expects each tensor to be equal size, but got "
+              f"{list(first.shape)} at entry 0 and {list(t.shape)} at entry {i}")
+    d = wrap_dim(dim, first.ndim + 1)
+    return cat([prims.expand_dims(t, (d,)) for t in tensors], d)
+
+
+def _atleast(a: Any, n: int) -> Any:
+    if a.ndim >= n:
+        return a
+    if n == 1 or a.ndim == 0:
+        return prims.view(a, (1,) * n)
+    if n == 2:
+        return prims.expand_dims(a, (0,))
+    return prims.expand_dims(a, (0, 2)) if a.ndim == 1 else prims.expand_dims(a, (2,))
+
+
+def _atleast_op(n: int) -> Any:
+    def atleast(*tensors: Any) -> Any:
+        if len(tensors) == 1 and is_tensor(tensors[0]):
+            return _atleast(tensors[0], n)
+        if len(tensors) == 1:
+            tensors = tuple(tensors[0])
+        return tuple(_atleast(t, n) for t in tensors)
+    return atleast
+
+
+atleast_1d = register(torch.atleast_1d)(_atleast_op(1))
+atleast_2d = register(torch.atleast_2d)(_atleast_op(2))
+atleast_3d = register(torch.atleast_3d)(_atleast_op(3))
+
+
+@register(torch.hstack)
+def hstack(tensors: Any) -> Any:
+    tensors = [_atleast(t, 1) for t in _tensor_list(tensors, "hstack")]
+    return cat(tensors, 0 if tensors and tensors[0].ndim == 1 else 1)
+
+
+@register(torch.vstack, torch.row_stack)
+def vstack(tensors: Any) -> Any:
+    return cat([_atleast(t, 2) for t in _tensor_list(tensors, "vstack")], 0)
+
+
+@register(torch.dstack)
+def dstack(tensors: Any) -> Any:
+    return cat([_atleast(t, 3) for t in _tensor_list(tensors, "dstack")], 2)
+
+
+@register(torch.column_stack)
+def column_stack(tensors: Any) -> Any:
+    tensors = _tensor_list(tensors, "column_stack")
+    cols = [_reshape(t, (t.numel(), 1)) if t.ndim <= 1 else t for t in tensors]
+    return cat(cols, 1)
+
+
+# ---- reordering copies: flip / roll / rot90 -----------------------------------------------------------
+
+def _layout_perm(a: Any) -> tuple:
+    """Dims from outermost to innermost in memory (by stride), the order eager's copies keep."""
+    from ..prims.shape import dense_strides_like, is_non_overlapping_and_dense
+    shape, strides = tuple(a.shape), tuple(a.stride())
+    if not is_non_overlapping_and_dense(shape, strides):
+        strides = dense_strides_like(shape, strides)
+    return tuple(sorted(range(a.ndim), key=lambda d: (-strides[d], d)))
+
+
+@register(torch.flip, torch.Tensor.flip)
+def flip(a: Any, *dims: Any) -> Any:
+    dims = _sizes(dims, "flip")
+    wrapped = tuple(wrap_dim(d, a.ndim) for d in dims)
+    check(len(set(wrapped)) == len(wrapped), lambda: f"dims has duplicates, original flip dims size="
+          f"{len(dims)}, but unique flip dims size={len(set(wrapped))}")
+    perm = _layout_perm(a)
+    if perm == tuple(range(a.ndim)):
+        return prims.rev(a, tuple(sorted(wrapped)))
+    # flip in memory order and permute back, so the copy keeps the input's layout as eager's does
+    inverse = [0] * a.ndim
+    for i, d in enumerate(perm):
+        inverse[d] = i
+    flipped = prims.rev(prims.permute(a, perm), tuple(sorted(inverse[d] for d in wrapped)))
+    return prims.permute(flipped, tuple(inverse))
+
+
+@register(torch.fliplr, torch.Tensor.fliplr)
+def fliplr(a: Any) -> Any:
+    check(a.ndim >= 2, lambda: "Input must be >= 2-d.")
+    return flip(a, (1,))
+
+
+@register(torch.flipud, torch.Tensor.flipud)
+def flipud(a: Any) -> Any:
+    check(a.ndim >= 1, lambda: "Input must be >= 1-d.")
+    return flip(a, (0,))
+
+
+@register(torch.roll, torch.Tensor.roll)
+def roll(a: Any, shifts: Any, dims: Any = None) -> Any:
+    shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
+    if dims is None:
+        check(len(shifts) == 1, lambda: f"shifts and dimensions must align. shifts: {len(shifts)}, dims:0")
+        return prims.view(roll(_reshape(a, (-1,)), shifts, (0,)), tuple(a.shape))
+    dims = (dims,) if isinstance(dims, int) else tuple(dims)
+    check(len(shifts) == len(dims), lambda: f"shifts and dimensions must align. shifts: {len(shifts)}, "
+          f"dims:{len(dims)}")
+    out = a
+    for shift, dim in zip(shifts, dims):
+        d = wrap_dim(dim, a.ndim)
+        size = a.shape[d]
+        if size == 0:
+            continue
+        s = shift % size
+        out = prims.cat([slice_dim(out, d, size - s, size), slice_dim(out, d, 0, size - s)], d)
+    return out if out is not a else prims.clone(a, torch.contiguous_format)
+
+
+@register(torch.rot90, torch.Tensor.rot90)
+def rot90(a: Any, k: int = 1, dims: Sequence[int] = (0, 1)) -> Any:
+    dims = tuple(dims)
+    check(len(dims) == 2, lambda: f"expected total rotation dims == 2, but got dims = {len(dims)}")
+    check(a.ndim >= 2, lambda: f"expected total dims >= 2, but got total dims = {a.ndim}")
+    d0, d1 = wrap_dim(dims[0], a.ndim), wrap_dim(dims[1], a.ndim)
+    check(d0 != d1, lambda: f"expected rotation dims to be different, but got dim0 = {d0} and dim1 = {d1}")
+    k = k % 4
+    if k == 1:
+        return _transpose(flip(a, (d1,)), d0, d1)
+    if k == 2:
+        return flip(a, (d0, d1))
+    if k == 3:
+        return _transpose(flip(a, (d0,)), d0, d1)
+    return prims.clone(a, torch.contiguous_format)
+
+
+# ---- repetition ---------------------------------------------------------------------------------------
+
+@register(torch.Tensor.repeat)
+def repeat(a: Any, *sizes: Any) -> Any:
+    sizes = _sizes(sizes, "repeat")
+    check(len(sizes) >= a.ndim, lambda: "Number of dimensions of repeat dims can not be smaller than number "
+          "of dimensions of tensor")
+    check(all(s >= 0 for s in sizes), lambda: f"Trying to create tensor with negative dimension: {list(sizes)}")
+    shape = (1,) * (len(sizes) - a.ndim) + tuple(a.shape)
+    a = prims.view(a, shape) if a.ndim != len(sizes) else a
+    # (r0, s0, r1, s1, ...) with the input on the odd dims, then merge each pair
+    expanded_shape = tuple(x for r, s in zip(sizes, shape) for x in (r, s))
+    expanded = prims.broadcast_in_dim(a, expanded_shape, tuple(range(1, 2 * len(shape), 2)))
+    return prims.view(prims.clone(expanded, torch.contiguous_format), tuple(r * s for r, s in zip(sizes, shape)))
+
+
+@register(torch.tile, torch.Tensor.tile)
+def tile(a: Any, *dims: Any) -> Any:
+    dims = _sizes(dims, "tile")
+    if len(dims) < a.ndim:
+        dims = (1,) * (a.ndim - len(dims)) + dims
+    return repeat(a, dims)
+
+
+@register(torch.repeat_interleave, torch.Tensor.repeat_interleave)
+def repeat_interleave(a: Any, repeats: Any = None, dim: Any = None, *, output_size: Any = None) -> Any:
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or not is_tensor(a):
+        raise NoDecomposition("repeat_interleave with tensor repeats")
+    check(repeats >= 0, lambda: "repeats can not be negative")
+    if dim is None:
+        a = _reshape(a, (-1,))
+        d = 0
+    else:
+        d = wrap_dim(dim, a.ndim)
+    shape = tuple(a.shape)
+    expanded_shape = shape[:d + 1] + (repeats,) + shape[d + 1:]
+    dims = tuple(range(d + 1)) + tuple(range(d + 2, len(expanded_shape)))
+    expanded = prims.broadcast_in_dim(a, expanded_shape, dims)
+    out_shape = shape[:d] + (shape[d] * repeats,) + shape[d + 1:]
+    return prims.view(prims.clone(expanded, torch.contiguous_format), out_shape)
+
+
+# ---- triangles and diagonals --------------------------------------------------------------------------
+
+def _triangle(a: Any, diagonal: int, op: str, lower: bool) -> Any:
+    check(a.ndim >= 2, lambda: f"{op}: input tensor must have at least 2 dimensions")
+    rows, cols = a.shape[-2], a.shape[-1]
+    device = a.device
+    r = prims.broadcast_in_dim(prims.iota(rows, 0, 1, torch.int64, device), (rows, cols), (0,))
+    c = prims.broadcast_in_dim(prims.iota(cols, 0, 1, torch.int64, device), (rows, cols), (1,))
+    offset = prims.sub(c, r)
+    mask = prims.le(offset, diagonal) if lower else prims.ge(offset, diagonal)
+    mask = prims.broadcast_in_dim(mask, tuple(a.shape), (a.ndim - 2, a.ndim - 1))
+    dtype = a.dtype
+    zero = False if dtype == torch.bool else (0j if dtype.is_complex else (0.0 if dtype.is_floating_point else 0))
+    return prims.where(mask, a, zero)
+
+
+@register(torch.tril, torch.Tensor.tril)
+def tril(a: Any, diagonal: int = 0, *, out: Any = None) -> Any:
+    if out is not None:
+        raise NoDecomposition("tril with out=")
+    return _triangle(a, diagonal, "tril", True)
+
+
+@register(torch.triu, torch.Tensor.triu)
+def triu(a: Any, diagonal: int = 0, *, out: Any = None) -> Any:
+    if out is not None:
+        raise NoDecomposition("triu with out=")
+    return _triangle(a, diagonal, "triu", False)
+
+
+@register(torch.diagonal, torch.Tensor.diagonal)
+def diagonal(a: Any, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Any:
+    if any(isinstance(v, str) for v in (offset, dim1, dim2)):
+        raise NoDecomposition("diagonal with named dims")
+    d1, d2 = wrap_dim(dim1, a.ndim), wrap_dim(dim2, a.ndim)
+    check(d1 != d2, lambda: f"diagonal dimensions cannot be identical {dim1}, {dim2}")
+    return prims.diagonal(a, offset, d1, d2)
+
+
+def _embed_last(a: Any, offset: int) -> Any:
+    """The last dim of `a` (length L) placed on diagonal `offset` of new trailing N x N dims, N = L + |offset|,
+    by padding: consecutive diagonal entries are N + 1 apart in the flattened matrix."""
+    length = a.shape[-1]
+    n = length + builtins.abs(offset)
+    low = offset if offset >= 0 else -offset * n
+    high = n * n - low - length - builtins.max(length - 1, 0) * n
+    dtype = a.dtype
+    zero = False if dtype == torch.bool else (0j if dtype.is_complex else (0.0 if dtype.is_floating_point else 0))
+    config = [(0, 0, 0)] * (a.ndim - 1) + [(low, high, n)]
+    return prims.view(prims.pad(a, zero, config), tuple(a.shape[:-1]) + (n, n))
+
+
+@register(torch.diag_embed, torch.Tensor.diag_embed)
+def diag_embed(a: Any, offset: int = 0, dim1: int = -2, dim2: int = -1) -> Any:
+    out_ndim = a.ndim + 1
+    d1, d2 = wrap_dim(dim1, out_ndim), wrap_dim(dim2, out_ndim)
+    check(d1 != d2, lambda: f"diagonal dimensions cannot be identical {dim1}, {dim2}")
+    embedded = _embed_last(a, offset)  # (..., rows, cols)
+    batch = iter(range(a.ndim - 1))
+    perm = tuple(a.ndim - 1 if p == d1 else a.ndim if p == d2 else next(batch) for p in range(out_ndim))
+    if perm == tuple(range(out_ndim)):
+        return embedded
+    return prims.clone(prims.permute(embedded, perm), torch.contiguous_format)
+
+
+@register(torch.diag, torch.Tensor.diag)
+def diag(a: Any, diagonal: int = 0, *, out: Any = None) -> Any:
+    if out is not None:
+        raise NoDecomposition("diag with out=")
+    check(a.ndim in (1, 2), lambda: "diag(): Supports 1D or 2D tensors. Got {}D".format(a.ndim))
+    if a.ndim == 1:
+        return _embed_last(a, diagonal)
+    return prims.clone(prims.diagonal(a, diagonal, 0, 1), torch.contiguous_format)
+
+
+mark_view(torch.Tensor.view, torch.reshape, torch.Tensor.reshape, torch.Tensor.view_as, torch.Tensor.reshape_as,
+          torch.flatten, torch.Tensor.flatten, torch.ravel, torch.Tensor.ravel, torch.unflatten,
+          torch.Tensor.unflatten, torch.squeeze, torch.Tensor.squeeze, torch.unsqueeze, torch.Tensor.unsqueeze,
+          torch.permute, torch.Tensor.permute, torch.transpose, torch.Tensor.transpose, torch.swapaxes,
+          torch.Tensor.swapaxes, torch.swapdims, torch.Tensor.swapdims, torch.t, torch.Tensor.t,
+          torch.Tensor.T.__get__, torch.Tensor.mT.__get__, torch.Tensor.H.__get__, torch.Tensor.mH.__get__,
+          torch.adjoint, torch.Tensor.adjoint, torch.movedim, torch.Tensor.movedim, torch.moveaxis,
+          torch.Tensor.moveaxis, torch.Tensor.expand, torch.Tensor.expand_as, torch.broadcast_to,
+          torch.broadcast_tensors, torch.Tensor.contiguous, torch.narrow, torch.Tensor.narrow, torch.select,
+          torch.Tensor.select, torch.split, torch.Tensor.split, torch.split_with_sizes,
+          torch.Tensor.split_with_sizes, torch.chunk, torch.Tensor.chunk, torch.unbind, torch.Tensor.unbind,
+          torch.tensor_split, torch.Tensor.tensor_split, torch.hsplit, torch.Tensor.hsplit, torch.vsplit,
+          torch.Tensor.vsplit, torch.dsplit, torch.Tensor.dsplit, torch.diagonal, torch.Tensor.diagonal,
+          torch.atleast_1d, torch.atleast_2d, torch.atleast_3d)

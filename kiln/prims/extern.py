@@ -1,0 +1,291 @@
+"""Extern prims: operations backends keep whole, as calls into a vendor library (BLAS, oneDNN, cuDNN, ...).
+
+mm(a, b)                     [n, k] @ [k, m] -> [n, m]; one dtype
+bmm(a, b)                    [B, n, k] @ [B, k, m] -> [B, n, m]
+convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
+                             N-d (N = w.ndim - 2) batched convolution, as torch.convolution; every list has
+                             N entries; bias is None or 1-d
+sdpa(q, k, v, attn_mask, is_causal, scale, enable_gqa)
+                             scaled dot product attention without dropout; q [*B, L, E], k [*B, S, E],
+                             v [*B, S, Ev] with one batch shape (the head dim, -3, of k and v may divide q's
+                             when enable_gqa); attn_mask None or [*B, L, S], bool or q's dtype
+sort(a, dim, descending, stable) -> (values, int64 indices)
+topk(a, k, dim, largest, sorted) -> (values, int64 indices)
+cumsum(a, dim), cumprod(a, dim), logcumsumexp(a, dim): inclusive scans in a's dtype
+cummax(a, dim), cummin(a, dim) -> (values, int64 indices of the last extremum so far)
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..graph import TensorMeta
+from .registry import check, is_tensor, meta_of, prim, shape_text, wrap_dim
+
+
+def _tensor(name: str, what: str, v: Any) -> TensorMeta:
+    check(is_tensor(v), lambda: f"prims.{name}: expected {what} to be a tensor, got {type(v).__name__}",
+          TypeError)
+    return meta_of(v)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# ---- matrix products ------------------------------------------------------------------------------------
+
+def _matmul_dtypes(name: str, am: TensorMeta, bm: TensorMeta) -> None:
+    check(am.dtype == bm.dtype, lambda: f"{name}: expected m1 and m2 to have the same dtype, but got: "
+          f"{_dtype_name(am.dtype)} != {_dtype_name(bm.dtype)}")
+    check(am.dtype != torch.bool, lambda: f"{name}: not implemented for 'Bool'", NotImplementedError)
+    check(am.device == bm.device, lambda: f"{name}: expected both operands on one device, got {am.device} "
+          f"and {bm.device}")
+
+
+def _mm_meta(a: Any, b: Any) -> TensorMeta:
+    am, bm = _tensor("mm", "mat1", a), _tensor("mm", "mat2", b)
+    check(am.ndim == 2, lambda: f"mm: self must be a matrix, got {shape_text(a)}")
+    check(bm.ndim == 2, lambda: f"mm: mat2 must be a matrix, got {shape_text(b)}")
+    check(am.shape[1] == bm.shape[0], lambda: f"mat1 and mat2 shapes cannot be multiplied "
+          f"({am.shape[0]}x{am.shape[1]} and {bm.shape[0]}x{bm.shape[1]})")
+    _matmul_dtypes("mm", am, bm)
+    return TensorMeta((am.shape[0], bm.shape[1]), am.dtype, am.device)
+
+
+mm = prim("mm", _mm_meta, lambda a, b: torch.mm(a, b), tags=("extern",))
+
+
+def _bmm_meta(a: Any, b: Any) -> TensorMeta:
+    am, bm = _tensor("bmm", "batch1", a), _tensor("bmm", "batch2", b)
+    check(am.ndim == 3, lambda: f"bmm: batch1 must be a 3D tensor, got {shape_text(a)}")
+    check(bm.ndim == 3, lambda: f"bmm: batch2 must be a 3D tensor, got {shape_text(b)}")
+    check(bm.shape[0] == am.shape[0] and bm.shape[1] == am.shape[2],
+          lambda: f"bmm: Expected size for first two dimensions of batch2 tensor to be: "
+                  f"[{am.shape[0]}, {am.shape[2]}] but got: [{bm.shape[0]}, {bm.shape[1]}] "
+                  f"(batch1 {shape_text(a)}, batch2 {shape_text(b)})")
+    _matmul_dtypes("bmm", am, bm)
+    return TensorMeta((am.shape[0], am.shape[1], bm.shape[2]), am.dtype, am.device)
+
+
+bmm = prim("bmm", _bmm_meta, lambda a, b: torch.bmm(a, b), tags=("extern",))
+
+
+# ---- convolution ----------------------------------------------------------------------------------------
+
+def _int_list(name: str, what: str, v: Any, n: int) -> tuple[int, ...]:
+    check(isinstance(v, (list, tuple)) and len(v) == n,
+          lambda: f"{name}: expected {what} to be a list of {n} values to match the convolution "
+                  f"dimensions, but got {what}={v}")
+    return tuple(v)
+
+
+def conv_output_size(size: Any, kernel: Any, stride: int, padding: int, dilation: int,
+                     transposed: bool, output_padding: int) -> Any:
+    """One spatial output size of a convolution (the formula eager uses)."""
+    if transposed:
+        return (size - 1) * stride - 2 * padding + dilation * (kernel - 1) + output_padding + 1
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def _convolution_meta(x: Any, w: Any, bias: Any, stride: Sequence[int], padding: Sequence[int],
+                      dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
+                      groups: int) -> TensorMeta:
+    name = "convolution"
+    xm, wm = _tensor(name, "input", x), _tensor(name, "weight", w)
+    n = wm.ndim - 2
+    check(n >= 1, lambda: f"{name}: weight should have at least three dimensions, got {shape_text(w)}")
+    check(xm.ndim == n + 2, lambda: f"{name}: expected a batched {n + 2}-d input for a {n}-d convolution "
+          f"with weight {shape_text(w)}, got input of size: {shape_text(x)}")
+    stride = _int_list(name, "stride", stride, n)
+    padding = _int_list(name, "padding", padding, n)
+    dilation = _int_list(name, "dilation", dilation, n)
+    output_padding = _int_list(name, "output_padding", output_padding, n)
+    check(all(s > 0 for s in stride), lambda: "non-positive stride is not supported")
+    check(all(p >= 0 for p in padding), lambda: "negative padding is not supported")
+    check(all(p >= 0 for p in output_padding), lambda: "negative output_padding is not supported")
+    check(all(d > 0 for d in dilation), lambda: "non-positive dilation is not supported")
+    check(isinstance(groups, int) and groups > 0, lambda: "non-positive groups is not supported")
+    check(xm.dtype == wm.dtype, lambda: f"Input type ({xm.dtype}) and weight type ({wm.dtype}) should be "
+          f"the same (convolution of input {shape_text(x)} with weight {shape_text(w)})")
+    check(xm.dtype != torch.bool, lambda: f"{name}: not implemented for 'Bool'", NotImplementedError)
+    in_channels = xm.shape[1]
+    if transposed:
+        check(in_channels == wm.shape[0], lambda: f"Given transposed=1, weight of size {shape_text(w)}, "
+              f"expected input{shape_text(x)} to have {wm.shape[0]} channels, but got {in_channels} "
+              "channels instead")
+        check(wm.shape[0] % groups == 0, lambda: f"Given groups={groups}, expected weight to be divisible by "
+              f"{groups} at dimension 0, but got weight of size {shape_text(w)} instead")
+        out_channels = wm.shape[1] * groups
+        for i in range(n):
+            check(output_padding[i] < stride[i] or output_padding[i] < dilation[i],
+                  lambda: f"output padding must be smaller than either stride or dilation, but got "
+                          f"output_padding={list(output_padding)}, stride={list(stride)}, "
+                          f"dilation={list(dilation)}")
+    else:
+        check(wm.shape[0] % groups == 0, lambda: f"Given groups={groups}, expected weight to be divisible by "
+              f"{groups} at dimension 0, but got weight of size {shape_text(w)} instead")
+        check(in_channels == wm.shape[1] * groups, lambda: f"Given groups={groups}, weight of size "
+              f"{shape_text(w)}, expected input{shape_text(x)} to have {wm.shape[1] * groups} channels, but "
+              f"got {in_channels} channels instead")
+        out_channels = wm.shape[0]
+    if bias is not None:
+        bm = _tensor(name, "bias", bias)
+        check(bm.ndim == 1 and bm.shape[0] == out_channels,
+              lambda: f"Given {'transposed=1, ' if transposed else ''}weight of size {shape_text(w)}, "
+                      f"expected bias to be 1-dimensional with {out_channels} elements, but got bias of size "
+                      f"{shape_text(bias)} instead")
+        check(bm.dtype == xm.dtype, lambda: f"Input type ({_dtype_name(xm.dtype)}) and bias type "
+              f"({_dtype_name(bm.dtype)}) should be the same")
+    spatial = []
+    sizes = xm.shape[2:]
+    kernels = wm.shape[2:]
+    if not transposed:
+        padded = [sizes[i] + 2 * padding[i] for i in range(n)]
+        dilated = [dilation[i] * (kernels[i] - 1) + 1 for i in range(n)]
+        check(all(p >= k for p, k in zip(padded, dilated)),
+              lambda: f"Calculated padded input size per channel: ({' x '.join(map(str, padded))}). Kernel "
+                      f"size: ({' x '.join(map(str, dilated))}). Kernel size can't be greater than actual "
+                      "input size")
+    for i in range(n):
+        spatial.append(conv_output_size(sizes[i], kernels[i], stride[i], padding[i], dilation[i], transposed,
+                                        output_padding[i]))
+    check(all(s > 0 for s in spatial), lambda: f"Given input size per channel: "
+          f"({' x '.join(map(str, sizes))}). Calculated output size per channel: "
+          f"({' x '.join(map(str, spatial))}). Output size is too small")
+    return TensorMeta((xm.shape[0], out_channels, *spatial), xm.dtype, xm.device)
+
+
+def _convolution_ref(x: torch.Tensor, w: torch.Tensor, bias: Any, stride: Sequence[int],
+                     padding: Sequence[int], dilation: Sequence[int], transposed: bool,
+                     output_padding: Sequence[int], groups: int) -> torch.Tensor:
+    return torch.convolution(x, w, bias, list(stride), list(padding), list(dilation), transposed,
+                             list(output_padding), groups)
+
+
+convolution = prim("convolution", _convolution_meta, _convolution_ref, tags=("extern",))
+
+
+# ---- attention ------------------------------------------------------------------------------------------
+
+def _sdpa_meta(q: Any, k: Any, v: Any, attn_mask: Any = None, is_causal: bool = False,
+               scale: float | None = None, enable_gqa: bool = False) -> TensorMeta:
+    name = "scaled_dot_product_attention"
+    qm, km, vm = _tensor(name, "query", q), _tensor(name, "key", k), _tensor(name, "value", v)
+    check(qm.ndim >= 2 and km.ndim == qm.ndim and vm.ndim == qm.ndim,
+          lambda: f"prims.sdpa: query, key and value must have one rank of at least 2, got "
+                  f"{shape_text(q)}, {shape_text(k)}, {shape_text(v)}")
+    check(qm.dtype == km.dtype == vm.dtype,
+          lambda: f"{name}: Expected query, key, and value to have the same dtype, but got query.dtype: "
+                  f"{qm.dtype} key.dtype: {km.dtype} and value.dtype: {vm.dtype} instead.")
+    check(qm.dtype.is_floating_point, lambda: f"{name}: expected a floating point query, got {qm.dtype}")
+    check(km.shape[:-1] == vm.shape[:-1], lambda: f"{name}: key {shape_text(k)} and value {shape_text(v)} "
+          "must agree on every dim but the last")
+    check(qm.shape[-1] == km.shape[-1], lambda: f"{name}: query {shape_text(q)} and key {shape_text(k)} "
+          "must have the same embedding size")
+    batch_q, batch_k = list(qm.shape[:-2]), list(km.shape[:-2])
+    if enable_gqa and qm.ndim >= 3:
+        hq, hk = batch_q[-1], batch_k[-1]
+        check(hk != 0 and hq % hk == 0, lambda: f"{name}: Number of heads in key and value must divide the "
+              f"number of heads in query (query {shape_text(q)}, key {shape_text(k)})")
+        batch_q, batch_k = batch_q[:-1], batch_k[:-1]
+    check(batch_q == batch_k, lambda: f"prims.sdpa: query {shape_text(q)}, key {shape_text(k)} and value "
+          f"{shape_text(v)} must have one batch shape (prims do not broadcast)")
+    out_shape = (*qm.shape[:-1], vm.shape[-1])
+    if attn_mask is not None:
+        check(not is_causal, lambda: "_scaled_dot_product_attention: Explicit attn_mask should not be set "
+              "when is_causal=True")
+        mm_ = _tensor(name, "attn_mask", attn_mask)
+        check(mm_.dtype in (torch.bool, qm.dtype), lambda: f"{name}: Expected attn_mask dtype to be bool or "
+              f"float or to match query dtype, but got attn_mask.dtype: {mm_.dtype} and query.dtype: "
+              f"{qm.dtype} instead.")
+        want = (*qm.shape[:-1], km.shape[-2])
+        check(tuple(mm_.shape) == want, lambda: f"prims.sdpa: attn_mask of shape {shape_text(attn_mask)} "
+              f"must have shape [{', '.join(map(str, want))}] (prims do not broadcast)")
+    return TensorMeta(out_shape, qm.dtype, qm.device)
+
+
+def _sdpa_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any = None,
+              is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
+    kwargs = {"enable_gqa": True} if enable_gqa else {}
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=0.0, is_causal=is_causal,
+                                          scale=scale, **kwargs)
+
+
+sdpa = prim("sdpa", _sdpa_meta, _sdpa_ref, tags=("extern",))
+
+
+# ---- sorting and selection ------------------------------------------------------------------------------
+
+def _sort_meta(a: Any, dim: int = -1, descending: bool = False, stable: bool = False) -> tuple:
+    m = _tensor("sort", "input", a)
+    wrap_dim(dim, m.ndim, "sort")
+    check(not m.dtype.is_complex, lambda: f"sort(): not supported for complex tensors ({m.dtype})")
+    return TensorMeta(m.shape, m.dtype, m.device), TensorMeta(m.shape, torch.int64, m.device)
+
+
+def _sort_ref(a: torch.Tensor, dim: int = -1, descending: bool = False, stable: bool = False) -> tuple:
+    values, indices = torch.sort(a, dim=dim, descending=descending, stable=stable)
+    return values, indices
+
+
+sort = prim("sort", _sort_meta, _sort_ref, tags=("extern",))
+
+
+def _topk_meta(a: Any, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple:
+    m = _tensor("topk", "input", a)
+    dim = wrap_dim(dim, m.ndim, "topk")
+    size = m.shape[dim] if m.ndim > 0 else 1
+    check(isinstance(k, int) and 0 <= k <= size, lambda: f"topk: selected index k out of range (k={k}, "
+          f"input {shape_text(a)}, dim {dim})")
+    check(not m.dtype.is_complex, lambda: f"topk: not supported for complex tensors ({m.dtype})")
+    check(not (m.dtype == torch.bool and m.device.type == "cpu"),
+          lambda: "topk does not support bool dtypes on CPU")
+    shape = list(m.shape)
+    if shape:
+        shape[dim] = k
+    return TensorMeta(shape, m.dtype, m.device), TensorMeta(shape, torch.int64, m.device)
+
+
+def _topk_ref(a: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple:
+    values, indices = torch.topk(a, k, dim=dim, largest=largest, sorted=sorted)
+    return values, indices
+
+
+topk = prim("topk", _topk_meta, _topk_ref, tags=("extern",))
+
+
+# ---- scans ----------------------------------------------------------------------------------------------
+
+def _scan(name: str, ref: Any, allowed: Any, what: str, with_indices: bool = False) -> Any:
+    def meta(a: Any, dim: int) -> Any:
+        m = _tensor(name, "input", a)
+        wrap_dim(dim, m.ndim, name)
+        check(allowed(m.dtype), lambda: f"prims.{name}: not defined for {m.dtype} tensors ({what})",
+              TypeError)
+        values = TensorMeta(m.shape, m.dtype, m.device)
+        if with_indices:
+            return values, TensorMeta(m.shape, torch.int64, m.device)
+        return values
+    return prim(name, meta, ref, tags=("extern", "scan"))
+
+
+def _cum_extremum_ref(fn: Any) -> Any:
+    def ref(a: torch.Tensor, dim: int) -> tuple:
+        values, indices = fn(a, dim)
+        return values, indices
+    return ref
+
+
+cumsum = _scan("cumsum", lambda a, dim: torch.cumsum(a, dim), lambda d: d != torch.bool,
+               "decompositions convert bool to int64")
+cumprod = _scan("cumprod", lambda a, dim: torch.cumprod(a, dim), lambda d: d != torch.bool,
+                "decompositions convert bool to int64")
+cummax = _scan("cummax", _cum_extremum_ref(torch.cummax), lambda d: not d.is_complex, "not complex",
+               with_indices=True)
+cummin = _scan("cummin", _cum_extremum_ref(torch.cummin), lambda d: not d.is_complex, "not complex",
+               with_indices=True)
+logcumsumexp = _scan("logcumsumexp", lambda a, dim: torch.logcumsumexp(a, dim),
+                     lambda d: d.is_floating_point or d.is_complex, "floating point only")

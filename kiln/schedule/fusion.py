@@ -1,0 +1,199 @@
+"""Fusion: group the loop graph's computed buffers into kernels.
+
+A kernel (`FusedGroup`) has outer ranges O, shared by all its members and run in parallel, and inner ranges
+I. A member is a reduction over I producing a buffer of shape O, a pointwise of shape O+I computed in its
+own inner loop, or a pointwise of shape O computed once per outer iteration (a reduction epilogue). Members
+run in order inside one outer iteration, so a member may read what an earlier member of the same kernel
+wrote — provided it reads exactly the element written for the current outer index (then no other thread
+is involved). Softmax over the last dim (max, sum of exp, divide) and layer_norm (mean, variance,
+normalize) each become one kernel; a pointwise chain was already inlined into one body by lowering.
+Extern and fallback nodes end the current kernel.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import sympy
+
+from .. import config
+from ..lower.index import index_var, linear_index, simplify_index
+from ..lower.ir import ComputedBuffer, ExternNode, LoopGraph, Pointwise, Reduction
+
+log = config.channel("fusion")
+
+# Below this many elements a kernel runs on one thread (OpenMP start-up costs more than it saves).
+PARALLEL_THRESHOLD = 32768
+
+
+@dataclasses.dataclass
+class Member:
+    buffer: ComputedBuffer
+    role: str  # "reduction", "inner" (pointwise over O+I) or "outer" (pointwise over O)
+
+
+@dataclasses.dataclass
+class FusedGroup:
+    """One C++ kernel."""
+
+    name: str
+    outer: tuple[int, ...]
+    inner: tuple[int, ...] | None  # None while the group holds only pointwise members over `outer`
+    members: list[Member]
+    local: dict[str, str] = dataclasses.field(default_factory=dict)  # buffer -> "scalar" | "array"
+
+    def threads_split_inner(self) -> bool:
+        """Split the inner loops across threads (the outer ranges are too few to feed them)."""
+        import math
+        return math.prod(self.outer) < 4 and math.prod(self.inner or ()) >= PARALLEL_THRESHOLD
+
+    def outer_vars(self) -> list[sympy.Symbol]:
+        return [index_var("x", d) for d in range(len(self.outer))]
+
+    def inner_vars(self) -> list[sympy.Symbol]:
+        return [index_var("r", d) for d in range(len(self.inner or ()))]
+
+    def var_ranges(self) -> dict[sympy.Symbol, int]:
+        ranges = dict(zip(self.outer_vars(), self.outer))
+        ranges.update(zip(self.inner_vars(), self.inner or ()))
+        return ranges
+
+    def member_index(self, member: Member) -> tuple[list, list]:
+        """(index, rindex) the member's body is called with."""
+        if member.role == "inner":
+            return self.outer_vars() + self.inner_vars(), []
+        if member.role == "reduction":
+            return self.outer_vars(), self.inner_vars()
+        return self.outer_vars(), []
+
+    def store_index(self, member: Member) -> sympy.Expr:
+        index, _ = self.member_index(member)
+        layout = member.buffer.layout
+        return linear_index(index, layout.strides, layout.offset)
+
+    def member_loads(self, member: Member) -> list[tuple[str, sympy.Expr]]:
+        from ..lower.ops import DepsHandler
+        deps = DepsHandler()
+        index, rindex = self.member_index(member)
+        if member.role == "reduction":
+            member.buffer.data.fn(deps, index, rindex)
+        else:
+            member.buffer.data.fn(deps, index)
+        ranges = self.var_ranges()
+        return [(name, simplify_index(sympy.expand(expr), ranges)) for name, expr in deps.loads]
+
+    def buffer_names(self) -> list[str]:
+        return [m.buffer.name for m in self.members]
+
+    def describe(self) -> str:
+        roles = ", ".join(f"{m.buffer.name}:{m.role}" for m in self.members)
+        return f"{self.name}: outer={list(self.outer)} inner={list(self.inner or [])} members=[{roles}]"
+
+
+def _role(group: FusedGroup, buf: ComputedBuffer) -> str | None:
+    """How `buf` would sit in `group`, or None if its iteration space does not fit."""
+    data = buf.data
+    if isinstance(data, Reduction):
+        if group.inner is None:
+            return "reduction" if group.outer == data.ranges and not _has_inner(group) else None
+        return "reduction" if (group.outer, group.inner) == (data.ranges, data.reduction_ranges) else None
+    if group.inner is None:
+        return "outer" if data.ranges == group.outer else None
+    if data.ranges == group.outer + group.inner:
+        return "inner"
+    if data.ranges == group.outer:
+        return "outer"
+    return None
+
+
+def _has_inner(group: FusedGroup) -> bool:
+    return any(m.role != "outer" for m in group.members)
+
+
+def _reads_are_local(group: FusedGroup, member: Member) -> bool:
+    """Every read of a buffer of `group` hits the element written for the current outer index."""
+    written = {m.buffer.name: m for m in group.members}
+    for name, expr in group.member_loads(member):
+        producer = written.get(name)
+        if producer is None:
+            continue
+        if producer.role == "inner" and member.role == "outer":
+            return False  # an inner loop's buffer is complete, but read at a single point: keep it simple
+        want = simplify_index(sympy.expand(group.store_index(producer)), group.var_ranges())
+        if sympy.expand(expr - want) != 0:
+            return False
+    return True
+
+
+def _try_add(group: FusedGroup, buf: ComputedBuffer) -> bool:
+    role = _role(group, buf)
+    if role is None and group.inner is None and isinstance(buf.data, Reduction):
+        # a pointwise group over O+I turns into a reduction group (outer O, inner I)
+        data = buf.data
+        if group.outer == data.ranges + data.reduction_ranges and data.reduction_ranges:
+            candidate = FusedGroup(group.name, data.ranges, data.reduction_ranges,
+                                   [Member(m.buffer, "inner") for m in group.members])
+            member = Member(buf, "reduction")
+            if all(_reads_are_local(candidate, m) for m in candidate.members + [member]):
+                candidate.members.append(member)
+                group.outer, group.inner, group.members = candidate.outer, candidate.inner, candidate.members
+                return True
+        return False
+    if role is None:
+        return False
+    member = Member(buf, role)
+    trial = FusedGroup(group.name, group.outer, group.inner, group.members)
+    if role == "reduction" and group.inner is None:
+        trial.inner = buf.data.reduction_ranges
+    if not _reads_are_local(trial, member):
+        return False
+    group.inner = trial.inner
+    group.members.append(member)
+    return True
+
+
+def _new_group(index: int, buf: ComputedBuffer) -> FusedGroup:
+    data = buf.data
+    if isinstance(data, Reduction):
+        return FusedGroup(f"kernel{index}", data.ranges, data.reduction_ranges, [Member(buf, "reduction")])
+    return FusedGroup(f"kernel{index}", data.ranges, None, [Member(buf, "outer")])
+
+
+def fuse(graph: LoopGraph) -> list[FusedGroup | ExternNode]:
+    """The graph's nodes grouped into kernels (in an order that respects every dependency)."""
+    fuel = config.get("fuel")
+    fusions = 0
+    schedule: list[FusedGroup | ExternNode] = []
+    current: FusedGroup | None = None
+    for node in graph.nodes:
+        if isinstance(node, ExternNode):
+            current = None
+            schedule.append(node)
+            continue
+        if current is not None and (fuel < 0 or fusions < fuel) and _try_add(current, node):
+            fusions += 1
+            log.debug("fuse %s into %s", node.name, current.describe())
+            continue
+        if current is not None:
+            log.debug("%s starts a new kernel (does not fit %s)", node.name, current.describe())
+        current = _new_group(sum(isinstance(s, FusedGroup) for s in schedule), node)
+        schedule.append(current)
+    for item in schedule:
+        if isinstance(item, FusedGroup):
+            _finish(item)
+    return schedule
+
+
+def _finish(group: FusedGroup) -> None:
+    """A pure pointwise kernel iterates its last dim as the inner (vectorized) loop."""
+    if group.inner is None:
+        if group.outer:
+            outer, inner = group.outer[:-1], group.outer[-1:]
+            group.members = [Member(m.buffer, "inner") for m in group.members]
+            group.outer, group.inner = outer, inner
+        else:
+            group.inner = ()
+
+
+def is_pointwise(buf: Any) -> bool:
+    return isinstance(buf, ComputedBuffer) and isinstance(buf.data, Pointwise)

@@ -1,0 +1,142 @@
+"""Memory planning: split the schedule into steps, free each buffer after its last use, reuse freed memory.
+
+A step is a `Segment` (consecutive kernels, one C++ entry call) or an `ExternNode` (a torch call). The
+buffers a segment writes are allocated just before it; a buffer is released after the step that reads it
+last, unless it is an output (or the base of an output view, or the final value of a mutated input).
+A buffer allocated later reuses released memory of the same dtype and storage size (never within one
+segment: its pointers are `__restrict__`).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .. import config
+from ..graph import flatten
+from ..lower.ir import BufferRef, ComputedBuffer, ExternNode, InputBuffer, LoopGraph, OutputView
+from .fusion import FusedGroup
+
+log = config.channel("fusion")
+
+
+@dataclasses.dataclass
+class Segment:
+    name: str
+    groups: list[FusedGroup]
+    writes: list[str]
+    args: list[str] = dataclasses.field(default_factory=list)  # pointer parameters, in order
+
+
+@dataclasses.dataclass
+class Step:
+    node: Segment | ExternNode
+    allocs: list[tuple[str, str | None]]  # (buffer, buffer whose memory it reuses, or None)
+    frees: list[str]
+
+
+@dataclasses.dataclass
+class Plan:
+    steps: list[Step]
+    kept: set[str]  # buffers alive at the end (outputs, output view bases, mutation sources)
+
+    def allocations(self) -> int:
+        return sum(1 for s in self.steps for _, reuse in s.allocs if reuse is None)
+
+
+def _segment_reads(seg: Segment) -> list[str]:
+    names: dict[str, None] = {}
+    for group in seg.groups:
+        for member in group.members:
+            for name, _ in member.buffer.reads():
+                names.setdefault(name, None)
+    return list(names)
+
+
+def _localize(nodes: list, kept: set[str]) -> None:
+    """Buffers written and read only inside one kernel live in registers or per-thread scratch rows."""
+    readers: dict[str, set[int]] = {}
+    for node in nodes:
+        groups = node.groups if isinstance(node, Segment) else [node]
+        for item in groups:
+            names = [n for m in item.members for n, _ in m.buffer.reads()] if isinstance(item, FusedGroup) \
+                else item.reads()
+            for name in names:
+                readers.setdefault(name, set()).add(id(item))
+    for node in nodes:
+        if not isinstance(node, Segment):
+            continue
+        for group in node.groups:
+            if group.threads_split_inner():
+                continue
+            for member in group.members:
+                name = member.buffer.name
+                if name in kept or readers.get(name, set()) - {id(group)} or name not in readers:
+                    continue
+                group.local[name] = "array" if member.role == "inner" else "scalar"
+                log.debug("%s stays inside %s (%s)", name, group.name, group.local[name])
+
+
+def plan(graph: LoopGraph, schedule: list[FusedGroup | ExternNode]) -> Plan:
+    """Steps with allocations and frees for the scheduled kernels of `graph`."""
+    nodes: list[Segment | ExternNode] = []
+    for item in schedule:
+        if isinstance(item, ExternNode):
+            nodes.append(item)
+            continue
+        if not nodes or not isinstance(nodes[-1], Segment):
+            nodes.append(Segment(f"segment{sum(isinstance(n, Segment) for n in nodes)}", [], []))
+        nodes[-1].groups.append(item)
+        nodes[-1].writes.extend(m.buffer.name for m in item.members)
+
+    kept: set[str] = set()
+    for value in flatten((graph.output, [m[1] for m in graph.mutations])):
+        if isinstance(value, (BufferRef, OutputView)):
+            kept.add(value.name)
+
+    reads: list[list[str]] = []
+    for node in nodes:
+        if isinstance(node, Segment):
+            r = _segment_reads(node)
+            node.args = list(dict.fromkeys(r + node.writes))
+            reads.append(r)
+        else:
+            reads.append(node.reads())
+    _localize(nodes, kept)
+    local_all: set[str] = set()
+    for node in nodes:
+        if isinstance(node, Segment):
+            local = {name for g in node.groups for name in g.local}
+            local_all |= local
+            node.writes = [n for n in node.writes if n not in local]
+            node.args = [n for n in node.args if n not in local]
+    last_use: dict[str, int] = {}
+    for i, r in enumerate(reads):
+        for name in r:
+            last_use[name] = i
+
+    free_pool: dict[tuple, list[str]] = {}
+    steps: list[Step] = []
+    for i, node in enumerate(nodes):
+        allocs: list[tuple[str, str | None]] = []
+        if isinstance(node, Segment):
+            for name in node.writes:
+                buf = graph.buffers[name]
+                key = (buf.dtype, buf.layout.storage_size())
+                pool = free_pool.get(key)
+                reuse = pool.pop() if pool else None
+                allocs.append((name, reuse))
+                if reuse is not None:
+                    log.debug("%s reuses the memory of %s", name, reuse)
+        frees = []
+        written = node.writes if isinstance(node, Segment) else [o.name for o in node.outputs]
+        candidates = set(reads[i]) | set(written)
+        for name in sorted(candidates):
+            buf = graph.buffers[name]
+            if name in kept or name in local_all or isinstance(buf, InputBuffer) and buf.position >= 0 or \
+                    isinstance(buf, InputBuffer) and buf.constant is not None:
+                continue
+            if last_use.get(name, -1) <= i:
+                frees.append(name)
+                if isinstance(buf, ComputedBuffer) and buf.layout.storage_size() > 0:
+                    free_pool.setdefault((buf.dtype, buf.layout.storage_size()), []).append(name)
+        steps.append(Step(node, allocs, frees))
+    return Plan(steps, kept)

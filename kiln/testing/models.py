@@ -1,0 +1,451 @@
+"""The model zoo shared by the tests and `kiln bench`.
+
+Hand-written models need nothing beyond torch: MLP, a ResNet-18-style CNN, a MobileNet-style depthwise CNN,
+a BERT-style encoder, a nanoGPT-style decoder and a LLaMA-style stack (RMSNorm, rotary embedding, SwiGLU,
+grouped-query attention). When `transformers` is installed (extra `models`), Hugging Face GPT-2, BERT,
+LLaMA, T5 and ViT are built from small configs with `AutoModel.from_config` (nothing is downloaded).
+
+Every entry is a `ModelSpec`: a factory, example inputs at a batch size, a seed and the suites it belongs
+to. `build(name)` returns the model (in eval mode) and its example inputs, both seeded, so two processes
+building the same entry get the same weights and inputs:
+
+    model, (args, kwargs) = build("mlp", batch=8)
+    out = model(*args, **kwargs)
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Example = tuple[tuple, dict]   # positional and keyword arguments of the model's forward
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """One zoo entry. `make_inputs(batch, generator)` returns the forward's (args, kwargs)."""
+    name: str
+    factory: Callable[[], nn.Module]
+    make_inputs: Callable[[int, torch.Generator], Example]
+    batch: int
+    seed: int = 0
+    suites: tuple[str, ...] = ("full",)
+    requires: tuple[str, ...] = ()   # importable modules the entry needs, e.g. ("transformers",)
+    description: str = ""
+
+    def available(self) -> bool:
+        """Whether every module this entry needs can be imported."""
+        return all(importlib.util.find_spec(module) is not None for module in self.requires)
+
+
+# ---- hand-written models ---------------------------------------------------------------------------------
+class MLP(nn.Module):
+    def __init__(self, dim: int = 128, hidden: int = 256, depth: int = 3, classes: int = 10):
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = dim
+        for _ in range(depth):
+            layers += [nn.Linear(width, hidden), nn.GELU(), nn.LayerNorm(hidden)]
+            width = hidden
+        self.body = nn.Sequential(*layers)
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return F.relu(y + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    """ResNet-18 layout (4 stages of basic blocks), narrow widths for CPU benchmarking."""
+
+    def __init__(self, widths: tuple[int, ...] = (16, 32, 64, 128), blocks: tuple[int, ...] = (2, 2, 2, 2),
+                 classes: int = 10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]),
+                                  nn.ReLU())
+        stages: list[nn.Module] = []
+        cin = widths[0]
+        for i, (width, count) in enumerate(zip(widths, blocks)):
+            for j in range(count):
+                stages.append(BasicBlock(cin, width, 2 if (i > 0 and j == 0) else 1))
+                cin = width
+        self.stages = nn.Sequential(*stages)
+        self.fc = nn.Linear(cin, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:   # (B, 3, H, W)
+        y = self.stages(self.stem(x))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(y, 1), 1))
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int, expand: int):
+        super().__init__()
+        hidden = cin * expand
+        self.use_residual = stride == 1 and cin == cout
+        self.block = nn.Sequential(
+            nn.Conv2d(cin, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6(),
+            nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False),   # depthwise
+            nn.BatchNorm2d(hidden), nn.ReLU6(),
+            nn.Conv2d(hidden, cout, 1, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.block(x)
+        return x + y if self.use_residual else y
+
+
+class MobileNet(nn.Module):
+    """MobileNetV2-style: inverted residual blocks with depthwise 3x3 convolutions."""
+
+    def __init__(self, classes: int = 10):
+        super().__init__()
+        # (expand, out channels, repeats, stride)
+        settings = [(1, 16, 1, 1), (4, 24, 2, 2), (4, 32, 2, 2), (4, 64, 2, 2)]
+        layers: list[nn.Module] = [nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU6()]
+        cin = 16
+        for expand, cout, repeats, stride in settings:
+            for i in range(repeats):
+                layers.append(InvertedResidual(cin, cout, stride if i == 0 else 1, expand))
+                cin = cout
+        layers += [nn.Conv2d(cin, 128, 1, bias=False), nn.BatchNorm2d(128), nn.ReLU6()]
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(128, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.features(x).mean(dim=(2, 3))
+        return self.classifier(y)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, dim: int, heads: int, hidden: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.ln1 = nn.LayerNorm(dim)
+        self.ffn = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+        self.ln2 = nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor, mask_bias: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(c // self.heads) + mask_bias   # (B, H, T, T)
+        y = (scores.softmax(dim=-1) @ v).transpose(1, 2).reshape(b, t, c)
+        x = self.ln1(x + self.proj(y))                     # post-norm, as BERT
+        return self.ln2(x + self.ffn(x))
+
+
+class BertEncoder(nn.Module):
+    """BERT-style encoder: token/position/type embeddings, post-norm layers, padding mask, tanh pooler."""
+
+    def __init__(self, vocab: int = 1000, dim: int = 64, heads: int = 4, layers: int = 2, max_len: int = 128):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, dim)
+        self.positions = nn.Embedding(max_len, dim)
+        self.types = nn.Embedding(2, dim)
+        self.ln = nn.LayerNorm(dim)
+        self.layers = nn.ModuleList(BertLayer(dim, heads, 4 * dim) for _ in range(layers))
+        self.pooler = nn.Linear(dim, dim)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        t = input_ids.shape[1]
+        positions = torch.arange(t, device=input_ids.device)
+        x = self.tokens(input_ids) + self.positions(positions) + self.types(torch.zeros_like(input_ids))
+        x = self.ln(x)
+        mask_bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * -1e4
+        for layer in self.layers:
+            x = layer(x, mask_bias)
+        return x, torch.tanh(self.pooler(x[:, 0]))
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, dim: int, heads: int, max_len: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.register_buffer("causal", torch.tril(torch.ones(max_len, max_len, dtype=torch.bool)),
+                             persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.shape[-1]))
+        att = att.masked_fill(~self.causal[:t, :t], float("-inf")).softmax(dim=-1)
+        return self.proj((att @ v).transpose(1, 2).contiguous().view(b, t, c))
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, max_len: int):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(dim)
+        self.attn = CausalSelfAttention(dim, heads, max_len)
+        self.ln2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(approximate="tanh"), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class NanoGPT(nn.Module):
+    """nanoGPT-style decoder: pre-norm blocks, masked causal attention, tied lm_head."""
+
+    def __init__(self, vocab: int = 512, dim: int = 64, heads: int = 4, layers: int = 2, max_len: int = 64):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, dim)
+        self.wpe = nn.Embedding(max_len, dim)
+        self.blocks = nn.ModuleList(GPTBlock(dim, heads, max_len) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:   # (B, T) -> (B, T, vocab)
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        x = self.wte(idx) + self.wpe(positions)
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotary_tables(head_dim: int, max_len: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)   # (T, D/2)
+    angles = torch.cat([angles, angles], dim=-1)                                  # (T, D)
+    return angles.cos(), angles.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+class LlamaAttention(nn.Module):
+    """Grouped-query attention with rotary position embedding."""
+
+    def __init__(self, dim: int, heads: int, kv_heads: int, max_len: int):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.q_proj = nn.Linear(dim, heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * self.head_dim, dim, bias=False)
+        cos, sin = rotary_tables(self.head_dim, max_len)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)      # (B, H, T, D)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)   # (B, KV, T, D)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = self.cos[:t].to(x.dtype), self.sin[:t].to(x.dtype)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        groups = self.heads // self.kv_heads
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, kv_heads: int, hidden: int, max_len: int):
+        super().__init__()
+        self.attn_norm = RMSNorm(dim)
+        self.attn = LlamaAttention(dim, heads, kv_heads, max_len)
+        self.ffn_norm = RMSNorm(dim)
+        self.gate = nn.Linear(dim, hidden, bias=False)
+        self.up = nn.Linear(dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x))
+        h = self.ffn_norm(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))   # SwiGLU
+
+
+class Llama(nn.Module):
+    """LLaMA-style decoder: RMSNorm, rotary embedding, SwiGLU, grouped-query attention."""
+
+    def __init__(self, vocab: int = 512, dim: int = 64, heads: int = 4, kv_heads: int = 2, layers: int = 2,
+                 max_len: int = 64):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList(LlamaBlock(dim, heads, kv_heads, 176 * dim // 64, max_len)
+                                    for _ in range(layers))
+        self.norm = RMSNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.norm(x))
+
+
+# ---- inputs ----------------------------------------------------------------------------------------------
+def _features(dim: int) -> Callable[[int, torch.Generator], Example]:
+    return lambda batch, gen: ((torch.randn(batch, dim, generator=gen),), {})
+
+
+def _images(channels: int, size: int, key: str | None = None) -> Callable[[int, torch.Generator], Example]:
+    def make(batch: int, gen: torch.Generator) -> Example:
+        x = torch.randn(batch, channels, size, size, generator=gen)
+        return ((), {key: x}) if key else ((x,), {})
+    return make
+
+
+def _tokens(vocab: int, length: int) -> Callable[[int, torch.Generator], Example]:
+    return lambda batch, gen: ((torch.randint(0, vocab, (batch, length), generator=gen),), {})
+
+
+def _tokens_with_mask(vocab: int, length: int, keywords: bool = False) -> Callable[[int, torch.Generator],
+                                                                                   Example]:
+    def make(batch: int, gen: torch.Generator) -> Example:
+        ids = torch.randint(0, vocab, (batch, length), generator=gen)
+        mask = torch.ones(batch, length, dtype=torch.long)
+        mask[1::2, length - length // 4:] = 0   # odd rows end with padding
+        if keywords:
+            return (), {"input_ids": ids, "attention_mask": mask}
+        return (ids, mask), {}
+    return make
+
+
+def _encoder_decoder(vocab: int, length: int) -> Callable[[int, torch.Generator], Example]:
+    def make(batch: int, gen: torch.Generator) -> Example:
+        ids = torch.randint(0, vocab, (batch, length), generator=gen)
+        decoder_ids = torch.randint(0, vocab, (batch, length // 2), generator=gen)
+        return (), {"input_ids": ids, "decoder_input_ids": decoder_ids}
+    return make
+
+
+# ---- Hugging Face models from small configs (nothing downloaded) -----------------------------------------
+def _hf_model(config_name: str, **config: Any) -> Callable[[], nn.Module]:
+    def factory() -> nn.Module:
+        import transformers
+        cfg = getattr(transformers, config_name)(use_cache=False, **config)
+        return transformers.AutoModel.from_config(cfg, attn_implementation="eager")
+    return factory
+
+
+_HF_VOCAB = 1000
+_NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+
+# ---- the zoo ---------------------------------------------------------------------------------------------
+ZOO: dict[str, ModelSpec] = {}
+
+
+def register(spec: ModelSpec) -> ModelSpec:
+    """Add an entry to the zoo (names are unique)."""
+    if spec.name in ZOO:
+        raise ValueError(f"model {spec.name!r} is registered twice")
+    ZOO[spec.name] = spec
+    return spec
+
+
+register(ModelSpec("mlp", MLP, _features(128), batch=32, suites=("quick", "full"),
+                   description="3 x (Linear, GELU, LayerNorm) + head"))
+register(ModelSpec("resnet_tiny", lambda: ResNet(widths=(8, 16), blocks=(1, 1)), _images(3, 16), batch=4,
+                   suites=("quick", "full"), description="2 basic blocks, 8-16 channels, 16x16 images"))
+register(ModelSpec("nanogpt_tiny", lambda: NanoGPT(vocab=256, dim=32, heads=2, layers=1, max_len=32),
+                   _tokens(256, 32), batch=2, suites=("quick", "full"),
+                   description="1 block, dim 32, 32 tokens"))
+register(ModelSpec("resnet18", ResNet, _images(3, 32), batch=8,
+                   description="ResNet-18 layout, widths 16-128, 32x32 images"))
+register(ModelSpec("mobilenet", MobileNet, _images(3, 32), batch=8,
+                   description="MobileNetV2-style inverted residuals, depthwise convs"))
+register(ModelSpec("bert", BertEncoder, _tokens_with_mask(1000, 64), batch=4,
+                   description="2 post-norm layers, dim 64, padding mask"))
+register(ModelSpec("nanogpt", NanoGPT, _tokens(512, 64), batch=4,
+                   description="2 pre-norm blocks, dim 64, causal mask, tied head"))
+register(ModelSpec("llama", Llama, _tokens(512, 64), batch=4,
+                   description="2 blocks: RMSNorm, rotary, SwiGLU, GQA 4q/2kv heads"))
+
+register(ModelSpec(
+    "hf_gpt2", _hf_model("GPT2Config", vocab_size=_HF_VOCAB, n_positions=128, n_embd=64, n_layer=2, n_head=2,
+                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
+                         eos_token_id=0),
+    _tokens(_HF_VOCAB, 32), batch=2, requires=("transformers",), description="GPT2Model, 2 layers, dim 64"))
+register(ModelSpec(
+    "hf_bert", _hf_model("BertConfig", vocab_size=_HF_VOCAB, hidden_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, intermediate_size=128, max_position_embeddings=128,
+                         **_NO_DROPOUT),
+    _tokens_with_mask(_HF_VOCAB, 32, keywords=True), batch=2, requires=("transformers",),
+    description="BertModel, 2 layers, dim 64"))
+register(ModelSpec(
+    "hf_llama", _hf_model("LlamaConfig", vocab_size=_HF_VOCAB, hidden_size=64, intermediate_size=128,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          max_position_embeddings=128),
+    _tokens(_HF_VOCAB, 32), batch=2, requires=("transformers",), description="LlamaModel, 2 layers, GQA"))
+register(ModelSpec(
+    "hf_t5", _hf_model("T5Config", vocab_size=_HF_VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2,
+                       num_decoder_layers=2, num_heads=2, dropout_rate=0.0, decoder_start_token_id=0),
+    _encoder_decoder(_HF_VOCAB, 32), batch=2, requires=("transformers",),
+    description="T5Model, 2+2 layers, dim 64"))
+register(ModelSpec(
+    "hf_vit", _hf_model("ViTConfig", image_size=32, patch_size=8, num_channels=3, hidden_size=64,
+                        num_hidden_layers=2, num_attention_heads=2, intermediate_size=128, **_NO_DROPOUT),
+    _images(3, 32, key="pixel_values"), batch=2, requires=("transformers",),
+    description="ViTModel, 32x32 images, patch 8"))
+
+
+def names(suite: str | None = None, include_unavailable: bool = False) -> list[str]:
+    """Zoo entries in registration order, of one suite ('quick' or 'full') or all."""
+    if suite is not None and suite not in ("quick", "full"):
+        raise ValueError(f"unknown suite {suite!r}; suites: quick, full")
+    return [name for name, spec in ZOO.items()
+            if (suite is None or suite in spec.suites) and (include_unavailable or spec.available())]
+
+
+def get(name: str) -> ModelSpec:
+    """The zoo entry called `name`."""
+    try:
+        return ZOO[name]
+    except KeyError:
+        raise KeyError(f"unknown model {name!r}; the zoo has: {', '.join(ZOO)}") from None
+
+
+def build(name: str, batch: int | None = None, seed: int | None = None) -> tuple[nn.Module, Example]:
+    """The seeded model (eval mode, float32) and its example (args, kwargs) at `batch`."""
+    spec = get(name)
+    if not spec.available():
+        raise ImportError(f"model {name!r} needs {', '.join(spec.requires)} (pip install -e '.[models]')")
+    seed = spec.seed if seed is None else seed
+    torch.manual_seed(seed)
+    model = spec.factory().eval()
+    generator = torch.Generator().manual_seed(seed)
+    example = spec.make_inputs(spec.batch if batch is None else batch, generator)
+    return model, example

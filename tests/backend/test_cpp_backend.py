@@ -1,0 +1,189 @@
+"""The cpp backend against eager: fusion (kernel counts), layouts, dtypes, sizes that exercise SIMD tails."""
+import shutil
+
+import pytest
+import torch
+
+import kiln.ops
+from kiln import config, prims
+from kiln.backends.cpp import compile_graph
+from kiln.runtime import find_compiler
+
+pytestmark = pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def shared_cache(tmp_path_factory):
+    with config.patch(cache_dir=str(tmp_path_factory.getbasetemp() / "kiln_cache"), raise_on_error=True):
+        yield
+
+
+def compiled(fn, *inputs):
+    graph = kiln.ops.trace(fn, *inputs)
+    return compile_graph(graph, list(inputs))
+
+
+def check(fn, *inputs, kernels=None, **tol):
+    """Compare with eager; with `kernels`, assert the count (when every op decomposed to prims)."""
+    c = compiled(fn, *inputs)
+    torch.testing.assert_close(c(*inputs), fn(*inputs), equal_nan=True, **tol)
+    if kernels is not None and not c.graph.fallbacks():
+        assert c.kernel_count == kernels, c.loop.describe()
+    return c
+
+
+def softmax_prims(x):
+    m = prims.broadcast_in_dim(prims.amax(x, (1,)), x.shape, (0,))
+    e = prims.exp(prims.sub(x, m))
+    return prims.div(e, prims.broadcast_in_dim(prims.sum(e, (1,)), x.shape, (0,)))
+
+
+def layer_norm_prims(x, w, b):
+    n = x.shape[1]
+    mean = prims.broadcast_in_dim(prims.div(prims.sum(x, (1,)), float(n)), x.shape, (0,))
+    var = prims.broadcast_in_dim(prims.var(x, (1,), 0), x.shape, (0,))
+    y = prims.mul(prims.sub(x, mean), prims.rsqrt(prims.add(var, 1e-5)))
+    return prims.add(prims.mul(y, prims.broadcast_in_dim(w, x.shape, (1,))),
+                     prims.broadcast_in_dim(b, x.shape, (1,)))
+
+
+def test_fusion_kernel_counts_on_prim_graphs():
+    x = torch.randn(33, 257)
+    c = check(softmax_prims, x, kernels=1)
+    assert c.kernel_count == 1 and c.allocations == 1  # only the output: max and sum stay in the kernel
+    w, b = torch.randn(257), torch.randn(257)
+    c = check(layer_norm_prims, x, w, b, kernels=1)
+    assert c.kernel_count == 1
+    c = check(lambda x: prims.sum(prims.maximum(prims.add(x, 1.0), 0.0), (0, 1)), x, kernels=1)
+    assert c.kernel_count == 1
+
+
+def test_pointwise_chain_and_reduction_is_one_kernel():
+    x = torch.randn(37, 129)
+    check(lambda x: (x + 1).relu().sum(), x, kernels=1)
+
+
+def test_softmax_last_dim_is_one_kernel():
+    x = torch.randn(33, 257)
+    c = check(lambda x: torch.softmax(x, -1), x, kernels=1)
+    assert not c.externs or c.graph.fallbacks()
+
+
+def test_layer_norm_is_one_kernel():
+    x = torch.randn(17, 100)
+    w, b = torch.randn(100), torch.randn(100)
+    check(lambda x, w, b: torch.nn.functional.layer_norm(x, (100,), w, b), x, w, b, kernels=1)
+
+
+def test_gelu_mul_add_sum():
+    a, b = torch.randn(64, 301), torch.randn(64, 301)
+    check(lambda a, b: torch.nn.functional.gelu(a * b + 1).sum(-1), a, b, kernels=1)
+
+
+@pytest.mark.parametrize("n", [1, 7, 15, 16, 17, 1023])
+def test_simd_tails(n):
+    x, y = torch.randn(3, n), torch.randn(3, n)
+    check(lambda x, y: torch.exp(x) * y - x, x, y, kernels=1)
+
+
+def test_non_contiguous_and_sliced_inputs():
+    base = torch.randn(20, 30)
+    x = base.t()  # transposed
+    y = base[2:12:2, 5:25]  # sliced with a step
+    check(lambda x: x * 2 + 1, x)
+    check(lambda y: (y * y).sum(0), y)
+
+
+def test_broadcast():
+    x, y = torch.randn(5, 1, 7), torch.randn(3, 1)
+    check(lambda x, y: x + y, x, y, kernels=1)
+
+
+def test_zero_size_and_zero_dim():
+    check(lambda x: x * 2, torch.randn(0, 4))
+    check(lambda x: (x + 1).sum(-1), torch.randn(3, 0))
+    check(lambda x: x * 3 + 1, torch.tensor(2.5))
+    check(lambda x: x.sum(), torch.randn(()))
+
+
+def test_int64_and_bool():
+    a = torch.randint(-50, 50, (6, 9))
+    b = torch.randint(-50, 50, (6, 9))
+    check(lambda a, b: a * b - a, a, b)
+    check(lambda a: a.sum(-1), a)
+    check(lambda a, b: a < b, a, b)
+    p, q = torch.rand(5, 5) > 0.5, torch.rand(5, 5) > 0.5
+    check(lambda p, q: p & q | ~p, p, q)
+
+
+def test_float64():
+    x = torch.randn(9, 11, dtype=torch.float64)
+    check(lambda x: torch.tanh(x) * torch.sigmoid(x), x)
+
+
+def test_reductions():
+    x = torch.randn(8, 33)
+    x[2, 5] = float("nan")
+    check(lambda x: x.amax(-1), x)
+    check(lambda x: x.amin(0), x)
+    check(lambda x: x.argmax(-1), x)
+    check(lambda x: x.argmin(0), x)
+    check(lambda x: x.var(-1), torch.randn(8, 33))
+    check(lambda x: x.prod(-1), torch.rand(8, 33) + 0.5)
+
+
+def test_full_reduction_split_across_threads():
+    x = torch.randn(300, 300)
+    check(lambda x: (x * x).sum(), x, kernels=1)
+    check(lambda x: x.amax(), x)
+    check(lambda x: x.argmax(), x)
+
+
+def test_views_fold_into_indices():
+    x = torch.randn(4, 6, 8)
+    c = check(lambda x: (x.permute(2, 0, 1).reshape(8, 24) * 2).sum(-1), x)
+    assert c.kernel_count == 1
+    check(lambda x: x.reshape(24, 8).t() + 1, x)
+
+
+def test_view_output_aliases_input():
+    x = torch.randn(4, 6)
+    c = compiled(lambda x: x.t(), x)
+    out = c(x)
+    assert out.stride() == x.t().stride()
+    torch.testing.assert_close(out, x.t())
+
+
+def test_matmul_is_extern_with_fused_epilogue():
+    a, w = torch.randn(16, 32), torch.randn(32, 24)
+    c = check(lambda a, w: torch.relu(a @ w + 1), a, w, atol=1e-5, rtol=1e-5)
+    assert len(c.externs) == 1
+    assert c.kernel_count == 1
+
+
+def test_prim_graph_directly():
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    check(lambda x, y: prims.sum(prims.exp(prims.mul(x, y)), (1,)), x, y, kernels=1)
+
+
+def test_layout_change_falls_back():
+    x = torch.randn(6, 6)
+    c = compiled(lambda x: x + 1, x)
+    y = torch.randn(6, 6).t()
+    torch.testing.assert_close(c(y), y + 1)
+
+
+def test_buffers_are_reused():
+    x = torch.randn(64, 64)
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+
+    def fn(x, a, b):
+        y = torch.softmax(x @ a, -1)
+        z = torch.softmax(y @ b, -1)
+        return z @ a
+    c = check(fn, x, a, b, atol=1e-5, rtol=1e-5)
+    assert c.allocations < sum(len(s.allocs) for s in c.plan.steps) or c.allocations <= 2
+
+
+def test_compiler_is_found():
+    assert find_compiler(config.get("cxx"))
