@@ -7,21 +7,17 @@
 """
 from __future__ import annotations
 
-import inspect
 import sys
 import types
-import warnings
 from typing import Any, Callable
 
 import torch
 
-from . import config
 from .backends import lookup_backend, register_backend
 from .capture import cache as _cache
 from .capture.cache import CompiledFunction, warn_once
 from .capture.entry import NO_SELF
 from .capture.errors import GraphBreakError
-from .counters import counters
 from .counters import reset as _reset_counters
 
 __all__ = ["compile", "explain", "reset", "register_backend", "GraphBreakError", "CompiledModule",
@@ -245,6 +241,8 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
     if fn is None:
         raise TypeError(f"kiln.explain expects Python code, got {fn_or_module!r:.60}")
     compiled = CompiledFunction(fn, lookup_backend("eager"), bound_self=bound_self)
+    if bound_self is not NO_SELF:
+        args = (bound_self,) + args
     entry = compiled.capture(args, kwargs)
     graphs, breaks, guards, ops, fallbacks = [], [], [entry.guards], [], []
     if entry.brk is not None:
@@ -257,8 +255,3 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
     print(report)
     return report
 
-
-inspect = inspect
-warnings = warnings
-config = config
-counters = counters

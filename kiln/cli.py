@@ -31,13 +31,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--mode", choices=("inference", "training"), default="inference",
                        help="training runs forward + backward + an SGD step (default: inference)")
     bench.add_argument("--batch", type=int, default=None, help="batch size (default: each model's own)")
-    bench.add_argument("--out", default="bench-results", help="output directory (default: bench-results)")
+    bench.add_argument("--out", default="bench_out", help="output directory (default: bench_out)")
     bench.add_argument("--kiln-backend", default="auto", help="kiln backend for the kiln column "
                                                               "(default: auto)")
     bench.add_argument("--timeout", type=float, default=600.0,
                        help="seconds per worker process before the row is a timeout (default: 600)")
     bench.add_argument("--budget", type=float, default=2.0,
                        help="seconds of timed calls per model and compiler (default: 2)")
+    bench.add_argument("--threads", type=int, default=None,
+                       help="torch threads per run (default: torch's own; 1 is steadier on a busy machine)")
     bench.add_argument("--no-warm", action="store_true", help="skip the warm compile measurement")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--list", action="store_true", help="list the model zoo and exit")
@@ -56,7 +58,8 @@ def bench_main(args: argparse.Namespace) -> int:
     try:
         options = runner.Options(suite=args.suite, models=args.models, backends=tuple(args.backends),
                                  mode=args.mode, batch=args.batch, out=args.out, kiln_backend=args.kiln_backend,
-                                 timeout_s=args.timeout, budget_s=args.budget, warm=not args.no_warm,
+                                 timeout_s=args.timeout, budget_s=args.budget, threads=args.threads,
+                                 warm=not args.no_warm,
                                  plots=not args.no_plots)
         runner.select_models(options)
     except (KeyError, ValueError) as e:

@@ -1,4 +1,4 @@
-"""Backend `cpp`: prims → loop IR → fused kernels → C++ (OpenMP, vectorized) → one shared object per graph.
+"""Backend `cpp`: prims → loop IR → fused kernels → C++ (OpenMP, SIMD) → one shared object per graph.
 
 `compile_graph(graph, example_inputs)` returns a `CompiledGraph` (its loop IR, schedule, plan, C++ and
 wrapper source are kept for tests and dumps). The registered backend falls back to running the graph with

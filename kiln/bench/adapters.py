@@ -101,14 +101,17 @@ def _kiln_adapter(backend: str) -> Adapter:
 
 
 def kiln_graph_counts(model: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
-    """kiln's graph and graph-break counts for one call, from kiln.explain, else kiln.counters."""
+    """kiln's graph and graph-break counts: kiln.counters as the compiled runs left them, then
+    kiln.explain(model, ...) on a fresh call where it exists (it captures again, so it goes second)."""
     import kiln
-    counts: dict[str, Any] = {}
+    snapshot = {category: dict(values) for category, values in kiln.counters.items()}
+    counts: dict[str, Any] = {"counters": snapshot,
+                              "graph_count": sum(snapshot.get("graphs", {}).values()),
+                              "graph_break_count": sum(snapshot.get("graph_breaks", {}).values())}
     if hasattr(kiln, "explain"):
         report = kiln.explain(model, *args, **kwargs)
         for key in ("graph_count", "graph_break_count"):
-            value = report.get(key) if isinstance(report, dict) else getattr(report, key, None)
+            value = getattr(report, key, None)
             if value is not None:
                 counts[key] = int(value)
-    counts["counters"] = {category: dict(values) for category, values in kiln.counters.items()}
     return counts

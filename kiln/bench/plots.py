@@ -22,6 +22,8 @@ def write(rows: list[dict[str, Any]], out_dir: str) -> list[str]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.patches
+    import matplotlib.ticker
 
     os.makedirs(out_dir, exist_ok=True)
     models = list(dict.fromkeys(row["model"] for row in rows))
@@ -42,38 +44,50 @@ def write(rows: list[dict[str, Any]], out_dir: str) -> list[str]:
             heights.append(row["speedup"] if ok else 0.0)
             hatches.append(not ok and row.get("status") not in (None, "unavailable"))
         xs = [p + (i - (len(compilers) - 1) / 2) * width for p in positions]
-        bars = ax.bar(xs, heights, width, label=compiler)
-        for bar, failed in zip(bars, hatches):
+        bars = ax.bar(xs, heights, width, label=compiler, color=f"C{i}")
+        for bar, failed, height in zip(bars, hatches, heights):
             if failed:
                 bar.set_height(0.05)
                 bar.set_hatch("xx")
+            elif height:
+                ax.annotate(f"{height:.2f}", (bar.get_x() + bar.get_width() / 2, height), ha="center",
+                            va="bottom", fontsize=8)
+    handles = [matplotlib.patches.Patch(color=f"C{i}", label=c) for i, c in enumerate(compilers)]
+    handles.append(matplotlib.patches.Patch(facecolor="white", edgecolor="black", hatch="xx",
+                                            label="failed (error / accuracy)"))
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(list(positions), models, rotation=30, ha="right")
     ax.set_ylabel("speedup over eager (x)")
     ax.set_title("speedup per model (median eager / median compiled)")
-    ax.legend()
+    ax.legend(handles=handles, fontsize=8)
     fig.tight_layout()
     paths.append(os.path.join(out_dir, "speedup.png"))
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(max(6.0, 1.0 + 0.9 * len(models)), 4.0))
-    series = [(c, kind) for c in compilers for kind in ("cold", "warm")]
+    series = [(i, c, kind) for i, c in enumerate(compilers) for kind in ("cold", "warm")]
     width = 0.8 / len(series)
-    drawn = False
-    for i, (compiler, kind) in enumerate(series):
+    smallest, largest = [], []
+    for j, (i, compiler, kind) in enumerate(series):
         values = [by_key.get((m, compiler), {}).get(f"compile_{kind}_s") for m in models]
-        xs = [p + (i - (len(series) - 1) / 2) * width for p in positions]
+        xs = [p + (j - (len(series) - 1) / 2) * width for p in positions]
         heights = [v if v and v > 0 else 0.0 for v in values]
         if any(heights):
-            drawn = True
-            ax.bar(xs, heights, width, label=f"{compiler} ({kind})", alpha=1.0 if kind == "cold" else 0.6)
-    if drawn:
+            smallest.append(min(h for h in heights if h))
+            largest.append(max(heights))
+            ax.bar(xs, heights, width, label=f"{compiler} ({kind})", color=f"C{i}",
+                   alpha=1.0 if kind == "cold" else 0.5)
+    if smallest:
         ax.set_yscale("log")
-        ax.legend()
+        ax.set_ylim(min(smallest) / 2, max(largest) * 3)   # room for the legend
+        ax.yaxis.set_minor_locator(matplotlib.ticker.LogLocator(subs=(2.0, 5.0)))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.legend(fontsize=8)
     ax.set_xticks(list(positions), models, rotation=30, ha="right")
     ax.set_ylabel("compile time (s, log scale)")
-    ax.set_title("compile time per model: cold (empty caches) and warm (cache hit), fresh process")
+    ax.set_title("compile time: cold (empty caches) and warm (cache hit)")
     fig.tight_layout()
     paths.append(os.path.join(out_dir, "compile_time.png"))
     fig.savefig(paths[-1], dpi=110)

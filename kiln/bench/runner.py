@@ -38,10 +38,11 @@ class Options:
     backends: tuple[str, ...] = DEFAULT_BACKENDS
     mode: str = "inference"               # or "training": forward + backward + SGD step
     batch: int | None = None              # None: each model's own batch size
-    out: str = "bench-results"
+    out: str = "bench_out"
     kiln_backend: str = "auto"
     timeout_s: float = 600.0              # per worker process
     budget_s: float = 2.0                 # timing budget per (model, compiler) after warm-up
+    threads: int | None = None            # torch threads in the workers (None: torch's default)
     warm: bool = True                     # also measure the warm compile time
     plots: bool = True
     progress: bool = True
@@ -124,17 +125,18 @@ def bench_one(model: str, compiler: str, options: Options, progress: Progress,
         reason = adapters.kiln_availability()
         if reason is not None:
             progress.step(f"{model} / {compiler}: unavailable")
-            progress.step()
+            progress.step(f"{model} / {compiler}: unavailable")
             return dict(row, status="unavailable", error=reason)
     elif compiler != "eager" and compiler not in adapters.baseline_names():
         progress.step(f"{model} / {compiler}: unavailable")
-        progress.step()
+        progress.step(f"{model} / {compiler}: unavailable")
         return dict(row, status="unavailable", error=f"{compiler}: no such baseline in bench/baselines.py")
 
     cache_dir = tempfile.mkdtemp(prefix="kiln-bench-cache-")
     try:
         job = {"model": model, "backend": compiler, "mode": options.mode, "batch": options.batch,
-               "kiln_backend": options.kiln_backend, "cache_dir": cache_dir, "budget_s": options.budget_s}
+               "kiln_backend": options.kiln_backend, "cache_dir": cache_dir, "budget_s": options.budget_s,
+               "threads": options.threads}
         progress.show(f"{model} / {compiler}: compile (cold) and measure")
         result = launch(dict(job, phase="measure"), options.timeout_s)
         progress.step(f"{model} / {compiler}: {result['status']}")
@@ -147,7 +149,7 @@ def bench_one(model: str, compiler: str, options: Options, progress: Progress,
         if compiler == "eager" or result["status"] not in ("pass", "fail_accuracy") or not options.warm:
             if compiler == "eager":
                 row.update(compile_cold_s=None)
-            progress.step()
+            progress.step(f"{model} / {compiler}: {result['status']}")
             return row
         progress.show(f"{model} / {compiler}: compile (warm)")
         warm = launch(dict(job, phase="compile"), options.timeout_s)
@@ -170,7 +172,7 @@ def run(options: Options, launch: Callable[[dict[str, Any], float], dict[str, An
     meta = {"suite": None if options.models else options.suite, "mode": options.mode, "batch": options.batch,
             "backends": list(options.backends), "kiln_backend": options.kiln_backend,
             "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
-            "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
+            "cpus": os.cpu_count(), "threads": options.threads or torch.get_num_threads(),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "interrupted": False}
     results: dict[str, Any] = {"meta": meta, "rows": []}

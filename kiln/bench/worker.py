@@ -173,6 +173,8 @@ def compile_only(job: dict[str, Any]) -> dict[str, Any]:
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
     """Run one job; every failure is a result with a status, never an exception."""
     torch.manual_seed(0)
+    if job.get("threads"):
+        torch.set_num_threads(int(job["threads"]))   # before compiling: inductor bakes the count into C++
     try:
         if job["phase"] == "measure":
             return measure(job)

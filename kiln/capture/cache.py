@@ -18,12 +18,12 @@ import torch
 
 from .. import config
 from ..counters import counters
-from ..graph import count_ops
+from ..graph import compile_python, count_ops
 from .entry import MISS, NO_SELF, make_eager_entry, make_graph_entry
 from .errors import BreakRecord, GraphBreak, GraphBreakError
 from .calls import bind_arguments
 from .interpreter import Interpreter
-from .sources import held, local
+from .sources import local
 from .state import Capture
 
 log_capture = config.channel("capture")
@@ -31,6 +31,21 @@ log_guards = config.channel("guards")
 log_recompiles = config.channel("recompiles")
 log_breaks = config.channel("breaks")
 log_graph = config.channel("graph")
+
+
+def graph_compiler(backend: Callable[..., Any]) -> Callable[..., Any]:
+    """The backend, except that the plain `eager` backend runs the graph's printed Python (one generated
+    function instead of the node-by-node interpreter: the same torch calls, less per-call overhead)."""
+    from ..backends import eager
+    if backend is not eager:
+        return backend
+
+    def compile_eager(graph: Any, example_inputs: list) -> Callable[..., Any]:
+        try:
+            return compile_python(graph)
+        except Exception:  # anything the printer cannot spell runs on the interpreter
+            return eager(graph, example_inputs)
+    return compile_eager
 
 
 class CacheEntry:
@@ -99,7 +114,7 @@ class CompiledFunction:
                  raise_on_error: bool = False, bound_self: Any = NO_SELF):
         self.fn = fn
         self.code = fn.__code__
-        self.backend = backend
+        self.backend = graph_compiler(backend)
         self.fullgraph = fullgraph
         self.raise_on_error = raise_on_error
         self.bound_self = bound_self
@@ -109,6 +124,8 @@ class CompiledFunction:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.bound_self is not NO_SELF:
+            args = (self.bound_self,) + args
         for entry in self.cache.entries:
             result = entry.fn(*args, **kwargs)
             if result is not MISS:
@@ -122,9 +139,7 @@ class CompiledFunction:
         return types.MethodType(self, obj)
 
     def run_eagerly(self, args: tuple, kwargs: dict) -> Any:
-        if self.bound_self is NO_SELF:
-            return self.fn(*args, **kwargs)
-        return self.fn(self.bound_self, *args, **kwargs)
+        return self.fn(*args, **kwargs)  # args include the bound self
 
     def _miss(self, args: tuple, kwargs: dict) -> Any:
         cache = self.cache
@@ -176,25 +191,16 @@ class CompiledFunction:
         root = self.bound_self if isinstance(self.bound_self, torch.nn.Module) else None
         cap = Capture(code.co_name.replace("<", "_").replace(">", "_"), root=root)
         counters["captures"][self.name] += 1
-        bound = self.bound_self is not NO_SELF
         rng = torch.random.get_rng_state()
         grad = torch.is_grad_enabled()
         brk: GraphBreak | None = None
         try:
             cap.guards.grad_mode(grad)
             try:
-                call_args = ((self.bound_self,) + tuple(args)) if bound else tuple(args)
-                values = bind_arguments(fn, call_args, kwargs)
+                values = bind_arguments(fn, args, kwargs)
             except TypeError as e:
                 raise GraphBreak(f"the call's arguments do not match: {e}") from None
-            f_locals: dict[str, Any] = {}
-            first = code.co_varnames[0] if code.co_argcount else None
-            for name, value in values.items():
-                if bound and name == first:
-                    cap.register(value, held(cap.ns, value, "self"))
-                    f_locals[name] = value
-                else:
-                    f_locals[name] = cap.wrap(value, local(name))
+            f_locals = {name: cap.wrap(value, local(name)) for name, value in values.items()}
             frame = Interpreter(cap, code, fn, f_locals, fn.__globals__)
             try:
                 ret = frame.run()
@@ -202,7 +208,7 @@ class CompiledFunction:
                 brk = e
             if brk is None:
                 try:
-                    entry_fn, checks, source = make_graph_entry(cap, fn, code, bound, ret, self.backend)
+                    entry_fn, checks, source = make_graph_entry(cap, fn, code, ret, self.backend)
                 except GraphBreak as e:
                     brk = e
                     brk.where.append((code.co_filename, frame.lineno))
@@ -219,7 +225,7 @@ class CompiledFunction:
             if self.fullgraph or self.raise_on_error:
                 raise GraphBreakError(f"kiln could not capture {self.name} in one graph:\n"
                                       f"{brk.describe()}") from brk.cause
-            entry_fn, checks, source = make_eager_entry(cap, fn, code, self.bound_self)
+            entry_fn, checks, source = make_eager_entry(cap, fn, code)
             entry = CacheEntry(entry_fn, checks, guards, None, record, source, {})
         else:
             graph = cap.graph

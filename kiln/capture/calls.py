@@ -15,6 +15,8 @@ from ..ops import UnsupportedError
 from ..ops import call as ops_call
 from ..ops.trace import _RecordMode
 from .errors import HINTS, GraphBreak
+from .guards import is_constant
+from .sources import Source
 from .frame import NATIVE_OPERAND_TYPES, NULL, Frame, symbolic_break
 from .values import NativeCall, NoAttribute, class_lookup
 
@@ -26,6 +28,9 @@ _IMPURE_TORCH = {torch.manual_seed, torch.seed, torch.set_rng_state, torch.set_d
                  torch.set_num_threads}
 _PURE_MODULES = ("math", "operator", "_operator", "builtins", "itertools", "functools", "_functools",
                  "collections", "string", "cmath")
+# Python library code kiln runs directly when no tensor is involved (introspection, logging)
+_NATIVE_PY_MODULES = ("inspect", "typing", "dataclasses", "enum", "abc", "warnings", "logging", "re",
+                      "functools", "copy", "string", "textwrap", "importlib")
 _PRINTING = {print, input, breakpoint, open, exec, eval, compile, globals, locals, vars, dir, id, exit}
 
 
@@ -150,6 +155,9 @@ class CallOps:
                 return self.native(fn, args, kwargs, fn.__qualname__)
             if is_torch_callable(fn):
                 return self.torch_call(fn, args, kwargs)
+            if module.split(".")[0] in _NATIVE_PY_MODULES and not any(
+                    isinstance(a, Proxy) for a in flatten((args, kwargs))):
+                return self.native(fn, args, kwargs, _name(fn))
             return self.inline(fn, args, kwargs)
         if isinstance(fn, functools.partial):
             return self.call(fn.func, list(fn.args) + list(args), {**fn.keywords, **kwargs})
@@ -183,6 +191,12 @@ class CallOps:
                                                                                      frozenset, int, float,
                                                                                      torch.Size, type)):
                 return self.native(fn, args, kwargs, _name(fn))
+            src = cap.source_of(owner)
+            read_only = getattr(fn, "__name__", "") in _READ_ONLY_METHODS
+            if src is not None and read_only and all(is_constant(a) for a in args) and not kwargs:
+                return self.read_only_method(fn, owner, src, args)
+            if src is None and read_only and isinstance(owner, (dict, list, types.MappingProxyType)):
+                return self.native(fn, args, kwargs, _name(fn))  # class-level metadata (dataclass fields)
             raise GraphBreak(f"method {_name(fn)} of a {type(owner).__name__} kiln does not track",
                              HINTS["call"])
         objclass = getattr(fn, "__objclass__", None)
@@ -193,6 +207,19 @@ class CallOps:
         if module.split(".")[0] in _PURE_MODULES:
             return self.native(fn, args, kwargs, _name(fn))
         raise GraphBreak(f"call to C function {_name(fn)}", HINTS["call"])
+
+    def read_only_method(self, fn: Any, owner: Any, src: Any, args: list) -> Any:
+        """A builtin read of an outside container (dict.get on a dict subclass): guarded like a read."""
+        name = fn.__name__
+        unbound = next((k.__dict__[name] for k in type(owner).__mro__
+                        if k.__module__ == "builtins" and name in k.__dict__), None)
+        if unbound is None:
+            raise GraphBreak(f"method {_name(fn)} of a {type(owner).__name__} kiln does not track")
+        ns = self.cap.ns
+        arg_src = "".join(", " + ns.literal(a) for a in args)
+        source = Source(f"{ns.hold(unbound, name)}({src.expr}{arg_src})", f"{src.name}.{name}{tuple(args)}",
+                        src, "call")
+        return self.cap.wrap(self.native(unbound, [owner] + list(args), {}, name), source)
 
     def native(self, fn: Callable[..., Any], args: list, kwargs: dict, name: str) -> Any:
         """Run fn directly on the symbolic values (torch calls on proxies record into the graph)."""
@@ -388,6 +415,8 @@ def bind_arguments(fn: types.FunctionType, args: list | tuple, kwargs: dict) -> 
     return bound
 
 
+_READ_ONLY_METHODS = {"get", "__getitem__", "__contains__", "__len__", "keys", "values", "items", "copy",
+                      "index", "count"}
 _MODULE_CALLS = {torch.nn.Module.__call__, getattr(torch.nn.Module, "_call_impl", None),
                  getattr(torch.nn.Module, "_wrapped_call_impl", None)} - {None}
 
@@ -454,8 +483,8 @@ def _hasattr(frame: Frame, args: list, kwargs: dict) -> bool:
     except NoAttribute:
         src = frame.cap.source_of(obj)
         if src is not None:
-            frame.cap.guards.add(f"not hasattr({src.expr}, {name!r})", f"{src.name} has no attribute {name!r}",
-                                 "attr")
+            frame.cap.guards.add(f"not hasattr({src.expr}, {name!r})",
+                                 f"{src.name} has no attribute {name!r}", "attr")
         return False
 
 
@@ -556,4 +585,11 @@ def _torch_grad_enabled(frame: Frame, args: list, kwargs: dict) -> bool:
 _BUILTIN_HANDLERS[torch.is_tensor] = _torch_is_tensor
 _BUILTIN_HANDLERS[torch.is_grad_enabled] = _torch_grad_enabled
 
+def _compiling(frame: Frame, args: list, kwargs: dict) -> bool:
+    return True  # libraries take their trace-friendly paths under a graph compiler, as under Dynamo
+
+
 _SPECIAL_FUNCTIONS: dict[Any, Callable[..., Any]] = {torch.is_tensor: _torch_is_tensor}
+for _name_ in ("is_compiling", "is_dynamo_compiling"):
+    if hasattr(torch.compiler, _name_):
+        _SPECIAL_FUNCTIONS[getattr(torch.compiler, _name_)] = _compiling

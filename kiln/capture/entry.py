@@ -44,7 +44,7 @@ def build_object(cls: type, attrs: dict, items: dict | None) -> Any:
     return obj
 
 
-def parameters(code: types.CodeType, skip_first: bool) -> tuple[list[str], str, list[str]]:
+def parameters(code: types.CodeType) -> tuple[list[str], str, list[str]]:
     """(parameter names, parameter list source, call-forwarding argument source list)."""
     names = code.co_varnames
     n, posonly, kwonly = code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount
@@ -54,9 +54,6 @@ def parameters(code: types.CodeType, skip_first: bool) -> tuple[list[str], str, 
     varargs = names[i] if code.co_flags & 0x04 else None
     i += 1 if varargs else 0
     varkw = names[i] if code.co_flags & 0x08 else None
-    if skip_first:
-        positional = positional[1:]
-        posonly = max(posonly - 1, 0)
     parts: list[str] = []
     forward: list[str] = []
     for j, name in enumerate(positional):
@@ -213,12 +210,14 @@ def graph_body(cap: Capture, ret: Any) -> tuple[list[str], Reconstructor]:
     return temps + writes + [f"return {ret_name}"], rec
 
 
-def make_graph_entry(cap: Capture, fn: Any, code: types.CodeType, skip_first: bool, ret: Any,
+def make_graph_entry(cap: Capture, fn: Any, code: types.CodeType, ret: Any,
                      compile_graph: Any) -> tuple[Any, list, Any]:
     """Build the graph's output, compile it with the backend, and generate the entry function."""
-    body, rec = graph_body(cap, ret)
-    _, params, _ = parameters(code, skip_first)
     graph = cap.graph
+    _fix_setitem_nodes(graph)
+    _guard_mutated_aliasing(cap)
+    body, rec = graph_body(cap, ret)
+    _, params, _ = parameters(code)
     graph.output(tuple(rec.outputs))
     has_ops = any(n.op in ("call_torch", "call_prim") for n in graph.nodes)
     extra: dict[str, Any] = {}
@@ -233,15 +232,40 @@ def make_graph_entry(cap: Capture, fn: Any, code: types.CodeType, skip_first: bo
     return env["__entry"], env["__checks"], source
 
 
-def make_eager_entry(cap: Capture, fn: Any, code: types.CodeType, bound_self: Any) -> tuple[Any, list, str]:
+def setitem(tensor: torch.Tensor, index: Any, value: Any) -> torch.Tensor:
+    """`tensor[index] = value`, returning the updated tensor (torch's __setitem__ returns None, but the
+    captured graph uses the node as the tensor's new value)."""
+    tensor[index] = value
+    return tensor
+
+
+def _fix_setitem_nodes(graph: Any) -> None:
+    for node in graph.nodes:
+        if node.op == "call_torch" and node.target is torch.Tensor.__setitem__:
+            node.target = setitem
+
+
+def _guard_mutated_aliasing(cap: Capture) -> None:
+    """A graph that updates an input in place is only valid when no other input shares its memory."""
+    if not cap.graph.mutated_inputs:
+        return
+    names = [ph.name for ph in cap.graph.placeholders]
+    for i, (source, _, _) in enumerate(cap.inputs):
+        if names[i] not in cap.graph.mutated_inputs:
+            continue
+        for j, (other, _, _) in enumerate(cap.inputs):
+            if j != i:
+                cap.guards.add(f"{source.expr}.untyped_storage().data_ptr() != "
+                               f"{other.expr}.untyped_storage().data_ptr()",
+                               f"{source.name} (updated in place) does not share memory with {other.name}",
+                               "alias")
+
+
+def make_eager_entry(cap: Capture, fn: Any, code: types.CodeType) -> tuple[Any, list, str]:
     """An entry that runs the original function (the frame broke) when the same guards hold."""
-    _, params, forward = parameters(code, bound_self is not _NO_SELF)
-    call_args = list(forward)
+    _, params, forward = parameters(code)
     extra: dict[str, Any] = {"__fn": fn}
-    if bound_self is not _NO_SELF:
-        extra["__bound_self"] = bound_self
-        call_args.insert(0, "__bound_self")
-    body = [f"return __fn({', '.join(call_args)})"]
+    body = [f"return __fn({', '.join(forward)})"]
     source = _entry_source(cap, params, body) + _checks_source(cap, params)
     env = _exec(cap, source, fn, extra)
     return env["__entry"], env["__checks"], source

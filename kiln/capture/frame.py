@@ -63,8 +63,17 @@ class _Instructions:
     _cache: dict[types.CodeType, "_Instructions"] = {}
 
     def __init__(self, code: types.CodeType):
-        self.insts = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
-        self.index = {inst.offset: n for n, inst in enumerate(self.insts)}
+        self.insts = []
+        self.index: dict[int, int] = {}
+        pending: list[int] = []  # EXTENDED_ARG offsets: a jump to one lands on the instruction it extends
+        for inst in dis.get_instructions(code):
+            pending.append(inst.offset)
+            if inst.opname == "EXTENDED_ARG":
+                continue
+            for offset in pending:
+                self.index[offset] = len(self.insts)
+            pending.clear()
+            self.insts.append(inst)
         self.lines: list[int] = []
         line = code.co_firstlineno
         for inst in self.insts:
@@ -398,7 +407,14 @@ class Frame:
         item = self.pop()
         if isinstance(container, torch.nn.Module):
             raise GraphBreak("`in` on a module")
-        found = self.native_op(operator.contains, container, item)
+        method = None
+        if not isinstance(container, NATIVE_OPERAND_TYPES) and not self.cap.is_local(container):
+            method = next((k.__dict__["__contains__"] for k in type(container).__mro__
+                           if "__contains__" in k.__dict__), None)
+        if isinstance(method, types.FunctionType):
+            found = self.truth(self.call(method, [container, item], {}))
+        else:
+            found = self.native_op(operator.contains, container, item)
         self.push((not found) if inst.arg else found)
 
     def op_UNARY_NEGATIVE(self, inst: dis.Instruction) -> None:

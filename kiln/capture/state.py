@@ -51,6 +51,7 @@ class Capture:
         self.global_writes: dict[tuple[int, str], tuple[dict, Source, Any]] = {}
         self.cell_writes: dict[int, tuple[Any, Source, Any]] = {}
         self.keep: list[Any] = []
+        self.mirror_of: dict[int, Any] = {}  # id(outside list/dict) -> its copy
         self.root = root
         self._module_paths: dict[int, Source] | None = None
         self.grad_changes = 0
@@ -70,21 +71,28 @@ class Capture:
                                 "alias")
             return value
         typ = type(value)
+        mirror = self.mirror_of.get(id(value))
+        if mirror is not None:
+            return mirror
         if typ is tuple or (isinstance(value, tuple) and hasattr(value, "_fields")):
             self.guards.length(source, value)
             items = [self.wrap(v, source.item(i)) for i, v in enumerate(value)]
             return tuple(items) if typ is tuple else typ(*items)
         if typ is list:
             self.guards.length(source, value)
-            copy = [self.wrap(v, source.item(i)) for i, v in enumerate(value)]
-            self._mirror(copy, source)
+            copy: Any = []
+            self._mirror(copy, source, value)
+            copy.extend(self.wrap(v, source.item(i)) for i, v in enumerate(value))
+            self.mirrors[id(copy)] = (copy, source, list(copy))
             return copy
         if typ is dict or (isinstance(value, dict) and typ.__module__ == "collections"):
             if not all(is_constant(k) for k in value):
                 raise GraphBreak(f"dict {source.name} has keys kiln does not guard", "")
             self.guards.keys(source, value)
-            copy = typ((k, self.wrap(v, source.item(k))) for k, v in value.items())
-            self._mirror(copy, source)
+            copy = typ()
+            self._mirror(copy, source, value)
+            copy.update((k, self.wrap(v, source.item(k))) for k, v in value.items())
+            self.mirrors[id(copy)] = (copy, source, list(copy.items()))
             return copy
         if isinstance(value, (set, frozenset)):
             if all(is_constant(v) for v in value):
@@ -171,10 +179,10 @@ class Capture:
         self.keep.extend((t, proxy))
         return proxy
 
-    def _mirror(self, copy: Any, source: Source) -> None:
-        snapshot = list(copy.items()) if isinstance(copy, dict) else list(copy)
-        self.mirrors[id(copy)] = (copy, source, snapshot)
-        self.keep.append(copy)
+    def _mirror(self, copy: Any, source: Source, original: Any) -> None:
+        self.mirrors[id(copy)] = (copy, source, [])
+        self.mirror_of[id(original)] = copy
+        self.keep.extend((copy, original))
 
     # ---- objects made during capture ----
     def is_local(self, value: Any) -> bool:

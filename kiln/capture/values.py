@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ..graph import Proxy
-from .errors import GraphBreak
+from .errors import HINTS, GraphBreak
 from .frame import NATIVE_OPERAND_TYPES, NULL, symbolic_break
 from .state import MISSING, trusted_module
 
@@ -122,6 +122,8 @@ class ValueOps:
     def proxy_attr(self, proxy: Proxy, name: str) -> Any:
         if name == "__class__":
             return torch.nn.Parameter if id(proxy) in self.cap.param_proxies else torch.Tensor
+        if name in ("item", "tolist", "numpy", "__array__"):
+            raise GraphBreak(f"data-dependent: tensor.{name}() reads the tensor's values", HINTS["item"])
         if name in _NO_TENSOR_ATTRS:
             raise GraphBreak(f"tensor attribute .{name} is not captured (it needs the real tensor)",
                              "use it outside the compiled function")

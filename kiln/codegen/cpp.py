@@ -43,13 +43,13 @@ KILN_SIMD(erf) KILN_SIMD(erfc)
 }
 #endif
 
-template <typename T> static inline T kiln_max(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a > b ? a : b)); }
-template <typename T> static inline T kiln_min(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a < b ? a : b)); }
-#define KILN_REDUCTIONS(T) \
-  _Pragma("omp declare reduction(kmax : T : omp_out = kiln_max<T>(omp_out, omp_in)) initializer(omp_priv = omp_orig)") \
-  _Pragma("omp declare reduction(kmin : T : omp_out = kiln_min<T>(omp_out, omp_in)) initializer(omp_priv = omp_orig)")
-KILN_REDUCTIONS(float) KILN_REDUCTIONS(double) KILN_REDUCTIONS(int64_t) KILN_REDUCTIONS(int32_t)
-KILN_REDUCTIONS(int16_t) KILN_REDUCTIONS(int8_t) KILN_REDUCTIONS(uint8_t) KILN_REDUCTIONS(bool)
+// maximum/minimum propagate NaN, as torch.maximum / amax
+template <typename T> static inline T kiln_max(T a, T b) {
+  return (a != a) ? a : ((b != b) ? b : (a > b ? a : b));
+}
+template <typename T> static inline T kiln_min(T a, T b) {
+  return (a != a) ? a : ((b != b) ? b : (a < b ? a : b));
+}
 template <typename T> static inline T kiln_remainder(T a, T b) {
   T r = std::fmod(a, b);
   if (r != 0 && ((b < 0) != (r < 0))) r += b;
@@ -269,6 +269,13 @@ class CppHandler(Handler):
         if name in _STD_FLOAT:
             return self.tmp(f"std::{name}({a})", out)
         raise NotImplementedError(f"cpp codegen: {name} on {dtype}")
+
+
+HEADER += "".join(
+    f"#pragma omp declare reduction(k{op} : {t} : omp_out = kiln_{op}<{t}>(omp_out, omp_in)) "
+    f"initializer(omp_priv = omp_orig)\n"
+    for t in ("float", "double", "int64_t", "int32_t", "int16_t", "int8_t", "uint8_t", "bool")
+    for op in ("max", "min"))
 
 
 # ---- reductions -----------------------------------------------------------------------------------------

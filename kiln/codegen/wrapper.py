@@ -91,12 +91,12 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any],
         for name, reuse in step.allocs:
             buf = graph.buffers[name]
             if reuse is not None:
-                lines.append(f"    {name} = {reuse}.as_strided({tuple(buf.shape)}, {tuple(buf.layout.strides)}); "
-                             f"del {reuse}")
+                lines.append(f"    {name} = {reuse}.as_strided({tuple(buf.shape)}, "
+                             f"{tuple(buf.layout.strides)}); del {reuse}")
             else:
                 dt = src.const(buf.dtype, "dtype")
-                lines.append(f"    {name} = torch.empty_strided({tuple(buf.shape)}, {tuple(buf.layout.strides)}, "
-                             f"dtype={dt})")
+                lines.append(f"    {name} = torch.empty_strided({tuple(buf.shape)}, "
+                             f"{tuple(buf.layout.strides)}, dtype={dt})")
         if isinstance(node, Segment):
             fn = src.const(entries[node.name], node.name + "_")
             ptrs = ", ".join(f"{a}.data_ptr()" for a in node.args)
@@ -115,7 +115,8 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any],
 
 def _extern_lines(src: _Source, node: ExternNode) -> list[str]:
     refs: list[str] = []
-    map_structure(lambda v: refs.append(v.name) if isinstance(v, BufferRef) else None, (node.args, node.kwargs))
+    map_structure(lambda v: refs.append(v.name) if isinstance(v, BufferRef) else None,
+                  (node.args, node.kwargs))
     template = (node.args, node.kwargs)
     target = node.target
 

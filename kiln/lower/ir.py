@@ -107,7 +107,8 @@ class ComputedBuffer(Buffer):
             return (f"{self.name} = Reduction({self.data.reduction_type}, ranges={list(self.data.ranges)}, "
                     f"reduction_ranges={list(self.data.reduction_ranges)},\n    body=lambda i, r: {text})"
                     f"  # {meta}")
-        return f"{self.name} = Pointwise(ranges={list(self.data.ranges)},\n    body=lambda i: {text})  # {meta}"
+        return (f"{self.name} = Pointwise(ranges={list(self.data.ranges)},\n    body=lambda i: {text})"
+                f"  # {meta}")
 
 
 @dataclasses.dataclass
@@ -166,7 +167,8 @@ class LoopGraph:
     def describe(self, header: str = "") -> str:
         lines = [f"# {header}"] if header else []
         for b in self.inputs:
-            lines.append(f"# input {b.name}: {dtype_abbrev(b.dtype)}{list(b.shape)} strides={b.layout.strides}")
+            lines.append(f"# input {b.name}: {dtype_abbrev(b.dtype)}{list(b.shape)} "
+                         f"strides={b.layout.strides}")
         for b in self.constants:
             lines.append(f"# constant {b.name}: {dtype_abbrev(b.dtype)}{list(b.shape)}")
         for node in self.nodes:

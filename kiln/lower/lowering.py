@@ -97,7 +97,7 @@ class Lowering:
         if box.view is not None:
             name, strides, offset = box.view
             buf = self.loop.buffers[name]
-            if buf.layout.shape == box.shape and buf.layout.strides == strides and offset == buf.layout.offset:
+            if (buf.layout.shape, buf.layout.strides, buf.layout.offset) == (box.shape, strides, offset):
                 return name
         strides = _dense_strides(meta) if meta is not None and meta.shape == box.shape else \
             tuple(contiguous_strides(box.shape))
@@ -218,6 +218,8 @@ class Lowering:
         args = map_structure(arg, node.args)
         kwargs = map_structure(arg, node.kwargs)
         metas = node.meta if isinstance(node.meta, tuple) else (node.meta,)
+        if not metas:
+            raise NotImplementedError(f"cpp backend: {target_name} returns no tensor")
         outputs = []
         for m in metas:
             if not isinstance(m, TensorMeta):
@@ -389,7 +391,7 @@ def _select_part(h: Any, index: list, parts: list, dim: int, dtype: torch.dtype)
                     lambda: _select_part(h, index, live[:-1], dim, dtype), dtype)
 
 
-# ---- reductions ---------------------------------------------------------------------------------------------
+# ---- reductions --------------------------------------------------------------------------------
 
 def _reduction(ctx: Lowering, node: Node, a: Box, dims: tuple, rtype: str, dtype: torch.dtype,
                value_fn: Callable[..., Any] | None = None) -> Box:
@@ -420,6 +422,8 @@ def _reduction(ctx: Lowering, node: Node, a: Box, dims: tuple, rtype: str, dtype
 
 def _simple_reduction(rtype: str) -> Callable[..., Any]:
     def lower(ctx: Lowering, node: Node, a: Box, dims: Any) -> Box:
+        if not dims and rtype in ("argmax", "argmin"):
+            return Box(node.meta.shape, torch.int64, lambda h, i: h.constant(0, torch.int64))
         if not dims:
             return ctx.realized_box(Box(a.shape, a.dtype, a.loader), node.meta)
         return _reduction(ctx, node, a, dims, rtype, node.meta.dtype)
@@ -463,3 +467,24 @@ def lower_var(ctx: Lowering, node: Node, a: Box, dims: Any, correction: Any) -> 
 def lower(graph: Graph) -> LoopGraph:
     """Lower a prim graph (from `kiln.graph.to_prims`) to the loop IR."""
     return Lowering(graph).run()
+
+
+# ---- creation -------------------------------------------------------------------------------------------
+
+@lowering("full")
+def lower_full(ctx: Lowering, node: Node, shape: Any, value: Any, dtype: torch.dtype, device: Any = None) -> Box:
+    if node.meta.device.type != "cpu":
+        raise Unlowerable("full on another device")
+    return Box(node.meta.shape, dtype, _operand(value, dtype))
+
+
+@lowering("iota")
+def lower_iota(ctx: Lowering, node: Node, length: int, start: Any, step: Any, dtype: torch.dtype,
+               device: Any = None) -> Box:
+    if dtype.is_floating_point or node.meta.device.type != "cpu":
+        raise Unlowerable("floating iota (eager's arange kernel rounds its own way)")
+    start, step = int(start), int(step)
+
+    def load(h: Any, index: list) -> Any:
+        return h.to_dtype(h.index_expr(start + step * index[0], torch.int64), dtype)
+    return Box(node.meta.shape, dtype, load)

@@ -365,7 +365,8 @@ def clamp_max(input: Any, max: Any) -> Any:  # noqa: A002
 @decomposition(torch.lerp, method("lerp"))
 def lerp(input: Any, end: Any, weight: Any) -> Any:
     _refuse_complex("lerp", input, end, weight)
-    check(input.dtype == end.dtype, lambda: f"expected dtype {input.dtype} for `end` but got dtype {end.dtype}")
+    check(input.dtype == end.dtype,
+          lambda: f"expected dtype {input.dtype} for `end` but got dtype {end.dtype}")
     if is_tensor(weight):
         check(weight.dtype == input.dtype, lambda: f"expected dtype {input.dtype} for `weight` but got dtype "
               f"{weight.dtype}")

@@ -370,7 +370,9 @@ def index_put(input: Any, indices: Sequence[Any], values: Any, accumulate: bool 
     check(is_tensor(values) and values.dtype == input.dtype, lambda: "Index put requires the source and "
           f"destination dtypes match, got {input.dtype} for the destination and "
           f"{getattr(values, 'dtype', type(values).__name__)} for the source.")
-    if any(is_tensor(i) and i.dtype in (torch.bool, torch.uint8) for i in indices):
+    check(all(is_tensor(i) for i in indices), lambda: "index_put(): expected a tuple of index tensors, got "
+          f"{[type(i).__name__ for i in indices]}", TypeError)
+    if any(i.dtype in (torch.bool, torch.uint8) for i in indices):
         raise NoDecomposition("index_put with a bool mask")
     tensors = _index_tensors(input, list(indices))
     if not tensors:

@@ -62,10 +62,12 @@ def write_back(name: str, self: Any, result: Any) -> Any:
         raise RuntimeError(f"output with shape [{', '.join(map(str, shape))}] doesn't match the broadcast "
                            f"shape [{', '.join(map(str, out_shape))}]")
     if name in _EXACT_DTYPE and result.dtype != self.dtype:
-        raise RuntimeError(f"the base given to {name} has dtype {_dtype_name(self.dtype)} but the operation's "
+        raise RuntimeError(f"the base given to {name} has dtype {_dtype_name(self.dtype)} but the "
+                           f"operation's "
                            f"result requires dtype {_dtype_name(result.dtype)}")
     if not can_cast(result.dtype, self.dtype):
-        raise RuntimeError(f"result type {_dtype_name(result.dtype)} can't be cast to the desired output type "
+        raise RuntimeError(f"result type {_dtype_name(result.dtype)} can't be cast to the desired output "
+                           f"type "
                            f"{_dtype_name(self.dtype)}")
     out = result
     if out_shape != shape:

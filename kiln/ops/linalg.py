@@ -73,7 +73,7 @@ def mv(a: Any, v: Any) -> Any:
     return prims.mm(a, v.unsqueeze(1)).squeeze(1)
 
 
-@register(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
+@register(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.linalg.matmul)
 def matmul(a: Any, b: Any) -> Any:
     """torch.matmul for every rank: dot, mv, mm, and batched products with broadcast batch dims."""
     check(a.ndim >= 1 and b.ndim >= 1, lambda: f"both arguments to matmul need to be at least 1D, but they "
@@ -90,7 +90,7 @@ def matmul(a: Any, b: Any) -> Any:
     if a.ndim >= 3 and b.ndim <= 2:
         # fold a's batch dims into its rows: one mm
         k = a.shape[-1]
-        rows = a.reshape(-1, k)
+        rows = a.reshape(_prod(a.shape[:-1]), k)
         if b.ndim == 1:
             return prims.mm(rows, b.unsqueeze(1)).reshape(a.shape[:-1])
         return prims.mm(rows, b).reshape((*a.shape[:-1], b.shape[-1]))

@@ -19,6 +19,11 @@ import torch.nn.functional as F
 
 from .. import prims
 from .registry import DECOMPOSITIONS, NoDecomposition, register
+
+try:
+    from .registry import mark_inplace_flag
+except ImportError:  # a registry without conditional in-place ops: inplace=True falls back
+    mark_inplace_flag = None
 from .utils import check, computation_dtype, convert, elementwise, is_float_dtype, shape_text, wrap_dim
 
 
@@ -28,8 +33,9 @@ def register_missing(*targets: Any):
 
 
 def no_inplace(op: str, inplace: bool) -> None:
-    """In-place F ops (inplace=True) run as fallbacks: the trace cannot yet mark an F op as mutating."""
-    if inplace:
+    """With inplace=True an F op computes its result as usual: the registry writes it back to the input
+    (the op is marked with `mark_inplace_flag` below)."""
+    if inplace and mark_inplace_flag is None:
         raise NoDecomposition(f"{op}(inplace=True)")
 
 
@@ -737,3 +743,11 @@ def bilinear(input1: Any, input2: Any, weight: Any, bias: Any = None) -> Any:
     out = torch.sum(t * torch.unsqueeze(input2, -2), -1)
     return out if bias is None else out + bias
 
+
+if mark_inplace_flag is not None:
+    mark_inplace_flag(F.relu, F.relu6, F.hardtanh, F.leaky_relu, F.rrelu, F.elu, F.selu, F.celu, F.silu, F.mish,
+                      F.hardsigmoid, F.hardswish, F.threshold, F.dropout, F.alpha_dropout, F.feature_alpha_dropout,
+                      F.dropout1d, F.dropout2d, F.dropout3d)
+
+# Layout ops (pad, interpolate, pixel_shuffle, one_hot, distances) are registered by their own module.
+from . import nn_layout  # noqa: E402,F401

@@ -67,7 +67,8 @@ def _sum_prod(prim: Any, input: Any, dim: Any, keepdim: bool, dtype: torch.dtype
 
 
 @decomposition(torch.sum, method("sum"))
-def sum(input: Any, dim: Any = None, keepdim: bool = False, *, dtype: torch.dtype | None = None) -> Any:  # noqa: A001
+def sum(input: Any, dim: Any = None, keepdim: bool = False, *,  # noqa: A001
+        dtype: torch.dtype | None = None) -> Any:
     if isinstance(dim, torch.dtype):  # sum(input, dtype) positionally
         dim, dtype = None, dim
     return _sum_prod(prims.sum, input, dim, keepdim, dtype)
@@ -92,7 +93,8 @@ def prod(input: Any, dim: Any = None, keepdim: bool = False, *, dtype: torch.dty
 def _check_mean_dtype(op: str, input: Any, dtype: torch.dtype | None) -> torch.dtype:
     result = dtype if dtype is not None else input.dtype
     check(is_float_dtype(result), lambda: f"{op}(): could not infer output dtype. "
-          f"{'Input' if dtype is None else 'Optional'} dtype must be either a floating point or complex dtype. "
+          f"{'Input' if dtype is None else 'Optional'} dtype must be either a floating point or complex "
+          f"dtype. "
           f"Got: {_dtype_name(result)}")
     return result
 
@@ -339,7 +341,7 @@ def vector_norm(input: Any, ord: Any = 2, dim: Any = None, keepdim: bool = False
     out_dtype = dtype if dtype is not None else input.dtype
     dims = reduction_dims(input, dim)
     if ord < 0 or ord == math.inf:
-        empty = input.numel() == 0 or builtins_any(input.shape[d] == 0 for d in dims)
+        empty = builtins_any(input.shape[d] == 0 for d in dims)
         check(not empty, lambda: f"linalg.vector_norm cannot compute the {ord} norm on an empty tensor "
               "because the operation does not have an identity")
     compute = computation_dtype(out_dtype)

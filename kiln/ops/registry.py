@@ -109,6 +109,18 @@ def mark_inplace(*targets: Any) -> None:
     INPLACE_OPS.update(t for t in targets if t is not None)
 
 
+INPLACE_FLAG_OPS: set[Any] = set()  # torch callables that update their first argument when inplace=True
+
+
+def mark_inplace_flag(*targets: Any) -> None:
+    """Ops (F.relu, F.dropout, ...) that update their first argument in place when passed inplace=True."""
+    INPLACE_FLAG_OPS.update(t for t in targets if t is not None)
+
+
+def is_inplace(func: Any, kwargs: dict) -> bool:
+    return func in INPLACE_OPS or (func in INPLACE_FLAG_OPS and kwargs.get("inplace") is True)
+
+
 # ---- the torch-call handler ------------------------------------------------------------------------------
 
 def _op_name(func: Any) -> str:
@@ -137,10 +149,25 @@ def _example_value(v: Any) -> Any:
     return v
 
 
+class _CannotCheck(Exception):
+    """Eager cannot be run on zero-filled stand-ins of these arguments (symbolic or too large)."""
+
+
+def _zeros_value(v: Any) -> Any:
+    if isinstance(v, Proxy):
+        meta = v.meta
+        if (meta.device.type != "cpu" or not all(isinstance(s, int) for s in meta.shape)
+                or meta.numel() > 1 << 16):
+            raise _CannotCheck
+        return torch.zeros(meta.shape, dtype=meta.dtype)
+    return v
+
+
 def _eager(func: Any, args: tuple, kwargs: dict, on: str) -> Any:
-    convert = _meta_value if on == "meta" else _example_value
+    """Run the torch op on the arguments' examples, meta tensors, or zero-filled CPU tensors (`on`)."""
+    convert = {"meta": _meta_value, "example": _example_value, "zeros": _zeros_value}[on]
     args = map_structure(convert, args)
-    if func in INPLACE_OPS and args and isinstance(args[0], torch.Tensor) and on != "meta":
+    if is_inplace(func, kwargs) and args and isinstance(args[0], torch.Tensor) and on != "meta":
         args = (args[0].clone(), *args[1:])  # an in-place op must not mutate the example (a user's tensor)
     return func(*args, **map_structure(convert, kwargs))
 
@@ -179,7 +206,7 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     graph = tracer.graph
     args, kwargs = _lift(graph, args, kwargs)
     name = _op_name(func)
-    inplace = func in INPLACE_OPS
+    inplace = is_inplace(func, kwargs)
     if inplace:
         _check_inplace(graph, func, args)
     outer = [v for v in flatten((args, kwargs)) if isinstance(v, Proxy)]
@@ -225,7 +252,10 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
 
     real: Any = None
     if examples:
-        real = _eager(func, args, kwargs, "example")
+        try:
+            real = _eager(func, args, kwargs, "example")
+        except Exception as e:  # bad input: eager's exception, naming the op and the shapes
+            raise _named(e, name, args, kwargs) from None
     if decomposition is not None:
         identity = _identity_output(result, sub_inputs, outer)
         if identity is not None and not inplace:
@@ -295,24 +325,44 @@ def _metas_agree(leaves: list[Proxy], real: Any) -> bool:
     return all(tuple(p.meta.shape) == tuple(t.shape) and p.meta.dtype == t.dtype for p, t in zip(leaves, reals))
 
 
+def _named(error: BaseException, name: str, args: tuple, kwargs: dict) -> BaseException:
+    """`error` with the same type, its message starting with the op and the argument shapes."""
+    prefix = f"{name}({_shapes(args, kwargs)})"
+    text = str(error)
+    if text.startswith(prefix):
+        return error
+    try:
+        named = type(error)(f"{prefix}: {text.lstrip(': ')}")
+    except Exception:
+        return error
+    named.__cause__ = None
+    named.__suppress_context__ = True
+    return named
+
+
 def _raise_eager_error(func: Any, name: str, args: tuple, kwargs: dict, failure: BaseException,
                        examples: bool) -> None:
-    """If eager fails on these inputs too, raise eager's exception type with a message naming the op."""
-    try:
-        _eager(func, args, kwargs, "example" if examples else "meta")
-    except NotImplementedError:
-        if not examples:
-            raise failure  # the meta device cannot tell; trust the decomposition's check
-        return
-    except Exception as eager_error:
-        if isinstance(failure, type(eager_error)):
-            raise failure.with_traceback(None) from None
-        message = f"{name}({_shapes(args, kwargs)}): {eager_error}"
+    """If eager fails on these inputs too, raise eager's exception type with a message naming the op and
+    the shapes (the decomposition's own error when it has eager's type).
+
+    Without examples the meta device decides; when it accepts the input (meta kernels skip some checks,
+    e.g. of dtypes), eager runs on zero-filled CPU tensors of the same metadata, where they are small.
+    """
+    for on in (("example",) if examples else ("meta", "zeros")):
         try:
-            error = type(eager_error)(message)
-        except Exception:
-            raise eager_error from None
-        raise error from None
+            _eager(func, args, kwargs, on)
+            continue
+        except _CannotCheck:
+            return
+        except NotImplementedError as e:
+            if on == "meta":  # the meta device cannot tell; trust the decomposition's check
+                raise _named(failure, name, args, kwargs) from None
+            eager_error: BaseException = e
+        except Exception as e:
+            eager_error = e
+        if isinstance(failure, type(eager_error)):
+            raise _named(failure, name, args, kwargs) from None
+        raise _named(eager_error, name, args, kwargs) from None
 
 
 def _check_inplace(graph: Graph, func: Any, args: tuple) -> None:

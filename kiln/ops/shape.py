@@ -161,7 +161,7 @@ def _transpose(a: Any, dim0: int, dim1: int) -> Any:
     if a.ndim == 0:
         wrap_dim(dim0, 0)
         wrap_dim(dim1, 0)
-        return prims.view(a, ())
+        return prims.squeeze(a, ())
     d0, d1 = wrap_dim(dim0, a.ndim), wrap_dim(dim1, a.ndim)
     perm = list(range(a.ndim))
     perm[d0], perm[d1] = perm[d1], perm[d0]
@@ -179,7 +179,7 @@ def transpose(a: Any, dim0: int, dim1: int) -> Any:
 @register(torch.t, torch.Tensor.t)
 def t(a: Any) -> Any:
     check(a.ndim <= 2, lambda: f"t() expects a tensor with <= 2 dimensions, but self is {a.ndim}D")
-    return _transpose(a, 0, 1) if a.ndim == 2 else prims.view(a, tuple(a.shape))
+    return _transpose(a, 0, 1) if a.ndim == 2 else prims.squeeze(a, ())
 
 
 def _reverse_dims(a: Any) -> Any:
@@ -204,7 +204,7 @@ def H(a: Any) -> Any:
           f"{a.ndim}-D tensor.")
     if a.dtype.is_complex:
         raise NoDecomposition("H of a complex tensor")
-    return _reverse_dims(a) if a.ndim == 2 else prims.view(a, tuple(a.shape))
+    return _reverse_dims(a) if a.ndim == 2 else prims.squeeze(a, ())
 
 
 @register(torch.Tensor.mH.__get__, torch.adjoint, torch.Tensor.adjoint)
@@ -259,7 +259,7 @@ def _expand(a: Any, sizes: tuple, op: str = "expand") -> Any:
               f"{list(a.shape)}")
         shape.append(s)
     if tuple(shape) == tuple(a.shape):
-        return prims.view(a, tuple(shape))
+        return prims.squeeze(a, ())  # an alias, strides unchanged
     return prims.broadcast_in_dim(a, tuple(shape), tuple(range(offset, len(shape))))
 
 
@@ -770,3 +770,6 @@ mark_view(torch.Tensor.view, torch.reshape, torch.Tensor.reshape, torch.Tensor.v
           torch.tensor_split, torch.Tensor.tensor_split, torch.hsplit, torch.Tensor.hsplit, torch.vsplit,
           torch.Tensor.vsplit, torch.dsplit, torch.Tensor.dsplit, torch.diagonal, torch.Tensor.diagonal,
           torch.atleast_1d, torch.atleast_2d, torch.atleast_3d)
+
+
+from . import getitem as _getitem  # noqa: E402,F401  (Tensor.__getitem__ / __setitem__)

@@ -141,7 +141,8 @@ def broadcast_shapes(*shapes: Sequence[Any]) -> tuple:
     result: list[Any] = [1] * ndim
     for shape in shapes:
         offset = ndim - len(shape)
-        for i, size in enumerate(shape):
+        for i in reversed(range(len(shape))):  # from the last dim, so errors name the dim eager names
+            size = shape[i]
             j = offset + i
             if size == 1:
                 continue

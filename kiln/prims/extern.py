@@ -279,9 +279,9 @@ def _cum_extremum_ref(fn: Any) -> Any:
     return ref
 
 
-cumsum = _scan("cumsum", lambda a, dim: torch.cumsum(a, dim), lambda d: d != torch.bool,
+cumsum = _scan("cumsum", lambda a, dim: torch.cumsum(a, dim, dtype=a.dtype), lambda d: d != torch.bool,
                "decompositions convert bool to int64")
-cumprod = _scan("cumprod", lambda a, dim: torch.cumprod(a, dim), lambda d: d != torch.bool,
+cumprod = _scan("cumprod", lambda a, dim: torch.cumprod(a, dim, dtype=a.dtype), lambda d: d != torch.bool,
                 "decompositions convert bool to int64")
 cummax = _scan("cummax", _cum_extremum_ref(torch.cummax), lambda d: not d.is_complex, "not complex",
                with_indices=True)

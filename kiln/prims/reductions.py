@@ -142,7 +142,8 @@ def _var_mean_meta(a: Any, dims: Sequence[int], correction: float) -> tuple[Tens
     return variance, variance.with_(dtype=meta_of(a).dtype)
 
 
-def _var_mean_ref(a: torch.Tensor, dims: Sequence[int], correction: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _var_mean_ref(a: torch.Tensor, dims: Sequence[int],
+                  correction: float) -> tuple[torch.Tensor, torch.Tensor]:
     if not dims:
         v, m = torch.var_mean(a.unsqueeze(-1), -1, correction=correction)
     else:

@@ -234,8 +234,13 @@ def _squeeze_meta(a: Any, dims: Sequence[int]) -> TensorMeta:
     return TensorMeta(tuple(m.shape[d] for d in keep), m.dtype, m.device, tuple(m.strides[d] for d in keep))
 
 
+def _alias(a: torch.Tensor) -> torch.Tensor:
+    """A new view of all of `a`, strides unchanged (a.view(a.shape) would recompute size-1 dims' strides)."""
+    return a.as_strided(a.shape, a.stride(), a.storage_offset())
+
+
 def _squeeze_ref(a: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
-    return a.squeeze(tuple(dims)) if dims else a.view(a.shape)
+    return a.squeeze(tuple(dims)) if dims else _alias(a)
 
 
 squeeze = prim("squeeze", _squeeze_meta, _squeeze_ref, tags=("view",),
@@ -258,7 +263,7 @@ def _expand_dims_meta(a: Any, dims: Sequence[int]) -> TensorMeta:
 
 
 def _expand_dims_ref(a: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
-    out = a.view(a.shape) if not dims else a
+    out = _alias(a) if not dims else a
     for d in sorted(dims):
         out = out.unsqueeze(d)
     return out
@@ -431,7 +436,7 @@ def _slice_meta(a: Any, start_indices: Sequence[Any], limit_indices: Sequence[An
 def _slice_ref(a: torch.Tensor, start_indices: Sequence[int], limit_indices: Sequence[int],
                strides: Sequence[int] | None = None) -> torch.Tensor:
     steps = strides if strides is not None else (1,) * a.ndim
-    out = a.view(a.shape)
+    out = _alias(a)
     for d, (lo, hi, step) in enumerate(zip(start_indices, limit_indices, steps)):
         if lo != 0 or hi != a.shape[d] or step != 1:
             out = out[(builtins.slice(None),) * d + (builtins.slice(lo, hi, step),)]

@@ -101,8 +101,8 @@ def _compile(compiler: str, source: str, path: str) -> None:
     tmp_so = src_path[:-4] + ".so.tmp"
     start = time.perf_counter()
     try:
-        result = subprocess.run([compiler, *flags(), src_path, "-o", tmp_so, *libraries()], capture_output=True, text=True,
-                                check=False)
+        result = subprocess.run([compiler, *flags(), src_path, "-o", tmp_so, *libraries()],
+                                capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise BuildError(f"{compiler} failed on generated code ({src_path}):\n{result.stderr[-4000:]}")
         os.replace(tmp_so, path)  # atomic: readers see the old entry or the whole new one

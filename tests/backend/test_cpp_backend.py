@@ -187,3 +187,10 @@ def test_buffers_are_reused():
 
 def test_compiler_is_found():
     assert find_compiler(config.get("cxx"))
+
+
+def test_creation_prims():
+    x = torch.randn(4, 5)
+    check(lambda x: prims.add(x, prims.full((4, 5), 2.5, torch.float32)), x, kernels=1)
+    n = torch.randint(0, 9, (7,))
+    check(lambda n: prims.mul(n, prims.iota(7, 3, 2, torch.int64)), n, kernels=1)

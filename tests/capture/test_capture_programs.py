@@ -325,12 +325,14 @@ ONE_GRAPH = [
 ]
 
 
-@pytest.mark.parametrize("fn,args", ONE_GRAPH, ids=[f"{f.__name__}-{i}" for i, (f, _) in enumerate(ONE_GRAPH)])
+@pytest.mark.parametrize("fn,args", ONE_GRAPH,
+                         ids=[f"{f.__name__}-{i}" for i, (f, _) in enumerate(ONE_GRAPH)])
 def test_one_graph(fn, args):
     check(fn, *args, graphs=1, breaks=0)
 
 
-NO_OPS = [(p_type_call, (X,)), (p_dropout_eval, (X,)), (p_dtype_attr, (X,)), (p_empty_return, (X,)), (p_constant_return, (X,)), (p_identity, (X,)),
+NO_OPS = [(p_type_call, (X,)), (p_dropout_eval, (X,)), (p_dtype_attr, (X,)), (p_empty_return, (X,)),
+          (p_constant_return, (X,)), (p_identity, (X,)),
           (p_filter, (X,))]
 
 

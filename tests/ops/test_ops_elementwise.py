@@ -52,13 +52,13 @@ def compare(fn, *inputs):
 
 
 UNARY = ["abs", "neg", "positive", "sign", "sgn", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p",
-         "sqrt", "rsqrt", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh",
-         "atanh", "erf", "erfc", "erfinv", "lgamma", "digamma", "sigmoid", "reciprocal", "i0", "ceil", "floor",
-         "trunc", "fix", "round", "frac", "square", "deg2rad", "rad2deg", "sinc", "signbit", "isnan", "isinf",
-         "isfinite", "isposinf", "isneginf", "isreal", "nan_to_num", "logit", "angle", "bitwise_not",
-         "logical_not", "arcsin", "arctanh", "absolute", "negative"]
-SPECIAL = ["i0e", "i1", "i1e", "ndtr", "ndtri", "log_ndtr", "erfcx", "entr", "expit", "logit", "sinc", "round",
-           "exp2", "expm1", "gammaln", "psi", "erfinv"]
+         "sqrt", "rsqrt", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh",
+         "acosh", "atanh", "erf", "erfc", "erfinv", "lgamma", "digamma", "sigmoid", "reciprocal", "i0",
+         "ceil", "floor", "trunc", "fix", "round", "frac", "square", "deg2rad", "rad2deg", "sinc", "signbit",
+         "isnan", "isinf", "isfinite", "isposinf", "isneginf", "isreal", "nan_to_num", "logit", "angle",
+         "bitwise_not", "logical_not", "arcsin", "arctanh", "absolute", "negative"]
+SPECIAL = ["i0e", "i1", "i1e", "ndtr", "ndtri", "log_ndtr", "erfcx", "entr", "expit", "logit", "sinc",
+           "round", "exp2", "expm1", "gammaln", "psi", "erfinv"]
 
 
 @pytest.mark.parametrize("name", UNARY)
@@ -75,11 +75,12 @@ def test_special(name):
         compare(lambda a: getattr(torch.special, name)(a), sample(dtype))
 
 
-BINARY = ["add", "sub", "mul", "div", "true_divide", "floor_divide", "remainder", "fmod", "pow", "float_power",
-          "atan2", "hypot", "copysign", "nextafter", "maximum", "minimum", "fmax", "fmin", "eq", "ne", "lt", "le",
-          "gt", "ge", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor",
-          "bitwise_left_shift", "bitwise_right_shift", "heaviside", "isclose", "xlogy", "logaddexp",
-          "logaddexp2", "ldexp", "igamma", "igammac", "rsub", "clamp_min", "clamp_max", "max", "min"]
+BINARY = ["add", "sub", "mul", "div", "true_divide", "floor_divide", "remainder", "fmod", "pow",
+          "float_power", "atan2", "hypot", "copysign", "nextafter", "maximum", "minimum", "fmax", "fmin",
+          "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor", "bitwise_and",
+          "bitwise_or", "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift", "heaviside", "isclose",
+          "xlogy", "logaddexp", "logaddexp2", "ldexp", "igamma", "igammac", "rsub", "clamp_min", "clamp_max",
+          "max", "min"]
 PAIRS = [(torch.float32, torch.float32), (torch.float64, torch.float32), (torch.int64, torch.int64),
          (torch.int32, torch.int64), (torch.bool, torch.bool), (torch.float16, torch.float16),
          (torch.uint8, torch.int64), (torch.int64, torch.float32), (torch.bfloat16, torch.float16)]
@@ -202,9 +203,11 @@ def test_empty_and_zero_dim():
 def test_conversions():
     x, xi = sample(torch.float32), sample(torch.int64)
     for fn in [lambda a: a.float(), lambda a: a.double(), lambda a: a.half(), lambda a: a.bfloat16(),
-               lambda a: a.int(), lambda a: a.long(), lambda a: a.short(), lambda a: a.char(), lambda a: a.byte(),
+               lambda a: a.int(), lambda a: a.long(), lambda a: a.short(), lambda a: a.char(),
+               lambda a: a.byte(),
                lambda a: a.bool(), lambda a: a.to(torch.float64), lambda a: a.to("cpu", torch.int32),
-               lambda a: a.to(dtype=torch.int16), lambda a: a.to(torch.float32, copy=True), lambda a: a.type_as(xi),
+               lambda a: a.to(dtype=torch.int16), lambda a: a.to(torch.float32, copy=True),
+               lambda a: a.type_as(xi),
                lambda a: a.type(torch.int8), lambda a: a.to(device="cpu")]:
         compare(fn, x)
         compare(fn, xi)

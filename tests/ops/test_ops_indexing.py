@@ -156,7 +156,8 @@ def test_data_dependent_fall_back(fn):
 INDICES = [
     [torch.tensor([0, 2])], [None, torch.tensor([1, -1, 0])], [None, None, torch.tensor(3)],
     [torch.tensor([0, 2]), torch.tensor([-1, 1])], [torch.tensor([0, 2]), None, torch.tensor([4, 1])],
-    [None, torch.tensor([0, 2]), torch.tensor([4, 1])], [torch.tensor([[0], [2]]), None, torch.tensor([1, 4, 0])],
+    [None, torch.tensor([0, 2]), torch.tensor([4, 1])],
+    [torch.tensor([[0], [2]]), None, torch.tensor([1, 4, 0])],
     [torch.tensor([[0, 1], [2, 0]]), torch.tensor([3, 3])], [torch.tensor([1], dtype=torch.int32)],
     [torch.tensor([0, 1]), torch.tensor(2), torch.tensor([[0], [4]])],
 ]
@@ -297,7 +298,8 @@ def test_sort_errors():
 
 
 @pytest.mark.parametrize("x", [torch.randn(3, 5), torch.randint(-3, 4, (3, 5)), torch.randn(3, 5) > 0,
-                               torch.tensor(2.0), torch.randn(3, 5).half()], ids=lambda x: f"{x.dtype}-{x.ndim}")
+                               torch.tensor(2.0), torch.randn(3, 5).half()],
+                         ids=lambda x: f"{x.dtype}-{x.ndim}")
 def test_scans(x):
     for dim in range(-max(x.ndim, 1), max(x.ndim, 1)):
         check_op(lambda x: torch.cumsum(x, dim), x)

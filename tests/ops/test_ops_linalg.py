@@ -165,7 +165,8 @@ def test_sdpa(qs, ks, vs):
     check_op(sdpa(scale=0.125), q, k, v)
     mask = torch.rand(qs[-2], ks[-2]) > 0.2
     check_op(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, mask)
-    check_op(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, m), q, k, v, torch.randn(qs[-2], ks[-2]))
+    fmask = torch.randn(qs[-2], ks[-2])
+    check_op(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, m), q, k, v, fmask)
 
 
 def test_sdpa_gqa_and_dropout():

@@ -148,12 +148,13 @@ def test_topk_errors():
     meta_raises(RuntimeError, prims.topk, torch.tensor([True]), 1, -1, True, True, match="bool")
 
 
-@pytest.mark.parametrize("x", [torch.randn(3, 5), torch.randint(-3, 4, (3, 5)), torch.tensor(2.0)],
+@pytest.mark.parametrize("x", [torch.randn(3, 5), torch.randint(-3, 4, (3, 5)), torch.tensor(2.0),
+                               torch.randint(-3, 4, (2, 3), dtype=torch.int32), torch.randn(4).half()],
                          ids=lambda x: f"{x.dtype}-{x.ndim}")
 def test_scans(x):
     for dim in range(-max(x.ndim, 1), max(x.ndim, 1)):
-        torch.testing.assert_close(check_prim(prims.cumsum, x, dim), torch.cumsum(x, dim).to(x.dtype))
-        torch.testing.assert_close(check_prim(prims.cumprod, x, dim), torch.cumprod(x, dim).to(x.dtype))
+        torch.testing.assert_close(check_prim(prims.cumsum, x, dim), torch.cumsum(x, dim, dtype=x.dtype))
+        torch.testing.assert_close(check_prim(prims.cumprod, x, dim), torch.cumprod(x, dim, dtype=x.dtype))
         for p, ref in [(prims.cummax, torch.cummax), (prims.cummin, torch.cummin)]:
             values, indices = check_prim(p, x, dim)
             want = ref(x, dim)

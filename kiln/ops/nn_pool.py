@@ -1,0 +1,314 @@
+"""Decompositions of pooling: max_pool, avg_pool, lp_pool, adaptive_avg_pool (1d/2d/3d).
+
+A window reduction is a sum (or maximum) of strided slices: the input is padded (zeros, or -inf for max),
+then for every offset of the kernel one `prims.slice` picks the element at that offset of every window;
+the slices combine elementwise. Output sizes and divisors follow eager (ceil_mode drops a last window that
+would start in the right padding; count_include_pad counts padding but not the ceil overhang).
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .. import prims
+from .registry import NoDecomposition, register
+from .utils import check, computation_dtype, convert, is_float_dtype, shape_text
+
+
+def _tuple(op: str, name: str, value: Any, n: int, default: Any = None) -> tuple[int, ...]:
+    if value is None or (isinstance(value, (list, tuple)) and len(value) == 0 and default is not None):
+        value = default
+    if isinstance(value, int):
+        return (value,) * n
+    value = tuple(value)
+    if len(value) == 1:
+        return value * n
+    check(len(value) == n, lambda: f"{op}: {name} must either be a single int, or a tuple of {n} ints",
+          RuntimeError)
+    return value
+
+
+def pool_output_size(size: int, kernel: int, stride: int, pad: int, dilation: int, ceil_mode: bool) -> int:
+    """Eager's pooling_output_shape."""
+    span = size + 2 * pad - dilation * (kernel - 1) - 1 + (stride - 1 if ceil_mode else 0)
+    out = span // stride + 1
+    if ceil_mode and (out - 1) * stride >= size + pad:
+        out -= 1
+    return out
+
+
+class Windows:
+    """Geometry of a pooling over the last n dims: kernel, stride, padding, dilation, output sizes."""
+
+    def __init__(self, op: str, input: Any, n: int, kernel_size: Any, stride: Any, padding: Any,
+                 dilation: Any, ceil_mode: bool):
+        self.op, self.n = op, n
+        check(input.ndim in (n + 1, n + 2), lambda: f"{op}: Expected {n + 1}D or {n + 2}D input, got "
+              f"{shape_text(input)}", RuntimeError)
+        self.kernel = _tuple(op, "kernel_size", kernel_size, n)
+        self.stride = _tuple(op, "stride", stride, n, default=self.kernel)
+        self.padding = _tuple(op, "padding", padding, n)
+        self.dilation = _tuple(op, "dilation", dilation, n)
+        self.sizes = tuple(input.shape[input.ndim - n:])
+        for d in range(n):
+            k, s, p, dl = self.kernel[d], self.stride[d], self.padding[d], self.dilation[d]
+            check(k > 0, lambda: f"{op}: kernel_size should be greater than zero, but got {self.kernel}",
+                  RuntimeError)
+            check(s > 0, lambda: f"{op}: stride should be greater than zero, but got {self.stride}", RuntimeError)
+            check(dl > 0, lambda: f"{op}: dilation should be greater than zero, but got {self.dilation}",
+                  RuntimeError)
+            check(0 <= p <= k // 2, lambda: f"{op}: pad should be at most half of effective kernel size, but "
+                  f"got pad={p}, kernel_size={k} and dilation={dl}", RuntimeError)
+        check(all(s > 0 for s in input.shape[input.ndim - n - 1:]), lambda: f"{op}: Expected input's "
+              f"non-batch dimensions to have positive length, but input has a shape of {list(input.shape)}",
+              RuntimeError)
+        self.out = tuple(pool_output_size(self.sizes[d], self.kernel[d], self.stride[d], self.padding[d],
+                                          self.dilation[d], ceil_mode) for d in range(n))
+        check(all(o > 0 for o in self.out), lambda: f"{op}: Given input size: {list(input.shape)}. Calculated "
+              f"output size: {list(self.out)}. Output size is too small", RuntimeError)
+
+    def padded(self, x: Any, value: Any) -> Any:
+        """x padded on the last n dims so that every window (including ceil_mode's last) lies inside."""
+        config = [(0, 0, 0)] * (x.ndim - self.n)
+        for d in range(self.n):
+            needed = (self.out[d] - 1) * self.stride[d] + self.dilation[d] * (self.kernel[d] - 1) + 1
+            high = needed - self.sizes[d] - self.padding[d]
+            config.append((self.padding[d], high, 0))
+        if all(c == (0, 0, 0) for c in config):
+            return x
+        return prims.pad(x, value, config)
+
+    def slices(self, x: Any) -> list[Any]:
+        """For every kernel offset, the strided slice of padded x holding that element of each window."""
+        lead = x.ndim - self.n
+        result = []
+        for offset in itertools.product(*(range(k) for k in self.kernel)):
+            start = [0] * lead + [offset[d] * self.dilation[d] for d in range(self.n)]
+            limit = list(x.shape[:lead]) + [start[lead + d] + (self.out[d] - 1) * self.stride[d] + 1
+                                            for d in range(self.n)]
+            result.append(prims.slice(x, start, limit, [1] * lead + list(self.stride)))
+        return result
+
+
+def _lowest(dtype: torch.dtype) -> Any:
+    if dtype.is_floating_point:
+        return -float("inf")
+    if dtype == torch.bool:
+        return False
+    return torch.iinfo(dtype).min
+
+
+def _max_pool(op: str, n: int, input: Any, kernel_size: Any, stride: Any, padding: Any, dilation: Any,
+              ceil_mode: bool, return_indices: bool) -> Any:
+    if return_indices:
+        raise NoDecomposition(f"{op}(return_indices=True)")
+    w = Windows(op, input, n, kernel_size, stride, padding, dilation, ceil_mode)
+    check(input.dtype != torch.bool, lambda: f"{op}: not implemented for 'Bool'", RuntimeError)
+    result = None
+    for s in w.slices(w.padded(input, _lowest(input.dtype))):
+        result = s if result is None else torch.maximum(result, s)  # propagates NaN, as eager
+    return result
+
+
+@register(F.max_pool1d, torch.max_pool1d)
+def max_pool1d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+               ceil_mode: bool = False, return_indices: bool = False) -> Any:
+    return _max_pool("max_pool1d", 1, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+@register(F.max_pool2d, torch.max_pool2d)
+def max_pool2d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+               ceil_mode: bool = False, return_indices: bool = False) -> Any:
+    return _max_pool("max_pool2d", 2, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+@register(F.max_pool3d, torch.max_pool3d)
+def max_pool3d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+               ceil_mode: bool = False, return_indices: bool = False) -> Any:
+    return _max_pool("max_pool3d", 3, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+def _avg_divisors(w: Windows, count_include_pad: bool) -> list[list[int]]:
+    """Per dim, the divisor factor of each output position (eager's avg_pool: window clipped to the padded
+    input when counting padding, else to the input)."""
+    factors = []
+    for d in range(w.n):
+        k, s, p, size = w.kernel[d], w.stride[d], w.padding[d], w.sizes[d]
+        row = []
+        for o in range(w.out[d]):
+            start = o * s - p
+            end = min(start + k, size + p)
+            count = end - start
+            start, end = max(start, 0), min(end, size)
+            row.append(count if count_include_pad else end - start)
+        factors.append(row)
+    return factors
+
+
+def _avg_pool(op: str, n: int, input: Any, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool,
+              count_include_pad: bool, divisor_override: Any) -> Any:
+    w = Windows(op, input, n, kernel_size, stride, padding, 1, ceil_mode)
+    check(is_float_dtype(input.dtype), lambda: f"\"{op}\" not implemented for "
+          f"'{str(input.dtype).removeprefix('torch.').capitalize()}'", RuntimeError)
+    check(divisor_override is None or divisor_override != 0, lambda: "divisor must be not zero", RuntimeError)
+    x = convert(input, computation_dtype(input.dtype))
+    total = None
+    for s in w.slices(w.padded(x, 0.0)):
+        total = s if total is None else total + s
+    if divisor_override is not None:
+        return convert(total / divisor_override, input.dtype)
+    factors = _avg_divisors(w, count_include_pad)
+    if all(len(set(row)) == 1 for row in factors):
+        divisor = 1
+        for row in factors:
+            divisor *= row[0]
+        return convert(total / divisor, input.dtype)
+    # Windows at the border count fewer elements: one divisor per output position.
+    table = torch.ones(w.out, dtype=torch.float64)
+    for d, row in enumerate(factors):
+        shape = [1] * n
+        shape[d] = len(row)
+        table = table * torch.tensor(row, dtype=torch.float64).reshape(shape)
+    return convert(total / table.to(total.dtype), input.dtype)
+
+
+@register(F.avg_pool1d, torch.avg_pool1d)
+def avg_pool1d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+               count_include_pad: bool = True) -> Any:
+    return _avg_pool("avg_pool1d", 1, input, kernel_size, stride, padding, ceil_mode, count_include_pad, None)
+
+
+@register(F.avg_pool2d)
+def avg_pool2d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+               count_include_pad: bool = True, divisor_override: Any = None) -> Any:
+    return _avg_pool("avg_pool2d", 2, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                     divisor_override)
+
+
+@register(F.avg_pool3d)
+def avg_pool3d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+               count_include_pad: bool = True, divisor_override: Any = None) -> Any:
+    return _avg_pool("avg_pool3d", 3, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                     divisor_override)
+
+
+def _lp_pool(op: str, n: int, input: Any, norm_type: float, kernel_size: Any, stride: Any,
+             ceil_mode: bool) -> Any:
+    # eager: out = avg_pool(x^p); (sign(out) * relu(|out|) * prod(kernel)) ^ (1/p)
+    kernel = _tuple(op, "kernel_size", kernel_size, n)
+    avg = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[n]
+    if stride is not None:
+        out = avg(torch.pow(input, norm_type), kernel, stride, 0, ceil_mode)
+    else:
+        out = avg(torch.pow(input, norm_type), kernel, padding=0, ceil_mode=ceil_mode)
+    area = 1
+    for k in kernel:
+        area *= k
+    return torch.pow(torch.sign(out) * F.relu(torch.abs(out)) * area, 1.0 / norm_type)
+
+
+@register(F.lp_pool1d)
+def lp_pool1d(input: Any, norm_type: float, kernel_size: Any, stride: Any = None, ceil_mode: bool = False) -> Any:
+    return _lp_pool("lp_pool1d", 1, input, norm_type, kernel_size, stride, ceil_mode)
+
+
+@register(F.lp_pool2d)
+def lp_pool2d(input: Any, norm_type: float, kernel_size: Any, stride: Any = None, ceil_mode: bool = False) -> Any:
+    return _lp_pool("lp_pool2d", 2, input, norm_type, kernel_size, stride, ceil_mode)
+
+
+@register(F.lp_pool3d)
+def lp_pool3d(input: Any, norm_type: float, kernel_size: Any, stride: Any = None, ceil_mode: bool = False) -> Any:
+    return _lp_pool("lp_pool3d", 3, input, norm_type, kernel_size, stride, ceil_mode)
+
+
+def _adaptive_pool(op: str, n: int, input: Any, output_size: Any, is_max: bool) -> Any:
+    check(input.ndim in (n + 1, n + 2), lambda: f"{op}: Expected {n + 1}D or {n + 2}D tensor, but got "
+          f"{shape_text(input)}", RuntimeError)
+    sizes = list(input.shape[input.ndim - n:])
+    out = list(_tuple(op, "output_size", output_size, n))
+    out = [sizes[d] if out[d] is None else out[d] for d in range(n)]
+    check(all(s > 0 for s in input.shape[1:]), lambda: f"{op}: Expected input to have non-zero size for "
+          f"non-batch dimensions, but input has sizes {list(input.shape)}", RuntimeError)
+    check(all(o >= 0 for o in out), lambda: f"{op}: elements of output_size must be greater than or equal to "
+          f"0 but received {out}", RuntimeError)
+    if any(o == 0 for o in out):
+        raise NoDecomposition(f"{op} to an empty output")
+    if not is_max:
+        check(is_float_dtype(input.dtype), lambda: f"\"{op}\" not implemented for "
+              f"'{str(input.dtype).removeprefix('torch.').capitalize()}'", RuntimeError)
+    x = convert(input, computation_dtype(input.dtype)) if not is_max else input
+    lead = input.ndim - n
+    if all(s % o == 0 for s, o in zip(sizes, out)):
+        # Regular windows: kernel = stride = size / out. A global pool is one reduction.
+        if all(o == 1 for o in out):
+            dims = list(range(lead, input.ndim))
+            result = torch.amax(x, dims, keepdim=True) if is_max else torch.mean(x, dims, keepdim=True)
+            return convert(result, input.dtype)
+        kernel = [s // o for s, o in zip(sizes, out)]
+        if is_max:
+            return _max_pool(op, n, input, kernel, kernel, 0, 1, False, False)
+        w = Windows(op, x, n, kernel, kernel, 0, 1, False)
+        total = None
+        for s in w.slices(x):
+            total = s if total is None else total + s
+        area = 1
+        for k in kernel:
+            area *= k
+        return convert(total / area, input.dtype)
+    # Irregular windows [floor(i * s / o), ceil((i + 1) * s / o)): reduce one dim at a time (a window is a
+    # box, so the mean of per-dim means is the box mean, and the max of maxes its max).
+    for d in range(n):
+        dim = lead + d
+        parts = []
+        for i in range(out[d]):
+            start = (i * sizes[d]) // out[d]
+            end = -((-(i + 1) * sizes[d]) // out[d])
+            window = torch.narrow(x, dim, start, end - start)
+            parts.append(torch.amax(window, dim, keepdim=True) if is_max else
+                         torch.mean(window, dim, keepdim=True))
+        x = torch.cat(parts, dim)
+    return convert(x, input.dtype)
+
+
+def _adaptive_avg_pool(op: str, n: int, input: Any, output_size: Any) -> Any:
+    return _adaptive_pool(op, n, input, output_size, False)
+
+
+@register(F.adaptive_avg_pool1d, torch.adaptive_avg_pool1d)
+def adaptive_avg_pool1d(input: Any, output_size: Any) -> Any:
+    return _adaptive_avg_pool("adaptive_avg_pool1d", 1, input, output_size)
+
+
+@register(F.adaptive_avg_pool2d)
+def adaptive_avg_pool2d(input: Any, output_size: Any) -> Any:
+    return _adaptive_avg_pool("adaptive_avg_pool2d", 2, input, output_size)
+
+
+@register(F.adaptive_avg_pool3d)
+def adaptive_avg_pool3d(input: Any, output_size: Any) -> Any:
+    return _adaptive_avg_pool("adaptive_avg_pool3d", 3, input, output_size)
+
+
+def _adaptive_max_pool(op: str, n: int, input: Any, output_size: Any, return_indices: bool) -> Any:
+    if return_indices:
+        raise NoDecomposition(f"{op}(return_indices=True)")
+    return _adaptive_pool(op, n, input, output_size, True)
+
+
+@register(F.adaptive_max_pool1d)
+def adaptive_max_pool1d(input: Any, output_size: Any, return_indices: bool = False) -> Any:
+    return _adaptive_max_pool("adaptive_max_pool1d", 1, input, output_size, return_indices)
+
+
+@register(F.adaptive_max_pool2d)
+def adaptive_max_pool2d(input: Any, output_size: Any, return_indices: bool = False) -> Any:
+    return _adaptive_max_pool("adaptive_max_pool2d", 2, input, output_size, return_indices)
+
+
+@register(F.adaptive_max_pool3d)
+def adaptive_max_pool3d(input: Any, output_size: Any, return_indices: bool = False) -> Any:
+    return _adaptive_max_pool("adaptive_max_pool3d", 3, input, output_size, return_indices)

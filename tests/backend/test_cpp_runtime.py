@@ -1,0 +1,91 @@
+"""The cpp backend's runtime: disk cache (reuse, corrupt entries, other processes), missing compiler,
+debug dumps, the registered backends `cpp` and `auto`."""
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import kiln.ops
+from kiln import config
+from kiln.backends import lookup_backend
+from kiln.backends.cpp import CompiledGraph, compile_graph
+from kiln.runtime import CompilerNotFound, forget_loaded
+
+pytestmark = pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler")
+
+
+def fn(x, y):
+    return torch.relu(x * y + 1)
+
+
+def inputs():
+    return torch.randn(5, 7), torch.randn(5, 7)
+
+
+SCRIPT = textwrap.dedent("""
+    import torch, kiln.ops
+    from kiln.backends.cpp import compile_graph
+    def fn(x, y):
+        return torch.relu(x * y + 1)
+    x, y = torch.randn(5, 7), torch.randn(5, 7)
+    c = compile_graph(kiln.ops.trace(fn, x, y), [x, y])
+    torch.testing.assert_close(c(x, y), fn(x, y))
+""")
+
+
+def run_in_new_process(cache_dir):
+    env = dict(os.environ, KILN_CACHE_DIR=str(cache_dir), KILN_RAISE_ON_ERROR="1")
+    subprocess.run([sys.executable, "-c", SCRIPT], check=True, env=env, cwd=os.getcwd())
+
+
+def test_disk_cache_reuse_and_corrupt_entry(tmp_path):
+    x, y = inputs()
+    with config.patch(cache_dir=str(tmp_path), raise_on_error=True):
+        compile_graph(kiln.ops.trace(fn, x, y), [x, y])
+        entries = list((tmp_path / "cpp").glob("*.so"))
+        assert len(entries) == 1
+        stamp = entries[0].stat().st_mtime_ns
+        forget_loaded()
+        c = compile_graph(kiln.ops.trace(fn, x, y), [x, y])  # a cache hit: not rebuilt
+        assert entries[0].stat().st_mtime_ns == stamp
+        torch.testing.assert_close(c(x, y), fn(x, y))
+    run_in_new_process(tmp_path)  # a second process reuses the entry
+    assert entries[0].stat().st_mtime_ns == stamp
+    entries[0].unlink()  # never write into a loaded object: replace it
+    entries[0].write_bytes(b"not an ELF file")
+    run_in_new_process(tmp_path)  # the corrupt entry is rebuilt
+    assert entries[0].read_bytes()[:4] == b"\x7fELF"
+
+
+def test_missing_compiler_falls_back_or_raises(tmp_path):
+    x, y = inputs()
+    graph = kiln.ops.trace(fn, x, y)
+    with config.patch(cache_dir=str(tmp_path), cxx="kiln-no-such-compiler"):
+        with pytest.warns(UserWarning, match="kiln-no-such-compiler"):
+            compiled = lookup_backend("cpp")(graph, [x, y])
+        torch.testing.assert_close(compiled(x, y), fn(x, y))
+        with config.patch(raise_on_error=True), pytest.raises(CompilerNotFound, match="not on PATH"):
+            lookup_backend("cpp")(graph, [x, y])
+
+
+def test_debug_dir_dumps_artifacts(tmp_path):
+    x, y = inputs()
+    with config.patch(cache_dir=str(tmp_path / "cache"), debug_dir=str(tmp_path / "debug"),
+                      raise_on_error=True):
+        compile_graph(kiln.ops.trace(fn, x, y), [x, y])
+    (graph_dir,) = list((tmp_path / "debug").iterdir())
+    names = sorted(p.name for p in graph_dir.iterdir())
+    assert names == ["kernels.cpp", "loop_ir_after_fusion.py", "loop_ir_before_fusion.py", "wrapper.py"]
+    assert 'extern "C"' in (graph_dir / "kernels.cpp").read_text()
+
+
+def test_auto_picks_cpp_for_cpu(tmp_path):
+    x, y = inputs()
+    with config.patch(cache_dir=str(tmp_path), raise_on_error=True):
+        compiled = lookup_backend("auto")(kiln.ops.trace(fn, x, y), [x, y])
+    assert isinstance(compiled, CompiledGraph)
+    torch.testing.assert_close(compiled(x, y), fn(x, y))

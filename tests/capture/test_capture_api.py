@@ -1,0 +1,370 @@
+"""The public API: kiln.compile on functions, methods and modules, decorators, explain, reset, counters,
+register_backend, GraphBreakError, the fallback contract and replayed side effects."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import kiln
+from kiln.graph import run
+
+STATE = {"calls": 0}
+TOTAL = 0
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.register_buffer("steps", torch.zeros(()))
+        self.scale = 2.0
+        self.count = 0
+
+    def forward(self, x):
+        self.count += 1
+        self.steps.add_(1)
+        return self.fc(x) * self.scale
+
+    def helper(self, x):
+        return self.fc(x).relu()
+
+
+def test_decorator_without_and_with_arguments():
+    @kiln.compile
+    def f(x):
+        return x + 1
+
+    @kiln.compile(backend="eager")
+    def g(x):
+        return x * 2
+    x = torch.randn(3)
+    torch.testing.assert_close(f(x), x + 1)
+    torch.testing.assert_close(g(x), x * 2)
+
+
+def test_disable_returns_original():
+    def f(x):
+        return x
+    assert kiln.compile(f, disable=True) is f
+    m = torch.nn.Linear(2, 2)
+    assert kiln.compile(m, disable=True) is m
+
+
+def test_bound_method():
+    kiln.reset()
+    net = Net()
+    f = kiln.compile(net.helper, backend="eager")
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(f(x), net.helper(x))
+    assert f.cache.entries[0].graph is not None
+
+
+def test_module_wrapper_behaves_like_the_module():
+    kiln.reset()
+    net = Net()
+    ref = Net()
+    ref.load_state_dict(net.state_dict())
+    cm = kiln.compile(net, backend="eager")
+    assert isinstance(cm, torch.nn.Module)
+    assert list(cm.state_dict()) == list(net.state_dict())
+    assert [p is q for p, q in zip(cm.parameters(), net.parameters())] == [True, True]
+    assert cm.fc is net.fc and cm.scale == 2.0
+    x = torch.randn(3, 4)
+    for _ in range(3):
+        torch.testing.assert_close(cm(x), ref(x))
+    assert net.count == ref.count == 3  # attribute side effect replayed
+    torch.testing.assert_close(net.steps, ref.steps)  # buffer mutated in place
+    cm.scale = 3.0  # setattr reaches the original; the guard on scale recaptures
+    ref.scale = 3.0
+    torch.testing.assert_close(cm(x), ref(x))
+    cm.eval()
+    assert not net.training and not cm.training
+    cm.train()
+    assert net.training
+
+
+def test_module_hooks_run():
+    kiln.reset()
+    net = torch.nn.Linear(3, 3)
+    seen = []
+    net.register_forward_hook(lambda mod, inp, out: seen.append(out.shape))
+    cm = kiln.compile(net, backend="eager")
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(cm(x), net(x))
+    assert len(seen) == 2
+    assert not hasattr(net, "forward") or "forward" not in net.__dict__
+
+
+def test_training_gradients_match():
+    kiln.reset()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 1))
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 1))
+    ref.load_state_dict(net.state_dict())
+    cm = kiln.compile(net, backend="eager")
+    x = torch.randn(5, 4)
+    cm(x).sum().backward()
+    ref(x).sum().backward()
+    for p, q in zip(net.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_fullgraph_raises_with_user_line():
+    def f(x):
+        if x.sum() > 0:  # the break
+            return x
+        return -x
+    cf = kiln.compile(f, backend="eager", fullgraph=True)
+    with pytest.raises(kiln.GraphBreakError) as info:
+        cf(torch.randn(3))
+    assert "test_capture_api.py" in str(info.value) and "if x.sum() > 0" in str(info.value)
+
+
+def test_raise_on_error_option():
+    def f(x):
+        print("side effect")
+        return x
+    cf = kiln.compile(f, backend="eager", options={"raise_on_error": True})
+    with pytest.raises(kiln.GraphBreakError, match="print"):
+        cf(torch.randn(3))
+
+
+def test_explain_reports_breaks_and_graphs(capsys):
+    def f(x):
+        y = x.sum()
+        return y.item()
+    report = kiln.explain(f, torch.randn(3))
+    assert report.graph_break_count == 1 and report.graph_count == 0
+    brk = report.breaks[0]
+    assert "item" in brk.reason and brk.source_line == "return y.item()" and brk.hint
+    assert "test_capture_api.py" in brk.location
+    printed = capsys.readouterr().out
+    assert "1 graph break" in printed
+
+    def g(x):
+        return (x + 1).relu()
+    report = kiln.explain(g, torch.randn(3))
+    assert report.graph_count == 1 and report.graph_break_count == 0
+    assert sum(report.ops_per_graph[0].values()) == 2
+    assert any("x: Tensor" in guard for guard in report.guards[0])
+
+
+def test_explain_module():
+    report = kiln.explain(torch.nn.Linear(3, 2), torch.randn(4, 3))
+    assert report.graph_count == 1
+    assert any("weight" in guard for guard in report.guards[0])
+
+
+def test_counters_and_reset():
+    kiln.reset()
+    f = kiln.compile(lambda x: x + 1, backend="eager")
+    f(torch.randn(2))
+    f(torch.randn(2))
+    assert kiln.counters["captures"]
+    assert sum(kiln.counters["cache_hits"].values()) == 1
+    kiln.reset()
+    assert not kiln.counters["captures"]
+
+
+def test_register_custom_backend():
+    seen = []
+
+    @kiln.register_backend
+    def recording_backend(graph, example_inputs):
+        seen.append((graph, len(example_inputs)))
+        return lambda *inputs: run(graph, inputs)
+    kiln.reset()
+    f = kiln.compile(lambda x, y: x * y, backend="recording_backend")
+    x = torch.randn(3)
+    torch.testing.assert_close(f(x, x), x * x)
+    assert len(seen) == 1 and seen[0][1] == 1  # the same tensor twice is one input
+
+    def callable_backend(graph, example_inputs):
+        return lambda *inputs: run(graph, inputs)
+    g = kiln.compile(lambda x: x - 1, backend=callable_backend)
+    torch.testing.assert_close(g(x), x - 1)
+
+
+def test_prims_backend():
+    kiln.reset()
+    f = kiln.compile(lambda x: torch.exp(x) + x * 2, backend="prims")
+    x = torch.randn(4)
+    torch.testing.assert_close(f(x), torch.exp(x) + x * 2)
+
+
+def test_bad_inputs():
+    with pytest.raises(TypeError, match="expects a function"):
+        kiln.compile(42)
+
+    def gen(x):
+        yield x
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        g = kiln.compile(gen)
+    assert list(g(1)) == [1] and any("generator" in str(w.message) for w in caught)
+
+    async def coro(x):
+        return x
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        assert kiln.compile(coro) is coro
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        assert kiln.compile(len)([1, 2]) == 2
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="unknown kiln backend"):
+        kiln.compile(lambda x: x, backend="nope")
+
+
+def test_exception_propagates_with_user_line():
+    def f(x):
+        return x @ torch.randn(5, 5)  # shapes do not match
+    cf = kiln.compile(f, backend="eager")
+    with pytest.raises(RuntimeError) as info:
+        cf(torch.randn(3, 4))
+    assert any(entry.name == "f" for entry in info.traceback)
+
+
+def test_global_write_replayed():
+    global TOTAL
+    kiln.reset()
+
+    def f(x):
+        global TOTAL
+        TOTAL = TOTAL + 1
+        return x + TOTAL
+    TOTAL = 0
+    cf = kiln.compile(f, backend="eager")
+    x = torch.zeros(2)
+    out = cf(x)
+    assert TOTAL == 1
+    torch.testing.assert_close(out, torch.ones(2))
+
+
+def test_global_dict_mutation_replayed():
+    kiln.reset()
+
+    def f(x):
+        STATE["calls"] += 1
+        STATE["last"] = x * 2
+        return x
+    STATE.clear()
+    STATE["calls"] = 0
+    cf = kiln.compile(f, backend="eager")
+    x = torch.randn(3)
+    cf(x)
+    cf(x)
+    assert STATE["calls"] == 2
+    torch.testing.assert_close(STATE["last"], x * 2)
+
+
+def test_nonlocal_write_replayed():
+    kiln.reset()
+    box = 0
+
+    def f(x):
+        nonlocal box
+        box += 1
+        return x * box
+    cf = kiln.compile(f, backend="eager")
+    x = torch.ones(2)
+    torch.testing.assert_close(cf(x), x)
+    assert box == 1
+
+
+def test_attribute_write_on_object():
+    kiln.reset()
+
+    class Holder:
+        pass
+    h = Holder()
+    h.value = None
+
+    def f(x, holder):
+        holder.value = x.sum()
+        return x
+    cf = kiln.compile(f, backend="eager")
+    x = torch.randn(4)
+    cf(x, h)
+    torch.testing.assert_close(h.value, x.sum())
+
+
+def test_input_list_returned_is_same_object():
+    kiln.reset()
+
+    def f(xs):
+        xs.append(xs[0] * 2)
+        return xs
+    cf = kiln.compile(f, backend="eager")
+    items = [torch.ones(2)]
+    out = cf(items)
+    assert out is items and len(items) == 2
+    torch.testing.assert_close(items[1], torch.full((2,), 2.0))
+
+
+def test_inplace_input_returned_is_same_object():
+    kiln.reset()
+
+    def f(x):
+        x.mul_(3)
+        return x
+    cf = kiln.compile(f, backend="eager")
+    x = torch.ones(2)
+    assert cf(x) is x
+    torch.testing.assert_close(x, torch.full((2,), 3.0))
+
+
+def test_rng_matches_eager():
+    kiln.reset()
+
+    def f(x):
+        return x + torch.randn(3)
+    cf = kiln.compile(f, backend="eager")
+    x = torch.zeros(3)
+    torch.manual_seed(1)
+    expected = f(x)
+    torch.manual_seed(1)
+    torch.testing.assert_close(cf(x), expected)
+
+
+def test_no_grad_inside_graph():
+    kiln.reset()
+
+    def f(x):
+        with torch.no_grad():
+            y = x * 2
+        return x * y
+    cf = kiln.compile(f, backend="eager")
+    x = torch.randn(3, requires_grad=True)
+    cf(x).sum().backward()
+    x2 = x.detach().clone().requires_grad_()
+    f(x2).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+    assert torch.is_grad_enabled()
+
+
+def test_other_python_runs_eagerly(monkeypatch):
+    import kiln.api as api
+    from kiln.capture import cache
+    monkeypatch.setattr(api, "_SUPPORTED_PYTHON", (3, 99))
+    monkeypatch.setattr(cache, "_WARNED", set())
+
+    def f(x):
+        return x + 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert kiln.compile(f) is f
+    assert any("runs eagerly" in str(w.message) for w in caught)
+
+
+def test_default_backend_auto():
+    kiln.reset()
+    f = kiln.compile(lambda x: (x * 2).sum(-1))
+    x = torch.randn(3, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.testing.assert_close(f(x), (x * 2).sum(-1))

@@ -1,0 +1,30 @@
+"""Shared pytest setup for kiln's tests.
+
+- Every test starts from the same torch random state (seed 0), so failures reproduce.
+- `counters` fixture: kiln.counters, emptied for the test.
+- `--opinfo-all-samples`: tests/test_opinfo.py runs every sample of each entry, not only the first.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kiln.counters import counters as _counters
+
+
+def pytest_addoption(parser):
+    parser.addoption("--opinfo-all-samples", action="store_true", default=False,
+                     help="tests/test_opinfo.py: run every OpInfo sample (slow), not only the first")
+
+
+@pytest.fixture(autouse=True)
+def _seed_torch():
+    torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture
+def counters():
+    """kiln.counters, cleared before the test."""
+    _counters.clear()
+    return _counters

@@ -1,0 +1,113 @@
+"""Pooling decompositions (max, avg, lp, adaptive) against eager, through trace -> to_prims -> run."""
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln.ops
+from kiln.counters import counters
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_ops_nn import check_error, check_nn  # noqa: E402
+
+DTYPES = [torch.float32, torch.float64]
+
+POOL_CASES = [
+    # (kernel, stride, padding, dilation, ceil_mode)
+    (2, None, 0, 1, False), (3, 1, 1, 1, False), (3, 2, 1, 1, True), (2, 2, 0, 1, True), (3, 2, 0, 2, False),
+    (3, 3, 1, 1, True), ((2, 3), (1, 2), (1, 0), 1, False),
+]
+
+
+def _case(n, case):
+    k, s, p, d, c = case
+    fix = lambda v: v if not isinstance(v, tuple) else (v * 3)[:n]  # noqa: E731
+    return fix(k), (None if s is None else fix(s)), fix(p), fix(d), c
+
+
+@pytest.mark.parametrize("case", POOL_CASES)
+@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_max_pool(case, n, dtype):
+    torch.manual_seed(0)
+    k, s, p, d, c = _case(n, case)
+    op = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[n]
+    x = torch.randn((2, 3) + (7, 6, 5)[:n], dtype=dtype)
+    check_nn(lambda a: op(a, k, s, p, d, c), x)
+    check_nn(lambda a: op(a, k, s, p, d, c), x[0])  # no batch dim
+
+
+@pytest.mark.parametrize("case", POOL_CASES)
+@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("include_pad", [True, False])
+def test_avg_pool(case, n, include_pad):
+    torch.manual_seed(0)
+    k, s, p, d, c = _case(n, case)
+    if d != 1 and d != (1,) * n and not isinstance(d, int) or d == 2:
+        return  # avg_pool has no dilation
+    op = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[n]
+    for dtype in DTYPES:
+        x = torch.randn((2, 3) + (7, 6, 5)[:n], dtype=dtype)
+        check_nn(lambda a: op(a, k, s, p, c, include_pad), x)
+        if n > 1:
+            check_nn(lambda a: op(a, k, s, p, c, include_pad, 5), x)
+
+
+def test_pool_modules_and_nan():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8)
+    x[0, 1, 2, 3] = float("nan")
+    check_nn(lambda a, m: m(a), x, torch.nn.MaxPool2d(3, 2, 1))
+    check_nn(lambda a, m: m(a), x, torch.nn.AvgPool2d(2))
+    check_nn(lambda a: F.max_pool2d(a, 2), x.to(torch.bfloat16))
+    check_nn(lambda a: F.avg_pool2d(a, 3, 1, 1), x.to(torch.bfloat16))
+
+
+def test_pool_errors():
+    x = torch.randn(2, 3, 4, 4)
+    check_error(lambda a: F.max_pool2d(a, 2, padding=2), x)
+    check_error(lambda a: F.max_pool2d(a, 5), x)
+    check_error(lambda a: F.avg_pool2d(a, 0), x)
+    check_error(lambda a: F.max_pool2d(a, 2), torch.randn(4))
+
+
+def test_max_pool_with_indices_falls_back():
+    x = torch.randn(1, 2, 4, 4)
+    counters.clear()
+    g = kiln.ops.trace(lambda a: F.max_pool2d(a, 2, return_indices=True), x)
+    assert len(g.fallbacks()) == 1
+
+
+@pytest.mark.parametrize("out", [1, 2, 3, (2, 5), (None, 3), 7])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_adaptive_avg_pool(out, dtype):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 7, 6, 5, dtype=dtype)
+    check_nn(lambda a: F.adaptive_avg_pool2d(a, out), x[:, :, 0])
+    check_nn(lambda a: F.adaptive_avg_pool2d(a, out), x[0, :, 0])
+    check_nn(lambda a: F.adaptive_avg_pool3d(a, out if not isinstance(out, tuple) else out + (2,)), x)
+    if not isinstance(out, tuple):
+        check_nn(lambda a: F.adaptive_avg_pool1d(a, out), x[:, :, 0, 0])
+    check_nn(lambda a, m: m(a), x[:, :, 0], torch.nn.AdaptiveAvgPool2d(out))
+
+
+def test_adaptive_max_pool():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 6)
+    check_nn(lambda a: F.adaptive_max_pool2d(a, (4, 3)), x)
+    check_nn(lambda a: F.adaptive_max_pool2d(a, 1), x)
+    check_nn(lambda a: F.adaptive_max_pool1d(a, 2), x[:, :, 0])
+    check_nn(lambda a: F.adaptive_max_pool2d(a, 5), x)  # irregular windows
+    check_nn(lambda a: F.adaptive_max_pool3d(a, (3, 2, 1)), x)
+    check_nn(lambda a, m: m(a), x, torch.nn.AdaptiveMaxPool2d((3, 4)))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_lp_pool(n):
+    torch.manual_seed(0)
+    op = {1: F.lp_pool1d, 2: F.lp_pool2d, 3: F.lp_pool3d}[n]
+    x = torch.rand((2, 3) + (6, 6, 4)[:n]) + 0.1
+    check_nn(lambda a: op(a, 2.0, 2), x)
+    check_nn(lambda a: op(a, 3, 2, 1, True), x)

@@ -1,0 +1,72 @@
+"""OpInfo coverage in CI: each entry of torch's op_db through kiln against eager, per dtype.
+
+Entries run their first sample (all samples with `--opinfo-all-samples`). Known failures are listed with a
+reason in kiln/testing/opinfo_expected.py: such an entry runs the sample recorded there and must still fail
+(it is reported as xfail); when it passes the test fails, so that the entry is deleted and the list only
+shrinks. A known error that now gives a wrong result fails loudly. The full sweep with a table is
+`python -m kiln.testing.opinfo`; regenerate the list with `--write-expected`.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from kiln.testing import opinfo
+
+DTYPES = ["float32", "int64", "bool"]
+OPS = opinfo.op_database()
+EXPECTED = opinfo.expected_failures()
+SAMPLE_TIMEOUT = 60.0
+
+
+def _entries():
+    ids = [opinfo.op_id(op) for op in OPS]
+    assert len(set(ids)) == len(ids), "OpInfo ids are not unique"
+    for dtype in DTYPES:
+        for op, name in zip(OPS, ids):
+            yield pytest.param(op, dtype, id=f"{dtype}-{name}")
+
+
+@pytest.mark.parametrize("op, dtype", list(_entries()))
+def test_opinfo(op, dtype, request):
+    import kiln.ops  # noqa: F401  (registers the decompositions)
+
+    name = opinfo.op_id(op)
+    if opinfo.DTYPES[dtype] not in op.supported_dtypes("cpu"):
+        pytest.skip(f"{name} does not support {dtype} on the CPU")
+    entry = EXPECTED.get(dtype, {}).get(name)
+    all_samples = request.config.getoption("--opinfo-all-samples")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if entry is None:
+            result = opinfo.run_op(op, dtype, first_sample=not all_samples, sample_timeout=SAMPLE_TIMEOUT)
+        elif entry.get("sample") is not None and not all_samples:
+            result = opinfo.run_op(op, dtype, only_sample=entry["sample"], sample_timeout=SAMPLE_TIMEOUT)
+        else:
+            result = opinfo.run_op(op, dtype, first_sample=not all_samples, sample_timeout=SAMPLE_TIMEOUT)
+    if result.status == "not applicable":
+        pytest.skip(result.message)
+    where = f"sample {result.failed_sample}" if result.failed_sample is not None else "samples"
+    if entry is None:
+        assert result.passed, (f"{name} {dtype} {where}: {result.status.upper()}: {result.message}\n"
+                               f"(fix it, or list it with a reason in kiln/testing/opinfo_expected.py)")
+        return
+    if result.passed:
+        pytest.fail(f"UNEXPECTED PASS: {name} {dtype} is listed as an expected failure "
+                    f"({entry['reason']}) but now passes; delete its entry from kiln/testing/opinfo_expected.py")
+    if result.status == "mismatch" and entry["kind"] != "mismatch":
+        pytest.fail(f"{name} {dtype} now gives a WRONG RESULT ({where}: {result.message}); it was listed as "
+                    f"{entry['kind']}: {entry['reason']}")
+    pytest.xfail(entry["reason"])
+
+
+def test_expected_failures_are_well_formed():
+    known = {opinfo.op_id(op) for op in OPS}
+    for dtype, table in EXPECTED.items():
+        assert dtype in opinfo.DTYPES, dtype
+        for name, entry in table.items():
+            assert name in known, f"{name} ({dtype}) is not an OpInfo entry"
+            assert entry["kind"] in ("mismatch", "error"), (name, entry)
+            assert isinstance(entry["reason"], str) and entry["reason"].strip(), (name, entry)
+            assert entry["sample"] is None or isinstance(entry["sample"], int), (name, entry)
