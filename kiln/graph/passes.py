@@ -72,7 +72,10 @@ def _has_side_effects(node: Node) -> bool:
     if node.op == "call_prim":
         return bool(getattr(node.target, "side_effects", False))
     if node.op == "call_torch":
-        # Fallback torch ops may mutate or draw random numbers; keep an op when its name says in-place.
+        # A node without a value (e.g. a grad-mode switch) is there for its effect; fallback torch ops may
+        # mutate, so keep an op when its name says in-place.
+        if node.meta is None:
+            return True
         name = getattr(node.target, "__name__", "")
         return name.endswith("_") and not name.endswith("__")
     return False

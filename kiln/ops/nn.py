@@ -337,12 +337,14 @@ def _log_softmax(op: str, input: Any, dim: Any, dtype: torch.dtype | None) -> An
 
 
 @register(F.softmax)
-def softmax(input: Any, dim: int | None = None, _stacklevel: int = 3, dtype: torch.dtype | None = None) -> Any:
+def softmax(input: Any, dim: int | None = None, _stacklevel: int = 3,
+            dtype: torch.dtype | None = None) -> Any:
     return _softmax("softmax", input, _legacy_softmax_dim(input.ndim) if dim is None else dim, dtype)
 
 
 @register(F.softmin)
-def softmin(input: Any, dim: int | None = None, _stacklevel: int = 3, dtype: torch.dtype | None = None) -> Any:
+def softmin(input: Any, dim: int | None = None, _stacklevel: int = 3,
+            dtype: torch.dtype | None = None) -> Any:
     return _softmax("softmax", input, _legacy_softmax_dim(input.ndim) if dim is None else dim, dtype,
                     negate=True)
 
@@ -409,7 +411,8 @@ def layer_norm_twin(input: Any, normalized_shape: Sequence[int], weight: Any = N
 
 
 @register(F.rms_norm, _t("rms_norm"))
-def rms_norm(input: Any, normalized_shape: Sequence[int], weight: Any = None, eps: float | None = None) -> Any:
+def rms_norm(input: Any, normalized_shape: Sequence[int], weight: Any = None,
+             eps: float | None = None) -> Any:
     shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
     k = len(shape)
     check(weight is None or list(weight.shape) == shape, lambda: f"Expected weight to be of same shape as "
@@ -470,7 +473,8 @@ def _batch_norm(input: Any, running_mean: Any, running_var: Any, weight: Any, bi
         dims = [0] + list(range(2, input.ndim))
         mean, var = _moments(x, dims)
         c = input.shape[1]
-        return _normalize_channels(input, torch.reshape(mean, [c]), torch.reshape(var, [c]), weight, bias, eps)
+        mean, var = torch.reshape(mean, [c]), torch.reshape(var, [c])
+        return _normalize_channels(input, mean, var, weight, bias, eps)
     check(running_mean is not None and running_var is not None,
           lambda: "batch_norm: running_mean and running_var must be defined in evaluation mode", RuntimeError)
     return _normalize_channels(input, running_mean, running_var, weight, bias, eps)
@@ -555,7 +559,8 @@ def group_norm_twin(input: Any, num_groups: int, weight: Any = None, bias: Any =
 
 
 @register(F.local_response_norm)
-def local_response_norm(input: Any, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0) -> Any:
+def local_response_norm(input: Any, size: int, alpha: float = 1e-4, beta: float = 0.75,
+                        k: float = 1.0) -> Any:
     check(input.ndim >= 3, lambda: f"Expected 3D or higher dimensionality input (got {input.ndim} "
           f"dimensions)", ValueError)
     if input.numel() == 0:
@@ -661,7 +666,8 @@ def _feature_dropout(op: str, batched_ndim: int, input: Any, p: float, training:
     if strict:
         check(ndim in (batched_ndim - 1, batched_ndim), lambda: f"{op}: Expected {batched_ndim - 1}D or "
               f"{batched_ndim}D input, but received a {ndim}D input. Note that dropout1d exists to provide "
-              f"channel-wise dropout on inputs with 1 spatial dimension, a channel dimension, and an optional "
+              f"channel-wise dropout on inputs with 1 spatial dimension, a channel dimension, and an "
+              f"optional "
               f"batch dimension (i.e. 2D or 3D inputs).", RuntimeError)
     elif ndim not in (batched_ndim - 1, batched_ndim):
         raise NoDecomposition(f"{op} of a {ndim}D input")  # eager warns and has legacy behaviour
@@ -690,7 +696,8 @@ def dropout3d(input: Any, p: float = 0.5, training: bool = True, inplace: bool =
 
 
 def _check_p(p: float) -> None:
-    check(0.0 <= p <= 1.0, lambda: f"dropout probability has to be between 0 and 1, but got {p}", RuntimeError)
+    check(0.0 <= p <= 1.0, lambda: f"dropout probability has to be between 0 and 1, but got {p}",
+          RuntimeError)
 
 
 @register(torch.dropout)
@@ -736,7 +743,8 @@ def bilinear(input1: Any, input2: Any, weight: Any, bias: Any = None) -> Any:
           lambda: f"bilinear(): input batch dimensions do not match: got {shape_text(input1)} and "
                   f"{shape_text(input2)}", RuntimeError)
     check(input1.shape[-1] == i and input2.shape[-1] == j, lambda: f"bilinear(): input sizes "
-          f"{shape_text(input1)}, {shape_text(input2)} do not match weight {shape_text(weight)}", RuntimeError)
+          f"{shape_text(input1)}, {shape_text(input2)} do not match weight {shape_text(weight)}",
+          RuntimeError)
     # out[..., o] = sum_ij x1[..., i] W[o, i, j] x2[..., j]
     w = torch.reshape(torch.permute(weight, [1, 0, 2]), [i, o * j])
     t = torch.reshape(torch.matmul(input1, w), list(input1.shape[:-1]) + [o, j])
@@ -745,9 +753,9 @@ def bilinear(input1: Any, input2: Any, weight: Any, bias: Any = None) -> Any:
 
 
 if mark_inplace_flag is not None:
-    mark_inplace_flag(F.relu, F.relu6, F.hardtanh, F.leaky_relu, F.rrelu, F.elu, F.selu, F.celu, F.silu, F.mish,
-                      F.hardsigmoid, F.hardswish, F.threshold, F.dropout, F.alpha_dropout, F.feature_alpha_dropout,
-                      F.dropout1d, F.dropout2d, F.dropout3d)
+    mark_inplace_flag(F.relu, F.relu6, F.hardtanh, F.leaky_relu, F.rrelu, F.elu, F.selu, F.celu, F.silu,
+                      F.mish, F.hardsigmoid, F.hardswish, F.threshold, F.dropout, F.alpha_dropout,
+                      F.feature_alpha_dropout, F.dropout1d, F.dropout2d, F.dropout3d)
 
 # Layout ops (pad, interpolate, pixel_shuffle, one_hot, distances) are registered by their own module.
 from . import nn_layout  # noqa: E402,F401

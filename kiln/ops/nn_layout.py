@@ -27,8 +27,8 @@ def _constant_pad(input: Any, pad: Sequence[int], value: Any) -> Any:
         config[d] = (pad[2 * i], pad[2 * i + 1], 0)
         new = input.shape[d] + pad[2 * i] + pad[2 * i + 1]
         check(new >= 0, lambda: f"The input size {input.shape[d]}, plus negative padding {pad[2 * i]} and "
-              f"{pad[2 * i + 1]} resulted in a negative output size, which is invalid. Check dimension {d} of "
-              f"your input.", RuntimeError)
+              f"{pad[2 * i + 1]} resulted in a negative output size, which is invalid. Check dimension "
+              f"{d} of your input.", RuntimeError)
     if input.dtype == torch.bool:
         value = bool(value)
     elif not is_float_dtype(input.dtype):
@@ -59,9 +59,9 @@ def _edge_pad(mode: str, input: Any, pad: Sequence[int]) -> Any:
         left, right = pad[2 * i], pad[2 * i + 1]
         size = input.shape[d]
         if mode == "reflect":
-            check(left < size and right < size, lambda: f"Argument #4: Padding size should be less than the "
-                  f"corresponding input dimension, but got: padding ({left}, {right}) at dimension {d} of input "
-                  f"{list(input.shape)}", RuntimeError)
+            check(left < size and right < size, lambda: f"Argument #4: Padding size should be less than "
+                  f"the corresponding input dimension, but got: padding ({left}, {right}) at dimension "
+                  f"{d} of input {list(input.shape)}", RuntimeError)
         elif mode == "circular":
             check(left <= size and right <= size, lambda: "Padding value causes wrapping around more than "
                   "once.", RuntimeError)
@@ -77,7 +77,8 @@ def _edge_pad(mode: str, input: Any, pad: Sequence[int]) -> Any:
             elif mode == "circular":
                 parts.append(torch.narrow(x, d, size - left, left))
             else:
-                parts.append(torch.narrow(x, d, 0, 1).expand(*[left if j == d else s for j, s in enumerate(x.shape)]))
+                parts.append(torch.narrow(x, d, 0, 1).expand(
+                    *[left if j == d else s for j, s in enumerate(x.shape)]))
         parts.append(x)
         if right:
             if mode == "reflect":
@@ -119,14 +120,15 @@ def constant_pad_nd(input: Any, pad: Sequence[int], value: Any = 0) -> Any:
 
 @register(F.pixel_shuffle, torch.pixel_shuffle)
 def pixel_shuffle(input: Any, upscale_factor: int) -> Any:
-    check(input.ndim >= 3, lambda: f"pixel_shuffle expects input to have at least 3 dimensions, but got input "
-          f"with {input.ndim} dimension(s)", RuntimeError)
+    check(input.ndim >= 3, lambda: f"pixel_shuffle expects input to have at least 3 dimensions, but got "
+          f"input with {input.ndim} dimension(s)", RuntimeError)
     check(upscale_factor > 0, lambda: f"pixel_shuffle expects a positive upscale_factor, but got "
           f"{upscale_factor}", RuntimeError)
     r = upscale_factor
     c, h, w = input.shape[-3:]
-    check(c % (r * r) == 0, lambda: f"pixel_shuffle expects its input's 'channel' dimension to be divisible by "
-          f"the square of upscale_factor, but input.size(-3)={c} is not divisible by {r * r}", RuntimeError)
+    check(c % (r * r) == 0, lambda: f"pixel_shuffle expects its input's 'channel' dimension to be divisible "
+          f"by the square of upscale_factor, but input.size(-3)={c} is not divisible by {r * r}",
+          RuntimeError)
     batch = list(input.shape[:-3])
     b = len(batch)
     x = torch.reshape(input, batch + [c // (r * r), r, r, h, w])
@@ -153,8 +155,8 @@ def pixel_unshuffle(input: Any, downscale_factor: int) -> Any:
 
 @register(F.one_hot)
 def one_hot(tensor: Any, num_classes: int = -1) -> Any:
-    check(tensor.dtype == torch.int64, lambda: "one_hot is only applicable to index tensor of type LongTensor.",
-          RuntimeError)
+    check(tensor.dtype == torch.int64,
+          lambda: "one_hot is only applicable to index tensor of type LongTensor.", RuntimeError)
     if num_classes == -1:
         raise NoDecomposition("one_hot without num_classes (the size depends on the values)")
     check(num_classes >= 0, lambda: "num_classes should be positive", RuntimeError)
@@ -220,25 +222,26 @@ def _interpolate_sizes(input: Any, size: Any, scale_factor: Any,
         check(not recompute_scale_factor, lambda: "recompute_scale_factor is not meaningful with an explicit "
               "size.", ValueError)
         sizes = list(size) if isinstance(size, (list, tuple)) else [size] * n
-        check(len(sizes) == n, lambda: f"Input and output must have the same number of spatial dimensions, but "
-              f"got input with spatial dimensions of {list(input.shape[2:])} and output size of {size}. Please "
-              f"provide input tensor in (N, C, d1, d2, ...,dK) format and output size in (o1, o2, ...,oK) "
-              f"format.", ValueError)
+        check(len(sizes) == n, lambda: f"Input and output must have the same number of spatial dimensions, "
+              f"but got input with spatial dimensions of {list(input.shape[2:])} and output size of {size}. "
+              f"Please provide input tensor in (N, C, d1, d2, ...,dK) format and output size in "
+              f"(o1, o2, ...,oK) format.", ValueError)
         return [int(s) for s in sizes], [None] * n
     if scale_factor is None:
         raise ValueError("either size or scale_factor should be defined")
     scales = list(scale_factor) if isinstance(scale_factor, (list, tuple)) else [scale_factor] * n
-    check(len(scales) == n, lambda: f"Input and scale_factor must have the same number of spatial dimensions, "
-          f"but got input with spatial dimensions of {list(input.shape[2:])} and scale_factor of shape "
-          f"{scale_factor}. Please provide input tensor in (N, C, d1, d2, ...,dK) format and scale_factor in "
-          f"(s1, s2, ...,sK) format.", ValueError)
+    check(len(scales) == n, lambda: f"Input and scale_factor must have the same number of spatial "
+          f"dimensions, but got input with spatial dimensions of {list(input.shape[2:])} and scale_factor of "
+          f"shape {scale_factor}. Please provide input tensor in (N, C, d1, d2, ...,dK) format and "
+          f"scale_factor in (s1, s2, ...,sK) format.", ValueError)
     sizes = [math.floor(float(input.shape[2 + d]) * float(scales[d])) for d in range(n)]
     if recompute_scale_factor:
         return sizes, [None] * n
     return sizes, [float(s) for s in scales]
 
 
-def _kernel_scale(np_dtype: Any, in_size: int, out_size: int, align_corners: bool, scale: float | None) -> Any:
+def _kernel_scale(np_dtype: Any, in_size: int, out_size: int, align_corners: bool,
+                  scale: float | None) -> Any:
     """Eager's area_pixel_compute_scale in the kernel's arithmetic type."""
     if align_corners:
         return np_dtype(in_size - 1) / np_dtype(out_size - 1) if out_size > 1 else np_dtype(0)
@@ -300,7 +303,8 @@ def _cubic_taps(np_dtype: Any, in_size: int, out_size: int, align_corners: bool,
         x1 = t + one
         x2 = one - t
         x3 = x2 + one
-        conv2 = lambda x: ((a * x - np_dtype(5) * a) * x + np_dtype(8) * a) * x - np_dtype(4) * a  # noqa: E731
+        conv2 = lambda x: (((a * x - np_dtype(5) * a) * x + np_dtype(8) * a) * x  # noqa: E731
+                           - np_dtype(4) * a)
         conv1 = lambda x: ((a + np_dtype(2)) * x - (a + np_dtype(3))) * x * x + one  # noqa: E731
         coeffs = [conv2(x1), conv1(t), conv1(x2), conv2(x3)]
         for k in range(4):
@@ -322,7 +326,8 @@ def _mix(x: Any, dim: int, taps: list[list[int]], weights: list[list[float]]) ->
 
 @register(F.interpolate)
 def interpolate(input: Any, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
-                align_corners: Any = None, recompute_scale_factor: Any = None, antialias: bool = False) -> Any:
+                align_corners: Any = None, recompute_scale_factor: Any = None,
+                antialias: bool = False) -> Any:
     if mode in ("nearest", "area", "nearest-exact"):
         check(align_corners is None, lambda: "align_corners option can only be set with the interpolating "
               "modes: linear | bilinear | bicubic | trilinear", ValueError)
@@ -343,9 +348,9 @@ def interpolate(input: Any, size: Any = None, scale_factor: Any = None, mode: st
           f"bicubic | trilinear | area | nearest-exact (got {mode})", NotImplementedError)
     check(mode not in _LINEAR_MODES or _LINEAR_MODES[mode] == input.ndim, lambda: f"Got {input.ndim}D input, "
           f"but {mode} mode needs {_LINEAR_MODES[mode]}D input", NotImplementedError)
-    check(all(s > 0 for s in sizes) and all(s > 0 for s in input.shape[2:]), lambda: f"Input and output sizes "
-          f"should be greater than 0, but got input ({', '.join(map(str, input.shape[2:]))}) and output "
-          f"({', '.join(map(str, sizes))})", RuntimeError)
+    check(all(s > 0 for s in sizes) and all(s > 0 for s in input.shape[2:]), lambda: f"Input and output "
+          f"sizes should be greater than 0, but got input ({', '.join(map(str, input.shape[2:]))}) and "
+          f"output ({', '.join(map(str, sizes))})", RuntimeError)
     if mode in ("nearest", "nearest-exact"):
         check(is_float_dtype(input.dtype) or input.dtype == torch.uint8, lambda: f"\"compute_indices_weights_"
               f"nearest\" not implemented for '{str(input.dtype).removeprefix('torch.').capitalize()}'",

@@ -81,7 +81,8 @@ def smooth_l1_loss(input: Any, target: Any, size_average: Any = None, reduce: An
 
 
 @register(F.huber_loss)
-def huber_loss(input: Any, target: Any, reduction: str = "mean", delta: float = 1.0, weight: Any = None) -> Any:
+def huber_loss(input: Any, target: Any, reduction: str = "mean", delta: float = 1.0,
+               weight: Any = None) -> Any:
     reduction = reduction_mode(None, None, reduction)
     if weight is not None:
         raise NoDecomposition("huber_loss with weight")
@@ -128,8 +129,9 @@ def _check_targets(op: str, input: Any, target: Any) -> int:
         check(target.ndim == 0, lambda: f"{op}: 1D input expects a 0D target, got {shape_text(target)}",
               RuntimeError)
     else:
-        check(input.shape[0] == (target.shape[0] if target.ndim else -1), lambda: f"Expected input batch_size "
-              f"({input.shape[0]}) to match target batch_size ({target.shape[0] if target.ndim else 0}).",
+        check(input.shape[0] == (target.shape[0] if target.ndim else -1), lambda: f"Expected input "
+              f"batch_size ({input.shape[0]}) to match target batch_size "
+              f"({target.shape[0] if target.ndim else 0}).",
               ValueError if input.ndim == 2 else RuntimeError)
         expected = [input.shape[0]] + list(input.shape[2:])
         check(list(target.shape) == expected, lambda: f"{op}: expected target size {expected}, got "
@@ -180,8 +182,8 @@ def cross_entropy(input: Any, target: Any, weight: Any = None, size_average: Any
     reduction = reduction_mode(size_average, reduce, reduction)
     check(0.0 <= label_smoothing <= 1.0, lambda: f"label_smoothing must be between 0.0 and 1.0. Got: "
           f"{label_smoothing}", RuntimeError)
-    check(input.ndim >= 1, lambda: f"cross_entropy: input tensor should be 1D or more, got {shape_text(input)}",
-          RuntimeError)
+    check(input.ndim >= 1, lambda: f"cross_entropy: input tensor should be 1D or more, got "
+          f"{shape_text(input)}", RuntimeError)
     cdim = _class_dim(input)
     c = input.shape[cdim]
     logp = F.log_softmax(input, cdim)
@@ -229,10 +231,11 @@ def _bce_weight(weight: Any, target: Any) -> Any:
 def binary_cross_entropy(input: Any, target: Any, weight: Any = None, size_average: Any = None,
                          reduce: Any = None, reduction: str = "mean") -> Any:
     reduction = reduction_mode(size_average, reduce, reduction)
-    check(list(target.shape) == list(input.shape), lambda: f"Using a target size ({torch.Size(target.shape)}) "
-          f"that is different to the input size ({torch.Size(input.shape)}) is deprecated. Please ensure they "
-          f"have the same size.", ValueError)
-    check(is_float_dtype(input.dtype), lambda: "binary_cross_entropy: expected a floating input", RuntimeError)
+    check(list(target.shape) == list(input.shape), lambda: f"Using a target size "
+          f"({torch.Size(target.shape)}) that is different to the input size ({torch.Size(input.shape)}) is "
+          f"deprecated. Please ensure they have the same size.", ValueError)
+    check(is_float_dtype(input.dtype), lambda: "binary_cross_entropy: expected a floating input",
+          RuntimeError)
     # eager: (t - 1) * max(log1p(-x), -100) - t * max(log(x), -100)
     loss = (target - 1) * torch.clamp_min(torch.log1p(-input), -100) - target * torch.clamp_min(
         torch.log(input), -100)
@@ -243,10 +246,11 @@ def binary_cross_entropy(input: Any, target: Any, weight: Any = None, size_avera
 
 @register(F.binary_cross_entropy_with_logits)
 def binary_cross_entropy_with_logits(input: Any, target: Any, weight: Any = None, size_average: Any = None,
-                                     reduce: Any = None, reduction: str = "mean", pos_weight: Any = None) -> Any:
+                                     reduce: Any = None, reduction: str = "mean",
+                                     pos_weight: Any = None) -> Any:
     reduction = reduction_mode(size_average, reduce, reduction)
-    check(list(target.shape) == list(input.shape), lambda: f"Target size ({torch.Size(target.shape)}) must be "
-          f"the same as input size ({torch.Size(input.shape)})", ValueError)
+    check(list(target.shape) == list(input.shape), lambda: f"Target size ({torch.Size(target.shape)}) must "
+          f"be the same as input size ({torch.Size(input.shape)})", ValueError)
     log_sig = F.logsigmoid(input)
     if pos_weight is None:
         loss = (1 - target) * input - log_sig
@@ -285,8 +289,8 @@ def soft_margin_loss(input: Any, target: Any, size_average: Any = None, reduce: 
 def margin_ranking_loss(input1: Any, input2: Any, target: Any, margin: float = 0, size_average: Any = None,
                         reduce: Any = None, reduction: str = "mean") -> Any:
     reduction = reduction_mode(size_average, reduce, reduction)
-    check(input1.ndim == input2.ndim == target.ndim, lambda: f"margin_ranking_loss : All input tensors should "
-          f"have same dimension but got sizes: input1: {torch.Size(input1.shape)}, input2: "
+    check(input1.ndim == input2.ndim == target.ndim, lambda: f"margin_ranking_loss : All input tensors "
+          f"should have same dimension but got sizes: input1: {torch.Size(input1.shape)}, input2: "
           f"{torch.Size(input2.shape)}, target: {torch.Size(target.shape)} ", RuntimeError)
     return reduce_loss(torch.clamp_min(-target * (input1 - input2) + margin, 0), reduction)
 
@@ -306,7 +310,8 @@ def cosine_embedding_loss(input1: Any, input2: Any, target: Any, margin: float =
                           reduce: Any = None, reduction: str = "mean") -> Any:
     reduction = reduction_mode(size_average, reduce, reduction)
     check(input1.ndim in (1, 2) and input1.ndim == input2.ndim, lambda: f"cosine_embedding_loss expects 1D "
-          f"or 2D inputs of the same dimension, got {shape_text(input1)} and {shape_text(input2)}", RuntimeError)
+          f"or 2D inputs of the same dimension, got {shape_text(input1)} and {shape_text(input2)}",
+          RuntimeError)
     dim = input1.ndim - 1
     eps = 1e-12
     prod = torch.sum(input1 * input2, dim)
@@ -323,11 +328,11 @@ def triplet_margin_loss(anchor: Any, positive: Any, negative: Any, margin: float
                         eps: float = 1e-6, swap: bool = False, size_average: Any = None, reduce: Any = None,
                         reduction: str = "mean") -> Any:
     reduction = reduction_mode(size_average, reduce, reduction)
-    check(anchor.ndim == positive.ndim == negative.ndim, lambda: f"The anchor, positive, and negative tensors "
-          f"are expected to have the same number of dimensions, but got: anchor {anchor.ndim}D, positive "
-          f"{positive.ndim}D, and negative {negative.ndim}D inputs", RuntimeError)
-    check(margin > 0, lambda: f"triplet_margin_loss: expected margin to be greater than 0, got {margin} instead",
-          RuntimeError)
+    check(anchor.ndim == positive.ndim == negative.ndim, lambda: f"The anchor, positive, and negative "
+          f"tensors are expected to have the same number of dimensions, but got: anchor {anchor.ndim}D, "
+          f"positive {positive.ndim}D, and negative {negative.ndim}D inputs", RuntimeError)
+    check(margin > 0, lambda: f"triplet_margin_loss: expected margin to be greater than 0, got {margin} "
+          f"instead", RuntimeError)
     d_pos = F.pairwise_distance(anchor, positive, p, eps)
     d_neg = F.pairwise_distance(anchor, negative, p, eps)
     if swap:

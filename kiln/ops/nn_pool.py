@@ -57,7 +57,8 @@ class Windows:
             k, s, p, dl = self.kernel[d], self.stride[d], self.padding[d], self.dilation[d]
             check(k > 0, lambda: f"{op}: kernel_size should be greater than zero, but got {self.kernel}",
                   RuntimeError)
-            check(s > 0, lambda: f"{op}: stride should be greater than zero, but got {self.stride}", RuntimeError)
+            check(s > 0, lambda: f"{op}: stride should be greater than zero, but got {self.stride}",
+                  RuntimeError)
             check(dl > 0, lambda: f"{op}: dilation should be greater than zero, but got {self.dilation}",
                   RuntimeError)
             check(0 <= p <= k // 2, lambda: f"{op}: pad should be at most half of effective kernel size, but "
@@ -67,8 +68,8 @@ class Windows:
               RuntimeError)
         self.out = tuple(pool_output_size(self.sizes[d], self.kernel[d], self.stride[d], self.padding[d],
                                           self.dilation[d], ceil_mode) for d in range(n))
-        check(all(o > 0 for o in self.out), lambda: f"{op}: Given input size: {list(input.shape)}. Calculated "
-              f"output size: {list(self.out)}. Output size is too small", RuntimeError)
+        check(all(o > 0 for o in self.out), lambda: f"{op}: Given input size: {list(input.shape)}. "
+              f"Calculated output size: {list(self.out)}. Output size is too small", RuntimeError)
 
     def padded(self, x: Any, value: Any) -> Any:
         """x padded on the last n dims so that every window (including ceil_mode's last) lies inside."""
@@ -116,19 +117,22 @@ def _max_pool(op: str, n: int, input: Any, kernel_size: Any, stride: Any, paddin
 @register(F.max_pool1d, torch.max_pool1d)
 def max_pool1d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
                ceil_mode: bool = False, return_indices: bool = False) -> Any:
-    return _max_pool("max_pool1d", 1, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+    return _max_pool("max_pool1d", 1, input, kernel_size, stride, padding, dilation, ceil_mode,
+                     return_indices)
 
 
 @register(F.max_pool2d, torch.max_pool2d)
 def max_pool2d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
                ceil_mode: bool = False, return_indices: bool = False) -> Any:
-    return _max_pool("max_pool2d", 2, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+    return _max_pool("max_pool2d", 2, input, kernel_size, stride, padding, dilation, ceil_mode,
+                     return_indices)
 
 
 @register(F.max_pool3d, torch.max_pool3d)
 def max_pool3d(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
                ceil_mode: bool = False, return_indices: bool = False) -> Any:
-    return _max_pool("max_pool3d", 3, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+    return _max_pool("max_pool3d", 3, input, kernel_size, stride, padding, dilation, ceil_mode,
+                     return_indices)
 
 
 def _avg_divisors(w: Windows, count_include_pad: bool) -> list[list[int]]:
@@ -211,17 +215,20 @@ def _lp_pool(op: str, n: int, input: Any, norm_type: float, kernel_size: Any, st
 
 
 @register(F.lp_pool1d)
-def lp_pool1d(input: Any, norm_type: float, kernel_size: Any, stride: Any = None, ceil_mode: bool = False) -> Any:
+def lp_pool1d(input: Any, norm_type: float, kernel_size: Any, stride: Any = None,
+              ceil_mode: bool = False) -> Any:
     return _lp_pool("lp_pool1d", 1, input, norm_type, kernel_size, stride, ceil_mode)
 
 
 @register(F.lp_pool2d)
-def lp_pool2d(input: Any, norm_type: float, kernel_size: Any, stride: Any = None, ceil_mode: bool = False) -> Any:
+def lp_pool2d(input: Any, norm_type: float, kernel_size: Any, stride: Any = None,
+              ceil_mode: bool = False) -> Any:
     return _lp_pool("lp_pool2d", 2, input, norm_type, kernel_size, stride, ceil_mode)
 
 
 @register(F.lp_pool3d)
-def lp_pool3d(input: Any, norm_type: float, kernel_size: Any, stride: Any = None, ceil_mode: bool = False) -> Any:
+def lp_pool3d(input: Any, norm_type: float, kernel_size: Any, stride: Any = None,
+              ceil_mode: bool = False) -> Any:
     return _lp_pool("lp_pool3d", 3, input, norm_type, kernel_size, stride, ceil_mode)
 
 

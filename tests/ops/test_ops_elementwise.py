@@ -106,7 +106,8 @@ def test_binary(name):
     for da, db in PAIRS:
         a, others = _operands(da, db)
         for other in others:
-            compare(*_with(other, lambda x, y: op(x, y))[:1], a, _with(other, op)[1])
+            fn, y = _with(other, op)
+            compare(fn, a, y)
 
 
 OPERATORS = [operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv, operator.mod,

@@ -104,7 +104,8 @@ ACTIVATIONS = {
     "hardshrink": F.hardshrink, "softshrink": lambda x: F.softshrink(x, 0.7), "sigmoid": F.sigmoid,
     "tanh": F.tanh, "torch.relu": torch.relu, "Tensor.relu": lambda x: x.relu(),
     "torch.sigmoid": torch.sigmoid, "Tensor.sigmoid": lambda x: x.sigmoid(), "torch.tanh": torch.tanh,
-    "torch.selu": torch.selu, "torch.celu": torch.celu, "torch.threshold": lambda x: torch.threshold(x, 0.1, 5.0),
+    "torch.selu": torch.selu, "torch.celu": torch.celu,
+    "torch.threshold": lambda x: torch.threshold(x, 0.1, 5.0),
     "torch.hardshrink": torch.hardshrink, "Tensor.hardshrink": lambda x: x.hardshrink(0.3),
     "torch.rrelu": lambda x: torch.rrelu(x, training=False),
 }
@@ -130,7 +131,8 @@ def test_activation_special_values(name):
     check_nn(ACTIVATIONS[name], x)
 
 
-@pytest.mark.parametrize("name", ["relu", "gelu", "silu", "softplus", "hardswish", "elu", "mish", "logsigmoid"])
+@pytest.mark.parametrize("name", ["relu", "gelu", "silu", "softplus", "hardswish", "elu", "mish",
+                                  "logsigmoid"])
 def test_activation_half(name):
     torch.manual_seed(0)
     for dtype in (torch.float16, torch.bfloat16):
@@ -295,7 +297,8 @@ def test_batch_norm(dtype, shape):
     check_nn(lambda a, m, v, w, b: F.batch_norm(a, m, v, w, b, eps=1e-3), x, mean, var, w, b)
     check_nn(lambda a: F.batch_norm(a, None, None, training=True), x)
     check_nn(lambda a, w, b: F.batch_norm(a, None, None, w, b, training=True), x, w, b)
-    check_nn(lambda a, w, b, m, v: torch.batch_norm(a, w, b, m, v, False, 0.1, 1e-5, False), x, w, b, mean, var)
+    check_nn(lambda a, w, b, m, v: torch.batch_norm(a, w, b, m, v, False, 0.1, 1e-5, False),
+             x, w, b, mean, var)
     module = torch.nn.BatchNorm1d(3, dtype=dtype) if len(shape) <= 3 else \
         torch.nn.BatchNorm2d(3, dtype=dtype) if len(shape) == 4 else torch.nn.BatchNorm3d(3, dtype=dtype)
     module.running_mean.copy_(mean)
@@ -362,7 +365,8 @@ def test_dropout_eval_is_identity(op):
 
 
 TRAINING_DROPOUTS = {
-    "dropout": (F.dropout, (4, 5)), "dropout_p1": (lambda a, p, training: F.dropout(a, 1.0, training), (3, 4)),
+    "dropout": (F.dropout, (4, 5)),
+    "dropout_p1": (lambda a, p, training: F.dropout(a, 1.0, training), (3, 4)),
     "alpha_dropout": (F.alpha_dropout, (4, 5)), "feature_alpha_dropout": (F.feature_alpha_dropout, (2, 3, 4)),
     "dropout1d": (F.dropout1d, (2, 3, 4)), "dropout1d_unbatched": (F.dropout1d, (3, 4)),
     "dropout2d": (F.dropout2d, (2, 3, 4, 5)), "dropout3d": (F.dropout3d, (2, 3, 2, 2, 2)),

@@ -22,7 +22,8 @@ def test_regression_losses(reduction, dtype):
     torch.manual_seed(0)
     x, t = torch.randn(3, 4, 5, dtype=dtype), torch.randn(3, 4, 5, dtype=dtype)
     check_nn(lambda a, b: F.mse_loss(a, b, reduction=reduction), x, t)
-    check_nn(lambda a, b, w: F.mse_loss(a, b, reduction=reduction, weight=w), x, t, torch.rand(3, 4, 5, dtype=dtype))
+    check_nn(lambda a, b, w: F.mse_loss(a, b, reduction=reduction, weight=w), x, t,
+             torch.rand(3, 4, 5, dtype=dtype))
     check_nn(lambda a, b: F.l1_loss(a, b, reduction=reduction), x, t)
     check_nn(lambda a, b: F.smooth_l1_loss(a, b, reduction=reduction), x, t)
     check_nn(lambda a, b: F.smooth_l1_loss(a, b, reduction=reduction, beta=0.5), x, t)
@@ -65,7 +66,8 @@ def test_nll_and_cross_entropy(reduction, dtype):
     probs = torch.softmax(torch.randn(6, 5, dtype=dtype), 1)
     for ls in (0.0, 0.3):
         check_nn(lambda a, b: F.cross_entropy(a, b, reduction=reduction, label_smoothing=ls), x, probs)
-        check_nn(lambda a, b, c: F.cross_entropy(a, b, c, reduction=reduction, label_smoothing=ls), x, probs, w)
+        check_nn(lambda a, b, c: F.cross_entropy(a, b, c, reduction=reduction, label_smoothing=ls),
+                 x, probs, w)
     check_nn(lambda a, b: F.cross_entropy(a, b, reduction=reduction),
              x4, torch.softmax(torch.randn(2, 5, 3, 4, dtype=dtype), 1))
 
@@ -92,7 +94,8 @@ def test_binary_losses(reduction, dtype):
     check_nn(lambda a, b: F.binary_cross_entropy(a, b, reduction=reduction), p, t)
     check_nn(lambda a, b, c: F.binary_cross_entropy(a, b, c, reduction=reduction), p, t, w)
     check_nn(lambda a, b: F.binary_cross_entropy_with_logits(a, b, reduction=reduction), x * 10, t)
-    check_nn(lambda a, b, c, d: F.binary_cross_entropy_with_logits(a, b, c, reduction=reduction, pos_weight=d),
+    check_nn(lambda a, b, c, d: F.binary_cross_entropy_with_logits(a, b, c, reduction=reduction,
+                                                                    pos_weight=d),
              x * 10, t, w, torch.rand(6, dtype=dtype) * 3)
     check_nn(lambda a, b, c: F.multilabel_soft_margin_loss(a, b, c, reduction=reduction), x, t.round(), w)
     check_nn(lambda a, b: F.kl_div(a, b, reduction=reduction), F.log_softmax(x, 1), F.softmax(x.flip(1), 1))
@@ -113,7 +116,8 @@ def test_margin_and_embedding_losses(reduction):
     check_nn(lambda p, q, r: F.cosine_embedding_loss(p, q, r, 0.1, reduction=reduction), a, b, y)
     check_nn(lambda p, q, r: F.cosine_embedding_loss(p, q, r, reduction=reduction), a[0], b[0], y[1])
     check_nn(lambda p, q, r: F.triplet_margin_loss(p, q, r, reduction=reduction), a, b, c)
-    check_nn(lambda p, q, r: F.triplet_margin_loss(p, q, r, 0.5, 1.0, swap=True, reduction=reduction), a, b, c)
+    check_nn(lambda p, q, r: F.triplet_margin_loss(p, q, r, 0.5, 1.0, swap=True, reduction=reduction),
+             a, b, c)
 
 
 def test_gaussian_nll_falls_back():
