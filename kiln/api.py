@@ -231,7 +231,10 @@ class ExplainReport:
 
 
 def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
-    """Capture `fn_or_module(*args, **kwargs)` once with the eager backend; print and return a report."""
+    """Run `fn_or_module(*args, **kwargs)` once under capture with the eager backend, and print and return
+    a report of every frame it captured: the top frame, its resume functions after each graph break, and
+    callees captured as their own frames (graphs, breaks with reason, file:line, source line and hint,
+    ops per graph, guards). The call runs for real, side effects included."""
     target = fn_or_module._orig_mod if isinstance(fn_or_module, CompiledModule) else fn_or_module
     if isinstance(target, CompiledFunction):
         target = target.fn if target.bound_self is NO_SELF else types.MethodType(target.fn,
@@ -240,18 +243,23 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
     fn, bound_self = _unwrap(callee)
     if fn is None:
         raise TypeError(f"kiln.explain expects Python code, got {fn_or_module!r:.60}")
-    compiled = CompiledFunction(fn, lookup_backend("eager"), bound_self=bound_self)
-    if bound_self is not NO_SELF:
-        args = (bound_self,) + args
-    entry = compiled.capture(args, kwargs)
-    graphs, breaks, guards, ops, fallbacks = [], [], [entry.guards], [], []
-    if entry.brk is not None:
-        breaks.append(entry.brk)
-    if entry.graph is not None and entry.ops:
-        graphs.append(entry.graph)
-        ops.append(entry.ops)
-        fallbacks.append({n.target_name(): 1 for n in entry.graph.fallbacks()})
+    # a private cache (family) so that the report sees fresh captures of every frame
+    compiled = CompiledFunction(fn, lookup_backend("eager"), bound_self=bound_self, family=object())
+    recorded: list = []
+    _cache._RECORDING.append(recorded)
+    try:
+        compiled(*args, **kwargs)
+    finally:
+        _cache._RECORDING.remove(recorded)
+    graphs, breaks, guards, ops, fallbacks = [], [], [], [], []
+    for entry in recorded:
+        guards.append(entry.guards)
+        if entry.brk is not None:
+            breaks.append(entry.brk)
+        if entry.graph is not None and entry.ops:
+            graphs.append(entry.graph)
+            ops.append(entry.ops)
+            fallbacks.append({n.target_name(): 1 for n in entry.graph.fallbacks()})
     report = ExplainReport(graphs, breaks, guards, ops, fallbacks)
     print(report)
     return report
-

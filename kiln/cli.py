@@ -57,7 +57,8 @@ def bench_main(args: argparse.Namespace) -> int:
         return 0
     try:
         options = runner.Options(suite=args.suite, models=args.models, backends=tuple(args.backends),
-                                 mode=args.mode, batch=args.batch, out=args.out, kiln_backend=args.kiln_backend,
+                                 mode=args.mode, batch=args.batch, out=args.out,
+                                 kiln_backend=args.kiln_backend,
                                  timeout_s=args.timeout, budget_s=args.budget, threads=args.threads,
                                  warm=not args.no_warm,
                                  plots=not args.no_plots)
@@ -66,7 +67,7 @@ def bench_main(args: argparse.Namespace) -> int:
         print(f"kiln bench: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
     results = runner.run(options)
-    print(report.table(results["rows"]))
+    print(report.table(results["rows"], results["meta"]))
     print()
     if args.no_plots or plots.available():
         print("wrote " + ", ".join(results["files"]))

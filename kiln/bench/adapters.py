@@ -81,7 +81,8 @@ def get(name: str, kiln_backend: str = "auto") -> Adapter:
         return _kiln_adapter(backend)
     module = load_baselines()
     if module is None:
-        raise Unavailable(f"{name}: bench/baselines.py not found (run from a source checkout, pip install -e .)")
+        raise Unavailable(f"{name}: bench/baselines.py not found (run from a source checkout: "
+                          "pip install -e .)")
     if name not in module.BASELINES:
         raise ValueError(f"unknown compiler {name!r}; known: eager, kiln, kiln:BACKEND, "
                          f"{', '.join(module.BASELINES)}")

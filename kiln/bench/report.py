@@ -96,6 +96,17 @@ def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def busy_note(meta: dict[str, Any]) -> str | None:
+    """A warning when the machine was busier than its CPUs during the run (timings are then noise)."""
+    loads = [meta.get(key) for key in ("load_average_start", "load_average")]
+    loads = [load for load in loads if load is not None]
+    cpus = meta.get("cpus")
+    if not loads or not cpus or max(loads) <= cpus:
+        return None
+    return (f"note: the machine was busy (load average up to {max(loads):g} on {cpus} CPUs): times are "
+            f"noisy; the speedups (interleaved in one process) hold better; --threads 1 steadies them")
+
+
 def problems(rows: list[dict[str, Any]]) -> list[str]:
     """One line per row that did not pass, saying why."""
     lines = []
@@ -110,18 +121,22 @@ def problems(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def table(rows: list[dict[str, Any]]) -> str:
+def table(rows: list[dict[str, Any]], meta: dict[str, Any] | None = None) -> str:
     """The terminal table: one line per (model, compiler), the summary below."""
     cells = [list(COLUMNS)] + [row_cells(row) for row in rows]
     widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
     left = {0, 1, 2}
 
     def fmt(line: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+        padded = [c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))]
+        return "  ".join(padded).rstrip()
     out = [fmt(cells[0]), "  ".join("-" * w for w in widths)]
     out += [fmt(line) for line in cells[1:]]
     out.append("")
     out += summary_lines(rows)
+    note = busy_note(meta or {})
+    if note:
+        out.append(note)
     return "\n".join(out)
 
 
@@ -141,11 +156,14 @@ def markdown(run: dict[str, Any]) -> str:
     failed = problems(rows)
     if failed:
         out += ["", "## Not passing", ""] + [f"- {line}" for line in failed]
+    note = busy_note(meta)
+    if note:
+        out += ["", f"_{note}_"]
     if meta.get("interrupted"):
         out += ["", "_Interrupted: only the finished rows are shown._"]
-    out += ["", "speedup = median eager / median compiled over interleaved calls in one process; cold = empty "
-            "caches, fresh process; warm = cache hit, fresh process; mem = peak RSS growth over the compile "
-            "and first call; graphs/brk = kiln's graphs / graph breaks.", ""]
+    out += ["", "speedup = median eager / median compiled over interleaved calls in one process; "
+            "cold = empty caches, fresh process; warm = cache hit, fresh process; mem = peak RSS growth "
+            "over the compile and first call; graphs/brk = kiln's graphs / graph breaks.", ""]
     return "\n".join(out)
 
 

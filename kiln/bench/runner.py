@@ -79,6 +79,14 @@ class Progress:
             self.stream.flush()
 
 
+def load_average() -> float | None:
+    """The 1-minute load average (None where the OS has none)."""
+    try:
+        return round(os.getloadavg()[0], 1)
+    except (AttributeError, OSError):
+        return None
+
+
 def select_models(options: Options) -> list[str]:
     """The zoo entries to run: --models, else the suite (entries whose extras are missing are skipped)."""
     if options.models:
@@ -174,7 +182,7 @@ def run(options: Options, launch: Callable[[dict[str, Any], float], dict[str, An
             "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "threads": options.threads or torch.get_num_threads(),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "interrupted": False}
+            "interrupted": False, "load_average_start": load_average()}
     results: dict[str, Any] = {"meta": meta, "rows": []}
     progress = Progress(2 * len(models) * len(options.backends), stream=stream, enabled=options.progress)
     start = time.monotonic()
@@ -190,6 +198,7 @@ def run(options: Options, launch: Callable[[dict[str, Any], float], dict[str, An
     finally:
         progress.close()
     meta["wall_s"] = round(time.monotonic() - start, 1)
+    meta["load_average"] = load_average()
     results["files"] = report.write(results, options.out)
     if options.plots:
         results["files"] += plots.write(results["rows"], options.out)

@@ -22,7 +22,11 @@ from ..graph import compile_python, count_ops
 from .entry import MISS, NO_SELF, make_eager_entry, make_graph_entry
 from .errors import BreakRecord, GraphBreak, GraphBreakError
 from .calls import bind_arguments
+from .frame import StopCapture
+from .guards import is_constant
 from .interpreter import Interpreter
+from .resume import NotResumable, make_resume_function
+from .stitch import make_break_entry
 from .sources import local
 from .state import Capture
 
@@ -49,10 +53,12 @@ def graph_compiler(backend: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class CacheEntry:
-    """One capture: its guards, its graph (or the break that made it run eagerly), its entry function."""
+    """One capture: its guards, its graph (the graph before the break, if the frame broke), the break,
+    its entry function, and the compiled functions it calls (resume functions, callees captured as their
+    own frames)."""
 
     def __init__(self, fn: Callable[..., Any], checks: list, guards: list[str], graph: Any,
-                 brk: BreakRecord | None, source: str, ops: dict[str, int]):
+                 brk: BreakRecord | None, source: str, ops: dict[str, int], children: list | None = None):
         self.fn = fn
         self.checks = checks
         self.guards = guards
@@ -60,6 +66,7 @@ class CacheEntry:
         self.brk = brk
         self.source = source
         self.ops = ops
+        self.children: list["CompiledFunction"] = children if children is not None else []
 
     def first_failure(self, args: tuple, kwargs: dict) -> str:
         for check, text in zip(self.checks, self.guards):
@@ -82,8 +89,8 @@ class CodeCache:
 _CACHES: "collections.OrderedDict[tuple, CodeCache]" = collections.OrderedDict()
 
 
-def cache_for(code: types.CodeType, owner: Any) -> CodeCache:
-    key = (code, id(owner))
+def cache_for(code: types.CodeType, owner: Any, extra: Any = None) -> CodeCache:
+    key = (code, id(owner), extra)
     cache = _CACHES.get(key)
     if cache is None:
         cache = _CACHES[key] = CodeCache(code.co_qualname)
@@ -111,14 +118,16 @@ class CompiledFunction:
     """A function (or a bound method) whose frames kiln captures."""
 
     def __init__(self, fn: Callable[..., Any], backend: Callable[..., Any], fullgraph: bool = False,
-                 raise_on_error: bool = False, bound_self: Any = NO_SELF):
+                 raise_on_error: bool = False, bound_self: Any = NO_SELF, family: Any = None):
         self.fn = fn
         self.code = fn.__code__
         self.backend = graph_compiler(backend)
         self.fullgraph = fullgraph
         self.raise_on_error = raise_on_error
         self.bound_self = bound_self
-        self.cache = cache_for(self.code, bound_self)
+        # functions of one code object share a cache only when they share their closure cells (the
+        # guards read the cells captured first); `family` separates resume functions per backend
+        self.cache = cache_for(self.code, bound_self, (closure_key(fn), family))
         self.name = self.code.co_qualname
         self.hits = counters["cache_hits"]
         functools.update_wrapper(self, fn)
@@ -184,16 +193,17 @@ class CompiledFunction:
             return self.run_eagerly(args, kwargs)
         return result
 
-    def capture(self, args: tuple, kwargs: dict) -> CacheEntry:
-        """Interpret the frame symbolically for these arguments and build a cache entry."""
+    def _interpret(self, args: tuple, kwargs: dict, stop_at: int | None) -> tuple:
+        """Run the frame symbolically: (capture, top frame, return value, break, stopped, grad changed)."""
         fn, code = self.fn, self.code
-        start = time.perf_counter()
         root = self.bound_self if isinstance(self.bound_self, torch.nn.Module) else None
         cap = Capture(code.co_name.replace("<", "_").replace(">", "_"), root=root)
-        counters["captures"][self.name] += 1
         rng = torch.random.get_rng_state()
         grad = torch.is_grad_enabled()
         brk: GraphBreak | None = None
+        frame = ret = None
+        stopped = False
+        grad_changed = False
         try:
             cap.guards.grad_mode(grad)
             try:
@@ -202,39 +212,158 @@ class CompiledFunction:
                 raise GraphBreak(f"the call's arguments do not match: {e}") from None
             f_locals = {name: cap.wrap(value, local(name)) for name, value in values.items()}
             frame = Interpreter(cap, code, fn, f_locals, fn.__globals__)
+            frame.stop_at = stop_at
             try:
                 ret = frame.run()
-            except GraphBreak as e:
-                brk = e
-            if brk is None:
-                try:
-                    entry_fn, checks, source = make_graph_entry(cap, fn, code, ret, self.backend)
-                except GraphBreak as e:
-                    brk = e
-                    brk.where.append((code.co_filename, frame.lineno))
+            except StopCapture:
+                stopped = True
         except GraphBreak as e:
             brk = e
         finally:
+            grad_changed = torch.is_grad_enabled() != grad
             torch.random.set_rng_state(rng)
             torch._C._set_grad_enabled(grad)
-        guards = cap.guards.describe()
+        return cap, frame, ret, brk, stopped, grad_changed
+
+    def capture(self, args: tuple, kwargs: dict) -> CacheEntry:
+        """Interpret the frame symbolically for these arguments and build a cache entry. A frame that
+        breaks is captured again up to the breaking instruction, and continues in resume functions."""
+        fn, code = self.fn, self.code
+        start = time.perf_counter()
+        counters["captures"][self.name] += 1
+        cap, frame, ret, brk, _, _ = self._interpret(args, kwargs, None)
+        if brk is None:
+            try:
+                entry_fn, checks, source = make_graph_entry(cap, fn, code, ret, self.backend)
+            except GraphBreak as e:
+                brk = e
+                brk.where.append((code.co_filename, frame.lineno))
+        children: list = []
         if brk is not None:
-            record = BreakRecord(brk, resumed=False)
-            counters["graph_breaks"][f"{record.location}: {record.reason}"] += 1
-            log_breaks.info("graph break in %s at %s", self.name, brk.describe())
             if self.fullgraph or self.raise_on_error:
                 raise GraphBreakError(f"kiln could not capture {self.name} in one graph:\n"
                                       f"{brk.describe()}") from brk.cause
-            entry_fn, checks, source = make_eager_entry(cap, fn, code)
-            entry = CacheEntry(entry_fn, checks, guards, None, record, source, {})
-        else:
-            graph = cap.graph
-            ops = count_ops(graph)
-            if any(n.op in ("call_torch", "call_prim") for n in graph.nodes):
-                counters["graphs"][self.name] += 1
-            entry = CacheEntry(entry_fn, checks, guards, graph, None, source, ops)
+            resumed = self._capture_until(args, kwargs, brk, children)
+            if resumed is not None:
+                cap, entry_fn, checks, source, record = resumed
+            else:
+                entry_fn, checks, source = make_eager_entry(cap, fn, code)
+                record = BreakRecord(brk, resumed=False)
+            counters["graph_breaks"][f"{record.location}: {record.reason}"] += 1
+            log_breaks.info("graph break in %s at %s", self.name, brk.describe())
+        guards = cap.guards.describe()
+        graph = cap.graph if brk is None or record.resumed else None
+        ops = count_ops(graph) if graph is not None else {}
+        if ops:
+            counters["graphs"][self.name] += 1
+        entry = CacheEntry(entry_fn, checks, guards, graph, record if brk is not None else None, source, ops,
+                           children)
+        if graph is not None:
             log_graph.info("captured %s:\n%s", self.name, graph.python_code(f"capture of {self.name}")[0])
         log_guards.info("guards of %s:\n  %s", self.name, "\n  ".join(guards))
         log_capture.info("captured %s in %.1f ms (%d guards)", self.name,
                          (time.perf_counter() - start) * 1e3, len(guards))
+        for recording in _RECORDING:
+            recording.append(entry)
         return entry
+
+    def _capture_until(self, args: tuple, kwargs: dict, brk: GraphBreak, children: list) -> tuple | None:
+        """Capture the frame again, stopping before the instruction that broke, and build an entry that
+        runs the graph, that instruction natively, and a resume function. None: run the frame natively."""
+        if brk.top_index is None:
+            brk.reason += " (the frame runs eagerly)"
+            return None
+        try:
+            cap, frame, _, brk2, stopped, grad_changed = self._interpret(args, kwargs, brk.top_index)
+            if not stopped:
+                raise NotResumable("a second capture did not reach the break")
+            caller = CalleeCaller(self.backend, self.raise_on_error, children)
+            entry_fn, checks, source, resumes = make_break_entry(
+                cap, self.fn, self.code, frame, brk, self.backend, self._resume_function, caller, grad_changed)
+        except GraphBreak as e:
+            why = e.reason if isinstance(e, NotResumable) else f"{e.reason} (while resuming)"
+            brk.reason += f" (the frame runs eagerly: {why})"
+            log_breaks.info("cannot resume %s: %s", self.name, why)
+            return None
+        children.extend(r for r in resumes if r not in children)
+        record_brk = brk
+        if brk.in_callee and len(brk.where) > 1:
+            inner = brk.where[0]
+            record_brk = GraphBreak(f"call not inlined: {brk.reason} (at {inner[0]}:{inner[1]}); the callee "
+                                    f"is captured as its own frame", brk.hint)
+            record_brk.where = [brk.where[-1]]
+        return cap, entry_fn, checks, source, BreakRecord(record_brk, resumed=True)
+
+    def _resume_function(self, rcode: types.CodeType) -> "CompiledFunction":
+        """The compiled resume function for a resume code of this frame (one per code and backend)."""
+        key = (rcode, closure_key(self.fn), id(self.backend))
+        compiled = _RESUMES.get(key)
+        if compiled is None:
+            fn = make_resume_function(self.fn, rcode)
+            compiled = _RESUMES[key] = CompiledFunction(fn, self.backend, raise_on_error=self.raise_on_error,
+                                                        family=id(self.backend))
+        return compiled
+
+
+_RESUMES: dict[tuple, CompiledFunction] = {}
+_CALLEES: dict[tuple, CompiledFunction] = {}
+_RECORDING: list[list[CacheEntry]] = []  # kiln.explain collects the entries captured while it runs
+
+
+def closure_key(fn: Any) -> tuple:
+    return tuple(id(c) for c in (getattr(fn, "__closure__", None) or ()))
+
+
+def _hashable_constant(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return is_constant(value)
+
+
+class CalleeCaller:
+    """Calls a function the interpreter could not inline through the capture wrapper, so the callee is
+    captured as its own frame (with its own graphs, breaks and resume functions)."""
+
+    def __init__(self, backend: Callable[..., Any], raise_on_error: bool, children: list):
+        self.backend = backend
+        self.raise_on_error = raise_on_error
+        self.children = children
+
+    def __call__(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        target, bound = self.compiled_for(fn)
+        if target is None:
+            return fn(*args, **kwargs)
+        if bound is not NO_SELF:
+            return target(bound, *args, **kwargs)
+        return target(*args, **kwargs)
+
+    def compiled_for(self, fn: Any) -> tuple[Any, Any]:
+        bound = NO_SELF
+        if isinstance(fn, torch.nn.Module):
+            hooks = torch.nn.modules.module
+            if (fn._forward_hooks or fn._forward_pre_hooks or fn._backward_hooks or
+                    getattr(fn, "_backward_pre_hooks", None) or hooks._global_forward_hooks or
+                    hooks._global_forward_pre_hooks or hooks._global_backward_hooks or
+                    getattr(hooks, "_global_backward_pre_hooks", None)):
+                return None, NO_SELF
+            fn = fn.forward
+        if isinstance(fn, types.MethodType):
+            fn, bound = fn.__func__, fn.__self__
+        if not isinstance(fn, types.FunctionType) or fn.__code__.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
+            return None, NO_SELF
+        if (fn.__module__ or "").startswith("kiln."):
+            return None, NO_SELF
+        defaults = fn.__defaults__ or ()
+        kwdefaults = tuple((fn.__kwdefaults__ or {}).items())
+        same = (defaults, kwdefaults) if all(_hashable_constant(v) for v in defaults) and all(
+            _hashable_constant(v) for _, v in kwdefaults) else id(fn)
+        key = (fn.__code__, closure_key(fn), id(fn.__globals__), same, id(self.backend))
+        compiled = _CALLEES.get(key)
+        if compiled is None:
+            compiled = _CALLEES[key] = CompiledFunction(fn, self.backend, raise_on_error=self.raise_on_error,
+                                                        family=id(self.backend))
+        if compiled not in self.children:
+            self.children.append(compiled)
+        return compiled, bound

@@ -132,6 +132,9 @@ class CallOps:
         """Call `fn` on symbolic arguments: inline it, record it, or break."""
         cap = self.cap
         if isinstance(fn, NativeCall):
+            if fn.fn is None:
+                raise GraphBreak(f"data-dependent: tensor.{fn.attr}() reads the tensor's values",
+                                 HINTS["item"])
             return self.native(fn.fn, args, kwargs, fn.name)
         if isinstance(fn, GradModeExit):
             ctx = fn.ctx
@@ -237,7 +240,14 @@ class CallOps:
         name = _name(fn)
         if fn in _IMPURE_TORCH:
             raise GraphBreak(f"call to {name} (it changes global torch state)", HINTS["call"])
-        has_proxy = any(isinstance(a, Proxy) for a in flatten((args, kwargs)))
+        flat = list(flatten((args, kwargs)))
+        has_proxy = any(isinstance(a, Proxy) for a in flat)
+        for a in flat:
+            if not (isinstance(a, (Proxy, torch.dtype, torch.device, torch.layout, torch.memory_format, type,
+                                   types.FunctionType, types.BuiltinFunctionType)) or is_constant(a)
+                    or self.cap.is_local(a)):
+                # e.g. a numpy array or a tensor kiln did not capture: its value would be baked in
+                raise GraphBreak(f"{name} on a {type(a).__name__} kiln does not track", HINTS["call"])
         try:
             with tracing(self.cap.tracer):
                 if has_proxy:

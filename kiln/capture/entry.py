@@ -24,6 +24,7 @@ from ..graph import Proxy
 from .errors import GraphBreak
 from .guards import check_expr, is_constant
 from .state import Capture
+from .values import NativeCall
 
 
 class _Miss:
@@ -42,6 +43,16 @@ def build_object(cls: type, attrs: dict, items: dict | None) -> Any:
     if attrs:
         obj.__dict__.update(attrs)
     return obj
+
+
+def make_function(code: types.CodeType, globals_: dict, defaults: tuple | None,
+                  kwdefaults: dict | None) -> types.FunctionType:
+    """Rebuild a function defined inside compiled code (one without a closure)."""
+    fn = types.FunctionType(code, globals_, code.co_name, defaults)
+    fn.__qualname__ = code.co_qualname
+    if kwdefaults:
+        fn.__kwdefaults__ = kwdefaults
+    return fn
 
 
 def parameters(code: types.CodeType) -> tuple[list[str], str, list[str]]:
@@ -78,15 +89,27 @@ def parameters(code: types.CodeType) -> tuple[list[str], str, list[str]]:
 class Reconstructor:
     """Python source that rebuilds symbolic values after the graph ran."""
 
-    def __init__(self, cap: Capture):
+    def __init__(self, cap: Capture, temp: Any = None):
         self.cap = cap
         self.outputs: list[Any] = []  # graph output nodes
         self._index: dict[int, int] = {}
         self.held_inputs: dict[str, str] = {}
+        self.temp = temp  # temp(expr) -> name: built objects are named once, so aliases stay aliases
+        self._built: dict[int, tuple[Any, str]] = {}
+
+    def _once(self, v: Any, expr: str) -> str:
+        if self.temp is None:
+            return expr
+        name = self.temp(expr)
+        self._built[id(v)] = (v, name)
+        return name
 
     def value(self, v: Any) -> str:
         cap = self.cap
         ns = cap.ns
+        built = self._built.get(id(v))
+        if built is not None and built[0] is v:
+            return built[1]
         if isinstance(v, Proxy):
             src = cap.proxy_sources.get(id(v))
             if src is not None:
@@ -108,9 +131,16 @@ class Reconstructor:
         if isinstance(v, tuple) and hasattr(v, "n_fields"):
             return f"{ns.hold(typ, typ.__name__)}(({''.join(self.value(x) + ', ' for x in v)}))"
         if typ is list:
-            return "[" + ", ".join(self.value(x) for x in v) + "]"
+            return self._once(v, "[" + ", ".join(self.value(x) for x in v) + "]")
         if typ is dict:
-            return "{" + ", ".join(f"{self.key(k)}: {self.value(x)}" for k, x in v.items()) + "}"
+            return self._once(v, "{" + ", ".join(f"{self.key(k)}: {self.value(x)}" for k, x in v.items()) + "}")
+        if isinstance(v, NativeCall) and v.owner is not None:
+            return f"getattr({self.value(v.owner)}, {v.attr!r})"
+        if isinstance(v, types.MethodType):
+            src = cap.source_of(v)
+            if src is not None:
+                return src.expr
+            return f"{ns.hold(types.MethodType, 'MethodType')}({self.value(v.__func__)}, {self.value(v.__self__)})"
         if typ is slice:
             return f"slice({self.value(v.start)}, {self.value(v.stop)}, {self.value(v.step)})"
         src = cap.source_of(v)
@@ -120,6 +150,11 @@ class Reconstructor:
             if isinstance(v, dict) and typ.__module__ == "collections":
                 pairs = ", ".join(f"({self.key(k)}, {self.value(x)})" for k, x in v.items())
                 return f"{ns.hold(typ, typ.__name__)}([{pairs}])"
+            if isinstance(v, types.FunctionType) and not v.__closure__:
+                make = ns.hold(make_function, "make_function")
+                kw = "None" if not v.__kwdefaults__ else self.value(dict(v.__kwdefaults__))
+                return self._once(v, f"{make}({ns.hold(v.__code__, 'code')}, {ns.hold(v.__globals__, 'G')}, "
+                                     f"{self.value(v.__defaults__)}, {kw})")
             if isinstance(v, (types.FunctionType, set)):
                 raise GraphBreak(f"returning a {typ.__name__} made inside compiled code")
             attrs = getattr(v, "__dict__", None)
@@ -130,7 +165,7 @@ class Reconstructor:
             if isinstance(v, dict):
                 items_src = "{" + ", ".join(f"{self.key(k)}: {self.value(x)}" for k, x in v.items()) + "}"
             build = ns.hold(build_object, "build")
-            return f"{build}({ns.hold(typ, typ.__name__)}, {attr_src}, {items_src})"
+            return self._once(v, f"{build}({ns.hold(typ, typ.__name__)}, {attr_src}, {items_src})")
         if isinstance(v, torch.Tensor):
             raise GraphBreak("returning a tensor kiln did not capture")
         if isinstance(v, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)):

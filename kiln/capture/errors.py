@@ -19,6 +19,9 @@ class GraphBreak(Exception):
         self.hint = hint
         self.cause = cause
         self.where: list[tuple[str, int]] = []  # (filename, line), innermost frame first
+        self.top_index: int | None = None  # instruction index in the captured (top) frame
+        self.in_callee = False  # raised inside a function the top frame was inlining
+        self.resumable = True  # False: running the instruction natively would not behave as eager
 
     @property
     def filename(self) -> str:

@@ -99,8 +99,10 @@ def symbolic_break(e: BaseException, what: str) -> GraphBreak:
         return GraphBreak(f"data-dependent: {text.split(', which')[0]}", HINTS[key], e)
     if isinstance(e, UnsupportedError):
         return GraphBreak(f"unsupported: {e}", HINTS["call"], e)
-    return GraphBreak(f"{what} raised {type(e).__name__}: {e}", "the code raises here; it runs eagerly, so "
-                      "the error is the same as without kiln", e)
+    brk = GraphBreak(f"{what} raised {type(e).__name__}: {e}", "the code raises here; it runs eagerly, so "
+                     "the error is the same as without kiln", e)
+    brk.resumable = False
+    return brk
 
 
 class Frame:
@@ -127,6 +129,7 @@ class Frame:
         self.index = decoded.index
         self.lines = decoded.lines
         self.pc = 0
+        self.stop_at: int | None = None  # the top frame stops before this instruction (see cache.py)
         self.lineno = code.co_firstlineno
         self.user_code = not code.co_filename.startswith(_TORCH_DIR)
         if self.depth > MAX_INLINE_DEPTH:
@@ -138,6 +141,8 @@ class Frame:
         steps = 0
         insts = self.insts
         while True:
+            if self.pc == self.stop_at:
+                raise StopCapture(self)
             inst = insts[self.pc]
             self.lineno = self.lines[self.pc]
             if self.user_code:
@@ -162,6 +167,10 @@ class Frame:
                 self.pc = self.index[result]
 
     def located(self, brk: GraphBreak) -> GraphBreak:
+        if self.parent is not None:
+            brk.in_callee = True
+        elif brk.top_index is None:
+            brk.top_index = self.pc - 1
         if not brk.where or brk.where[-1] != (self.code.co_filename, self.lineno):
             brk.where.append((self.code.co_filename, self.lineno))
         return brk
@@ -555,7 +564,9 @@ class Frame:
         self.push(AssertionError)
 
     def op_RAISE_VARARGS(self, inst: dis.Instruction) -> None:
-        raise GraphBreak("the code raises an exception", HINTS["raise"])
+        brk = GraphBreak("the code raises an exception", HINTS["raise"])
+        brk.resumable = False  # the exception's traceback must show the user's frame
+        raise brk
 
     # ---- imports ----
     def op_IMPORT_NAME(self, inst: dis.Instruction) -> None:
@@ -583,6 +594,14 @@ class Frame:
 
     def call(self, fn: Any, args: list, kwargs: dict) -> Any:  # pragma: no cover
         raise NotImplementedError
+
+
+class StopCapture(Exception):
+    """The top frame reached the instruction it was told to stop before (the graph break)."""
+
+    def __init__(self, frame: Frame):
+        super().__init__("stop")
+        self.frame = frame
 
 
 class _Return(Exception):

@@ -23,13 +23,16 @@ class NoAttribute(GraphBreak):
 
 
 class NativeCall:
-    """A callable kiln runs directly on symbolic values (tensor methods of a Proxy)."""
+    """A callable kiln runs directly on symbolic values (tensor methods of a Proxy). `fn` is None for a
+    method that reads the tensor's values (`.item()`): calling it breaks the graph at the call."""
 
-    __slots__ = ("fn", "name")
+    __slots__ = ("fn", "name", "owner", "attr")
 
-    def __init__(self, fn: Any, name: str):
+    def __init__(self, fn: Any, name: str, owner: Any = None, attr: str = ""):
         self.fn = fn
         self.name = name
+        self.owner = owner
+        self.attr = attr
 
     def __repr__(self) -> str:
         return f"NativeCall({self.name})"
@@ -123,7 +126,7 @@ class ValueOps:
         if name == "__class__":
             return torch.nn.Parameter if id(proxy) in self.cap.param_proxies else torch.Tensor
         if name in ("item", "tolist", "numpy", "__array__"):
-            raise GraphBreak(f"data-dependent: tensor.{name}() reads the tensor's values", HINTS["item"])
+            return NativeCall(None, f"Tensor.{name}", proxy, name)  # breaks when called
         if name in _NO_TENSOR_ATTRS:
             raise GraphBreak(f"tensor attribute .{name} is not captured (it needs the real tensor)",
                              "use it outside the compiled function")
@@ -136,7 +139,7 @@ class ValueOps:
         except Exception as e:
             raise symbolic_break(e, f"tensor.{name}") from None
         if callable(value) and not isinstance(value, (torch.dtype, torch.device, type)):
-            return NativeCall(value, f"Tensor.{name}")
+            return NativeCall(value, f"Tensor.{name}", proxy, name)
         return value
 
     def store_attr(self, obj: Any, name: str, value: Any) -> None:

@@ -381,7 +381,7 @@ class KernelWriter:
         self.emit("const int kiln_nt = omp_get_max_threads();", 2)
         for i, member in enumerate(group.members):
             if member.role == "reduction":
-                acc = _acc_type(member.buffer.data.reduction_type, member.buffer.dtype)
+                acc = self._acc_dtype(group, member)
                 self.emit(f"std::vector<{CTYPES[acc]}> part{i}(kiln_nt);", 2)
                 if member.buffer.data.reduction_type in ("argmax", "argmin"):
                     self.emit(f"std::vector<int64_t> parti{i}(kiln_nt);", 2)
@@ -416,9 +416,24 @@ class KernelWriter:
         self.emit(f"{self.pointers[buf.name]}[{cexpr(index)}] = static_cast<{CTYPES[buf.dtype]}>({value});",
                   depth)
 
-    def _inner_loops(self, group: FusedGroup, depth: int, pragma: str | None) -> int:
+    def _inner_loops(self, group: FusedGroup, depth: int, pragma: str | None, split: bool = False) -> int:
+        """Open the inner loops (the innermost gets `pragma`). Split across threads: a single loop is cut
+        into one contiguous chunk per thread (in thread order, so reductions combine deterministically);
+        nested loops share their outermost one with `omp for`."""
         inner = group.inner or ()
+        if split and len(inner) == 1:
+            size = inner[0]
+            self.emit("const int64_t kiln_chunk = "
+                      f"({size} + omp_get_num_threads() - 1) / omp_get_num_threads();", depth)
+            self.emit(f"const int64_t kiln_lo = std::min<int64_t>({size}, kiln_tid * kiln_chunk);", depth)
+            self.emit(f"const int64_t kiln_hi = std::min<int64_t>({size}, kiln_lo + kiln_chunk);", depth)
+            if pragma:
+                self.emit(pragma, depth)
+            self.emit("for (int64_t r0 = kiln_lo; r0 < kiln_hi; ++r0) {", depth)
+            return depth + 1
         for d, size in enumerate(inner):
+            if split and d == 0:
+                self.emit("#pragma omp for schedule(static)", depth)
             if d == len(inner) - 1 and pragma:
                 self.emit(pragma, depth)
             self.emit(f"for (int64_t r{d} = 0; r{d} < {size}; ++r{d}) {{", depth)
@@ -441,23 +456,44 @@ class KernelWriter:
             self._store(group, member, str(value), depth + 1)
             self.emit("}", depth)
             return
+        if member.role == "scan":
+            self.scan(group, member, depth)
+            return
         if member.role == "inner":
-            pragma = "#pragma omp for schedule(static)" if split else None
-            if split and len(inner) > 1:
-                pragma = f"#pragma omp for schedule(static) collapse({len(inner)})"
-                self.emit(pragma, depth)
-                pragma = None
-            elif split:
-                self.emit(pragma, depth)
-                pragma = None
-            else:
-                pragma = "#pragma omp simd"
-            inner_depth = self._inner_loops(group, depth, pragma)
+            self.emit("{", depth)
+            inner_depth = self._inner_loops(group, depth + 1, "#pragma omp simd", split)
             value = self._body(group, member, inner_depth)
             self._store(group, member, str(value), inner_depth)
             self._close(group, inner_depth)
+            if split and len(inner) == 1:
+                self.emit("#pragma omp barrier", depth + 1)  # later members read other threads' chunks
+            self.emit("}", depth)
             return
         self.reduction(group, member, depth, split, slot)
+
+    def scan(self, group: FusedGroup, member: Member, depth: int) -> None:
+        """Inclusive scan along the inner loop, in order (floats accumulate in double, as eager)."""
+        data = member.buffer.data
+        dtype = member.buffer.dtype
+        acc = torch.float64 if dtype.is_floating_point else dtype
+        self.emit("{", depth)
+        self.emit(f"{CTYPES[acc]} acc = {_init(data.scan_type, acc)};", depth + 1)
+        inner_depth = self._inner_loops(group, depth + 1, None)
+        value = self._body(group, member, inner_depth)
+        self.emit(_combine(data.scan_type, "acc", f"static_cast<{CTYPES[acc]}>({value})", CTYPES[acc]),
+                  inner_depth)
+        self._store(group, member, "acc", inner_depth)
+        self._close(group, inner_depth)
+        self.emit("}", depth)
+
+    def _acc_dtype(self, group: FusedGroup, member: Member) -> torch.dtype:
+        data: Reduction = member.buffer.data
+        if data.reduction_type in ("argmax", "argmin"):
+            # an arg reduction accumulates values of its input's dtype: find it by a dry run
+            probe = CppHandler(self.buffers, self.pointers, group.var_ranges(), "", group.local)
+            index, rindex = group.member_index(member)
+            return data.fn(probe, index, rindex).dtype
+        return _acc_type(data.reduction_type, member.buffer.dtype)
 
     def reduction(self, group: FusedGroup, member: Member, depth: int, split: bool, slot: int) -> None:
         data: Reduction = member.buffer.data
@@ -468,22 +504,12 @@ class KernelWriter:
         self.emit("{", depth)
         depth += 1
         is_arg = rtype in ("argmax", "argmin")
-        value_dtype = None
-        # the value type of an arg reduction is its input's dtype: find it by a dry run
-        if is_arg:
-            probe = CppHandler(self.buffers, self.pointers, group.var_ranges(), "")
-            index, rindex = group.member_index(member)
-            value_dtype = data.fn(probe, index, rindex).dtype
-            acc_dtype = value_dtype
+        acc_dtype = self._acc_dtype(group, member)
         actype = CTYPES[acc_dtype]
         self.emit(f"{actype} acc = {_init('max' if rtype == 'argmax' else rtype, acc_dtype)};", depth)
         if is_arg:
             self.emit("int64_t acci = 0;", depth)
-        if split:
-            self.emit("#pragma omp for schedule(static)" + (f" collapse({len(inner)})" if len(inner) > 1
-                                                              else ""), depth)
-            pragma = None
-        elif rtype == "sum" and not is_arg:
+        if rtype == "sum" and not is_arg:
             pragma = "#pragma omp simd reduction(+:acc)"
         elif rtype == "prod":
             pragma = "#pragma omp simd reduction(*:acc)"
@@ -491,7 +517,7 @@ class KernelWriter:
             pragma = f"#pragma omp simd reduction(k{rtype}:acc)"
         else:
             pragma = None
-        inner_depth = self._inner_loops(group, depth, pragma)
+        inner_depth = self._inner_loops(group, depth, pragma, split)
         value = self._body(group, member, inner_depth)
         if is_arg:
             strides = _row_major(inner)

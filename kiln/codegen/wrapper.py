@@ -7,6 +7,7 @@ per segment of kernels, one torch call per extern node.
 from __future__ import annotations
 
 import ctypes
+import sys
 from typing import Any, Callable
 
 import torch
@@ -18,17 +19,37 @@ from ..schedule.memory import Plan, Segment
 
 def _restride(t: torch.Tensor, strides: tuple) -> torch.Tensor:
     """`t` with the given strides (a copy unless it already has them)."""
-    if tuple(t.stride()) == strides or t.numel() <= 1:
+    if t.layout != torch.strided or tuple(t.stride()) == strides or t.numel() <= 1:
         return t
     out = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
     out.copy_(t)
     return out
 
 
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _recycle(pool: dict, name: str) -> torch.Tensor | None:
+    """The tensor this graph made for `name` last call, if nothing else references it or its memory.
+
+    Freshly mapped memory page-faults on first touch, which costs more than a memory-bound kernel's
+    arithmetic; reusing a buffer the caller has dropped avoids that. Safe: the Python object has no other
+    reference (getrefcount: our local and the call's argument) and its storage no other tensor (views,
+    numpy arrays: use count is this tensor and the temporary storage object).
+    """
+    t = pool.pop(name, None)
+    if t is None or _use_count is None:
+        return None
+    if sys.getrefcount(t) == 2 and _use_count(t.untyped_storage()._cdata) == 2:
+        return t
+    return None
+
+
 class _Source:
     def __init__(self) -> None:
         self.lines: list[str] = []
-        self.globals: dict[str, Any] = {"torch": torch, "_restride": _restride}
+        self.globals: dict[str, Any] = {"torch": torch, "_restride": _restride, "_recycle": _recycle,
+                                        "_pool": {}}
         self.count = 0
 
     def const(self, value: Any, hint: str = "c") -> str:
@@ -86,6 +107,9 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any],
         lines.append(f"        return _fallback({', '.join(params)})")
     for b in graph.constants:
         src.globals[b.name] = b.constant
+    # buffers allocated fresh (not carved from another freed one, none carved from them) recycle across calls
+    pooled = {r for s in plan.steps for _, r in s.allocs if r is not None}
+    recyclable = {name for s in plan.steps for name, r in s.allocs if r is None and name not in pooled}
     for step in plan.steps:
         node = step.node
         for name, reuse in step.allocs:
@@ -95,20 +119,28 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any],
                              f"{tuple(buf.layout.strides)}); del {reuse}")
             else:
                 dt = src.const(buf.dtype, "dtype")
-                lines.append(f"    {name} = torch.empty_strided({tuple(buf.shape)}, "
-                             f"{tuple(buf.layout.strides)}, dtype={dt})")
+                alloc = f"torch.empty_strided({tuple(buf.shape)}, {tuple(buf.layout.strides)}, dtype={dt})"
+                if name in recyclable:
+                    lines.append(f"    {name} = _recycle(_pool, {name!r})")
+                    lines.append(f"    if {name} is None:")
+                    lines.append(f"        {name} = {alloc}")
+                else:
+                    lines.append(f"    {name} = {alloc}")
         if isinstance(node, Segment):
             fn = src.const(entries[node.name], node.name + "_")
             ptrs = ", ".join(f"{a}.data_ptr()" for a in node.args)
             lines.append(f"    {fn}({ptrs})")
         else:
             lines.extend(_extern_lines(src, node))
-        pooled = {r for s in plan.steps for _, r in s.allocs if r is not None}
         for name in step.frees:
-            if name not in pooled:
+            if name in recyclable:
+                lines.append(f"    _pool[{name!r}] = {name}; del {name}")
+            elif name not in pooled:
                 lines.append(f"    del {name}")
     for position, value in graph.mutations:
         lines.append(f"    {params[position]}.copy_({_render(src, value)})")
+    for name in sorted(recyclable & plan.kept):
+        lines.append(f"    _pool[{name!r}] = {name}")
     lines.append(f"    return {_render(src, graph.output)}")
     return "\n".join(lines) + "\n", src.globals
 

@@ -88,8 +88,21 @@ class Reduction:
 
 
 @dataclasses.dataclass
+class Scan:
+    """An inclusive scan (cumsum, cumprod) along `dim`: element i folds the elements 0..i of `fn`."""
+
+    ranges: tuple[int, ...]
+    dim: int
+    scan_type: str  # sum, prod
+    fn: Callable[..., Any]  # fn(h, index) -> value
+
+    def body(self, h: Any) -> Any:
+        return self.fn(h, [index_var("i", d) for d in range(len(self.ranges))])
+
+
+@dataclasses.dataclass
 class ComputedBuffer(Buffer):
-    data: Pointwise | Reduction | None = None
+    data: Pointwise | Reduction | Scan | None = None
 
     @property
     def is_reduction(self) -> bool:
@@ -107,6 +120,9 @@ class ComputedBuffer(Buffer):
             return (f"{self.name} = Reduction({self.data.reduction_type}, ranges={list(self.data.ranges)}, "
                     f"reduction_ranges={list(self.data.reduction_ranges)},\n    body=lambda i, r: {text})"
                     f"  # {meta}")
+        if isinstance(self.data, Scan):
+            return (f"{self.name} = Scan({self.data.scan_type}, ranges={list(self.data.ranges)}, "
+                    f"dim={self.data.dim},\n    body=lambda i: {text})  # {meta}")
         return (f"{self.name} = Pointwise(ranges={list(self.data.ranges)},\n    body=lambda i: {text})"
                 f"  # {meta}")
 

@@ -20,7 +20,7 @@ from ..counters import counters
 from ..graph import Graph, Node, TensorMeta, flatten, map_structure
 from .index import contiguous_strides, linear_index, unravel
 from .ir import (BufferRef, ComputedBuffer, ExternNode, InputBuffer, Layout, LoopGraph, OutputView,
-                 Pointwise, Reduction)
+                 Pointwise, Reduction, Scan)
 from .ops import BINARY_OPS, UNARY_OPS, CountHandler
 
 log = config.channel("fusion")
@@ -78,6 +78,20 @@ def _dense_strides(meta: TensorMeta) -> tuple[int, ...]:
     return tuple(strides)
 
 
+def _non_overlapping_strides(meta: TensorMeta) -> tuple[int, ...]:
+    """The meta's strides when no two elements share memory (gaps allowed: a view's strides), else
+    row-major strides. A fallback's result keeps eager's strides (a view op's output stays a view)."""
+    shape = [int(s) for s in meta.shape]
+    strides = [int(s) for s in meta.strides]
+    dims = sorted((i for i in range(len(shape)) if shape[i] != 1), key=lambda i: strides[i])
+    reach = 1
+    for i in dims:
+        if strides[i] < reach:
+            return tuple(contiguous_strides(shape))
+        reach = strides[i] * shape[i]
+    return tuple(strides)
+
+
 class Lowering:
     """State of one lowering run: the loop graph being built and the value of each prim node."""
 
@@ -87,6 +101,7 @@ class Lowering:
         self.loop = LoopGraph(graph.name, [], [], [], None, [])
         self.env: dict[int, Any] = {}
         self.users: dict[Node, list[Node]] = graph.users()
+        self.aliased_by_output = _aliased_by_output(graph)
 
     # -- buffers --
     def new_name(self) -> str:
@@ -226,12 +241,28 @@ class Lowering:
                 raise NotImplementedError(f"cpp backend: {target_name} returns a non-tensor ({m})")
             self.check_dtype(m.dtype, node)
             shape = tuple(int(s) for s in m.shape)
-            outputs.append(InputBuffer(self.new_name(), m.dtype, Layout(shape, _dense_strides(m))))
+            outputs.append(InputBuffer(self.new_name(), m.dtype, Layout(shape, _non_overlapping_strides(m))))
         counters[kind][target_name] += 1
         self.add_node(ExternNode(outputs[0].name if len(outputs) == 1 else self.new_name(), kind, target,
                                  target_name, args, kwargs, outputs, isinstance(node.meta, tuple)))
         boxes = tuple(_buffer_box(o.name, o.dtype, o.shape, o.layout.strides) for o in outputs)
         return boxes if isinstance(node.meta, tuple) else boxes[0]
+
+
+def _aliased_by_output(graph: Graph) -> set[int]:
+    """Nodes an output reaches through view prims only: their values must live in buffers laid out as
+    eager lays them out, so the output view gets eager's strides."""
+    marked: set[int] = set()
+    for value in flatten(graph.output_value):
+        if isinstance(value, Node):
+            marked.add(id(value))
+    for name, node in graph.mutated_inputs.items():
+        marked.add(id(node))
+    for node in reversed(graph.nodes):
+        if id(node) in marked and node.op == "call_prim" and "view" in node.target.tags and node.args:
+            if isinstance(node.args[0], Node):
+                marked.add(id(node.args[0]))
+    return marked
 
 
 def _is_graph_input(buf: Any) -> bool:
@@ -309,6 +340,8 @@ def lower_clone(ctx: Lowering, node: Node, a: Box, memory_format: Any = None) ->
 
 def lower_view(ctx: Lowering, node: Node, a: Box, *args: Any, **kwargs: Any) -> Box:
     """Any view prim: run its reference on a meta tensor to learn the output's strides and offset."""
+    if a.view is None and id(node) in ctx.aliased_by_output and isinstance(node.args[0], Node):
+        a = ctx.realized_box(a, node.args[0].meta)
     if a.view is not None:
         name, strides, offset = a.view
         base = torch.empty(max(Layout(a.shape, strides, offset).storage_size(), 1), device="meta")
@@ -332,7 +365,7 @@ def lower_view(ctx: Lowering, node: Node, a: Box, *args: Any, **kwargs: Any) -> 
 
 @lowering("broadcast_in_dim")
 def lower_broadcast(ctx: Lowering, node: Node, a: Box, shape: Any, dims: Any) -> Box:
-    if a.view is not None:
+    if a.view is not None or id(node) in ctx.aliased_by_output:
         return lower_view(ctx, node, a, shape, dims)
     in_shape = a.shape
     zero = sympy.Integer(0)
@@ -467,6 +500,25 @@ def lower_var(ctx: Lowering, node: Node, a: Box, dims: Any, correction: Any) -> 
 def lower(graph: Graph) -> LoopGraph:
     """Lower a prim graph (from `kiln.graph.to_prims`) to the loop IR."""
     return Lowering(graph).run()
+
+
+# ---- scans ----------------------------------------------------------------------------------------------
+
+def _scan(scan_type: str) -> Callable[..., Any]:
+    def lower(ctx: Lowering, node: Node, a: Box, dim: int) -> Box:
+        if not a.shape:
+            return ctx.realized_box(Box(a.shape, a.dtype, a.loader), node.meta)
+        dim = dim % len(a.shape)
+        name = ctx.new_name()
+        buf = ComputedBuffer(name, a.dtype, Layout(a.shape, tuple(contiguous_strides(a.shape))),
+                             Scan(a.shape, dim, scan_type, a.loader))
+        ctx.add_node(buf)
+        return _buffer_box(name, a.dtype, a.shape, buf.layout.strides)
+    return lower
+
+
+LOWERINGS["cumsum"] = _scan("sum")
+LOWERINGS["cumprod"] = _scan("prod")
 
 
 # ---- creation -------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import torch
 
 from .. import prims
 from ..prims.shape import dense_strides_like, is_non_overlapping_and_dense
-from .registry import NoDecomposition, register
+from .registry import NoDecomposition, mark_inplace, register
 from .utils import check, is_tensor, scalar_dtype
 
 _Shape = (tuple, list, torch.Size)
@@ -122,6 +122,21 @@ def empty_strided(size: Any, stride: Any, **kwargs: Any) -> Any:
     return prims.empty_strided(_size((size,), {}, "empty_strided"), tuple(stride), dtype, device)
 
 
+@register(torch.empty_permuted)
+def empty_permuted(size: Any, physical_layout: Sequence[int], **kwargs: Any) -> Any:
+    shape = _size((size,), {}, "empty_permuted")
+    perm = tuple(physical_layout)
+    check(sorted(perm) == list(range(len(shape))), lambda: f"empty_permuted: physical_layout {list(perm)} is not "
+          f"a permutation of the {len(shape)} dims")
+    dtype, device = _options("empty_permuted", kwargs)
+    physical = tuple(shape[d] for d in perm)
+    inverse = [0] * len(perm)
+    for i, d in enumerate(perm):
+        inverse[d] = i
+    return prims.permute(prims.empty_strided(physical, prims.shape.contiguous_strides(physical), dtype, device),
+                         tuple(inverse))
+
+
 @register(torch.scalar_tensor)
 def scalar_tensor(s: Any, **kwargs: Any) -> Any:
     dtype, device = _options("scalar_tensor", kwargs)
@@ -205,6 +220,12 @@ def new_empty(a: Any, *size: Any, **kwargs: Any) -> Any:
     return _new(a, "new_empty", size, kwargs, None)
 
 
+@register(torch.Tensor.new_empty_strided)
+def new_empty_strided(a: Any, size: Any, stride: Any, **kwargs: Any) -> Any:
+    dtype, device = _options("new_empty_strided", kwargs, a.dtype, a.device)
+    return prims.empty_strided(_size((size,), {}, "new_empty_strided"), tuple(stride), dtype, device)
+
+
 @register(torch.Tensor.new_full)
 def new_full(a: Any, size: Any, fill_value: Any, **kwargs: Any) -> Any:
     return _new(a, "new_full", (size,), kwargs, fill_value)
@@ -236,22 +257,28 @@ def arange(*args: Any, **kwargs: Any) -> Any:
     if any(isinstance(v, float) for v in (start, end, step)):
         inferred = torch.get_default_dtype()
     dtype, device = _options("arange", kwargs, inferred if kwargs.get("dtype") is None else None)
-    check(step != 0, lambda: "step must be nonzero")
-    check(all(math.isfinite(float(v)) for v in (start, end)),
-          lambda: f"unsupported range: {start} -> {end}")
-    check((step > 0 and end >= start) or (step < 0 and end <= start),
-          lambda: "upper bound and larger bound inconsistent with step sign")
-    if dtype == torch.int64 and all(isinstance(v, int) for v in (start, end, step)):
-        length = -(-(end - start) // step)  # exact ceiling division, as eager's int64 size rule
-    else:
-        length = math.ceil((float(end) - float(start)) / float(step))
     if dtype == torch.bool or dtype.is_complex:
         raise NoDecomposition(f"arange with dtype {dtype}")
-    if not dtype.is_floating_point:
-        # eager computes integer ranges in the dtype's own arithmetic; fractional bounds need care
-        if any(isinstance(v, float) and not float(v).is_integer() for v in (start, step)):
-            raise NoDecomposition("arange with fractional start/step and an integer dtype")
-        start, step = int(start), int(step)
+    check(all(math.isfinite(float(v)) for v in (start, end)), lambda: f"unsupported range: {start} -> {end}")
+    if dtype.is_floating_point:
+        check(step != 0, lambda: "step must be nonzero")
+        check((step > 0 and end >= start) or (step < 0 and end <= start),
+              lambda: "upper bound and larger bound inconsistent with step sign")
+        length = math.ceil((float(end) - float(start)) / float(step))
+    else:
+        # eager converts the bounds to integers first (truncating), then checks and sizes with them:
+        # int64 with exact integer arithmetic, narrower types in double
+        xstart, xend, xstep = int(start), int(end), int(step)
+        check(xstep != 0, lambda: "step must be nonzero")
+        check((xstep > 0 and xend >= xstart) or (xstep < 0 and xend <= xstart),
+              lambda: "upper bound and larger bound inconsistent with step sign")
+        if dtype == torch.int64:
+            sign = 1 if xstep > 0 else -1
+            numerator = xend - xstart + xstep - sign
+            length = abs(numerator) // abs(xstep) * (1 if (numerator >= 0) == (xstep > 0) else -1)
+        else:
+            length = math.ceil((float(end) - float(start)) / float(step))
+        start, step = xstart, xstep
     return prims.iota(int(length), start, step, dtype, device)
 
 
@@ -401,3 +428,64 @@ def normal(mean: Any, std: Any = 1.0, size: Any = None, *, generator: Any = None
     shape = _size((size,), {}, "normal")
     dtype, device = _options("normal", kwargs)
     return prims.normal(shape, float(mean), float(std), _float_dtype(dtype, "normal"), device, generator)
+
+
+# ---- in-place random fills: the drawn tensor replaces the input (marked in-place) ------------------------
+
+def _fill_target(a: Any, op: str, contiguous_only: bool) -> None:
+    if not is_non_overlapping_and_dense(tuple(a.shape), tuple(a.stride())):
+        raise NoDecomposition(f"{op} of a tensor with overlapping or non-dense memory")
+    if contiguous_only and not a.meta.is_contiguous():
+        raise NoDecomposition(f"{op} of a non-contiguous tensor (eager draws in another order)")
+
+
+@register(torch.Tensor.uniform_)
+def uniform_(a: Any, from_: float = 0.0, to: float = 1.0, *, generator: Any = None, **kwargs: Any) -> Any:
+    low, high = kwargs.pop("from", from_), to
+    check(not kwargs, lambda: f"uniform_() got unexpected arguments {sorted(kwargs)}", TypeError)
+    check(low <= high, lambda: f"uniform_ expects to return a [from, to) range, but found from={low} > to={high}")
+    _fill_target(a, "uniform_", contiguous_only=False)
+    dtype = _float_dtype(a.dtype, "uniform_")
+    return _like(a, "uniform_", {}, lambda s, dt, dev: prims.uniform(s, float(low), float(high), dtype, dev,
+                                                                    generator))
+
+
+@register(torch.Tensor.normal_)
+def normal_(a: Any, mean: float = 0.0, std: float = 1.0, *, generator: Any = None) -> Any:
+    check(std >= 0, lambda: f"normal expects std >= 0.0, but found std {std}")
+    _fill_target(a, "normal_", contiguous_only=True)
+    return prims.normal(tuple(a.shape), float(mean), float(std), _float_dtype(a.dtype, "normal_"), a.device,
+                        generator)
+
+
+@register(torch.Tensor.bernoulli_)
+def bernoulli_(a: Any, p: Any = 0.5, *, generator: Any = None) -> Any:
+    _fill_target(a, "bernoulli_", contiguous_only=True)
+    if is_tensor(p):
+        # eager's a.bernoulli_(p) draws as torch.bernoulli(p) when p matches a exactly
+        if tuple(p.shape) != tuple(a.shape) or p.dtype != a.dtype or not p.meta.is_contiguous():
+            raise NoDecomposition("bernoulli_ with a tensor p of another shape, dtype or layout")
+        return prims.bernoulli(p, None, generator)
+    check(0 <= p <= 1, lambda: f"bernoulli_ expects p to be in [0, 1], but got p={p}")
+    if not a.dtype.is_floating_point:
+        raise NoDecomposition(f"bernoulli_ of a {a.dtype} tensor")
+    return prims.bernoulli(a, float(p), generator)
+
+
+@register(torch.Tensor.random_)
+def random_(a: Any, *args: Any, generator: Any = None, **kwargs: Any) -> Any:
+    bounds = list(args)
+    if "from" in kwargs:
+        bounds = [kwargs.pop("from")] + bounds
+    if "to" in kwargs:
+        bounds.append(kwargs.pop("to"))
+    if len(bounds) == 1:
+        bounds = [0] + bounds
+    if len(bounds) != 2 or bounds[1] is None or a.dtype == torch.bool:
+        raise NoDecomposition("random_ without explicit bounds")
+    _fill_target(a, "random_", contiguous_only=False)
+    low, high = int(bounds[0]), int(bounds[1])
+    return _like(a, "random_", {}, lambda s, dt, dev: prims.randint(low, high, s, a.dtype, dev, generator))
+
+
+mark_inplace(torch.Tensor.uniform_, torch.Tensor.normal_, torch.Tensor.bernoulli_, torch.Tensor.random_)

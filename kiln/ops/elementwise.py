@@ -13,6 +13,7 @@ from typing import Any, Callable
 import torch
 
 from .. import prims
+from ..graph import TensorMeta
 from .registry import NoDecomposition, register
 from .utils import (broadcast, check, computation_dtype, convert, elementwise, is_float_dtype, is_tensor,
                     result_type)
@@ -65,6 +66,11 @@ def _float_unary(prim: Any, name: str, *targets: Any) -> None:
         check(is_tensor(input), lambda: f"{name}(): argument 'input' must be Tensor, not "
               f"{type(input).__name__}", TypeError)
         dtype = input.dtype if is_float_dtype(input.dtype) else torch.get_default_dtype()
+        if dtype.is_complex:
+            try:
+                prim.meta(TensorMeta((), dtype))
+            except TypeError:
+                raise NoDecomposition(f"{name} of complex values") from None
         return prim(convert(input, dtype))
     fn.__name__ = name
     decomposition(*targets)(fn)
@@ -349,6 +355,39 @@ def _to_bool(a: Any) -> Any:
     if not is_tensor(a):
         return bool(a)
     return a if a.dtype == torch.bool else prims.ne(a, 0)
+
+
+# ---- dtype queries and complex-only ops on real tensors ----------------------------------------------------
+
+@decomposition(torch.is_floating_point)
+def is_floating_point(input: Any) -> bool:
+    return input.dtype.is_floating_point
+
+
+@decomposition(torch.is_complex)
+def is_complex(input: Any) -> bool:
+    return input.dtype.is_complex
+
+
+@decomposition(torch.is_signed, method("is_signed"))
+def is_signed(input: Any) -> bool:
+    return input.dtype.is_signed
+
+
+def _real_identity(name: str, *targets: Any, fresh: bool = False) -> None:
+    """conj, real, resolve_conj, resolve_neg of a real tensor are the tensor itself (conj_physical: a copy)."""
+    def fn(input: Any) -> Any:
+        _refuse_complex(name, input)
+        return copy(input) if fresh else input
+    fn.__name__ = name
+    decomposition(*targets)(fn)
+
+
+_real_identity("conj", torch.conj, method("conj"))
+_real_identity("real", torch.real)
+_real_identity("resolve_conj", torch.resolve_conj, method("resolve_conj"))
+_real_identity("resolve_neg", torch.resolve_neg, method("resolve_neg"))
+_real_identity("conj_physical", torch.conj_physical, method("conj_physical"), fresh=True)
 
 
 # ---- type conversions ----------------------------------------------------------------------------------

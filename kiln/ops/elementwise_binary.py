@@ -31,6 +31,11 @@ def _scaled(other: Any, alpha: Any) -> Any:
     return elementwise(prims.mul, other, alpha)
 
 
+def _require_tensors(op: str, *args: Any) -> None:
+    for a in args:
+        check(is_tensor(a), lambda: f"{op}(): argument must be Tensor, not {type(a).__name__}", TypeError)
+
+
 # ---- arithmetic ----------------------------------------------------------------------------------------
 
 @decomposition(torch.add, method("add"), method("__add__"), method("__radd__"))
@@ -236,6 +241,7 @@ _same_float_binary(prims.nextafter, "nextafter", torch.nextafter, method("nextaf
 
 def _minmax(prim: Any, name: str, *targets: Any) -> None:
     def fn(input: Any, other: Any) -> Any:
+        _require_tensors(name, input, other)
         check(not (input.dtype.is_complex or other.dtype.is_complex),
               lambda: f"{name} not implemented for complex tensors.")
         return elementwise(prim, input, other)
@@ -364,6 +370,7 @@ def clamp_max(input: Any, max: Any) -> Any:  # noqa: A002
 
 @decomposition(torch.lerp, method("lerp"))
 def lerp(input: Any, end: Any, weight: Any) -> Any:
+    _require_tensors("lerp", input, end)
     _refuse_complex("lerp", input, end, weight)
     check(input.dtype == end.dtype,
           lambda: f"expected dtype {input.dtype} for `end` but got dtype {end.dtype}")
@@ -417,6 +424,7 @@ def addcdiv(input: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Any:
 
 @decomposition(torch.heaviside, method("heaviside"))
 def heaviside(input: Any, values: Any) -> Any:
+    _require_tensors("heaviside", input, values)
     _refuse_complex("heaviside", input, values)
     check(input.dtype == values.dtype,
           lambda: "heaviside is not yet implemented for tensors with different dtypes.")
@@ -427,6 +435,7 @@ def heaviside(input: Any, values: Any) -> Any:
 
 @decomposition(torch.isclose, method("isclose"))
 def isclose(input: Any, other: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Any:
+    _require_tensors("isclose", input, other)
     _refuse_complex("isclose", input, other)
     check(input.dtype == other.dtype, lambda: f"{input.dtype} did not match {other.dtype}")
     check(rtol >= 0, lambda: f"rtol must be greater than or equal to zero, but got {rtol}")

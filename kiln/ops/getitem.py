@@ -6,7 +6,7 @@ indices) or `advanced_index_put`, and replaces x (the op is marked in-place).
 from __future__ import annotations
 
 import operator
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -95,7 +95,7 @@ def basic_view(a: Any, index: Any) -> tuple[Any, list]:
             expanded.extend([slice(None)] * (a.ndim - used))
         else:
             expanded.append(item)
-    if Ellipsis not in items:
+    if not any(i is Ellipsis for i in items):
         expanded.extend([slice(None)] * (a.ndim - used))
     result = prims.squeeze(a, ())  # an alias with a's strides, as eager's indexing starts from
     advanced: list = []
@@ -154,7 +154,7 @@ def _region(a: Any, index: Any) -> tuple[list, list] | None:
     expanded: list = []
     for item in items:
         expanded.extend([slice(None)] * (a.ndim - used) if item is Ellipsis else [item])
-    if Ellipsis not in items:
+    if not any(i is Ellipsis for i in items):
         expanded.extend([slice(None)] * (a.ndim - used))
     ranges, new_dims, view_dim, dim = [], [], 0, 0
     for item in expanded:
@@ -208,7 +208,17 @@ def setitem(a: Any, index: Any, value: Any) -> Any:
         value = _reshape(value, region_shape)
     else:
         value = prims.full(region_shape, _fill_value(value, a.dtype), a.dtype, a.device)
-    if any(size == 0 for size in region_shape):
+    return place(a, value, ranges)
+
+
+def place(a: Any, value: Any, ranges: Sequence[tuple[int, int, int]]) -> Any:
+    """A copy of `a` whose region (per dim: start, count, step) holds `value` (shaped like the region, of a's
+    dtype): the value is padded out to a's shape and chosen by a mask padded the same way."""
+    region_shape = tuple(n for _, n, _ in ranges)
+    check(tuple(value.shape) == region_shape and value.dtype == a.dtype,
+          lambda: f"place: value {value.dtype}{list(value.shape)} does not fit region {list(region_shape)} of "
+                  f"{a.dtype}{list(a.shape)}")
+    if any(n == 0 for n in region_shape):
         return prims.clone(a, torch.contiguous_format)
     config = [(start, size_a - (start + (n - 1) * step + 1), step - 1)
               for (start, n, step), size_a in zip(ranges, a.shape)]

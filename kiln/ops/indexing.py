@@ -62,11 +62,18 @@ def _cast_number(value: Any, dtype: torch.dtype) -> Any:
 
 # ---- gather and scatter ---------------------------------------------------------------------------------
 
+def _scatter_index(op: str, index: Any) -> Any:
+    """gather/scatter accept int64 and int32 indices (and, when empty, any dtype)."""
+    if index.dtype not in _INDEX_DTYPES and index.numel() == 0:
+        raise NoDecomposition(f"{op} with an empty {index.dtype} index")
+    check(index.dtype in _INDEX_DTYPES, lambda: f"{op}(): Expected dtype int32/int64 for index, got "
+          f"{index.dtype}")
+    return _long(index)
+
+
 @register(torch.gather, torch.Tensor.gather)
 def gather(input: Any, dim: int, index: Any, *, sparse_grad: bool = False) -> Any:
-    check(index.dtype in _INDEX_DTYPES, lambda: f"gather(): Expected dtype int32/int64 for index, got "
-          f"{index.dtype}")
-    return prims.gather(input, dim, _long(index))
+    return prims.gather(input, dim, _scatter_index("gather", index))
 
 
 def _scatter_value(input: Any, value: Any) -> Any:
@@ -78,7 +85,7 @@ def _scatter_value(input: Any, value: Any) -> Any:
 @register(torch.scatter, torch.Tensor.scatter)
 def scatter(input: Any, dim: int, index: Any, src: Any = None, *, value: Any = None,
             reduce: str | None = None) -> Any:
-    check(index.dtype == torch.int64, lambda: f"scatter(): Expected dtype int64 for index, got {index.dtype}")
+    index = _scatter_index("scatter", index)
     if src is None:
         src = value
     if not is_tensor(src):
@@ -96,16 +103,14 @@ def scatter(input: Any, dim: int, index: Any, src: Any = None, *, value: Any = N
 
 @register(torch.scatter_add, torch.Tensor.scatter_add)
 def scatter_add(input: Any, dim: int, index: Any, src: Any) -> Any:
-    check(index.dtype == torch.int64, lambda: f"scatter_add(): Expected dtype int64 for index, got "
-          f"{index.dtype}")
+    index = _scatter_index("scatter_add", index)
     return prims.scatter_add(input, dim, index, src)
 
 
 @register(torch.scatter_reduce, torch.Tensor.scatter_reduce)
 def scatter_reduce(input: Any, dim: int, index: Any, src: Any, reduce: str, *,
                    include_self: bool = True) -> Any:
-    check(index.dtype == torch.int64, lambda: f"scatter_reduce(): Expected dtype int64 for index, got "
-          f"{index.dtype}")
+    index = _scatter_index("scatter_reduce", index)
     return prims.scatter_reduce(input, dim, index, src, reduce, include_self)
 
 
@@ -152,7 +157,10 @@ def take_along_dim(input: Any, indices: Any, dim: int | None = None) -> Any:
     indices = broadcast_to(indices, tuple(shape))
     shape[dim] = input.shape[dim]
     input = broadcast_to(input, tuple(shape))
-    return prims.gather(input, dim, indices)
+    if input.shape[dim] == 0:
+        raise NoDecomposition("take_along_dim along an empty dim")
+    # with a dim, eager takes every index modulo the size (negative ones count from the end)
+    return prims.gather(input, dim, prims.remainder(indices, input.shape[dim]))
 
 
 # ---- index_add, index_copy, index_fill ------------------------------------------------------------------
@@ -183,15 +191,17 @@ def index_add(input: Any, dim: int, index: Any, source: Any, *, alpha: Any = 1) 
           f"{index.dtype}")
     check(input.dtype == source.dtype, lambda: f"index_add_(): self ({input.dtype}) and source "
           f"({source.dtype}) must have the same scalar type")
-    if input.ndim == 0 or source.ndim == 0:
-        raise NoDecomposition("index_add of a 0-d tensor")
+    check(source.ndim == input.ndim, lambda: "index_add_(): source tensor shape must match self tensor shape, "
+          f"excluding the specified dimension. Got self.shape = {shape_text(input)} source.shape = "
+          f"{shape_text(source)}")
     dim = _index_source_check("index_add_", input, dim, index, source, RuntimeError)
     if not (isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and alpha == 1):
         source = source * alpha
         if source.dtype != input.dtype:
             raise NoDecomposition("index_add with an alpha that changes the dtype")
+    x, source = input.reshape(_dims(input)), source.reshape(_dims(source))
     index = _long(index).reshape(-1)
-    return prims.scatter_add(input, dim, _along(index, dim, source.shape), source)
+    return prims.scatter_add(x, dim, _along(index, dim, source.shape), source).reshape(input.shape)
 
 
 @register(torch.index_copy, torch.Tensor.index_copy)
@@ -200,11 +210,10 @@ def index_copy(input: Any, dim: int, index: Any, source: Any) -> Any:
           f"{index.dtype}")
     check(input.dtype == source.dtype, lambda: f"index_copy_(): self and source expected to have the same "
           f"dtype, but got (self) {input.dtype} and (source) {source.dtype}")
-    if input.ndim == 0 or source.ndim == 0:
-        raise NoDecomposition("index_copy of a 0-d tensor")
     dim = _index_source_check("index_copy_", input, dim, index, source, IndexError)
+    x, source = input.reshape(_dims(input)), source.reshape(_dims(source))
     index = index.reshape(-1)
-    return prims.scatter(input, dim, _along(index, dim, source.shape), source)
+    return prims.scatter(x, dim, _along(index, dim, source.shape), source).reshape(input.shape)
 
 
 @register(torch.index_fill, torch.Tensor.index_fill)
@@ -213,13 +222,12 @@ def index_fill(input: Any, dim: int, index: Any, value: Any) -> Any:
     check(index.ndim <= 1, lambda: f"Index has to be a vector/scalar, got {shape_text(index)}")
     check(not is_tensor(value) or value.ndim == 0, lambda: f"index_fill_ only supports a 0-dimensional value "
           f"tensor, but got tensor with {value.ndim} dimension(s).")
-    if input.ndim == 0:
-        raise NoDecomposition("index_fill of a 0-d tensor")
     dim = wrap_dim(dim, input.ndim)
+    x = input.reshape(_dims(input))
     index = index.reshape(-1) if index.ndim == 0 else index
     indices = [None] * dim + [index]
-    shape = index_result_shape(input.shape, index.shape, [dim])
-    return prims.index_put(input, indices, _full(value, shape, input.dtype), False)
+    shape = index_result_shape(x.shape, index.shape, [dim])
+    return prims.index_put(x, indices, _full(value, shape, input.dtype), False).reshape(input.shape)
 
 
 # ---- masks ----------------------------------------------------------------------------------------------

@@ -229,6 +229,8 @@ def tensordot(a: Any, b: Any, dims: Any = 2, out: Any = None) -> Any:
     dims_a = [prims.wrap_dim(d, a.ndim) for d in dims_a]
     dims_b = [prims.wrap_dim(d, b.ndim) for d in dims_b]
     for da, db in zip(dims_a, dims_b):
+        if a.shape[da] != b.shape[db] and 1 in (a.shape[da], b.shape[db]):
+            raise NoDecomposition("tensordot of a size-1 dim against a larger one (eager broadcasts it)")
         check(a.shape[da] == b.shape[db], lambda: f"contracted dimensions need to match, but first has size "
               f"{a.shape[da]} in dim {da} and second has size {b.shape[db]} in dim {db}")
     _same_dtype("tensordot", a, b)

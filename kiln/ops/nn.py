@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import prims
+from .nn_layout import vector_norm  # also registers the layout ops (pad, interpolate, ...)
 from .registry import DECOMPOSITIONS, NoDecomposition, register
 
 try:
@@ -221,15 +222,23 @@ def tanhshrink(input: Any) -> Any:
     return input - torch.tanh(input)
 
 
+def _threshold(input: Any, threshold: float, value: float) -> Any:
+    if input.dtype == torch.bool:
+        raise NoDecomposition("threshold of a bool tensor")
+    if not is_float_dtype(input.dtype):
+        threshold, value = int(threshold), int(value)  # eager casts both to the integer dtype
+    return torch.where(input <= threshold, value, input)
+
+
 @register(F.threshold)
 def threshold(input: Any, threshold: float, value: float, inplace: bool = False) -> Any:
     no_inplace("threshold", inplace)
-    return torch.where(input <= threshold, value, input)
+    return _threshold(input, threshold, value)
 
 
 @register_missing(_t("threshold"))
 def threshold_twin(input: Any, threshold: float, value: float) -> Any:
-    return torch.where(input <= threshold, value, input)
+    return _threshold(input, threshold, value)
 
 
 @register(F.glu)
@@ -429,7 +438,7 @@ def rms_norm(input: Any, normalized_shape: Sequence[int], weight: Any = None,
     dims = list(range(input.ndim - k, input.ndim))
     out = convert(x * torch.rsqrt(torch.mean(x * x, dims, keepdim=True) + eps), input.dtype)
     if weight is not None:
-        out = out * weight
+        out = convert(out * weight, input.dtype)  # eager: result.mul_(weight), in the input's dtype
     return out
 
 
@@ -517,15 +526,14 @@ def instance_norm(input: Any, running_mean: Any = None, running_var: Any = None,
           f"got input size {torch.Size(list(input.shape))}", ValueError)
     _check_channels("instance_norm", input, {"weight": weight, "bias": bias})
     check_float("instance_norm", input)
-    x = upcast(input)
-    mean, var = _moments(x, range(2, input.ndim))
-    out = (x - mean) * torch.rsqrt(var + eps)
-    shape = _channel_shape(input)
-    if weight is not None:
-        out = out * torch.reshape(convert(weight, x.dtype), shape)
-    if bias is not None:
-        out = out + torch.reshape(convert(bias, x.dtype), shape)
-    return convert(out, input.dtype)
+    # eager: batch_norm in training mode of the input seen as (1, N * C, ...), weight and bias repeated N times
+    n, c = input.shape[0], input.shape[1]
+    folded = torch.reshape(input, [1, n * c] + list(input.shape[2:]))
+    mean, var = _moments(upcast(folded), range(2, input.ndim))
+    w = None if weight is None else torch.reshape(weight.repeat(n), [n * c])
+    b = None if bias is None else torch.reshape(bias.repeat(n), [n * c])
+    out = _normalize_channels(folded, torch.reshape(mean, [n * c]), torch.reshape(var, [n * c]), w, b, eps)
+    return torch.reshape(out, list(input.shape))
 
 
 @register(F.group_norm)
@@ -577,22 +585,6 @@ def local_response_norm(input: Any, size: int, alpha: float = 1e-4, beta: float 
     return input / torch.pow(div * alpha + k, beta)
 
 
-def _vector_norm(x: Any, p: float, dims: Sequence[int], keepdim: bool) -> Any:
-    """The p-norm of x over dims (x real floating)."""
-    dims = list(dims)
-    if p == 2:
-        return torch.sqrt(torch.sum(x * x, dims, keepdim=keepdim))
-    if p == 1:
-        return torch.sum(torch.abs(x), dims, keepdim=keepdim)
-    if p == math.inf:
-        return torch.amax(torch.abs(x), dims, keepdim=keepdim)
-    if p == -math.inf:
-        return torch.amin(torch.abs(x), dims, keepdim=keepdim)
-    if p == 0:
-        return torch.sum(convert(x != 0, x.dtype), dims, keepdim=keepdim)
-    return torch.pow(torch.sum(torch.pow(torch.abs(x), p), dims, keepdim=keepdim), 1.0 / p)
-
-
 @register(F.normalize)
 def normalize(input: Any, p: float = 2.0, dim: int = 1, eps: float = 1e-12, out: Any = None) -> Any:
     if out is not None:
@@ -600,7 +592,7 @@ def normalize(input: Any, p: float = 2.0, dim: int = 1, eps: float = 1e-12, out:
     check_float("normalize", input)
     d = wrap_dim(dim, input.ndim)
     x = upcast(input)
-    denom = torch.clamp_min(_vector_norm(x, float(p), [d] if input.ndim else [], True), eps)
+    denom = torch.clamp_min(vector_norm(x, float(p), [d] if input.ndim else [], True), eps)
     return convert(x / denom, input.dtype)
 
 
@@ -756,6 +748,3 @@ if mark_inplace_flag is not None:
     mark_inplace_flag(F.relu, F.relu6, F.hardtanh, F.leaky_relu, F.rrelu, F.elu, F.selu, F.celu, F.silu,
                       F.mish, F.hardsigmoid, F.hardswish, F.threshold, F.dropout, F.alpha_dropout,
                       F.feature_alpha_dropout, F.dropout1d, F.dropout2d, F.dropout3d)
-
-# Layout ops (pad, interpolate, pixel_shuffle, one_hot, distances) are registered by their own module.
-from . import nn_layout  # noqa: E402,F401

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from .. import prims
 from .registry import NoDecomposition, register
-from .utils import check, computation_dtype, convert, is_float_dtype, result_type, shape_text, wrap_dim
+from .utils import check, computation_dtype, convert, is_float_dtype, shape_text, wrap_dim
 
 
 # ---- pad --------------------------------------------------------------------------------------------------
@@ -199,8 +199,6 @@ def cosine_similarity(x1: Any, x2: Any, dim: int = 1, eps: float = 1e-8) -> Any:
 @register(F.pairwise_distance, torch.pairwise_distance)
 def pairwise_distance(x1: Any, x2: Any, p: float = 2.0, eps: float = 1e-6, keepdim: bool = False) -> Any:
     ndim = max(x1.ndim, x2.ndim, 1)
-    check(is_float_dtype(result_type(x1, x2)), lambda: "pairwise_distance: expected floating inputs",
-          RuntimeError)
     diff = x1 - x2 + eps
     if diff.ndim == 0:
         raise NoDecomposition("pairwise_distance of 0-d inputs")
@@ -313,13 +311,17 @@ def _cubic_taps(np_dtype: Any, in_size: int, out_size: int, align_corners: bool,
     return taps, weights
 
 
-def _mix(x: Any, dim: int, taps: list[list[int]], weights: list[list[float]]) -> Any:
-    """sum_k x.index_select(dim, taps[k]) * weights[k] along dim (weights broadcast over later dims)."""
+def _mix(x: Any, dim: int, taps: list[list[int]], weights: list[list[float]],
+         weight_dtype: torch.dtype) -> Any:
+    """sum_k x.index_select(dim, taps[k]) * weights[k] along dim (weights broadcast over later dims).
+
+    Eager keeps the weights in the input's dtype (rounded for float16/bfloat16) and mixes in x's dtype."""
     shape = [len(taps[0])] + [1] * (x.ndim - 1 - dim)
     out = None
     for idx, w in zip(taps, weights):
         rows = torch.index_select(x, dim, torch.tensor(idx, dtype=torch.int64, device=x.device))
-        term = rows * torch.tensor(w, dtype=x.dtype, device=x.device).reshape(shape)
+        w = torch.tensor(w, dtype=weight_dtype, device=x.device).to(x.dtype)
+        term = rows * w.reshape(shape)
         out = term if out is None else out + term
     return out
 
@@ -369,5 +371,5 @@ def interpolate(input: Any, size: Any = None, scale_factor: Any = None, mode: st
     taps_of = _cubic_taps if mode == "bicubic" else _linear_taps
     for d in reversed(range(n)):
         taps, weights = taps_of(np_dtype, input.shape[2 + d], sizes[d], align_corners, scales[d])
-        x = _mix(x, 2 + d, taps, weights)
+        x = _mix(x, 2 + d, taps, weights, input.dtype)
     return convert(x, input.dtype)

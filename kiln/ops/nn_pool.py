@@ -8,7 +8,7 @@ would start in the right padding; count_include_pad counts padding but not the c
 from __future__ import annotations
 
 import itertools
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -155,8 +155,8 @@ def _avg_divisors(w: Windows, count_include_pad: bool) -> list[list[int]]:
 def _avg_pool(op: str, n: int, input: Any, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool,
               count_include_pad: bool, divisor_override: Any) -> Any:
     w = Windows(op, input, n, kernel_size, stride, padding, 1, ceil_mode)
-    check(is_float_dtype(input.dtype), lambda: f"\"{op}\" not implemented for "
-          f"'{str(input.dtype).removeprefix('torch.').capitalize()}'", RuntimeError)
+    if not is_float_dtype(input.dtype):
+        raise NoDecomposition(f"{op} of an integer tensor")  # eager divides in integers (or refuses)
     check(divisor_override is None or divisor_override != 0, lambda: "divisor must be not zero", RuntimeError)
     x = convert(input, computation_dtype(input.dtype))
     total = None
@@ -319,3 +319,53 @@ def adaptive_max_pool2d(input: Any, output_size: Any, return_indices: bool = Fal
 @register(F.adaptive_max_pool3d)
 def adaptive_max_pool3d(input: Any, output_size: Any, return_indices: bool = False) -> Any:
     return _adaptive_max_pool("adaptive_max_pool3d", 3, input, output_size, return_indices)
+
+
+@register(F.unfold)
+def unfold(input: Any, kernel_size: Any, dilation: Any = 1, padding: Any = 0, stride: Any = 1) -> Any:
+    """im2col: (N, C, H, W) -> (N, C * kh * kw, L), one strided slice of the padded input per kernel offset."""
+    check(input.ndim in (3, 4), lambda: f"Input Error: Only 3D or 4D input Tensors are supported (got "
+          f"{input.ndim}D)", NotImplementedError)
+    kernel = _tuple("unfold", "kernel_size", kernel_size, 2)
+    dil = _tuple("unfold", "dilation", dilation, 2)
+    pad = _tuple("unfold", "padding", padding, 2)
+    step = _tuple("unfold", "stride", stride, 2)
+    check(all(k > 0 for k in kernel) and all(d > 0 for d in dil) and all(s > 0 for s in step)
+          and all(p >= 0 for p in pad), lambda: f"unfold: kernel_size {kernel}, dilation {dil} and stride "
+          f"{step} must be positive and padding {pad} non-negative", RuntimeError)
+    sizes = list(input.shape[-2:])
+    out = [(sizes[d] + 2 * pad[d] - dil[d] * (kernel[d] - 1) - 1) // step[d] + 1 for d in range(2)]
+    check(all(o >= 1 for o in out), lambda: f"Given input with spatial size {tuple(sizes)}, kernel_size="
+          f"{kernel}, dilation={dil}, padding={pad}, calculated shape of the array of sliding blocks as "
+          f"{tuple(out)}, but its components must be at least one.", RuntimeError)
+    check(input.numel() > 0 or input.shape[0] == 0, lambda: f"unfold: expected non-empty input, got "
+          f"{shape_text(input)}", RuntimeError)
+    x = input
+    lead = input.ndim - 2
+    if any(pad):
+        x = prims.pad(x, 0 if not is_float_dtype(x.dtype) else 0.0,
+                      [(0, 0, 0)] * lead + [(pad[0], pad[0], 0), (pad[1], pad[1], 0)])
+    columns = []
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            start = [0] * lead + [i * dil[0], j * dil[1]]
+            limit = list(x.shape[:lead]) + [start[lead] + (out[0] - 1) * step[0] + 1,
+                                            start[lead + 1] + (out[1] - 1) * step[1] + 1]
+            columns.append(prims.slice(x, start, limit, [1] * lead + list(step)))
+    blocks = torch.stack(columns, lead)  # (N, C, kh * kw, oh, ow)
+    shape = list(input.shape[:lead - 1]) + [input.shape[lead - 1] * kernel[0] * kernel[1], out[0] * out[1]]
+    return torch.reshape(blocks, shape)
+
+
+@register(F.channel_shuffle, torch.channel_shuffle, torch.native_channel_shuffle)
+def channel_shuffle(input: Any, groups: int) -> Any:
+    check(input.ndim > 2, lambda: f"channel_shuffle expects input to have at least 3 dimensions, but got input "
+          f"with {input.ndim} dimension(s)", RuntimeError)
+    check(groups > 0, lambda: f"Number of groups to divide channels in must be positive. Value of groups:"
+          f"{groups}", RuntimeError)
+    c = input.shape[1]
+    check(c % groups == 0, lambda: f"Number of channels must be divisible by groups. Got {c} channels and "
+          f"{groups} groups.", RuntimeError)
+    n, rest = input.shape[0], list(input.shape[2:])
+    x = torch.reshape(input, [n, groups, c // groups] + rest)
+    return torch.reshape(torch.transpose(x, 1, 2), [n, c] + rest)

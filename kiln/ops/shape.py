@@ -1,5 +1,6 @@
 """Decompositions of torch's shape and view surface: view/reshape, squeeze/unsqueeze, permute/transpose,
-expand, flatten, split/chunk/unbind, cat/stack, flip/roll, repeat/tile, tril/triu, diagonal, getitem.
+expand, flatten, narrow/select, split/chunk/unbind, diagonal. Copies built from shape ops (cat, stack, flip,
+roll, repeat, tril, diag_embed, ...) are in `shape_copies`, indexing in `getitem`.
 
 Views are built from view prims (view, permute, squeeze, expand_dims, slice, diagonal, broadcast_in_dim),
 so their strides are eager's; copies end in contiguous prims. Every view op is marked with `mark_view`.
@@ -46,8 +47,9 @@ def infer_size(shape: Sequence[int], total: Any, op: str = "view") -> tuple:
             known = known * s
     text = f"shape '[{', '.join(map(str, shape))}]' is invalid for input of size {total}"
     if infer is not None:
-        check(known != 0, lambda: f"cannot reshape tensor of {total} elements into {text[6:text.index(' is')]} "
-              f"because the unspecified dimension size -1 can be any value and is ambiguous")
+        check(known != 0, lambda: f"cannot reshape tensor of {total} elements into shape "
+              f"[{', '.join(map(str, shape))}] because the unspecified dimension size -1 can be any value and is "
+              f"ambiguous")
         check(total % known == 0, lambda: text)
         shape[infer] = total // known
     else:
@@ -109,7 +111,10 @@ def flatten(a: Any, start_dim: int = 0, end_dim: int = -1) -> Any:
 
 @register(torch.ravel, torch.Tensor.ravel)
 def ravel(a: Any) -> Any:
-    return _reshape(a, (-1,))
+    # eager: contiguous().view(-1), so a non-contiguous input is copied even where a view would exist
+    if not a.meta.is_contiguous():
+        a = prims.clone(a, torch.contiguous_format)
+    return prims.view(a, (a.numel(),))
 
 
 @register(torch.unflatten, torch.Tensor.unflatten)
@@ -456,260 +461,23 @@ def dsplit(a: Any, sections: Any) -> Any:
     return _split_along(a, sections, 2, "dsplit")
 
 
-# ---- joining: cat / stack and friends -----------------------------------------------------------------
-
-def _tensor_list(tensors: Any, op: str) -> list:
-    check(isinstance(tensors, (tuple, list)), lambda: f"{op}(): argument 'tensors' must be tuple of Tensors",
-          TypeError)
-    for t in tensors:
-        check(is_tensor(t), lambda: f"{op}(): expected Tensor as element in argument 0, but got "
-              f"{type(t).__name__}", TypeError)
-    return list(tensors)
+@register(torch.Tensor.unfold)
+def unfold(a: Any, dimension: int, size: int, step: int) -> Any:
+    d = wrap_dim(dimension, a.ndim)
+    return prims.unfold(a, d, size, step)
 
 
-@register(torch.cat, torch.concat, torch.concatenate)
-def cat(tensors: Any, dim: int = 0, *, axis: Any = None, out: Any = None) -> Any:
-    if out is not None:
-        raise NoDecomposition("cat with out=")
-    if axis is not None:
-        dim = axis
-    if isinstance(dim, str):
-        raise NoDecomposition("cat with a named dim")
-    tensors = _tensor_list(tensors, "cat")
-    check(len(tensors) > 0, lambda: "torch.cat(): expected a non-empty list of Tensors")
-    for i, t in enumerate(tensors):
-        check(t.ndim > 0, lambda: f"zero-dimensional tensor (at position {i}) cannot be concatenated")
-    dtype = result_type(*[t.dtype for t in tensors])
-    # eager skips 1-D empty tensors (legacy behaviour) when checking and joining shapes
-    kept = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
-    device = tensors[0].device
-    if not kept:
-        return prims.full((0,), False if dtype == torch.bool else 0, dtype, device)
-    ref = kept[0]
-    d = wrap_dim(dim, ref.ndim)
-    for i, t in enumerate(tensors):
-        if t.ndim == 1 and t.shape[0] == 0:
-            continue
-        check(t.ndim == ref.ndim, lambda: f"Tensors must have same number of dimensions: got {ref.ndim} and "
-              f"{t.ndim}")
-        for k in range(ref.ndim):
-            check(k == d or t.shape[k] == ref.shape[k], lambda: f"Sizes of tensors must match except in "
-                  f"dimension {d}. Expected size {ref.shape[k]} but got size {t.shape[k]} for tensor number "
-                  f"{i} in the list.")
-    converted = [t if t.dtype == dtype else prims.convert_element_type(t, dtype) for t in kept]
-    return prims.cat(converted, d)
+@register(torch.unsafe_split, torch.Tensor.unsafe_split)
+def unsafe_split(a: Any, split_size: int, dim: int = 0) -> Any:
+    return split(a, split_size, dim)
 
 
-@register(torch.stack)
-def stack(tensors: Any, dim: int = 0, *, out: Any = None) -> Any:
-    if out is not None:
-        raise NoDecomposition("stack with out=")
-    tensors = _tensor_list(tensors, "stack")
-    check(len(tensors) > 0, lambda: "stack expects a non-empty TensorList")
-    first = tensors[0]
-    for i, t in enumerate(tensors):
-        check(tuple(t.shape) == tuple(first.shape), lambda: f"stack expects each tensor to be equal size, but got "
-              f"{list(first.shape)} at entry 0 and {list(t.shape)} at entry {i}")
-    d = wrap_dim(dim, first.ndim + 1)
-    return cat([prims.expand_dims(t, (d,)) for t in tensors], d)
+@register(torch.unsafe_chunk, torch.Tensor.unsafe_chunk)
+def unsafe_chunk(a: Any, chunks: int, dim: int = 0) -> Any:
+    return chunk(a, chunks, dim)
 
 
-def _atleast(a: Any, n: int) -> Any:
-    if a.ndim >= n:
-        return a
-    if n == 1 or a.ndim == 0:
-        return prims.view(a, (1,) * n)
-    if n == 2:
-        return prims.expand_dims(a, (0,))
-    return prims.expand_dims(a, (0, 2)) if a.ndim == 1 else prims.expand_dims(a, (2,))
-
-
-def _atleast_op(n: int) -> Any:
-    def atleast(*tensors: Any) -> Any:
-        if len(tensors) == 1 and is_tensor(tensors[0]):
-            return _atleast(tensors[0], n)
-        if len(tensors) == 1:
-            tensors = tuple(tensors[0])
-        return tuple(_atleast(t, n) for t in tensors)
-    return atleast
-
-
-atleast_1d = register(torch.atleast_1d)(_atleast_op(1))
-atleast_2d = register(torch.atleast_2d)(_atleast_op(2))
-atleast_3d = register(torch.atleast_3d)(_atleast_op(3))
-
-
-@register(torch.hstack)
-def hstack(tensors: Any) -> Any:
-    tensors = [_atleast(t, 1) for t in _tensor_list(tensors, "hstack")]
-    return cat(tensors, 0 if tensors and tensors[0].ndim == 1 else 1)
-
-
-@register(torch.vstack, torch.row_stack)
-def vstack(tensors: Any) -> Any:
-    return cat([_atleast(t, 2) for t in _tensor_list(tensors, "vstack")], 0)
-
-
-@register(torch.dstack)
-def dstack(tensors: Any) -> Any:
-    return cat([_atleast(t, 3) for t in _tensor_list(tensors, "dstack")], 2)
-
-
-@register(torch.column_stack)
-def column_stack(tensors: Any) -> Any:
-    tensors = _tensor_list(tensors, "column_stack")
-    cols = [_reshape(t, (t.numel(), 1)) if t.ndim <= 1 else t for t in tensors]
-    return cat(cols, 1)
-
-
-# ---- reordering copies: flip / roll / rot90 -----------------------------------------------------------
-
-def _layout_perm(a: Any) -> tuple:
-    """Dims from outermost to innermost in memory (by stride), the order eager's copies keep."""
-    from ..prims.shape import dense_strides_like, is_non_overlapping_and_dense
-    shape, strides = tuple(a.shape), tuple(a.stride())
-    if not is_non_overlapping_and_dense(shape, strides):
-        strides = dense_strides_like(shape, strides)
-    return tuple(sorted(range(a.ndim), key=lambda d: (-strides[d], d)))
-
-
-@register(torch.flip, torch.Tensor.flip)
-def flip(a: Any, *dims: Any) -> Any:
-    dims = _sizes(dims, "flip")
-    wrapped = tuple(wrap_dim(d, a.ndim) for d in dims)
-    check(len(set(wrapped)) == len(wrapped), lambda: f"dims has duplicates, original flip dims size="
-          f"{len(dims)}, but unique flip dims size={len(set(wrapped))}")
-    perm = _layout_perm(a)
-    if perm == tuple(range(a.ndim)):
-        return prims.rev(a, tuple(sorted(wrapped)))
-    # flip in memory order and permute back, so the copy keeps the input's layout as eager's does
-    inverse = [0] * a.ndim
-    for i, d in enumerate(perm):
-        inverse[d] = i
-    flipped = prims.rev(prims.permute(a, perm), tuple(sorted(inverse[d] for d in wrapped)))
-    return prims.permute(flipped, tuple(inverse))
-
-
-@register(torch.fliplr, torch.Tensor.fliplr)
-def fliplr(a: Any) -> Any:
-    check(a.ndim >= 2, lambda: "Input must be >= 2-d.")
-    return flip(a, (1,))
-
-
-@register(torch.flipud, torch.Tensor.flipud)
-def flipud(a: Any) -> Any:
-    check(a.ndim >= 1, lambda: "Input must be >= 1-d.")
-    return flip(a, (0,))
-
-
-@register(torch.roll, torch.Tensor.roll)
-def roll(a: Any, shifts: Any, dims: Any = None) -> Any:
-    shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
-    if dims is None:
-        check(len(shifts) == 1, lambda: f"shifts and dimensions must align. shifts: {len(shifts)}, dims:0")
-        return prims.view(roll(_reshape(a, (-1,)), shifts, (0,)), tuple(a.shape))
-    dims = (dims,) if isinstance(dims, int) else tuple(dims)
-    check(len(shifts) == len(dims), lambda: f"shifts and dimensions must align. shifts: {len(shifts)}, "
-          f"dims:{len(dims)}")
-    out = a
-    for shift, dim in zip(shifts, dims):
-        d = wrap_dim(dim, a.ndim)
-        size = a.shape[d]
-        if size == 0:
-            continue
-        s = shift % size
-        out = prims.cat([slice_dim(out, d, size - s, size), slice_dim(out, d, 0, size - s)], d)
-    return out if out is not a else prims.clone(a, torch.contiguous_format)
-
-
-@register(torch.rot90, torch.Tensor.rot90)
-def rot90(a: Any, k: int = 1, dims: Sequence[int] = (0, 1)) -> Any:
-    dims = tuple(dims)
-    check(len(dims) == 2, lambda: f"expected total rotation dims == 2, but got dims = {len(dims)}")
-    check(a.ndim >= 2, lambda: f"expected total dims >= 2, but got total dims = {a.ndim}")
-    d0, d1 = wrap_dim(dims[0], a.ndim), wrap_dim(dims[1], a.ndim)
-    check(d0 != d1, lambda: f"expected rotation dims to be different, but got dim0 = {d0} and dim1 = {d1}")
-    k = k % 4
-    if k == 1:
-        return _transpose(flip(a, (d1,)), d0, d1)
-    if k == 2:
-        return flip(a, (d0, d1))
-    if k == 3:
-        return _transpose(flip(a, (d0,)), d0, d1)
-    return prims.clone(a, torch.contiguous_format)
-
-
-# ---- repetition ---------------------------------------------------------------------------------------
-
-@register(torch.Tensor.repeat)
-def repeat(a: Any, *sizes: Any) -> Any:
-    sizes = _sizes(sizes, "repeat")
-    check(len(sizes) >= a.ndim, lambda: "Number of dimensions of repeat dims can not be smaller than number "
-          "of dimensions of tensor")
-    check(all(s >= 0 for s in sizes), lambda: f"Trying to create tensor with negative dimension: {list(sizes)}")
-    shape = (1,) * (len(sizes) - a.ndim) + tuple(a.shape)
-    a = prims.view(a, shape) if a.ndim != len(sizes) else a
-    # (r0, s0, r1, s1, ...) with the input on the odd dims, then merge each pair
-    expanded_shape = tuple(x for r, s in zip(sizes, shape) for x in (r, s))
-    expanded = prims.broadcast_in_dim(a, expanded_shape, tuple(range(1, 2 * len(shape), 2)))
-    return prims.view(prims.clone(expanded, torch.contiguous_format), tuple(r * s for r, s in zip(sizes, shape)))
-
-
-@register(torch.tile, torch.Tensor.tile)
-def tile(a: Any, *dims: Any) -> Any:
-    dims = _sizes(dims, "tile")
-    if len(dims) < a.ndim:
-        dims = (1,) * (a.ndim - len(dims)) + dims
-    return repeat(a, dims)
-
-
-@register(torch.repeat_interleave, torch.Tensor.repeat_interleave)
-def repeat_interleave(a: Any, repeats: Any = None, dim: Any = None, *, output_size: Any = None) -> Any:
-    if not isinstance(repeats, int) or isinstance(repeats, bool) or not is_tensor(a):
-        raise NoDecomposition("repeat_interleave with tensor repeats")
-    check(repeats >= 0, lambda: "repeats can not be negative")
-    if dim is None:
-        a = _reshape(a, (-1,))
-        d = 0
-    else:
-        d = wrap_dim(dim, a.ndim)
-    shape = tuple(a.shape)
-    expanded_shape = shape[:d + 1] + (repeats,) + shape[d + 1:]
-    dims = tuple(range(d + 1)) + tuple(range(d + 2, len(expanded_shape)))
-    expanded = prims.broadcast_in_dim(a, expanded_shape, dims)
-    out_shape = shape[:d] + (shape[d] * repeats,) + shape[d + 1:]
-    return prims.view(prims.clone(expanded, torch.contiguous_format), out_shape)
-
-
-# ---- triangles and diagonals --------------------------------------------------------------------------
-
-def _triangle(a: Any, diagonal: int, op: str, lower: bool) -> Any:
-    check(a.ndim >= 2, lambda: f"{op}: input tensor must have at least 2 dimensions")
-    rows, cols = a.shape[-2], a.shape[-1]
-    device = a.device
-    r = prims.broadcast_in_dim(prims.iota(rows, 0, 1, torch.int64, device), (rows, cols), (0,))
-    c = prims.broadcast_in_dim(prims.iota(cols, 0, 1, torch.int64, device), (rows, cols), (1,))
-    offset = prims.sub(c, r)
-    mask = prims.le(offset, diagonal) if lower else prims.ge(offset, diagonal)
-    mask = prims.broadcast_in_dim(mask, tuple(a.shape), (a.ndim - 2, a.ndim - 1))
-    dtype = a.dtype
-    zero = False if dtype == torch.bool else (0j if dtype.is_complex else (0.0 if dtype.is_floating_point else 0))
-    return prims.where(mask, a, zero)
-
-
-@register(torch.tril, torch.Tensor.tril)
-def tril(a: Any, diagonal: int = 0, *, out: Any = None) -> Any:
-    if out is not None:
-        raise NoDecomposition("tril with out=")
-    return _triangle(a, diagonal, "tril", True)
-
-
-@register(torch.triu, torch.Tensor.triu)
-def triu(a: Any, diagonal: int = 0, *, out: Any = None) -> Any:
-    if out is not None:
-        raise NoDecomposition("triu with out=")
-    return _triangle(a, diagonal, "triu", False)
-
+# ---- diagonal -----------------------------------------------------------------------------------------
 
 @register(torch.diagonal, torch.Tensor.diagonal)
 def diagonal(a: Any, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Any:
@@ -718,42 +486,6 @@ def diagonal(a: Any, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Any:
     d1, d2 = wrap_dim(dim1, a.ndim), wrap_dim(dim2, a.ndim)
     check(d1 != d2, lambda: f"diagonal dimensions cannot be identical {dim1}, {dim2}")
     return prims.diagonal(a, offset, d1, d2)
-
-
-def _embed_last(a: Any, offset: int) -> Any:
-    """The last dim of `a` (length L) placed on diagonal `offset` of new trailing N x N dims, N = L + |offset|,
-    by padding: consecutive diagonal entries are N + 1 apart in the flattened matrix."""
-    length = a.shape[-1]
-    n = length + builtins.abs(offset)
-    low = offset if offset >= 0 else -offset * n
-    high = n * n - low - length - builtins.max(length - 1, 0) * n
-    dtype = a.dtype
-    zero = False if dtype == torch.bool else (0j if dtype.is_complex else (0.0 if dtype.is_floating_point else 0))
-    config = [(0, 0, 0)] * (a.ndim - 1) + [(low, high, n)]
-    return prims.view(prims.pad(a, zero, config), tuple(a.shape[:-1]) + (n, n))
-
-
-@register(torch.diag_embed, torch.Tensor.diag_embed)
-def diag_embed(a: Any, offset: int = 0, dim1: int = -2, dim2: int = -1) -> Any:
-    out_ndim = a.ndim + 1
-    d1, d2 = wrap_dim(dim1, out_ndim), wrap_dim(dim2, out_ndim)
-    check(d1 != d2, lambda: f"diagonal dimensions cannot be identical {dim1}, {dim2}")
-    embedded = _embed_last(a, offset)  # (..., rows, cols)
-    batch = iter(range(a.ndim - 1))
-    perm = tuple(a.ndim - 1 if p == d1 else a.ndim if p == d2 else next(batch) for p in range(out_ndim))
-    if perm == tuple(range(out_ndim)):
-        return embedded
-    return prims.clone(prims.permute(embedded, perm), torch.contiguous_format)
-
-
-@register(torch.diag, torch.Tensor.diag)
-def diag(a: Any, diagonal: int = 0, *, out: Any = None) -> Any:
-    if out is not None:
-        raise NoDecomposition("diag with out=")
-    check(a.ndim in (1, 2), lambda: "diag(): Supports 1D or 2D tensors. Got {}D".format(a.ndim))
-    if a.ndim == 1:
-        return _embed_last(a, diagonal)
-    return prims.clone(prims.diagonal(a, diagonal, 0, 1), torch.contiguous_format)
 
 
 mark_view(torch.Tensor.view, torch.reshape, torch.Tensor.reshape, torch.Tensor.view_as, torch.Tensor.reshape_as,
@@ -769,7 +501,14 @@ mark_view(torch.Tensor.view, torch.reshape, torch.Tensor.reshape, torch.Tensor.v
           torch.Tensor.split_with_sizes, torch.chunk, torch.Tensor.chunk, torch.unbind, torch.Tensor.unbind,
           torch.tensor_split, torch.Tensor.tensor_split, torch.hsplit, torch.Tensor.hsplit, torch.vsplit,
           torch.Tensor.vsplit, torch.dsplit, torch.Tensor.dsplit, torch.diagonal, torch.Tensor.diagonal,
-          torch.atleast_1d, torch.atleast_2d, torch.atleast_3d)
+          torch.atleast_1d, torch.atleast_2d, torch.atleast_3d, torch.Tensor.unfold, torch.unsafe_split,
+          torch.Tensor.unsafe_split, torch.unsafe_chunk, torch.Tensor.unsafe_chunk, torch.linalg.diagonal)
 
 
 from . import getitem as _getitem  # noqa: E402,F401  (Tensor.__getitem__ / __setitem__)
+from . import shape_copies as _shape_copies  # noqa: E402,F401  (cat, stack, flip, repeat, tril, ...)
+
+
+@register(torch.linalg.diagonal)
+def linalg_diagonal(a: Any, *, offset: int = 0, dim1: int = -2, dim2: int = -1) -> Any:
+    return diagonal(a, offset, dim1, dim2)

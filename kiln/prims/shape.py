@@ -9,6 +9,7 @@ Views (tag "view"):
   slice(a, start_indices, limit_indices, strides)   per-dim [start:limit:stride]
   diagonal(a, offset, dim1, dim2)   the diagonal as the last dim
   as_strided(a, shape, strides, storage_offset)
+  unfold(a, dim, size, step)        sliding windows as a new last dim
 Copies (contiguous unless a memory format says otherwise):
   rev(a, dims), cat(tensors, dim), pad(a, value, config) with (low, high, interior) per dim,
   clone(a, memory_format)
@@ -313,6 +314,29 @@ def _diagonal_meta(a: Any, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Ten
 diagonal = prim("diagonal", _diagonal_meta,
                 lambda a, offset=0, dim1=0, dim2=1: torch.diagonal(a, offset, dim1, dim2), tags=("view",),
                 doc="diagonal(a, offset, dim1, dim2): the diagonal of dims dim1, dim2 as the last dim (a view).")
+
+
+def _unfold_meta(a: Any, dim: int, size: int, step: int) -> TensorMeta:
+    m = _tensor_meta("unfold", a)
+    check(m.ndim == 0 or 0 <= dim < m.ndim, lambda: f"prims.unfold: dim {dim} out of range for {shape_text(a)}",
+          IndexError)
+    check(step > 0, lambda: f"step is {step} but must be > 0")
+    if m.ndim == 0:
+        check(size <= 1, lambda: f"maximum size for tensor at dimension {dim} is 1 but size is {size}")
+        return TensorMeta((size,), m.dtype, m.device, (1,))
+    check(size <= m.shape[dim], lambda: f"maximum size for tensor at dimension {dim} is {m.shape[dim]} but size "
+          f"is {size}")
+    check(size >= 0, lambda: f"size is {size} but must be >= 0")
+    shape = list(m.shape)
+    strides = list(m.strides)
+    shape[dim] = (m.shape[dim] - size) // step + 1
+    strides[dim] = m.strides[dim] * step
+    return TensorMeta(tuple(shape) + (size,), m.dtype, m.device, tuple(strides) + (m.strides[dim],))
+
+
+unfold = prim("unfold", _unfold_meta, lambda a, dim, size, step: a.unfold(dim, size, step), tags=("view",),
+              doc="unfold(a, dim, size, step): windows of `size` every `step` along dim, as a new last dim "
+                  "(a view; windows may overlap).")
 
 
 # ---- copies: rev, cat, pad, clone -----------------------------------------------------------------------

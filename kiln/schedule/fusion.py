@@ -17,8 +17,9 @@ from typing import Any
 import sympy
 
 from .. import config
-from ..lower.index import index_var, linear_index, simplify_index
-from ..lower.ir import ComputedBuffer, ExternNode, LoopGraph, Pointwise, Reduction
+from ..lower.index import FloorDiv, ModularIndexing, index_var, linear_index, simplify_index
+from ..lower.ir import ComputedBuffer, ExternNode, LoopGraph, Pointwise, Reduction, Scan
+from ..lower.ops import DepsHandler
 
 log = config.channel("fusion")
 
@@ -41,10 +42,14 @@ class FusedGroup:
     inner: tuple[int, ...] | None  # None while the group holds only pointwise members over `outer`
     members: list[Member]
     local: dict[str, str] = dataclasses.field(default_factory=dict)  # buffer -> "scalar" | "array"
+    # a pure pointwise kernel whose dims were collapsed: its index -> the members' original index
+    expand: Any = None
 
     def threads_split_inner(self) -> bool:
         """Split the inner loops across threads (the outer ranges are too few to feed them)."""
         import math
+        if any(m.role == "scan" for m in self.members):
+            return False  # a scan runs its inner loop in order
         return math.prod(self.outer) < 4 and math.prod(self.inner or ()) >= PARALLEL_THRESHOLD
 
     def outer_vars(self) -> list[sympy.Symbol]:
@@ -61,9 +66,14 @@ class FusedGroup:
     def member_index(self, member: Member) -> tuple[list, list]:
         """(index, rindex) the member's body is called with."""
         if member.role == "inner":
-            return self.outer_vars() + self.inner_vars(), []
+            index = self.outer_vars() + self.inner_vars()
+            return (self.expand(index) if self.expand is not None else index), []
         if member.role == "reduction":
             return self.outer_vars(), self.inner_vars()
+        if member.role == "scan":
+            dim = member.buffer.data.dim
+            outer = self.outer_vars()
+            return outer[:dim] + self.inner_vars() + outer[dim:], []
         return self.outer_vars(), []
 
     def store_index(self, member: Member) -> sympy.Expr:
@@ -93,6 +103,8 @@ class FusedGroup:
 def _role(group: FusedGroup, buf: ComputedBuffer) -> str | None:
     """How `buf` would sit in `group`, or None if its iteration space does not fit."""
     data = buf.data
+    if isinstance(data, Scan):
+        return None  # a scan starts its own kernel (later pointwise may join it)
     if isinstance(data, Reduction):
         if group.inner is None:
             return "reduction" if group.outer == data.ranges and not _has_inner(group) else None
@@ -126,6 +138,10 @@ def _reads_are_local(group: FusedGroup, member: Member) -> bool:
 
 
 def _try_add(group: FusedGroup, buf: ComputedBuffer) -> bool:
+    if any(m.role == "scan" for m in group.members) and group.inner is not None:
+        scan = next(m.buffer.data for m in group.members if m.role == "scan")
+        if scan.dim != len(scan.ranges) - 1 or isinstance(buf.data, (Reduction, Scan)):
+            return False  # only when the scanned dim is the last one is the kernel's O+I the tensor's shape
     role = _role(group, buf)
     if role is None and group.inner is None and isinstance(buf.data, Reduction):
         # a pointwise group over O+I turns into a reduction group (outer O, inner I)
@@ -154,6 +170,9 @@ def _try_add(group: FusedGroup, buf: ComputedBuffer) -> bool:
 
 def _new_group(index: int, buf: ComputedBuffer) -> FusedGroup:
     data = buf.data
+    if isinstance(data, Scan):
+        outer = tuple(s for d, s in enumerate(data.ranges) if d != data.dim)
+        return FusedGroup(f"kernel{index}", outer, (data.ranges[data.dim],), [Member(buf, "scan")])
     if isinstance(data, Reduction):
         return FusedGroup(f"kernel{index}", data.ranges, data.reduction_ranges, [Member(buf, "reduction")])
     return FusedGroup(f"kernel{index}", data.ranges, None, [Member(buf, "outer")])
@@ -184,9 +203,68 @@ def fuse(graph: LoopGraph) -> list[FusedGroup | ExternNode]:
     return schedule
 
 
+class _IndexProbe(DepsHandler):
+    """Records loads and index expressions (what collapsing dims must keep affine)."""
+
+    def index_expr(self, expr: sympy.Expr, dtype: Any) -> None:
+        self.loads.append(("", expr))
+
+
+def _collapse(group: FusedGroup) -> None:
+    """Merge adjacent dims every access walks contiguously (e.g. [N, C, 7] → [N * C * 7])."""
+    shape = group.outer
+    if len(shape) < 2:
+        return
+    variables = [index_var("x", d) for d in range(len(shape))]
+    exprs = []
+    for m in group.members:
+        probe = _IndexProbe()
+        m.buffer.data.fn(probe, variables)
+        exprs += [sympy.expand(e) for _, e in probe.loads]
+        layout = m.buffer.layout
+        exprs.append(linear_index(variables, layout.strides, layout.offset))
+
+    def mergeable(d: int) -> bool:
+        if shape[d] == 1 or shape[d - 1] == 1:
+            return True
+        for e in exprs:
+            for v in (variables[d - 1], variables[d]):
+                if any(f.has(v) for f in e.atoms(FloorDiv, ModularIndexing)):
+                    return False
+            outer, inner = sympy.diff(e, variables[d - 1]), sympy.diff(e, variables[d])
+            if not (outer.is_Integer and inner.is_Integer and outer == inner * shape[d]):
+                return False
+        return True
+    runs = [[0]]
+    for d in range(1, len(shape)):
+        if mergeable(d):
+            runs[-1].append(d)
+        else:
+            runs.append([d])
+    if len(runs) == len(shape):
+        return
+    new_shape = []
+    for run in runs:
+        size = 1
+        for d in run:
+            size *= shape[d]
+        new_shape.append(size)
+    rank = len(shape)
+
+    def expand(index: list) -> list:
+        full = [sympy.Integer(0)] * rank
+        for run, i in zip(runs, index):
+            full[run[-1]] = i
+        return full
+    group.outer = tuple(new_shape)
+    group.expand = expand
+    log.debug("%s: dims %s collapse to %s", group.name, list(shape), new_shape)
+
+
 def _finish(group: FusedGroup) -> None:
     """A pure pointwise kernel iterates its last dim as the inner (vectorized) loop."""
     if group.inner is None:
+        _collapse(group)
         if group.outer:
             outer, inner = group.outer[:-1], group.outer[-1:]
             group.members = [Member(m.buffer, "inner") for m in group.members]

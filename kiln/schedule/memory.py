@@ -71,7 +71,7 @@ def _localize(nodes: list, kept: set[str]) -> None:
                 name = member.buffer.name
                 if name in kept or readers.get(name, set()) - {id(group)} or name not in readers:
                     continue
-                group.local[name] = "array" if member.role == "inner" else "scalar"
+                group.local[name] = "array" if member.role in ("inner", "scan") else "scalar"
                 log.debug("%s stays inside %s (%s)", name, group.name, group.local[name])
 
 
@@ -113,6 +113,8 @@ def plan(graph: LoopGraph, schedule: list[FusedGroup | ExternNode]) -> Plan:
         for name in r:
             last_use[name] = i
 
+    extern_inputs = {name for node in nodes if isinstance(node, ExternNode) and node.kind == "fallback"
+                     for name in node.reads()}
     free_pool: dict[tuple, list[str]] = {}
     steps: list[Step] = []
     for i, node in enumerate(nodes):
@@ -136,7 +138,9 @@ def plan(graph: LoopGraph, schedule: list[FusedGroup | ExternNode]) -> Plan:
                 continue
             if last_use.get(name, -1) <= i:
                 frees.append(name)
-                if isinstance(buf, ComputedBuffer) and buf.layout.storage_size() > 0:
+                # a fallback's result may alias its inputs (a view op run by torch): never reuse them
+                if isinstance(buf, ComputedBuffer) and buf.layout.storage_size() > 0 and \
+                        name not in extern_inputs:
                     free_pool.setdefault((buf.dtype, buf.layout.storage_size()), []).append(name)
         steps.append(Step(node, allocs, frees))
     return Plan(steps, kept)

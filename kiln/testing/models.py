@@ -203,7 +203,8 @@ class GPTBlock(nn.Module):
         self.ln1 = nn.LayerNorm(dim)
         self.attn = CausalSelfAttention(dim, heads, max_len)
         self.ln2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(approximate="tanh"), nn.Linear(4 * dim, dim))
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(approximate="tanh"),
+                                 nn.Linear(4 * dim, dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))

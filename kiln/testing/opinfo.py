@@ -265,6 +265,19 @@ def _storages(tensors: list[torch.Tensor]) -> set[int]:
     return ptrs
 
 
+def _tensor_method_name(op: Any) -> str | None:
+    """The method name when the entry's op is an unbound torch.Tensor method (`torch.Tensor.item`).
+
+    Such a descriptor rejects anything but a real tensor, so the harness calls it as a method of the input
+    (`x.item()`), which is how programs call it and what reaches kiln's symbolic tensors.
+    """
+    fn = op.op
+    name = getattr(fn, "__name__", None)
+    if name is None or type(fn).__name__ not in ("method_descriptor", "wrapper_descriptor"):
+        return None
+    return name if getattr(torch.Tensor, name, None) is fn else None
+
+
 def uses_seed_wrapper(op: Any) -> bool:
     """Whether the entry's op runs inside OpInfo's `wrapper_set_seed` (it seeds 42, then calls the op)."""
     if op.name == "item":  # its lambda names the wrapper but draws no random numbers
@@ -301,8 +314,12 @@ def run_sample(op: Any, sample: Any, backend: str = "prims") -> SampleOutcome:
     structure = (sample.input, sample.args, sample.kwargs)
     leaves = tensor_leaves(list(structure))
 
+    method = _tensor_method_name(op)
+
     def fn(*tensors: Any) -> Any:
         inp, args, kwargs = replace_tensors(list(structure), iter(tensors))
+        if method is not None and isinstance(sample.input, torch.Tensor):
+            return getattr(inp, method)(*args, **kwargs)  # as user code calls it: x.item(), x + y
         return op(inp, *args, **kwargs)
 
     eager_inputs = [clone_exact(t) for t in leaves]
@@ -530,6 +547,16 @@ def summary_line(results: list[OpResult], dtype: str, prims: int) -> str:
             f"{prims} prims")
 
 
+def fallback_ranking(results: list[OpResult]) -> list[tuple[str, int]]:
+    """Fallback torch ops, by how many otherwise-passing entries use them (most first)."""
+    counts: dict[str, int] = {}
+    for r in results:
+        if r.status == "fallback":
+            for name in r.fallbacks:
+                counts[name] = counts.get(name, 0) + 1
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+
+
 def print_table(results: list[OpResult], dtype: str, out: Any = sys.stdout) -> None:
     rows = sorted((r for r in results if r.dtype == dtype), key=lambda r: r.op)
     print(f"\n== {dtype} ==", file=out)
@@ -552,6 +579,10 @@ def print_table(results: list[OpResult], dtype: str, out: Any = sys.stdout) -> N
         print(f"{r.op:<44} {r.status:<15} {r.matched:>4}/{r.samples:<4}  {detail[:300]}", file=out)
     t = totals(results, dtype)
     print(f"totals {dtype}: " + ", ".join(f"{v} {k}" for k, v in t.items()), file=out)
+    ranking = fallback_ranking(rows)
+    if ranking:
+        print(f"fallback ops by entries they keep from decomposing ({dtype}): "
+              + ", ".join(f"{name} {count}" for name, count in ranking[:40]), file=out)
     wrong = [r for r in rows if r.status == "mismatch" and not r.expected]
     if wrong:
         print(f"!! {len(wrong)} {dtype} entries give WRONG RESULTS: {', '.join(r.op for r in wrong)}",

@@ -1,5 +1,6 @@
 """The accuracy rule (kiln.testing.accuracy) and its use by the bench worker: a wrong compiler is an
 accuracy failure, a correct one passes."""
+import pytest
 import torch
 
 from kiln.bench import adapters, worker
@@ -49,13 +50,22 @@ def test_structure_dtype_and_integer_mismatches_fail():
     ids = torch.arange(3)
     assert not accuracy.check((eager,), (eager, eager), (fp64, fp64)).passed
     assert not accuracy.check(eager.double(), eager, fp64).passed
-    assert not accuracy.check({"a": eager, "i": ids + 1}, {"a": eager, "i": ids}, {"a": fp64, "i": ids}).passed
+    wrong_ids = accuracy.check({"a": eager, "i": ids + 1}, {"a": eager, "i": ids}, {"a": fp64, "i": ids})
+    assert not wrong_ids.passed
     assert accuracy.check({"a": eager, "i": ids}, {"a": eager, "i": ids}, {"a": fp64, "i": ids}).passed
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # one thread: steady on a busy machine; the worker sets it process-wide, so put it back afterwards
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 def _job(backend: str) -> dict:
     return {"model": "mlp", "backend": backend, "mode": "inference", "phase": "measure", "batch": 2,
-            "budget_s": 0.02}
+            "budget_s": 0.02, "threads": 1}
 
 
 def test_worker_reports_a_wrong_compiler_as_an_accuracy_failure():

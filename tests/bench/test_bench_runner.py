@@ -7,7 +7,7 @@ from kiln.bench import runner
 
 def test_runner_one_model_eager(tmp_path):
     options = runner.Options(models=["mlp"], backends=("eager",), batch=2, out=str(tmp_path),
-                             budget_s=0.05, plots=False, progress=False)
+                             budget_s=0.05, threads=1, plots=False, progress=False)
     results = runner.run(options)
     rows = results["rows"]
     assert [(r["model"], r["compiler"]) for r in rows] == [("mlp", "eager")]

@@ -57,7 +57,7 @@ def check(fn: Any, *args: Any, graphs: int | None = None, breaks: int | None = N
         actual = compiled(*compiled_args[0], **compiled_args[1])
         assert_same(actual, expected)
         assert_same(compiled_args, eager_args)
-    entries = compiled.cache.entries
+    entries = all_entries(compiled)
     if graphs is not None:
         got = sum(1 for e in entries if e.graph is not None and e.ops)
         assert got == graphs, f"expected {graphs} graphs, got {got}: {[e.brk for e in entries]}"
@@ -65,6 +65,20 @@ def check(fn: Any, *args: Any, graphs: int | None = None, breaks: int | None = N
         got = sum(1 for e in entries if e.brk is not None)
         assert got == breaks, f"expected {breaks} breaks, got {got}: {[e.brk for e in entries]}"
     return compiled
+
+
+def all_entries(compiled: Any) -> list:
+    """The cache entries of a compiled function and of the resume functions and callees it reached."""
+    out, seen, todo = [], set(), [compiled]
+    while todo:
+        cf = todo.pop(0)
+        if id(cf) in seen:
+            continue
+        seen.add(id(cf))
+        for entry in cf.cache.entries:
+            out.append(entry)
+            todo.extend(entry.children)
+    return out
 
 
 def tensors_in(value: Any) -> list:

@@ -341,7 +341,7 @@ def test_no_ops_no_graph(fn, args):
     check(fn, *args, graphs=0, breaks=0)
 
 
-# ---- graph breaks: the frame runs eagerly, results equal ---------------------------------------------------
+# ---- graph breaks: graph, native instruction, resume function; results equal ----------------------------
 def b_data_branch(x):
     if x.sum() > 0:
         return x + 1
@@ -365,13 +365,16 @@ def b_nonzero_loop(x):
     return [x[i] for i in range(min(int((x > 0).sum()), 4))]
 
 
-BREAKS = [(b_data_branch, (X,)), (b_item, (X,)), (b_tolist, (X,)), (b_print, (X,)), (b_numpy, (X,)),
-          (b_int_tensor, (X,)), (b_unknown_c, (X,)), (b_nonzero_loop, (X,))]
+# (program, args, breaks): each break splits the frame (graph, native instruction, resume function);
+# b_numpy breaks at .numpy(), at ndarray * 2 and at torch.from_numpy(ndarray); b_nonzero_loop's list
+# comprehension reads x from a cell, so that frame runs eagerly.
+BREAKS = [(b_data_branch, (X,), 1), (b_item, (X,), 1), (b_tolist, (X,), 1), (b_print, (X,), 1),
+          (b_numpy, (X,), 3), (b_int_tensor, (X,), 1), (b_unknown_c, (X,), 1), (b_nonzero_loop, (X,), 1)]
 
 
-@pytest.mark.parametrize("fn,args", BREAKS, ids=[f.__name__ for f, _ in BREAKS])
-def test_break_runs_eagerly(fn, args):
-    check(fn, *args, breaks=1)
+@pytest.mark.parametrize("fn,args,breaks", BREAKS, ids=[f.__name__ for f, _, _ in BREAKS])
+def test_break_results_equal_eager(fn, args, breaks):
+    check(fn, *args, breaks=breaks)
 
 
 def test_raise_propagates_like_eager():

@@ -47,6 +47,8 @@ def test_fill_factories(fn):
     lambda: torch.arange(7, dtype=torch.float32), lambda: torch.arange(-3.5, 40.25, 0.75, dtype=torch.float64),
     lambda: torch.arange(0, 100, 7, dtype=torch.int32), lambda: torch.arange(3, 3),
     lambda: torch.arange(0.0, 1000.0, 0.37), lambda: torch.arange(start=1, end=6, step=2),
+    lambda: torch.arange(1.1, 5.1, 2.0, dtype=torch.int64), lambda: torch.arange(-2.7, 3.5, 1.5, dtype=torch.int16),
+    lambda: torch.arange(0.1, 1.1, 1.0, dtype=torch.int32), lambda: torch.arange(3.1, dtype=torch.int64),
 ])
 def test_arange(fn):
     check_op(fn)
@@ -122,3 +124,32 @@ def test_random_with_generator():
 def test_unsupported_cases_fall_back():
     check_op(lambda: torch.zeros(3, requires_grad=True), fallbacks=1)
     check_op(lambda a: torch.randn_like(a), torch.randn(8, 4).t(), seed=1, fallbacks=1)
+
+
+@pytest.mark.parametrize("update", [
+    lambda t: t.uniform_(-1, 2), lambda t: t.uniform_(), lambda t: t.normal_(1.0, 2.0), lambda t: t.normal_(),
+    lambda t: t.bernoulli_(0.3), lambda t: t.bernoulli_(), lambda t: t.random_(3, 10), lambda t: t.random_(10),
+])
+@pytest.mark.parametrize("x", [torch.zeros(5, 8), torch.zeros(8, 5).t(), torch.zeros(3)],
+                         ids=["contiguous", "transposed", "small"])
+def test_inplace_random_fills_match_eager(update, x):
+    def fn(t):
+        update(t)
+        return t * 2
+    g = kiln.ops.trace(fn, x.clone())
+    p = kg.to_prims(g)
+    kg.verify(p)
+    ours, theirs = x.clone(), x.clone()
+    torch.manual_seed(7)
+    got = kg.run(p, [ours])
+    torch.manual_seed(7)
+    expected = fn(theirs)
+    assert torch.equal(got, expected) and torch.equal(ours, theirs)
+    if x.is_contiguous():
+        assert not p.fallbacks(), [n.target_name() for n in p.fallbacks()]
+
+
+def test_empty_variants_have_eager_layout():
+    check_op(lambda: torch.empty_permuted((2, 3, 4), (2, 0, 1)), values=False)
+    check_op(lambda a: a.new_empty_strided((2, 3), (1, 2)), torch.randn(2), values=False)
+    check_op(lambda: torch.empty((2, 3, 4, 5), memory_format=torch.channels_last), values=False)

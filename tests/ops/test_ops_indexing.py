@@ -72,6 +72,9 @@ def test_gather_scatter():
     check_op(lambda x, i, s: torch.scatter(x, 0, i, s, reduce="multiply"), x34, idx, src)
     check_op(lambda x, i, s: torch.scatter_add(x, 0, i, s), x34, idx, src)
     check_op(lambda x, i, s: x.scatter_add(-1, i, s), x34, idx, src)
+    check_op(lambda x, i, s: x.scatter_add(-1, i, s), x34, idx.int(), src)
+    check_op(lambda x, i, s: torch.scatter(x, 1, i, s), x34, idx.int(), src)
+    check_op(lambda x, i: torch.gather(x, 0, i), x34, torch.zeros(0, 4, dtype=torch.uint8), decomposed=False)
     for reduce in ["sum", "prod", "mean", "amax", "amin"]:
         for include_self in (True, False):
             check_op(lambda x, i, s: torch.scatter_reduce(x, 0, i, s, reduce, include_self=include_self),
@@ -103,6 +106,7 @@ def test_index_select_take():
     check_op(lambda x, i: torch.take_along_dim(x, i, 0), x34, torch.tensor([[0, 1, 2, 2]]))
     check_op(lambda x, i: torch.take_along_dim(x, i, dim=1), x345, torch.zeros(1, 2, 5, dtype=torch.long))
     check_op(lambda x, i: torch.take_along_dim(x, i), x34, torch.tensor([0, 5, 11]))
+    check_op(lambda x, i: torch.take_along_dim(x, i, -1), x34, torch.tensor([[-1, 7, -6, 4]]))
     check_op(lambda x: torch.take_along_dim(x, torch.argsort(x, 1), 1), x34)
     raises(IndexError, lambda x, i: torch.index_select(x, 0, i), x34, idx)
     raises(RuntimeError, lambda x, i: torch.index_select(x, 0, i), x34, i.float())
@@ -121,6 +125,12 @@ def test_index_add_copy_fill():
     check_op(lambda x, i: torch.index_fill(x, 0, i, 1.5), x34, torch.tensor([-1, 0]))
     check_op(lambda x, i: x.index_fill(1, i, -3), x34.long(), torch.tensor(2))
     check_op(lambda x, i, v: torch.index_fill(x, 1, i, v), x34, i, torch.tensor(2.0, dtype=torch.float64))
+    zero_d, one = torch.tensor(1.5), torch.tensor([0])
+    check_op(lambda x, i, s: torch.index_add(x, 0, i, s, alpha=2), zero_d, one, torch.tensor(3.0))
+    check_op(lambda x, i, s: torch.index_copy(x, 0, i, s), zero_d, one, torch.tensor(3.0))
+    check_op(lambda x, i, s: torch.index_copy(x, 0, i, s), torch.zeros(3), torch.tensor([1]), torch.tensor(3.0))
+    check_op(lambda x, i: torch.index_fill(x, 0, i, 5.0), zero_d, torch.tensor(-1))
+    raises(RuntimeError, lambda x, i, s: torch.index_add(x, 0, i, s), zero_d, one, torch.ones(1))
     raises(RuntimeError, lambda x, i, s: torch.index_add(x, 0, i, s), x34, i, torch.randn(3, 4))
     raises(RuntimeError, lambda x, i, s: torch.index_add(x, 0, i, s), x34, i, src.double())
     raises(IndexError, lambda x, i, s: torch.index_add(x, 0, i, s), x34, idx, src)

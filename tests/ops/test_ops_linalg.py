@@ -109,6 +109,7 @@ def test_tensordot():
     check_op(lambda a, b: torch.tensordot(a, b, dims=0), r(2, 3), r(4))
     check_op(lambda a, b: torch.tensordot(a, b, dims=([0, 2], [2, 0])), r(4, 3, 5), r(5, 2, 4))
     check_op(lambda a, b: torch.tensordot(a, b, dims=([1], [0])), r(2, 3), r(3, 4))
+    check_op(lambda a, b: torch.tensordot(a, b, dims=([0, 1], [2, 0])), r(1, 1, 1), r(2, 1, 2), decomposed=False)
 
 
 def test_einsum_falls_back_correctly():

@@ -111,3 +111,24 @@ def test_lp_pool(n):
     x = torch.rand((2, 3) + (6, 6, 4)[:n]) + 0.1
     check_nn(lambda a: op(a, 2.0, 2), x)
     check_nn(lambda a: op(a, 3, 2, 1, True), x)
+
+
+@pytest.mark.parametrize("args", [dict(kernel_size=2), dict(kernel_size=(2, 3), stride=2, padding=1),
+                                  dict(kernel_size=3, dilation=2, padding=(0, 2)), dict(kernel_size=1)],
+                         ids=str)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_unfold(args, dtype):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 7, 6, dtype=dtype)
+    check_nn(lambda a: F.unfold(a, **args), x)
+    check_nn(lambda a: F.unfold(a, **args), x[0])
+    check_nn(lambda a, m: m(a), x, torch.nn.Unfold(**args))
+
+
+def test_unfold_errors_and_channel_shuffle():
+    x = torch.randn(2, 6, 3, 3)
+    check_error(lambda a: F.unfold(a, 4), x)
+    check_error(lambda a: F.unfold(a, 2), torch.randn(3, 3), exc=IndexError)
+    check_nn(lambda a: F.channel_shuffle(a, 3), x)
+    check_nn(lambda a, m: m(a), x, torch.nn.ChannelShuffle(2))
+    check_error(lambda a: F.channel_shuffle(a, 4), x)

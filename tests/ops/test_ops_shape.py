@@ -273,3 +273,47 @@ def test_setitem_basic(case, dtype):
     ours, theirs = x.clone(), x.clone()
     torch.testing.assert_close(kg.run(p, [ours, v]), fn(theirs, v))
     torch.testing.assert_close(ours, theirs)
+
+
+def test_scatters_grids_and_copies():
+    x = torch.randn(3, 4, 5)
+    check_op(lambda a, b: torch.select_scatter(a, b, 1, -1), x, torch.randn(3, 5))
+    check_op(lambda a, b: torch.slice_scatter(a, b, 1, 1, None, 2), x, torch.randn(3, 2, 5))
+    check_op(lambda a, b: torch.slice_scatter(a, b), x, torch.randn(3, 4, 5))
+    check_op(lambda a, b: torch.diagonal_scatter(a, b, 1, 2, 0), x, torch.randn(4, 2))
+    check_op(lambda a, b: torch.diagonal_scatter(a, b, -1), torch.randn(3, 4), torch.randn(2))
+    check_op(lambda a, b: torch.meshgrid(a, b, indexing="xy"), torch.randn(3), torch.randn(4))
+    check_op(lambda a, b, c: torch.meshgrid(a, b, c, indexing="ij"), torch.randn(3), torch.randn(4),
+             torch.randn(()))
+    check_op(lambda a, b: torch.cartesian_prod(a, b), torch.randn(3), torch.randn(4))
+    check_op(lambda a, b: torch.block_diag(a, b), torch.randn(2, 3), torch.randint(0, 4, (4,)))
+    check_op(lambda a: torch.diagflat(a, -1), torch.randn(2, 3))
+    check_op(lambda a: torch.view_copy(a, (12, 5)), x)
+    check_op(lambda a: torch.permute_copy(a, (2, 0, 1)), x)
+    check_op(lambda a: torch.expand_copy(a, (2, 3, 4, 5)), x)
+    check_op(lambda a: torch.unbind_copy(a, 1), x)
+    check_op(lambda a: torch.transpose_copy(a, 0, 2), x)
+    check_op(lambda a: torch.narrow_copy(a, 2, 1, 3), x)
+    check_op(lambda a: torch.split_with_sizes_copy(a, [1, 3], 1), x)
+
+
+def test_unfold_and_aliases():
+    x = torch.randn(3, 7)[:, ::2]
+    check_op(lambda a: a.unfold(1, 2, 1), x)
+    check_op(lambda a: a.unfold(0, 2, 2), x)
+    check_op(lambda a: a.unfold(0, 1, 1), torch.randn(()))
+    check_op(lambda a: torch.unfold_copy(a, -1, 3, 1), x)
+    check_op(lambda a: torch.alias_copy(a), x)
+    check_op(lambda a: torch.unsafe_split(a, 2, 0), x)
+    check_op(lambda a: torch.unsafe_chunk(a, 2, 1), x)
+    check_op(lambda a: torch.linalg.diagonal(a, offset=1), torch.randn(2, 3, 4))
+    with pytest.raises(RuntimeError, match="maximum size for tensor"):
+        kiln.ops.trace(lambda a: a.unfold(1, 5, 1), x)
+
+
+def test_getitem_with_index_tensor_inputs():
+    x, i = torch.randn(5, 6, 7), torch.tensor([0, 4, 2])
+    for fn in [lambda a, j: a[j], lambda a, j: a[:, j], lambda a, j: a[1:, None, j, ::2], lambda a, j: a[..., j]]:
+        g = kiln.ops.trace(fn, x, i)
+        got = kg.run(kg.to_prims(g), [x, i])
+        torch.testing.assert_close(got, fn(x, i))

@@ -1,0 +1,194 @@
+"""Resume functions: code objects that continue a frame at an instruction after a graph break.
+
+A resume code object is the original code with a short prologue in front of it:
+
+    COPY_FREE_VARS n          (when the function has free variables)
+    RESUME 0
+    PUSH_NULL / LOAD_FAST __stack_i   (rebuild the value stack, bottom first)
+    EXTENDED_ARG hi; JUMP_FORWARD lo  (to the instruction where the frame continues)
+    <the original bytecode, unchanged>
+
+Its parameters are the locals live at that point followed by the stack values (`__stack_0`, ...). Locals
+are renumbered so the parameters come first; jumps in 3.11 are relative, so the original bytecode keeps
+working behind the prologue; the exception table is shifted by the prologue's length and the line table
+gets "no location" entries for it. Tracebacks inside a resume function point at the user's lines.
+"""
+from __future__ import annotations
+
+import dis
+import types
+from typing import Any
+
+from .errors import GraphBreak
+
+_OP = dis.opmap
+_LOCAL_OPS = set(dis.haslocal)
+_FREE_OPS = set(dis.hasfree)
+_CACHES = dis._inline_cache_entries  # type: ignore[attr-defined]
+_BACKWARD = {_OP[n] for n in ("JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "POP_JUMP_BACKWARD_IF_TRUE",
+                              "POP_JUMP_BACKWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_NONE",
+                              "POP_JUMP_BACKWARD_IF_NOT_NONE")}
+CO_VARARGS, CO_VARKEYWORDS, CO_GENERATOR = 0x04, 0x08, 0x20
+_NOT_RESUMABLE_FLAGS = 0x20 | 0x80 | 0x100 | 0x200  # generators, coroutines, async generators
+
+
+class NotResumable(GraphBreak):
+    """The frame broke where kiln cannot continue in a resume function; it runs natively instead."""
+
+
+def check_resumable(code: types.CodeType, offset: int) -> None:
+    """Raise NotResumable when a break at `offset` (bytes) cannot be resumed: inside a try or with block,
+    inside a loop, in a generator, or in a frame with cell variables."""
+    if code.co_flags & _NOT_RESUMABLE_FLAGS:
+        raise NotResumable("the break is in a generator or coroutine")
+    if code.co_cellvars:
+        raise NotResumable(f"the frame has variables captured by inner functions ({', '.join(code.co_cellvars)})")
+    for entry in dis._parse_exception_table(code):  # type: ignore[attr-defined]
+        if entry.start <= offset < entry.end:
+            raise NotResumable("the break is inside a try or with block")
+    for inst in dis.get_instructions(code):
+        if inst.opcode in _BACKWARD and inst.argval <= offset <= inst.offset:
+            raise NotResumable("the break is inside a loop")
+
+
+def live_locals(code: types.CodeType, offset: int) -> set[str]:
+    """Locals possibly read at or after `offset` (sound when no backward jump crosses `offset`)."""
+    names = set()
+    for inst in dis.get_instructions(code):
+        if inst.offset >= offset and inst.opcode in _LOCAL_OPS and inst.opname != "STORE_FAST":
+            names.add(inst.argval)
+    return names
+
+
+_RESUME_CODES: dict[tuple, types.CodeType] = {}
+
+
+def resume_code(code: types.CodeType, target: int, local_names: tuple[str, ...],
+                stack: tuple[bool, ...]) -> types.CodeType:
+    """The code object continuing `code` at byte offset `target`.
+
+    `local_names` become the first parameters; `stack` says for each stack slot (bottom first) whether it
+    is a value (a parameter `__stack_i`) or a NULL (pushed by the prologue). Cached per arguments."""
+    key = (code, target, local_names, stack)
+    found = _RESUME_CODES.get(key)
+    if found is None:
+        found = _RESUME_CODES[key] = _build(code, target, local_names, stack)
+    return found
+
+
+def _build(code: types.CodeType, target: int, local_names: tuple[str, ...],
+           stack: tuple[bool, ...]) -> types.CodeType:
+    if code.co_cellvars:
+        raise NotResumable("the frame has cell variables")
+    old_names = code.co_varnames
+    stack_names = tuple(f"__stack_{i}" for i, is_value in enumerate(stack) if is_value)
+    rest = tuple(n for n in old_names if n not in local_names)
+    new_names = tuple(local_names) + stack_names + rest
+    index = {name: i for i, name in enumerate(new_names)}
+    n_old, n_new = len(old_names), len(new_names)
+
+    def remap(op: int, arg: int) -> int:
+        if op in _LOCAL_OPS or (op in _FREE_OPS and arg < n_old):
+            return index[old_names[arg]]
+        if op in _FREE_OPS:
+            return arg - n_old + n_new
+        return arg
+
+    body = bytearray(code.co_code)
+    i = 0
+    ext = 0
+    while i < len(body):
+        op, arg = body[i], body[i + 1]
+        if op == _OP["EXTENDED_ARG"]:
+            ext = (ext | arg) << 8
+            i += 2
+            continue
+        full = ext | arg
+        ext = 0
+        if op in _LOCAL_OPS or op in _FREE_OPS:
+            new = remap(op, full)
+            if full > 255 or new > 255:
+                raise NotResumable("the frame has too many local variables to renumber")
+            body[i + 1] = new
+        i += 2 + 2 * _CACHES[op]
+
+    prologue = bytearray()
+    if code.co_freevars:
+        prologue += bytes((_OP["COPY_FREE_VARS"], len(code.co_freevars)))
+    prologue += bytes((_OP["RESUME"], 0))
+    k = 0
+    for is_value in stack:
+        if is_value:
+            slot = index[stack_names[k]]
+            if slot > 255:
+                raise NotResumable("too many values on the stack to pass")
+            prologue += bytes((_OP["LOAD_FAST"], slot))
+            k += 1
+        else:
+            prologue += bytes((_OP["PUSH_NULL"], 0))
+    units = len(prologue) // 2 + 2  # EXTENDED_ARG + JUMP_FORWARD
+    delta = target // 2  # relative to the instruction after the jump (the first original one)
+    if delta > 0xFFFF:
+        raise NotResumable("the frame's code is too long")
+    prologue += bytes((_OP["EXTENDED_ARG"], delta >> 8, _OP["JUMP_FORWARD"], delta & 0xFF))
+
+    flags = code.co_flags & ~(CO_VARARGS | CO_VARKEYWORDS)
+    n_args = len(local_names) + len(stack_names)
+    return code.replace(
+        co_code=bytes(prologue + body), co_varnames=new_names, co_argcount=n_args, co_posonlyargcount=0,
+        co_kwonlyargcount=0, co_flags=flags, co_nlocals=len(new_names),
+        co_stacksize=code.co_stacksize + 1,
+        co_name=f"__resume_{code.co_name}_at_{target}", co_qualname=f"{code.co_qualname}.<resume at {target}>",
+        co_linetable=_no_location(units) + code.co_linetable,
+        co_exceptiontable=_shift_exception_table(code.co_exceptiontable, units))
+
+
+def _no_location(units: int) -> bytes:
+    out = bytearray()
+    while units > 0:
+        n = min(units, 8)
+        out.append(0x80 | (15 << 3) | (n - 1))
+        units -= n
+    return bytes(out)
+
+
+def _read_varint(data: bytes, i: int) -> tuple[int, int]:
+    b = data[i]
+    value = b & 63
+    i += 1
+    while b & 64:
+        b = data[i]
+        value = (value << 6) | (b & 63)
+        i += 1
+    return value, i
+
+
+def _write_varint(value: int, first: bool) -> bytes:
+    chunks = [value & 63]
+    value >>= 6
+    while value:
+        chunks.append(value & 63)
+        value >>= 6
+    chunks.reverse()
+    out = bytearray(c | 64 for c in chunks[:-1]) + bytes((chunks[-1],))
+    if first:
+        out[0] |= 0x80
+    return bytes(out)
+
+
+def _shift_exception_table(table: bytes, units: int) -> bytes:
+    out = bytearray()
+    i = 0
+    while i < len(table):
+        start, i = _read_varint(table, i)
+        length, i = _read_varint(table, i)
+        target, i = _read_varint(table, i)
+        depth_lasti, i = _read_varint(table, i)
+        out += _write_varint(start + units, True) + _write_varint(length, False)
+        out += _write_varint(target + units, False) + _write_varint(depth_lasti, False)
+    return bytes(out)
+
+
+def make_resume_function(fn: Any, code: types.CodeType) -> types.FunctionType:
+    """A function running `code` (a resume code of fn's code) with fn's globals and closure."""
+    return types.FunctionType(code, fn.__globals__, code.co_name, None, fn.__closure__)

@@ -1,0 +1,225 @@
+"""Entries for frames that break: run the graph so far, restore the stack and locals, run the breaking
+instruction natively, continue in a resume function.
+
+    def __entry(x):
+        <guards>
+        __out = __graph(x)                  # the graph captured before the break
+        __v0 = __out[0]                     # live locals and stack values, rebuilt
+        __v1 = __out[1]
+        __self_3.count = 2                  # side effects so far, replayed before the instruction
+        __r = __call(__B_print, __v0)       # the instruction kiln could not follow, run natively
+        return __resume_4(__v1)             # the rest of the frame: a function captured on its first call
+
+A data-dependent branch ends in `if __v0: return __resume_a(...)` / `return __resume_b(...)`.
+"""
+from __future__ import annotations
+
+import dis
+import operator
+import types
+from typing import Any, Callable
+
+import torch
+
+from .entry import Reconstructor, _entry_source, _checks_source, _exec, _fix_setitem_nodes, \
+    _guard_mutated_aliasing, parameters
+from .errors import GraphBreak
+from .frame import _BINARY_BY_ARG, _COMPARE, NULL, Frame
+from .resume import NotResumable, check_resumable, live_locals, resume_code
+from .state import Capture
+
+_UNARY = {"UNARY_NOT": operator.not_, "UNARY_NEGATIVE": operator.neg, "UNARY_POSITIVE": operator.pos,
+          "UNARY_INVERT": operator.invert}
+_CONVERSIONS = {0: None, 1: str, 2: repr, 3: ascii}
+
+
+class Continuation:
+    """Where the frame goes on after the native instruction: a byte offset and the values it pushed."""
+
+    def __init__(self, offset: int, pushed: list[str | None]):
+        self.offset = offset
+        self.pushed = pushed  # names of new stack values (None: a NULL)
+
+
+def native_instruction(frame: Frame, inst: dis.Instruction, stack: list[str | None], ns: Any,
+                       in_callee: bool) -> tuple[int, list[str], list[tuple[str | None, Continuation]]]:
+    """Python source running `inst` on the rebuilt stack (names of temps, None for NULL).
+
+    Returns (values consumed from the stack, source lines, [(condition or None, continuation)])."""
+    name = inst.opname
+    nxt = _next_offset(frame, inst)
+
+    def hold(obj: Any, hint: str) -> str:
+        return ns.hold(obj, hint)
+
+    def top(n: int) -> list[str | None]:
+        if len(stack) < n:
+            raise NotResumable(f"{name} with a short stack")
+        return stack[len(stack) - n:]
+
+    if name == "CALL":
+        argc = inst.arg
+        first, second, *rest = top(argc + 2)
+        if first is None:
+            callee, args = second, rest
+        else:
+            callee, args = first, [second] + rest
+        kw = list(frame.kw_names)
+        if None in args or callee is None:
+            raise NotResumable("a call with a NULL argument")
+        positional = args[:len(args) - len(kw)]
+        keywords = [f"{k}={v}" for k, v in zip(kw, args[len(args) - len(kw):])]
+        call_args = ", ".join([callee] + positional + keywords)
+        return argc + 2, [f"__r = __call({call_args})"], [(None, Continuation(nxt, ["__r"]))]
+    if name == "CALL_FUNCTION_EX":
+        n = 3 if inst.arg & 1 else 2
+        items = top(n)
+        consumed = n + (1 if len(stack) > n and stack[-n - 1] is None else 0)
+        kwargs = f", **{items[2]}" if n == 3 else ""
+        return consumed, [f"__r = __call({items[0]}, *{items[1]}{kwargs})"], [(None, Continuation(nxt, ["__r"]))]
+    if name in ("POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_FORWARD_IF_FALSE"):
+        (cond,) = top(1)
+        jump = Continuation(inst.argval, [])
+        fall = Continuation(nxt, [])
+        if name.endswith("TRUE"):
+            return 1, [], [(cond, jump), (None, fall)]
+        return 1, [], [(cond, fall), (None, jump)]
+    if name in ("JUMP_IF_TRUE_OR_POP", "JUMP_IF_FALSE_OR_POP"):
+        (cond,) = top(1)
+        jump = Continuation(inst.argval, [cond])
+        fall = Continuation(nxt, [])
+        if name == "JUMP_IF_TRUE_OR_POP":
+            return 1, [], [(cond, jump), (None, fall)]
+        return 1, [], [(cond, fall), (None, jump)]
+    if name in _UNARY:
+        (a,) = top(1)
+        return 1, [f"__r = {hold(_UNARY[name], name)}({a})"], [(None, Continuation(nxt, ["__r"]))]
+    if name in ("BINARY_OP", "COMPARE_OP", "BINARY_SUBSCR", "CONTAINS_OP"):
+        a, b = top(2)
+        if name == "BINARY_OP":
+            fn = _BINARY_BY_ARG[inst.arg]
+        elif name == "COMPARE_OP":
+            fn = _COMPARE[inst.argval]
+        elif name == "BINARY_SUBSCR":
+            fn = operator.getitem
+        else:
+            return 2, [f"__r = {a} {'not in' if inst.arg else 'in'} {b}"], [(None, Continuation(nxt, ["__r"]))]
+        return 2, [f"__r = {hold(fn, fn.__name__)}({a}, {b})"], [(None, Continuation(nxt, ["__r"]))]
+    if name == "STORE_SUBSCR":
+        value, container, index = top(3)
+        return 3, [f"{container}[{index}] = {value}"], [(None, Continuation(nxt, []))]
+    if name == "STORE_ATTR":
+        value, obj = top(2)
+        return 2, [f"setattr({obj}, {inst.argval!r}, {value})"], [(None, Continuation(nxt, []))]
+    if name == "LOAD_ATTR":
+        (obj,) = top(1)
+        return 1, [f"__r = getattr({obj}, {inst.argval!r})"], [(None, Continuation(nxt, ["__r"]))]
+    if name == "LOAD_METHOD":
+        (obj,) = top(1)
+        return 1, [f"__r = getattr({obj}, {inst.argval!r})"], [(None, Continuation(nxt, [None, "__r"]))]
+    if name == "FORMAT_VALUE":
+        has_spec = bool(inst.arg & 0x04)
+        items = top(2 if has_spec else 1)
+        conv = _CONVERSIONS[inst.arg & 0x03]
+        value = items[0] if conv is None else f"{hold(conv, conv.__name__)}({items[0]})"
+        spec = items[1] if has_spec else "''"
+        return len(items), [f"__r = format({value}, {spec})"], [(None, Continuation(nxt, ["__r"]))]
+    raise NotResumable(f"kiln cannot run {name} natively between graphs")
+
+
+def _next_offset(frame: Frame, inst: dis.Instruction) -> int:
+    i = frame.index[inst.offset]
+    return frame.insts[i + 1].offset if i + 1 < len(frame.insts) else inst.offset + 2
+
+
+def _skip_pop_top(frame: Frame, cont: Continuation) -> Continuation:
+    """A value the next instruction discards (a statement's call result) is not passed on."""
+    i = frame.index.get(cont.offset)
+    if i is not None and cont.pushed and cont.pushed[-1] is not None and \
+            frame.insts[i].opname == "POP_TOP" and i + 1 < len(frame.insts):
+        return Continuation(frame.insts[i + 1].offset, cont.pushed[:-1])
+    return cont
+
+
+def make_break_entry(cap: Capture, fn: Any, code: types.CodeType, frame: Frame, brk: GraphBreak,
+                     compile_graph: Callable[..., Any], resume_factory: Callable[[types.CodeType], Any],
+                     callee_caller: Any, grad_changed: bool) -> tuple[Any, list, str, list]:
+    """Build the entry of a frame that broke at `frame.pc` (the top frame, stopped before that
+    instruction): graph, restore, native instruction, resume functions. Raises GraphBreak (NotResumable
+    among them) when the frame cannot be continued this way; the caller then runs it natively."""
+    inst = frame.insts[frame.pc]
+    if not brk.resumable and not (brk.in_callee and inst.opname in ("CALL", "CALL_FUNCTION_EX")):
+        raise NotResumable("the break raises an exception")
+    check_resumable(code, inst.offset)
+    if grad_changed:
+        raise NotResumable("grad mode changed before the break")
+    graph = cap.graph
+    _fix_setitem_nodes(graph)
+    _guard_mutated_aliasing(cap)
+    ns = cap.ns
+    temps: list[str] = []
+
+    def temp(expr: str) -> str:
+        name = f"__v{len(temps)}"
+        temps.append(f"{name} = {expr}")
+        return name
+    rec = Reconstructor(cap, temp)
+    for source, tensor, by_identity in cap.inputs:
+        if by_identity:
+            rec.held_inputs[source.expr] = ns.hold(tensor, "input")
+    stack = [None if v is NULL else temp(rec.value(v)) for v in frame.stack]
+    consumed, native, branches = native_instruction(frame, inst, stack, ns, brk.in_callee)
+    below = stack[:len(stack) - consumed]
+    conts = [(cond, _skip_pop_top(frame, c)) for cond, c in branches]
+    local_names: dict[int, tuple[str, ...]] = {}
+    local_temps: dict[str, str] = {}
+    for _, cont in conts:
+        live = live_locals(code, cont.offset)
+        names = tuple(n for n in code.co_varnames if n in live and n in frame.locals)
+        local_names[cont.offset] = names
+        for n in names:
+            if n not in local_temps:
+                local_temps[n] = temp(rec.value(frame.locals[n]))
+    writes = _side_effects(cap, rec, temp)
+    body = temps + writes + native
+    resumes = []
+    for cond, cont in conts:
+        values = below + cont.pushed
+        layout = tuple(v is not None for v in values)
+        rcode = resume_code(code, cont.offset, local_names[cont.offset], layout)
+        resumed = resume_factory(rcode)
+        resumes.append(resumed)
+        call_args = [local_temps[n] for n in local_names[cont.offset]] + [v for v in values if v is not None]
+        call = f"return {ns.hold(resumed, 'resume')}({', '.join(call_args)})"
+        if cond is None:
+            body.append(call)
+        else:
+            body += [f"if {cond}:", "    " + call]
+    graph.output(tuple(rec.outputs))
+    extra: dict[str, Any] = {"__call": callee_caller}
+    if rec.outputs or any(n.op in ("call_torch", "call_prim") for n in graph.nodes):
+        inputs = [rec.held_inputs[s.expr] if by_id else s.expr for s, _, by_id in cap.inputs]
+        extra["__graph"] = compile_graph(graph, [t for _, t, _ in cap.inputs])
+        body = [f"__out = __graph({', '.join(inputs)})"] + body
+    _, params, _ = parameters(code)
+    source = _entry_source(cap, params, body) + _checks_source(cap, params)
+    env = _exec(cap, source, fn, extra)
+    return env["__entry"], env["__checks"], source, resumes
+
+
+def _side_effects(cap: Capture, rec: Reconstructor, temp: Callable[[str], str]) -> list[str]:
+    writes = []
+    for obj, source, name, value in cap.attr_writes.values():
+        writes.append(f"setattr({source.expr}, {name!r}, {temp(rec.value(value))})")
+    for gdict, source, value in cap.global_writes.values():
+        writes.append(f"{source.expr} = {temp(rec.value(value))}")
+    for cell, source, value in cap.cell_writes.values():
+        writes.append(f"{source.expr} = {temp(rec.value(value))}")
+    for copy, source in cap.changed_mirrors():
+        if isinstance(copy, list):
+            writes.append(f"{source.expr}[:] = {temp('[' + ', '.join(rec.value(x) for x in copy) + ']')}")
+        else:
+            items = "{" + ", ".join(f"{rec.key(k)}: {rec.value(x)}" for k, x in copy.items()) + "}"
+            tmp = temp(items)
+            writes.append(f"{source.expr}.clear(); {source.expr}.update({tmp})")
+    return writes
