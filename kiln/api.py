@@ -259,7 +259,8 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
         if entry.graph is not None and entry.ops:
             graphs.append(entry.graph)
             ops.append(entry.ops)
-            fallbacks.append({n.target_name(): 1 for n in entry.graph.fallbacks()})
+            fallbacks.append({n.target_name(): 1 for n in entry.graph.fallbacks()
+                              if n.target is not torch._C._set_grad_enabled})
     report = ExplainReport(graphs, breaks, guards, ops, fallbacks)
     print(report)
     return report

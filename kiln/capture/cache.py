@@ -25,7 +25,7 @@ from .calls import bind_arguments
 from .frame import StopCapture
 from .guards import is_constant
 from .interpreter import Interpreter
-from .resume import NotResumable, make_resume_function
+from .resume import NotResumable, check_resumable, make_resume_function
 from .stitch import make_break_entry
 from .sources import local
 from .state import Capture
@@ -254,6 +254,7 @@ class CompiledFunction:
         guards = cap.guards.describe()
         graph = cap.graph if brk is None or record.resumed else None
         ops = count_ops(graph) if graph is not None else {}
+        ops.pop("torch._C._set_grad_enabled", None)  # grad-mode switches run between graph segments
         if ops:
             counters["graphs"][self.name] += 1
         entry = CacheEntry(entry_fn, checks, guards, graph, record if brk is not None else None, source, ops,
@@ -274,12 +275,15 @@ class CompiledFunction:
             brk.reason += " (the frame runs eagerly)"
             return None
         try:
-            cap, frame, _, brk2, stopped, grad_changed = self._interpret(args, kwargs, brk.top_index)
+            # refuse early (loops, try/with blocks) before capturing a second time
+            check_resumable(self.code, Interpreter.instructions(self.code)[brk.top_index].offset)
+            cap, frame, _, _, stopped, grad_changed = self._interpret(args, kwargs, brk.top_index)
             if not stopped:
                 raise NotResumable("a second capture did not reach the break")
             caller = CalleeCaller(self.backend, self.raise_on_error, children)
             entry_fn, checks, source, resumes = make_break_entry(
-                cap, self.fn, self.code, frame, brk, self.backend, self._resume_function, caller, grad_changed)
+                cap, self.fn, self.code, frame, brk, self.backend, self._resume_function, caller,
+                grad_changed)
         except GraphBreak as e:
             why = e.reason if isinstance(e, NotResumable) else f"{e.reason} (while resuming)"
             brk.reason += f" (the frame runs eagerly: {why})"

@@ -15,6 +15,7 @@ from ..ops import UnsupportedError
 from ..ops import call as ops_call
 from ..ops.trace import _RecordMode
 from .errors import HINTS, GraphBreak
+from .entry import NO_SELF
 from .guards import is_constant
 from .sources import Source
 from .frame import NATIVE_OPERAND_TYPES, NULL, Frame, symbolic_break
@@ -170,6 +171,10 @@ class CallOps:
             return self.call_builtin(fn, args, kwargs)
         if isinstance(fn, (classmethod, staticmethod)):
             return self.call(fn.__func__, args, kwargs)
+        if type(fn).__name__ == "CompiledFunction" and type(fn).__module__ == "kiln.capture.cache":
+            # a kiln-compiled function called from compiled code: inline the function it compiles
+            target, bound = self.load_attr(fn, "fn"), self.load_attr(fn, "bound_self")
+            return self.call(target, list(args) if bound is NO_SELF else [bound] + list(args), kwargs)
         method = class_lookup(type(fn), "__call__")
         if isinstance(method, types.FunctionType):
             return self.call(method, [fn] + list(args), kwargs)

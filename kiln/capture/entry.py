@@ -15,6 +15,7 @@ An entry for a frame that broke calls the original function instead of the graph
 """
 from __future__ import annotations
 
+import ast
 import types
 from typing import Any
 
@@ -23,6 +24,7 @@ import torch
 from ..graph import Proxy
 from .errors import GraphBreak
 from .guards import check_expr, is_constant
+from .segments import compile_segmented
 from .state import Capture
 from .values import NativeCall
 
@@ -133,14 +135,16 @@ class Reconstructor:
         if typ is list:
             return self._once(v, "[" + ", ".join(self.value(x) for x in v) + "]")
         if typ is dict:
-            return self._once(v, "{" + ", ".join(f"{self.key(k)}: {self.value(x)}" for k, x in v.items()) + "}")
+            items = ", ".join(f"{self.key(k)}: {self.value(x)}" for k, x in v.items())
+            return self._once(v, "{" + items + "}")
         if isinstance(v, NativeCall) and v.owner is not None:
             return f"getattr({self.value(v.owner)}, {v.attr!r})"
         if isinstance(v, types.MethodType):
             src = cap.source_of(v)
             if src is not None:
                 return src.expr
-            return f"{ns.hold(types.MethodType, 'MethodType')}({self.value(v.__func__)}, {self.value(v.__self__)})"
+            method = ns.hold(types.MethodType, "MethodType")
+            return f"{method}({self.value(v.__func__)}, {self.value(v.__self__)})"
         if typ is slice:
             return f"slice({self.value(v.start)}, {self.value(v.stop)}, {self.value(v.step)})"
         src = cap.source_of(v)
@@ -199,11 +203,23 @@ def _checks_source(cap: Capture, params: str) -> str:
     return "__checks = [\n" + "\n".join(items) + "\n]\n"
 
 
-def _exec(cap: Capture, source: str, fn: Any, extra: dict[str, Any]) -> dict[str, Any]:
+def _exec(cap: Capture, source: str, fn: Any, extra: dict[str, Any],
+          location: tuple[str, int] | None = None) -> dict[str, Any]:
+    """Run the generated source. With `location` (the user's file and line of a graph break), the entry
+    function's lines are numbered as that line, so an exception raised by the instruction kiln runs
+    natively there shows the user's line in its traceback."""
     env: dict[str, Any] = dict(cap.ns.values)
     env.update(extra)
     env["__MISS"] = MISS
-    exec(compile(source, f"<kiln entry {getattr(fn, '__qualname__', '?')}>", "exec"), env)
+    if location is None:
+        code = compile(source, f"<kiln entry {getattr(fn, '__qualname__', '?')}>", "exec")
+    else:
+        tree = ast.parse(source)
+        for node in ast.walk(tree.body[0]):
+            if hasattr(node, "lineno"):
+                node.lineno = node.end_lineno = location[1]
+        code = compile(tree, location[0], "exec")
+    exec(code, env)
     for name, value in env.items():
         if name in ("__entry",) or name == "__checks":
             for f in (value if isinstance(value, list) else [value]):
@@ -260,7 +276,7 @@ def make_graph_entry(cap: Capture, fn: Any, code: types.CodeType, ret: Any,
         inputs = []
         for source, tensor, by_identity in cap.inputs:
             inputs.append(rec.held_inputs[source.expr] if by_identity else source.expr)
-        extra["__graph"] = compile_graph(graph, [t for _, t, _ in cap.inputs])
+        extra["__graph"] = compile_segmented(graph, [t for _, t, _ in cap.inputs], compile_graph)
         body = [f"__out = __graph({', '.join(inputs)})"] + body
     source = _entry_source(cap, params, body) + _checks_source(cap, params)
     env = _exec(cap, source, fn, extra)

@@ -135,6 +135,11 @@ class Frame:
         if self.depth > MAX_INLINE_DEPTH:
             raise GraphBreak(f"calls nested deeper than {MAX_INLINE_DEPTH} frames (recursion?)")
 
+    @staticmethod
+    def instructions(code: types.CodeType) -> list[dis.Instruction]:
+        """The decoded instructions of `code` (EXTENDED_ARG folded), as frames index them."""
+        return _Instructions.of(code).insts
+
     # ---- running ----
     def run(self) -> Any:
         """Interpret the code until RETURN_VALUE; return the symbolic return value."""

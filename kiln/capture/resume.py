@@ -42,7 +42,8 @@ def check_resumable(code: types.CodeType, offset: int) -> None:
     if code.co_flags & _NOT_RESUMABLE_FLAGS:
         raise NotResumable("the break is in a generator or coroutine")
     if code.co_cellvars:
-        raise NotResumable(f"the frame has variables captured by inner functions ({', '.join(code.co_cellvars)})")
+        names = ", ".join(code.co_cellvars)
+        raise NotResumable(f"the frame has variables captured by inner functions ({names})")
     for entry in dis._parse_exception_table(code):  # type: ignore[attr-defined]
         if entry.start <= offset < entry.end:
             raise NotResumable("the break is inside a try or with block")
@@ -138,7 +139,8 @@ def _build(code: types.CodeType, target: int, local_names: tuple[str, ...],
         co_code=bytes(prologue + body), co_varnames=new_names, co_argcount=n_args, co_posonlyargcount=0,
         co_kwonlyargcount=0, co_flags=flags, co_nlocals=len(new_names),
         co_stacksize=code.co_stacksize + 1,
-        co_name=f"__resume_{code.co_name}_at_{target}", co_qualname=f"{code.co_qualname}.<resume at {target}>",
+        co_name=f"__resume_{code.co_name}_at_{target}",
+        co_qualname=f"{code.co_qualname}.<resume at {target}>",
         co_linetable=_no_location(units) + code.co_linetable,
         co_exceptiontable=_shift_exception_table(code.co_exceptiontable, units))
 

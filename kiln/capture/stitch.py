@@ -19,13 +19,13 @@ import operator
 import types
 from typing import Any, Callable
 
-import torch
 
 from .entry import Reconstructor, _entry_source, _checks_source, _exec, _fix_setitem_nodes, \
     _guard_mutated_aliasing, parameters
 from .errors import GraphBreak
 from .frame import _BINARY_BY_ARG, _COMPARE, NULL, Frame
 from .resume import NotResumable, check_resumable, live_locals, resume_code
+from .segments import compile_segmented
 from .state import Capture
 
 _UNARY = {"UNARY_NOT": operator.not_, "UNARY_NEGATIVE": operator.neg, "UNARY_POSITIVE": operator.pos,
@@ -41,8 +41,8 @@ class Continuation:
         self.pushed = pushed  # names of new stack values (None: a NULL)
 
 
-def native_instruction(frame: Frame, inst: dis.Instruction, stack: list[str | None], ns: Any,
-                       in_callee: bool) -> tuple[int, list[str], list[tuple[str | None, Continuation]]]:
+def native_instruction(frame: Frame, inst: dis.Instruction, stack: list[str | None],
+                       ns: Any) -> tuple[int, list[str], list[tuple[str | None, Continuation]]]:
     """Python source running `inst` on the rebuilt stack (names of temps, None for NULL).
 
     Returns (values consumed from the stack, source lines, [(condition or None, continuation)])."""
@@ -76,7 +76,8 @@ def native_instruction(frame: Frame, inst: dis.Instruction, stack: list[str | No
         items = top(n)
         consumed = n + (1 if len(stack) > n and stack[-n - 1] is None else 0)
         kwargs = f", **{items[2]}" if n == 3 else ""
-        return consumed, [f"__r = __call({items[0]}, *{items[1]}{kwargs})"], [(None, Continuation(nxt, ["__r"]))]
+        lines = [f"__r = __call({items[0]}, *{items[1]}{kwargs})"]
+        return consumed, lines, [(None, Continuation(nxt, ["__r"]))]
     if name in ("POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_FORWARD_IF_FALSE"):
         (cond,) = top(1)
         jump = Continuation(inst.argval, [])
@@ -103,7 +104,8 @@ def native_instruction(frame: Frame, inst: dis.Instruction, stack: list[str | No
         elif name == "BINARY_SUBSCR":
             fn = operator.getitem
         else:
-            return 2, [f"__r = {a} {'not in' if inst.arg else 'in'} {b}"], [(None, Continuation(nxt, ["__r"]))]
+            lines = [f"__r = {a} {'not in' if inst.arg else 'in'} {b}"]
+            return 2, lines, [(None, Continuation(nxt, ["__r"]))]
         return 2, [f"__r = {hold(fn, fn.__name__)}({a}, {b})"], [(None, Continuation(nxt, ["__r"]))]
     if name == "STORE_SUBSCR":
         value, container, index = top(3)
@@ -168,7 +170,7 @@ def make_break_entry(cap: Capture, fn: Any, code: types.CodeType, frame: Frame, 
         if by_identity:
             rec.held_inputs[source.expr] = ns.hold(tensor, "input")
     stack = [None if v is NULL else temp(rec.value(v)) for v in frame.stack]
-    consumed, native, branches = native_instruction(frame, inst, stack, ns, brk.in_callee)
+    consumed, native, branches = native_instruction(frame, inst, stack, ns)
     below = stack[:len(stack) - consumed]
     conts = [(cond, _skip_pop_top(frame, c)) for cond, c in branches]
     local_names: dict[int, tuple[str, ...]] = {}
@@ -199,11 +201,11 @@ def make_break_entry(cap: Capture, fn: Any, code: types.CodeType, frame: Frame, 
     extra: dict[str, Any] = {"__call": callee_caller}
     if rec.outputs or any(n.op in ("call_torch", "call_prim") for n in graph.nodes):
         inputs = [rec.held_inputs[s.expr] if by_id else s.expr for s, _, by_id in cap.inputs]
-        extra["__graph"] = compile_graph(graph, [t for _, t, _ in cap.inputs])
+        extra["__graph"] = compile_segmented(graph, [t for _, t, _ in cap.inputs], compile_graph)
         body = [f"__out = __graph({', '.join(inputs)})"] + body
     _, params, _ = parameters(code)
     source = _entry_source(cap, params, body) + _checks_source(cap, params)
-    env = _exec(cap, source, fn, extra)
+    env = _exec(cap, source, fn, extra, (code.co_filename, frame.lines[frame.pc]))
     return env["__entry"], env["__checks"], source, resumes
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ..graph import Proxy
-from .errors import HINTS, GraphBreak
+from .errors import GraphBreak
 from .frame import NATIVE_OPERAND_TYPES, NULL, symbolic_break
 from .state import MISSING, trusted_module
 

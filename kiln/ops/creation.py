@@ -31,13 +31,14 @@ def _size(args: Sequence[Any], kwargs: dict, op: str) -> tuple:
     for s in args:
         if is_tensor(s):
             raise NoDecomposition(f"{op} with tensor sizes")
-        check(isinstance(s, int) and not isinstance(s, bool), lambda: f"{op}(): argument 'size' must be tuple "
-              f"of ints, but found element of type {type(s).__name__}", TypeError)
+        check(isinstance(s, int) and not isinstance(s, bool), lambda: f"{op}(): argument 'size' must be "
+              f"tuple of ints, but found element of type {type(s).__name__}", TypeError)
         check(s >= 0, lambda: f"Trying to create tensor with negative dimension {s}: {list(args)}")
     return tuple(args)
 
 
-def _options(op: str, kwargs: dict, dtype: Any = None, device: Any = None) -> tuple[torch.dtype, torch.device]:
+def _options(op: str, kwargs: dict, dtype: Any = None,
+             device: Any = None) -> tuple[torch.dtype, torch.device]:
     """dtype and device from factory keyword arguments; refuses what the prims do not model."""
     if kwargs.pop("requires_grad", False):
         raise NoDecomposition(f"{op} with requires_grad=True")
@@ -72,12 +73,14 @@ def _fill_value(value: Any, dtype: torch.dtype) -> Any:
         check(not isinstance(value, complex), lambda: f"value cannot be converted to type {dtype} without "
               f"overflow", RuntimeError)
         return float(value)
-    check(not isinstance(value, complex), lambda: f"value cannot be converted to type {dtype} without overflow")
+    check(not isinstance(value, complex),
+          lambda: f"value cannot be converted to type {dtype} without overflow")
     if isinstance(value, float) and not math.isfinite(value):
         raise NoDecomposition("a non-finite fill for an integer dtype")
     value = int(value)
     info = torch.iinfo(dtype)
-    check(info.min <= value <= info.max, lambda: f"value cannot be converted to type {dtype} without overflow")
+    check(info.min <= value <= info.max,
+          lambda: f"value cannot be converted to type {dtype} without overflow")
     return value
 
 
@@ -126,15 +129,15 @@ def empty_strided(size: Any, stride: Any, **kwargs: Any) -> Any:
 def empty_permuted(size: Any, physical_layout: Sequence[int], **kwargs: Any) -> Any:
     shape = _size((size,), {}, "empty_permuted")
     perm = tuple(physical_layout)
-    check(sorted(perm) == list(range(len(shape))), lambda: f"empty_permuted: physical_layout {list(perm)} is not "
-          f"a permutation of the {len(shape)} dims")
+    check(sorted(perm) == list(range(len(shape))), lambda: f"empty_permuted: physical_layout {list(perm)} is "
+          f"not a permutation of the {len(shape)} dims")
     dtype, device = _options("empty_permuted", kwargs)
     physical = tuple(shape[d] for d in perm)
     inverse = [0] * len(perm)
     for i, d in enumerate(perm):
         inverse[d] = i
-    return prims.permute(prims.empty_strided(physical, prims.shape.contiguous_strides(physical), dtype, device),
-                         tuple(inverse))
+    values = prims.empty_strided(physical, prims.shape.contiguous_strides(physical), dtype, device)
+    return prims.permute(values, tuple(inverse))
 
 
 @register(torch.scalar_tensor)
@@ -143,22 +146,68 @@ def scalar_tensor(s: Any, **kwargs: Any) -> Any:
     return prims.full((), _fill_value(s, dtype), dtype, device)
 
 
+# ---- tensors from Python data -------------------------------------------------------------------------
+
+_MAX_CONSTANT = 1 << 16  # larger literal data stays a fallback node rather than a graph constant
+
+
+def _from_data(op: str, data: Any, kwargs: dict, dtype: Any = None, device: Any = None) -> Any:
+    from ..graph import flatten
+    if is_tensor(data) or any(is_tensor(v) for v in flatten(data)):
+        raise NoDecomposition(f"{op} of tensors")
+    dtype = kwargs.pop("dtype", None) or dtype
+    device = kwargs.pop("device", None) or device
+    if kwargs.pop("requires_grad", False) or kwargs.pop("pin_memory", False):
+        raise NoDecomposition(f"{op} with requires_grad or pin_memory")
+    check(not kwargs, lambda: f"{op}() got unexpected keyword arguments {sorted(kwargs)}", TypeError)
+    # a real tensor (a graph constant), built exactly as eager builds it
+    with torch._C.DisableTorchFunction():
+        value = torch.tensor(data, dtype=dtype, device=device)
+    if value.numel() > _MAX_CONSTANT:
+        raise NoDecomposition(f"{op} of more than {_MAX_CONSTANT} values")
+    return prims.clone(value, torch.contiguous_format)
+
+
+@register(torch.tensor)
+def tensor(data: Any, **kwargs: Any) -> Any:
+    return _from_data("tensor", data, kwargs)
+
+
+@register(torch.as_tensor)
+def as_tensor(data: Any, dtype: Any = None, device: Any = None) -> Any:
+    return _from_data("as_tensor", data, {}, dtype, device)
+
+
+@register(torch.Tensor.new_tensor)
+def new_tensor(a: Any, data: Any, **kwargs: Any) -> Any:
+    return _from_data("new_tensor", data, kwargs, a.dtype, a.device)  # a's dtype whatever the data
+
+
 # ---- _like and new_ -----------------------------------------------------------------------------------
 
-def _like_layout(a: Any, memory_format: Any) -> tuple[tuple, tuple] | None:
-    """(permutation, permuted shape) that creates a tensor in `a`'s memory order, or None for contiguous."""
+def _like_layout(a: Any, memory_format: Any) -> tuple[tuple, tuple, bool] | None:
+    """(permutation, permuted shape, whether the layout is contiguous) that creates a tensor in the memory
+    order eager's empty_like(a, memory_format) gives; None for plain contiguous strides."""
+    shape = tuple(a.shape)
     if memory_format is None or memory_format == torch.preserve_format:
-        shape, strides = tuple(a.shape), tuple(a.stride())
+        strides = tuple(a.stride())
         if not is_non_overlapping_and_dense(shape, strides):
             strides = dense_strides_like(shape, strides)
-        if a.meta.with_(strides=strides).is_contiguous():
-            return None
-        # outermost (largest stride) first; size-1 dims keep their relative place
-        perm = tuple(sorted(range(len(shape)), key=lambda d: (-strides[d], d)))
-        return perm, tuple(shape[d] for d in perm)
-    if memory_format == torch.contiguous_format:
+    elif memory_format in (torch.contiguous_format, torch.channels_last, torch.channels_last_3d):
+        strides = prims.shape.memory_format_strides(shape, memory_format, "empty_like")
+    else:
+        raise NoDecomposition(f"a _like factory with {memory_format}")
+    if strides == prims.shape.contiguous_strides(shape):
         return None
-    raise NoDecomposition(f"a _like factory with {memory_format}")
+    # outermost (largest stride) first, a size-1 dim after the larger dim sharing its stride: permuting a
+    # contiguous tensor of the permuted shape back then gives these strides
+    perm = tuple(sorted(range(len(shape)), key=lambda d: (-strides[d], -shape[d], d)))
+    permuted = tuple(shape[d] for d in perm)
+    contiguous = a.meta.with_(strides=strides).is_contiguous()
+    made = prims.shape.contiguous_strides(permuted)
+    if contiguous and tuple(made[perm.index(d)] for d in range(len(shape))) != strides:
+        return None  # only size-1 dims' strides differ, which this construction cannot reproduce
+    return perm, permuted, contiguous
 
 
 def _like(a: Any, op: str, kwargs: dict, make: Any, contiguous_only: bool = False) -> Any:
@@ -167,9 +216,9 @@ def _like(a: Any, op: str, kwargs: dict, make: Any, contiguous_only: bool = Fals
     dtype, device = _options(op, kwargs, a.dtype, a.device)
     if layout is None:
         return make(tuple(a.shape), dtype, device)
-    if contiguous_only:
+    perm, shape, contiguous = layout
+    if contiguous_only and not contiguous:
         raise NoDecomposition(f"{op} of a non-contiguous tensor (eager draws in another order)")
-    perm, shape = layout
     inverse = [0] * len(perm)
     for i, d in enumerate(perm):
         inverse[d] = i
@@ -188,7 +237,8 @@ def ones_like(a: Any, **kwargs: Any) -> Any:
 
 @register(torch.full_like)
 def full_like(a: Any, fill_value: Any, **kwargs: Any) -> Any:
-    return _like(a, "full_like", kwargs, lambda s, dt, dev: prims.full(s, _fill_value(fill_value, dt), dt, dev))
+    return _like(a, "full_like", kwargs,
+                 lambda s, dt, dev: prims.full(s, _fill_value(fill_value, dt), dt, dev))
 
 
 @register(torch.empty_like)
@@ -443,7 +493,8 @@ def _fill_target(a: Any, op: str, contiguous_only: bool) -> None:
 def uniform_(a: Any, from_: float = 0.0, to: float = 1.0, *, generator: Any = None, **kwargs: Any) -> Any:
     low, high = kwargs.pop("from", from_), to
     check(not kwargs, lambda: f"uniform_() got unexpected arguments {sorted(kwargs)}", TypeError)
-    check(low <= high, lambda: f"uniform_ expects to return a [from, to) range, but found from={low} > to={high}")
+    check(low <= high,
+          lambda: f"uniform_ expects to return a [from, to) range, but found from={low} > to={high}")
     _fill_target(a, "uniform_", contiguous_only=False)
     dtype = _float_dtype(a.dtype, "uniform_")
     return _like(a, "uniform_", {}, lambda s, dt, dev: prims.uniform(s, float(low), float(high), dtype, dev,
@@ -488,4 +539,21 @@ def random_(a: Any, *args: Any, generator: Any = None, **kwargs: Any) -> Any:
     return _like(a, "random_", {}, lambda s, dt, dev: prims.randint(low, high, s, a.dtype, dev, generator))
 
 
-mark_inplace(torch.Tensor.uniform_, torch.Tensor.normal_, torch.Tensor.bernoulli_, torch.Tensor.random_)
+@register(torch.Tensor.fill_)
+def fill_(a: Any, value: Any) -> Any:
+    if is_tensor(value):
+        check(value.ndim == 0, lambda: f"fill_ only supports 0-dimension value tensor but got tensor with "
+              f"{value.ndim} dimensions.")
+        value = value if value.dtype == a.dtype else prims.convert_element_type(value, a.dtype)
+        return _like(a, "fill_", {}, lambda s, dt, dev: prims.clone(prims.broadcast_in_dim(value, s, ()),
+                                                                     torch.contiguous_format))
+    return _like(a, "fill_", {}, lambda s, dt, dev: prims.full(s, _fill_value(value, dt), dt, dev))
+
+
+@register(torch.Tensor.zero_)
+def zero_(a: Any) -> Any:
+    return _like(a, "zero_", {}, lambda s, dt, dev: prims.full(s, _fill_value(0, dt), dt, dev))
+
+
+mark_inplace(torch.Tensor.uniform_, torch.Tensor.normal_, torch.Tensor.bernoulli_, torch.Tensor.random_,
+             torch.Tensor.fill_, torch.Tensor.zero_)

@@ -392,7 +392,12 @@ _real_identity("conj_physical", torch.conj_physical, method("conj_physical"), fr
 
 # ---- type conversions ----------------------------------------------------------------------------------
 
-def _converted(input: Any, dtype: torch.dtype | None, copy_: bool) -> Any:
+def _converted(input: Any, dtype: torch.dtype | None, copy_: bool,
+               memory_format: Any = torch.preserve_format) -> Any:
+    if memory_format not in (torch.preserve_format, torch.contiguous_format):
+        raise NoDecomposition(f"a conversion to {memory_format}")
+    if memory_format == torch.contiguous_format and not input.meta.is_contiguous():
+        copy_ = True  # convert_element_type returns a dense tensor
     if dtype is None or dtype == input.dtype:
         return copy(input) if copy_ else input  # eager returns self itself
     return prims.convert_element_type(input, dtype)
@@ -442,18 +447,12 @@ def to(input: Any, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"to() received too many arguments: {args}")
     if not _same_device(input, _parse_device(device)):
         raise NoDecomposition("to() another device")
-    if memory_format not in (torch.preserve_format, torch.contiguous_format):
-        raise NoDecomposition(f"to() with {memory_format}")
-    if memory_format == torch.contiguous_format and not input.meta.is_contiguous():
-        raise NoDecomposition("to() with contiguous_format of a non-contiguous tensor")
-    return _converted(input, dtype, bool(copy_))
+    return _converted(input, dtype, bool(copy_), memory_format)
 
 
 def _cast_method(name: str, dtype: torch.dtype) -> None:
     def fn(input: Any, memory_format: Any = torch.preserve_format) -> Any:
-        if memory_format != torch.preserve_format:
-            raise NoDecomposition(f"{name}() with {memory_format}")
-        return _converted(input, dtype, False)
+        return _converted(input, dtype, False, memory_format)
     fn.__name__ = name
     decomposition(method(name))(fn)
 

@@ -14,7 +14,7 @@ from .. import prims
 from .elementwise import (_dtype_name, _refuse_complex, _to_bool, decomposition, full_like, materialize,
                           method, to_compute)
 from .registry import NoDecomposition
-from .utils import (broadcast, check, computation_dtype, convert, elementwise, is_float_dtype, is_number,
+from .utils import (broadcast, check, convert, elementwise, is_float_dtype, is_number,
                     is_tensor, result_type)
 
 
@@ -114,8 +114,8 @@ def div(input: Any, other: Any, *, rounding_mode: str | None = None) -> Any:
           f"'trunc', or 'floor' but found '{rounding_mode}'", ValueError)
     _refuse_complex("div with rounding_mode", input, other)
     dtype = result_type(input, other)
-    compute = computation_dtype(dtype)
-    a, b = materialize(*broadcast(to_compute(input, dtype), to_compute(other, dtype)))
+    compute = dtype  # float16 rounds its quotient to float16 before rounding it to an integer, as eager
+    a, b = materialize(*broadcast(convert(input, dtype), convert(other, dtype)))
     if dtype == torch.bool:
         a, b = prims.convert_element_type(a, torch.int64), prims.convert_element_type(b, torch.int64)
     if rounding_mode == "trunc":

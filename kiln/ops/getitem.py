@@ -82,11 +82,12 @@ def _slice_bounds(s: slice, size: int) -> tuple[int, int, int]:
 
 
 def basic_view(a: Any, index: Any) -> tuple[Any, list]:
-    """The view selected by the basic part of `index`, and per dim of that view its advanced index (or None)."""
+    """The view selected by the basic part of `index`, and per dim of that view its advanced index tensor
+    (or None)."""
     from .shape import slice_dim
     items = _normalize(index)
-    check(sum(1 for i in items if i is Ellipsis) <= 1, lambda: "an index can only have a single ellipsis ('...')",
-          IndexError)
+    check(sum(1 for i in items if i is Ellipsis) <= 1,
+          lambda: "an index can only have a single ellipsis ('...')", IndexError)
     used = sum(_consumes(i) for i in items)
     check(used <= a.ndim, lambda: f"too many indices for tensor of dimension {a.ndim}", IndexError)
     expanded: list = []
@@ -111,8 +112,8 @@ def basic_view(a: Any, index: Any) -> tuple[Any, list]:
             dim += 1
         elif isinstance(item, int):
             size = result.shape[dim]
-            check(-size <= item < size, lambda: f"index {item} is out of bounds for dimension {dim} with size "
-                  f"{size}", IndexError)
+            check(-size <= item < size, lambda: f"index {item} is out of bounds for dimension {dim} with "
+                  f"size {size}", IndexError)
             i = item + size if item < 0 else item
             result = prims.squeeze(slice_dim(result, dim, i, i + 1), (dim,))
         elif isinstance(item, slice):
@@ -139,16 +140,21 @@ def getitem(a: Any, index: Any) -> Any:
     return _advanced().advanced_index(result, advanced)
 
 
-def _zero(dtype: torch.dtype) -> Any:
-    return False if dtype == torch.bool else (0j if dtype.is_complex else (0.0 if dtype.is_floating_point else 0))
+def zero_of(dtype: torch.dtype) -> Any:
+    """The Python zero of a dtype's kind (False, 0, 0.0, 0j)."""
+    if dtype == torch.bool:
+        return False
+    return 0j if dtype.is_complex else (0.0 if dtype.is_floating_point else 0)
 
 
-def _region(a: Any, index: Any) -> tuple[list, list] | None:
-    """Per input dim (start, size, step) of the part `index` selects, and the view's dims that are new (None);
-    None when the index has advanced parts."""
+def _region(a: Any, index: Any) -> tuple[list, tuple]:
+    """Per input dim, (start, count, step) of the part of `a` the index reaches (an index tensor reaches its
+    whole dim), and the shape of that region."""
     items = _normalize(index)
-    if any(isinstance(i, bool) or is_tensor(i) for i in items):
-        return None
+    if any(isinstance(i, bool) for i in items):
+        raise NoDecomposition("__setitem__ with a bool scalar index")
+    if any(is_tensor(i) and i.dtype in (torch.bool, torch.uint8) and i.ndim != 1 for i in items):
+        raise NoDecomposition("__setitem__ with a multi-dimensional mask")
     used = sum(_consumes(i) for i in items)
     check(used <= a.ndim, lambda: f"too many indices for tensor of dimension {a.ndim}", IndexError)
     expanded: list = []
@@ -156,23 +162,22 @@ def _region(a: Any, index: Any) -> tuple[list, list] | None:
         expanded.extend([slice(None)] * (a.ndim - used) if item is Ellipsis else [item])
     if not any(i is Ellipsis for i in items):
         expanded.extend([slice(None)] * (a.ndim - used))
-    ranges, new_dims, view_dim, dim = [], [], 0, 0
+    ranges, dim = [], 0
     for item in expanded:
         if item is None:
-            new_dims.append(view_dim)
-            view_dim += 1
-        elif isinstance(item, int):
+            continue
+        if isinstance(item, int):
             size = a.shape[dim]
-            check(-size <= item < size, lambda: f"index {item} is out of bounds for dimension {dim} with size "
-                  f"{size}", IndexError)
+            check(-size <= item < size, lambda: f"index {item} is out of bounds for dimension {dim} with "
+                  f"size {size}", IndexError)
             ranges.append((item + size if item < 0 else item, 1, 1))
-            dim += 1
-        else:
+        elif isinstance(item, slice):
             start, stop, step = _slice_bounds(item, a.shape[dim])
             ranges.append((start, -(-(stop - start) // step), step))
-            view_dim += 1
-            dim += 1
-    return ranges, new_dims
+        else:
+            ranges.append((0, a.shape[dim], 1))
+        dim += 1
+    return ranges, tuple(n for _, n, _ in ranges)
 
 
 @register(torch.Tensor.__setitem__)
@@ -180,22 +185,18 @@ def setitem(a: Any, index: Any, value: Any) -> Any:
     """The value of `a` after `a[index] = value`, as a new tensor (the op is in-place)."""
     from .creation import _fill_value
     from .shape import _expand, _reshape
-    region = _region(a, index)
-    if region is None:
-        view, advanced = basic_view(a, index)
-        trivial = all(isinstance(i, slice) and i == slice(None) or i is Ellipsis or is_tensor(i)
-                      for i in _normalize(index))
-        if not trivial or view.ndim != a.ndim:
-            raise NoDecomposition("__setitem__ mixing advanced and basic indices")
+    ranges, region_shape = _region(a, index)
+    view, advanced = basic_view(a, index)
+    if any(i is not None for i in advanced):
         indexing = _advanced()
         if not hasattr(indexing, "advanced_index_put"):
             raise NoDecomposition("advanced_index_put")
-        if is_tensor(value) and value.dtype != a.dtype:
-            value = prims.convert_element_type(value, a.dtype)
-        return indexing.advanced_index_put(a, advanced, value, accumulate=False)
-    ranges, new_dims = region
-    view, _ = basic_view(a, index)
-    region_shape = tuple(size for _, size, _ in ranges)
+        # the basic view with its advanced part updated (eager's index_put_ on the view), then written back
+        updated = indexing.advanced_index_put(view, advanced, value, accumulate=False)
+        region = _reshape(updated, region_shape)
+        if all(start == 0 and n == size for (start, n, _), size in zip(ranges, a.shape)):
+            return region
+        return place(a, region, ranges)
     if is_tensor(value):
         check(value.ndim <= view.ndim or all(s == 1 for s in value.shape[:value.ndim - view.ndim]),
               lambda: f"shape mismatch: value tensor of shape {list(value.shape)} cannot be broadcast to "
@@ -216,13 +217,13 @@ def place(a: Any, value: Any, ranges: Sequence[tuple[int, int, int]]) -> Any:
     dtype): the value is padded out to a's shape and chosen by a mask padded the same way."""
     region_shape = tuple(n for _, n, _ in ranges)
     check(tuple(value.shape) == region_shape and value.dtype == a.dtype,
-          lambda: f"place: value {value.dtype}{list(value.shape)} does not fit region {list(region_shape)} of "
-                  f"{a.dtype}{list(a.shape)}")
+          lambda: f"place: value {value.dtype}{list(value.shape)} does not fit region {list(region_shape)} "
+                  f"of {a.dtype}{list(a.shape)}")
     if any(n == 0 for n in region_shape):
         return prims.clone(a, torch.contiguous_format)
     config = [(start, size_a - (start + (n - 1) * step + 1), step - 1)
               for (start, n, step), size_a in zip(ranges, a.shape)]
-    placed = prims.pad(value, _zero(a.dtype), config)
+    placed = prims.pad(value, zero_of(a.dtype), config)
     mask = prims.pad(prims.full(region_shape, True, torch.bool, a.device), False, config)
     return prims.where(mask, placed, a)
 

@@ -191,8 +191,8 @@ def index_add(input: Any, dim: int, index: Any, source: Any, *, alpha: Any = 1) 
           f"{index.dtype}")
     check(input.dtype == source.dtype, lambda: f"index_add_(): self ({input.dtype}) and source "
           f"({source.dtype}) must have the same scalar type")
-    check(source.ndim == input.ndim, lambda: "index_add_(): source tensor shape must match self tensor shape, "
-          f"excluding the specified dimension. Got self.shape = {shape_text(input)} source.shape = "
+    check(source.ndim == input.ndim, lambda: "index_add_(): source tensor shape must match self tensor "
+          f"shape, excluding the specified dimension. Got self.shape = {shape_text(input)} source.shape = "
           f"{shape_text(source)}")
     dim = _index_source_check("index_add_", input, dim, index, source, RuntimeError)
     if not (isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and alpha == 1):

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from .. import prims
 from .registry import NoDecomposition, register
-from .utils import broadcast_shapes, broadcast_to, check, is_tensor, shape_text
+from .utils import (broadcast_shapes, broadcast_to, check, computation_dtype, convert, is_tensor,
+                    shape_text)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -114,6 +115,21 @@ def matmul(a: Any, b: Any) -> Any:
     return out.reshape(tuple(shape))
 
 
+@register(torch.Tensor.__rmatmul__)
+def rmatmul(a: Any, b: Any) -> Any:
+    return matmul(b, a)
+
+
+@register(torch.linalg.vecdot)
+def vecdot(x: Any, y: Any, *, dim: int = -1) -> Any:
+    """sum(conj(x) * y) over dim, with broadcasting (complex inputs fall back)."""
+    check(x.dtype == y.dtype, lambda: f"linalg.vecdot: Expected x and y to have the same dtype, but found "
+          f"x of type {x.dtype} and y of type {y.dtype} instead")
+    if x.dtype.is_complex:
+        raise NoDecomposition("linalg.vecdot of complex tensors")
+    return (x * y).sum(dim)
+
+
 @register(torch.inner, torch.Tensor.inner)
 def inner(a: Any, b: Any) -> Any:
     if a.ndim == 0 or b.ndim == 0:
@@ -139,32 +155,45 @@ def _scale(x: Any, factor: Any) -> Any:
     return x * factor
 
 
-def _check_scalars(op: str, dtype: torch.dtype, beta: Any, alpha: Any) -> None:
+def _scalars(op: str, dtype: torch.dtype, beta: Any, alpha: Any) -> tuple[Any, Any]:
+    """beta and alpha as eager uses them: integer tensors truncate float factors (addr refuses them)."""
+    out = []
     for name, value in (("beta", beta), ("alpha", alpha)):
         if is_tensor(value):
             raise NoDecomposition(f"{op} with a tensor {name}")
         check(not isinstance(value, complex) or dtype.is_complex,
               lambda: f"{op}: argument {name} must not be complex for non-complex input tensors", ValueError)
-        if not (dtype.is_floating_point or dtype.is_complex):
-            check(not isinstance(value, float),
-                  lambda: f"For integral input tensors, argument {name} must not be a floating point number.")
+        if dtype == torch.bool:
+            raise NoDecomposition(f"{op} of bool tensors")
+        if not (dtype.is_floating_point or dtype.is_complex) and isinstance(value, float):
+            check(op != "addr", lambda: f"For integral input tensors, argument {name} must not be a floating "
+                  "point number.")
+            value = int(value)
+        out.append(value)
+    return out[0], out[1]
 
 
-def _add_scaled(op: str, inp: Any, product: Any, beta: Any, alpha: Any) -> Any:
-    """beta * inp + alpha * product, where beta == 0 ignores inp (its NaNs too), as eager does."""
-    _check_scalars(op, product.dtype, beta, alpha)
-    check(inp.dtype == product.dtype, lambda: f"{op}: self and mat2 must have the same dtype, but got "
-          f"{_dtype_name(inp.dtype)} and {_dtype_name(product.dtype)}")
-    shape = tuple(product.shape)
+def _add_scaled(op: str, inp: Any, product: Any, operands: Sequence[Any], beta: Any, alpha: Any) -> Any:
+    """beta * inp + alpha * product(*operands), where beta == 0 ignores inp (its NaNs too), as eager does.
+
+    Half-precision operands compute in float32 and round once at the end, as eager's fused kernels do.
+    """
+    dtype = operands[0].dtype
+    beta, alpha = _scalars(op, dtype, beta, alpha)
+    check(inp.dtype == dtype, lambda: f"{op}: self and mat2 must have the same dtype, but got "
+          f"{_dtype_name(inp.dtype)} and {_dtype_name(dtype)}")
+    compute = computation_dtype(dtype)
+    out = product(*[convert(o, compute) for o in operands])
+    shape = tuple(out.shape)
     try:
         inp = broadcast_to(inp, shape)
     except RuntimeError:
         raise RuntimeError(f"{op}: the input {shape_text(inp)} cannot broadcast to the product's shape "
                            f"{list(shape)}") from None
-    product = _scale(product, alpha)
-    if not isinstance(beta, bool) and beta == 0:
-        return product
-    return _scale(inp, beta) + product
+    out = _scale(out, alpha)
+    if isinstance(beta, bool) or beta != 0:
+        out = _scale(convert(inp, compute), beta) + out
+    return convert(out, dtype)
 
 
 @register(torch.addmm, torch.Tensor.addmm)
@@ -172,12 +201,14 @@ def addmm(inp: Any, mat1: Any, mat2: Any, *, beta: Any = 1, alpha: Any = 1) -> A
     check(mat1.dtype == mat2.dtype and inp.dtype == mat1.dtype,
           lambda: f"addmm: self and mat2 must have the same dtype, but got {_dtype_name(inp.dtype)} and "
                   f"{_dtype_name(mat2.dtype)}")
-    return _add_scaled("addmm", inp, prims.mm(mat1, mat2), beta, alpha)
+    prims.mm.meta(mat1, mat2)  # shape errors name the operands' own shapes
+    return _add_scaled("addmm", inp, prims.mm, (mat1, mat2), beta, alpha)
 
 
 @register(torch.addmv, torch.Tensor.addmv)
 def addmv(inp: Any, mat: Any, vec: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
-    return _add_scaled("addmv", inp, mv(mat, vec), beta, alpha)
+    _same_dtype("addmv", mat, vec)
+    return _add_scaled("addmv", inp, mv, (mat, vec), beta, alpha)
 
 
 @register(torch.addr, torch.Tensor.addr)
@@ -186,12 +217,26 @@ def addr(inp: Any, vec1: Any, vec2: Any, *, beta: Any = 1, alpha: Any = 1) -> An
           f"and {shape_text(vec2)}")
     if inp.dtype == torch.bool or vec1.dtype != inp.dtype or vec2.dtype != inp.dtype:
         raise NoDecomposition("addr with bool or mixed dtypes")
-    return _add_scaled("addr", inp, outer(vec1, vec2), beta, alpha)
+    beta, alpha = _scalars("addr", inp.dtype, beta, alpha)
+    # eager's kernel: self * beta + alpha * vec1 * vec2, each op rounded to the tensors' dtype, in this order,
+    # with beta and alpha first converted to that dtype
+    if computation_dtype(inp.dtype) != inp.dtype:
+        beta, alpha = (float(torch.tensor(v, dtype=inp.dtype)) for v in (beta, alpha))
+    out = outer(_scale(vec1, alpha), vec2)
+    try:
+        inp = broadcast_to(inp, tuple(out.shape))
+    except RuntimeError:
+        raise RuntimeError(f"addr: the input {shape_text(inp)} cannot broadcast to the outer product's shape "
+                           f"{list(out.shape)}") from None
+    if isinstance(beta, bool) or beta != 0:
+        out = _scale(inp, beta) + out
+    return out
 
 
 @register(torch.baddbmm, torch.Tensor.baddbmm)
 def baddbmm(inp: Any, batch1: Any, batch2: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
-    return _add_scaled("baddbmm", inp, prims.bmm(batch1, batch2), beta, alpha)
+    prims.bmm.meta(batch1, batch2)
+    return _add_scaled("baddbmm", inp, prims.bmm, (batch1, batch2), beta, alpha)
 
 
 @register(torch.addbmm, torch.Tensor.addbmm)
@@ -204,9 +249,16 @@ def addbmm(inp: Any, batch1: Any, batch2: Any, *, beta: Any = 1, alpha: Any = 1)
     check(b == b2, lambda: f"addbmm: batch1 and batch2 must have same number of batches, got {b} and {b2}")
     check(k == k2, lambda: f"addbmm: Incompatible matrix sizes for bmm ({n}x{k} and {k2}x{m})")
     _same_dtype("addbmm", batch1, batch2)
-    rows = batch1.transpose(0, 1).reshape(n, b * k)
-    cols = batch2.reshape(b * k, m)
-    return _add_scaled("addbmm", inp, prims.mm(rows, cols), beta, alpha)
+    if computation_dtype(inp.dtype) != inp.dtype and b > 0:
+        # eager accumulates one addmm per batch, rounding to the half-precision dtype after each
+        out = inp
+        for i in range(b):
+            out = addmm(out, batch1.select(0, i), batch2.select(0, i), beta=beta if i == 0 else 1, alpha=alpha)
+        return out
+
+    def product(x: Any, y: Any) -> Any:
+        return prims.mm(x.transpose(0, 1).reshape(n, b * k), y.reshape(b * k, m))
+    return _add_scaled("addbmm", inp, product, (batch1, batch2), beta, alpha)
 
 
 @register(torch.tensordot)

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import prims
+from . import nn_attention  # noqa: F401  (registers multi_head_attention_forward)
 from .nn_layout import vector_norm  # also registers the layout ops (pad, interpolate, ...)
 from .registry import DECOMPOSITIONS, NoDecomposition, register
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from .. import prims
 from .registry import NoDecomposition, register
-from .utils import check, computation_dtype, convert, is_float_dtype, shape_text, wrap_dim
+from .utils import check, computation_dtype, convert, is_float_dtype, result_type, shape_text, wrap_dim
 
 
 # ---- pad --------------------------------------------------------------------------------------------------
@@ -32,9 +32,7 @@ def _constant_pad(input: Any, pad: Sequence[int], value: Any) -> Any:
     if input.dtype == torch.bool:
         value = bool(value)
     elif not is_float_dtype(input.dtype):
-        check(float(value) == int(value), lambda: f"value cannot be converted to type {input.dtype} without "
-              f"overflow", RuntimeError)
-        value = int(value)
+        value = int(value)  # eager truncates the fill value to the integer dtype
     else:
         value = float(value) if not isinstance(value, complex) else value
     if all(c == (0, 0, 0) for c in config):
@@ -187,13 +185,14 @@ def cosine_similarity(x1: Any, x2: Any, dim: int = 1, eps: float = 1e-8) -> Any:
     ndim = max(x1.ndim, x2.ndim)
     d = wrap_dim(dim, ndim)
     x1, x2 = torch.broadcast_tensors(x1, x2)
-    check(is_float_dtype(x1.dtype) and x1.dtype == x2.dtype, lambda: f"cosine_similarity: expected floating "
-          f"inputs of one dtype, got {x1.dtype} and {x2.dtype}", RuntimeError)
-    a, b = convert(x1, computation_dtype(x1.dtype)), convert(x2, computation_dtype(x2.dtype))
+    common = result_type(x1, x2)
+    check(is_float_dtype(common), lambda: f"expected common dtype to be floating point, yet common dtype is "
+          f"{str(common).removeprefix('torch.').capitalize()}", RuntimeError)
+    a, b = convert(x1, computation_dtype(common)), convert(x2, computation_dtype(common))
     # eager: each input divided by its norm clamped to eps, then the dot product
     na = torch.clamp_min(vector_norm(a, 2, [d], True), eps)
     nb = torch.clamp_min(vector_norm(b, 2, [d], True), eps)
-    return convert(torch.sum((a / na) * (b / nb), d), x1.dtype)
+    return convert(torch.sum((a / na) * (b / nb), d), common)
 
 
 @register(F.pairwise_distance, torch.pairwise_distance)
@@ -248,7 +247,13 @@ def _kernel_scale(np_dtype: Any, in_size: int, out_size: int, align_corners: boo
     return np_dtype(in_size) / np_dtype(out_size)
 
 
-def _nearest_indices(in_size: int, out_size: int, scale: float | None, exact: bool) -> list[int]:
+def _nearest_indices(in_size: int, out_size: int, scale: float | None, exact: bool,
+                     special_cases: bool) -> list[int]:
+    # eager's 2-d nearest kernel (nearest_idx) special-cases these sizes, whatever the scale factor
+    if special_cases and not exact and out_size == in_size:
+        return list(range(out_size))
+    if special_cases and not exact and out_size == 2 * in_size:
+        return [i >> 1 for i in range(out_size)]
     s = _kernel_scale(np.float32, in_size, out_size, False, scale)
     dst = np.arange(out_size)
     if exact:
@@ -359,7 +364,7 @@ def interpolate(input: Any, size: Any = None, scale_factor: Any = None, mode: st
               NotImplementedError)
         x = input
         for d in range(n):
-            idx = _nearest_indices(input.shape[2 + d], sizes[d], scales[d], mode == "nearest-exact")
+            idx = _nearest_indices(input.shape[2 + d], sizes[d], scales[d], mode == "nearest-exact", n == 2)
             if idx != list(range(input.shape[2 + d])):
                 x = torch.index_select(x, 2 + d, torch.tensor(idx, dtype=torch.int64, device=input.device))
         return x

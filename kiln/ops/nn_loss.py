@@ -8,13 +8,14 @@ a decomposition cannot raise on values, so gaussian_nll_loss (which checks its v
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.nn import _reduction
 
-from .registry import NoDecomposition, register
+from .registry import NoDecomposition, UnsupportedError, register
 from .utils import check, convert, is_float_dtype, shape_text
 
 
@@ -58,14 +59,35 @@ def mse_loss(input: Any, target: Any, size_average: Any = None, reduce: Any = No
     return torch.sum(weighted) if reduction == "sum" else torch.sum(weighted) / torch.sum(weight)
 
 
+def _l1_loss_weight_dropped() -> bool:
+    """Whether F.l1_loss was called with a weight: its __torch_function__ call does not forward `weight`
+    (torch 2.x), so neither a decomposition nor a fallback would see it; its frame still holds it."""
+    frame = sys._getframe(1)
+    code = getattr(F.l1_loss, "__code__", None)
+    while frame is not None:
+        if frame.f_code is code:
+            return frame.f_locals.get("weight") is not None
+        frame = frame.f_back
+    return False
+
+
 @register(F.l1_loss)
 def l1_loss(input: Any, target: Any, size_average: Any = None, reduce: Any = None, reduction: str = "mean",
             weight: Any = None) -> Any:
     reduction = reduction_mode(size_average, reduce, reduction)
+    if weight is None and _l1_loss_weight_dropped():
+        raise UnsupportedError("torch.nn.functional.l1_loss(weight=...) does not pass `weight` on to traced "
+                               "tensors (a torch limitation), so kiln cannot trace it; it runs eagerly")
     if weight is not None:
-        raise NoDecomposition("l1_loss with weight")
+        check(list(weight.shape) == list(input.shape), lambda: "Weights and input must have the same size.",
+              ValueError)
     x, t = _same_size("l1_loss", input, target)
-    return reduce_loss(torch.abs(x - t), reduction)
+    if weight is None:
+        return reduce_loss(torch.abs(x - t), reduction)
+    weighted = torch.abs(x - t) * weight
+    if reduction == "none":
+        return weighted
+    return torch.sum(weighted) if reduction == "sum" else torch.sum(weighted) / torch.sum(weight)
 
 
 @register(F.smooth_l1_loss)

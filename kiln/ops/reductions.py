@@ -61,7 +61,9 @@ def _accumulate_dtype(input: Any, dtype: torch.dtype | None) -> torch.dtype:
 def _sum_prod(prim: Any, input: Any, dim: Any, keepdim: bool, dtype: torch.dtype | None) -> Any:
     out_dtype = _accumulate_dtype(input, dtype)
     dims = reduction_dims(input, dim)
-    x = convert(input, computation_dtype(out_dtype))
+    # the input converts to dtype first; a bool result accumulates in int64 (sum: any, prod: all)
+    compute = torch.int64 if out_dtype == torch.bool else computation_dtype(out_dtype)
+    x = convert(convert(input, out_dtype), compute)
     out = convert(prim(x, dims), out_dtype)
     return keep_dims(out, input, dims, keepdim)
 

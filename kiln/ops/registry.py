@@ -230,6 +230,8 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
             decomposition = sub
         except NoDecomposition as e:
             counters["no_decomposition"][f"{name} (needs {e})" if str(e) != name else name] += 1
+        except UnsupportedError:
+            raise  # the call cannot be traced at all (e.g. torch drops an argument): capture breaks the graph
         except DataDependentError as e:
             failure = e
         except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError, AssertionError,

@@ -15,7 +15,7 @@ import torch
 from .. import prims
 from ..prims.shape import view_strides
 from .registry import NoDecomposition, mark_view, register
-from .utils import check, is_tensor, result_type, shape_text, wrap_dim
+from .utils import check, is_tensor, wrap_dim
 
 _Shape = (tuple, list, torch.Size)
 
@@ -48,8 +48,8 @@ def infer_size(shape: Sequence[int], total: Any, op: str = "view") -> tuple:
     text = f"shape '[{', '.join(map(str, shape))}]' is invalid for input of size {total}"
     if infer is not None:
         check(known != 0, lambda: f"cannot reshape tensor of {total} elements into shape "
-              f"[{', '.join(map(str, shape))}] because the unspecified dimension size -1 can be any value and is "
-              f"ambiguous")
+              f"[{', '.join(map(str, shape))}] because the unspecified dimension size -1 can be any value "
+              f"and is ambiguous")
         check(total % known == 0, lambda: text)
         shape[infer] = total // known
     else:
@@ -138,8 +138,8 @@ def squeeze(a: Any, dim: Any = None) -> Any:
     else:
         wanted = (dim,) if isinstance(dim, int) else tuple(dim)
         wrapped = [wrap_dim(d, a.ndim) for d in wanted]
-        check(len(set(wrapped)) == len(wrapped), lambda: f"dim {wrapped[0]} appears multiple times in the list "
-              f"of dims")
+        check(len(set(wrapped)) == len(wrapped), lambda: f"dim {wrapped[0]} appears multiple times in the "
+              f"list of dims")
         dims = tuple(sorted(d for d in set(wrapped) if a.ndim > 0 and a.shape[d] == 1))
     return prims.squeeze(a, dims)
 
@@ -155,8 +155,8 @@ def unsqueeze(a: Any, dim: int) -> Any:
 def permute(a: Any, *dims: Any) -> Any:
     dims = _sizes(dims, "permute")
     check(len(dims) == a.ndim, lambda: f"permute(sparse_coo): number of dimensions in the tensor input does "
-          f"not match the length of the desired ordering of dimensions i.e. input.dim() = {a.ndim} is not equal "
-          f"to len(dims) = {len(dims)}")
+          f"not match the length of the desired ordering of dimensions i.e. input.dim() = {a.ndim} is not "
+          f"equal to len(dims) = {len(dims)}")
     wrapped = tuple(wrap_dim(d, a.ndim) for d in dims)
     check(len(set(wrapped)) == len(wrapped), lambda: "permute(): duplicate dims are not allowed.")
     return prims.permute(a, wrapped)
@@ -224,8 +224,8 @@ def mH(a: Any) -> Any:
 def _move_dims(src: Any, dst: Any, ndim: int, op: str) -> tuple:
     src = (src,) if isinstance(src, int) else tuple(src)
     dst = (dst,) if isinstance(dst, int) else tuple(dst)
-    check(len(src) == len(dst), lambda: f"{op}: Invalid source or destination dims: source ({list(src)} dims) "
-          f"should contain the same number of dims as destination ({list(dst)} dims)")
+    check(len(src) == len(dst), lambda: f"{op}: Invalid source or destination dims: source ({list(src)} "
+          f"dims) should contain the same number of dims as destination ({list(dst)} dims)")
     src = tuple(wrap_dim(d, ndim) for d in src)
     dst = tuple(wrap_dim(d, ndim) for d in dst)
     check(len(set(src)) == len(src), lambda: f"{op}: repeated dim in `source` ({list(src)})")
@@ -246,8 +246,8 @@ def movedim(a: Any, source: Any, destination: Any) -> Any:
 
 def _expand(a: Any, sizes: tuple, op: str = "expand") -> Any:
     check(len(sizes) >= a.ndim, lambda: f"{op}({a.dtype}{{{list(a.shape)}}}, size={list(sizes)}): the number "
-          f"of sizes provided ({len(sizes)}) must be greater or equal to the number of dimensions in the tensor "
-          f"({a.ndim})")
+          f"of sizes provided ({len(sizes)}) must be greater or equal to the number of dimensions in the "
+          f"tensor ({a.ndim})")
     offset = len(sizes) - a.ndim
     shape = []
     for i, s in enumerate(sizes):
@@ -259,9 +259,9 @@ def _expand(a: Any, sizes: tuple, op: str = "expand") -> Any:
         have = a.shape[i - offset]
         if s == -1:
             s = have
-        check(have == s or have == 1, lambda: f"The expanded size of the tensor ({s}) must match the existing "
-              f"size ({have}) at non-singleton dimension {i}.  Target sizes: {list(sizes)}.  Tensor sizes: "
-              f"{list(a.shape)}")
+        check(have == s or have == 1, lambda: f"The expanded size of the tensor ({s}) must match the "
+              f"existing size ({have}) at non-singleton dimension {i}.  Target sizes: {list(sizes)}.  Tensor "
+              f"sizes: {list(a.shape)}")
         shape.append(s)
     if tuple(shape) == tuple(a.shape):
         return prims.squeeze(a, ())  # an alias, strides unchanged
@@ -329,11 +329,12 @@ def narrow(a: Any, dim: int, start: Any, length: int) -> Any:
     check(length >= 0, lambda: "narrow(): length must be non-negative.")
     d = wrap_dim(dim, a.ndim)
     size = a.shape[d]
-    check(-size <= start <= size, lambda: f"start out of range (expected to be in range of [{-size}, {size}], "
-          f"but got {start})", IndexError)
+    check(-size <= start <= size, lambda: f"start out of range (expected to be in range of [{-size}, "
+          f"{size}], but got {start})", IndexError)
     if start < 0:
         start += size
-    check(start <= size - length, lambda: f"start ({start}) + length ({length}) exceeds dimension size ({size}).")
+    check(start <= size - length,
+          lambda: f"start ({start}) + length ({length}) exceeds dimension size ({size}).")
     return slice_dim(a, d, start, start + length)
 
 
@@ -381,8 +382,8 @@ def split(a: Any, split_size_or_sections: Any, dim: int = 0) -> Any:
     d = wrap_dim(dim, a.ndim)
     size, step = a.shape[d], split_size_or_sections
     check(step >= 0, lambda: f"split expects split_size be non-negative, but got split_size={step}")
-    check(step > 0 or size == 0, lambda: f"split_size can only be 0 if dimension size is 0, but got dimension "
-          f"size of {size}")
+    check(step > 0 or size == 0, lambda: f"split_size can only be 0 if dimension size is 0, but got "
+          f"dimension size of {size}")
     if size == 0:
         return (slice_dim(a, d, 0, 0),)
     count = -(-size // step)
@@ -435,8 +436,8 @@ def tensor_split(a: Any, indices_or_sections: Any, dim: int = 0) -> Any:
 def _split_along(a: Any, arg: Any, dim: int, op: str) -> Any:
     if isinstance(arg, int):
         size = a.shape[dim]
-        check(arg != 0 and size % arg == 0, lambda: f"torch.{op} attempted to split along dimension {dim}, but "
-              f"the size of the dimension {size} is not divisible by the split_size {arg}!")
+        check(arg != 0 and size % arg == 0, lambda: f"torch.{op} attempted to split along dimension {dim}, "
+              f"but the size of the dimension {size} is not divisible by the split_size {arg}!")
     return tensor_split(a, arg, dim)
 
 
@@ -488,9 +489,10 @@ def diagonal(a: Any, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Any:
     return prims.diagonal(a, offset, d1, d2)
 
 
-mark_view(torch.Tensor.view, torch.reshape, torch.Tensor.reshape, torch.Tensor.view_as, torch.Tensor.reshape_as,
-          torch.flatten, torch.Tensor.flatten, torch.ravel, torch.Tensor.ravel, torch.unflatten,
-          torch.Tensor.unflatten, torch.squeeze, torch.Tensor.squeeze, torch.unsqueeze, torch.Tensor.unsqueeze,
+mark_view(torch.Tensor.view, torch.reshape, torch.Tensor.reshape, torch.Tensor.view_as,
+          torch.Tensor.reshape_as, torch.flatten, torch.Tensor.flatten, torch.ravel, torch.Tensor.ravel,
+          torch.unflatten, torch.Tensor.unflatten, torch.squeeze, torch.Tensor.squeeze, torch.unsqueeze,
+          torch.Tensor.unsqueeze,
           torch.permute, torch.Tensor.permute, torch.transpose, torch.Tensor.transpose, torch.swapaxes,
           torch.Tensor.swapaxes, torch.swapdims, torch.Tensor.swapdims, torch.t, torch.Tensor.t,
           torch.Tensor.T.__get__, torch.Tensor.mT.__get__, torch.Tensor.H.__get__, torch.Tensor.mH.__get__,

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import torch
 
 from .. import prims
+from .getitem import place, zero_of
 from .registry import NoDecomposition, register
 from .shape import _reshape, _sizes, _transpose, slice_dim
 from .utils import check, is_tensor, result_type, wrap_dim
@@ -66,8 +67,8 @@ def stack(tensors: Any, dim: int = 0, *, out: Any = None) -> Any:
     check(len(tensors) > 0, lambda: "stack expects a non-empty TensorList")
     first = tensors[0]
     for i, t in enumerate(tensors):
-        check(tuple(t.shape) == tuple(first.shape), lambda: f"stack expects each tensor to be equal size, but got "
-              f"{list(first.shape)} at entry 0 and {list(t.shape)} at entry {i}")
+        check(tuple(t.shape) == tuple(first.shape), lambda: f"stack expects each tensor to be equal size, "
+              f"but got {list(first.shape)} at entry 0 and {list(t.shape)} at entry {i}")
     d = wrap_dim(dim, first.ndim + 1)
     return cat([prims.expand_dims(t, (d,)) for t in tensors], d)
 
@@ -207,13 +208,15 @@ def repeat(a: Any, *sizes: Any) -> Any:
     sizes = _sizes(sizes, "repeat")
     check(len(sizes) >= a.ndim, lambda: "Number of dimensions of repeat dims can not be smaller than number "
           "of dimensions of tensor")
-    check(all(s >= 0 for s in sizes), lambda: f"Trying to create tensor with negative dimension: {list(sizes)}")
+    check(all(s >= 0 for s in sizes),
+          lambda: f"Trying to create tensor with negative dimension: {list(sizes)}")
     shape = (1,) * (len(sizes) - a.ndim) + tuple(a.shape)
     a = prims.view(a, shape) if a.ndim != len(sizes) else a
     # (r0, s0, r1, s1, ...) with the input on the odd dims, then merge each pair
     expanded_shape = tuple(x for r, s in zip(sizes, shape) for x in (r, s))
     expanded = prims.broadcast_in_dim(a, expanded_shape, tuple(range(1, 2 * len(shape), 2)))
-    return prims.view(prims.clone(expanded, torch.contiguous_format), tuple(r * s for r, s in zip(sizes, shape)))
+    out_shape = tuple(r * s for r, s in zip(sizes, shape))
+    return prims.view(prims.clone(expanded, torch.contiguous_format), out_shape)
 
 
 @register(torch.tile, torch.Tensor.tile)
@@ -254,7 +257,7 @@ def _triangle(a: Any, diagonal: int, op: str, lower: bool) -> Any:
     mask = prims.le(offset, diagonal) if lower else prims.ge(offset, diagonal)
     mask = prims.broadcast_in_dim(mask, tuple(a.shape), (a.ndim - 2, a.ndim - 1))
     dtype = a.dtype
-    zero = False if dtype == torch.bool else (0j if dtype.is_complex else (0.0 if dtype.is_floating_point else 0))
+    zero = zero_of(dtype)
     return prims.where(mask, a, zero)
 
 
@@ -272,7 +275,8 @@ def triu(a: Any, diagonal: int = 0, *, out: Any = None) -> Any:
     return _triangle(a, diagonal, "triu", False)
 
 
-def _embed_last(a: Any, offset: int, rows: int | None = None, cols: int | None = None, fill: Any = None) -> Any:
+def _embed_last(a: Any, offset: int, rows: int | None = None, cols: int | None = None,
+                fill: Any = None) -> Any:
     """The last dim of `a` (length L) placed on diagonal `offset` of new trailing rows x cols dims (square,
     N = L + |offset|, by default), by padding: consecutive diagonal entries are cols + 1 apart in the
     flattened matrix."""
@@ -283,8 +287,7 @@ def _embed_last(a: Any, offset: int, rows: int | None = None, cols: int | None =
     high = rows * cols - low - length - builtins.max(length - 1, 0) * cols
     dtype = a.dtype
     if fill is None:
-        fill = False if dtype == torch.bool else (0j if dtype.is_complex else (0.0 if dtype.is_floating_point
-                                                                                else 0))
+        fill = zero_of(dtype)
     config = [(0, 0, 0)] * (a.ndim - 1) + [(low, high, cols)]
     return prims.view(prims.pad(a, fill, config), tuple(a.shape[:-1]) + (rows, cols))
 
@@ -321,15 +324,14 @@ def diagflat(a: Any, offset: int = 0) -> Any:
 
 def _same_dtype(op: str, a: Any, src: Any) -> None:
     check(is_tensor(src), lambda: f"{op}(): argument 'src' must be Tensor", TypeError)
-    check(src.dtype == a.dtype, lambda: f"{op}: expected src to have the same dtype as self, got {src.dtype} and "
-          f"{a.dtype}")
+    check(src.dtype == a.dtype, lambda: f"{op}: expected src to have the same dtype as self, got {src.dtype} "
+          f"and {a.dtype}")
 
 
 def _scatter_region(op: str, a: Any, src: Any, dim: int, region: tuple, view_shape: tuple) -> Any:
-    from .getitem import place
     _same_dtype(op, a, src)
-    check(tuple(src.shape) == view_shape, lambda: f"{op}: expected src to have a size equal to the slice of self. "
-          f"src size = {list(src.shape)}, slice size = {list(view_shape)}")
+    check(tuple(src.shape) == view_shape, lambda: f"{op}: expected src to have a size equal to the slice of "
+          f"self. src size = {list(src.shape)}, slice size = {list(view_shape)}")
     ranges = [(0, s, 1) for s in a.shape]
     ranges[dim] = region
     value = src if src.ndim == a.ndim else prims.expand_dims(src, (dim,))
@@ -363,8 +365,9 @@ def diagonal_scatter(a: Any, src: Any, offset: int = 0, dim1: int = 0, dim2: int
     d1, d2 = wrap_dim(dim1, a.ndim), wrap_dim(dim2, a.ndim)
     check(d1 != d2, lambda: f"diagonal dimensions cannot be identical {dim1}, {dim2}")
     diag_view = prims.diagonal(a, offset, d1, d2)
-    check(tuple(src.shape) == tuple(diag_view.shape), lambda: f"diagonal_scatter: expected src to have a size "
-          f"equal to the diagonal of self. src size = {list(src.shape)}, diagonal size = {list(diag_view.shape)}")
+    check(tuple(src.shape) == tuple(diag_view.shape), lambda: f"diagonal_scatter: expected src to have a "
+          f"size equal to the diagonal of self. src size = {list(src.shape)}, diagonal size = "
+          f"{list(diag_view.shape)}")
     rows, cols = a.shape[d1], a.shape[d2]
     placed = _embed_last(src, offset, rows, cols)  # (batch..., rows, cols)
     mask = _embed_last(prims.full(tuple(src.shape), True, torch.bool, a.device), offset, rows, cols, False)
@@ -387,7 +390,8 @@ def meshgrid(*tensors: Any, indexing: str | None = None) -> Any:
     check(indexing in ("ij", "xy"), lambda: f"torch.meshgrid: indexing must be one of \"xy\" or \"ij\", but "
           f"received: {indexing}")
     for t in tensors:
-        check(t.ndim <= 1, lambda: f"torch.meshgrid: Expected 0D or 1D tensor in the tensor list but got: {t}")
+        check(t.ndim <= 1,
+              lambda: f"torch.meshgrid: Expected 0D or 1D tensor in the tensor list but got: {t}")
     check(len(tensors) > 0, lambda: "meshgrid expects a non-empty TensorList")
     for t in tensors[1:]:
         check(t.dtype == tensors[0].dtype, lambda: "meshgrid expects all tensors to have the same dtype")
@@ -417,14 +421,14 @@ def cartesian_prod(*tensors: Any) -> Any:
 @register(torch.block_diag)
 def block_diag(*tensors: Any) -> Any:
     for i, t in enumerate(tensors):
-        check(t.ndim <= 2, lambda: f"torch.block_diag: Input tensors must have 2 or fewer dimensions. Input {i} "
-              f"has {t.ndim} dimensions")
+        check(t.ndim <= 2, lambda: f"torch.block_diag: Input tensors must have 2 or fewer dimensions. Input "
+              f"{i} has {t.ndim} dimensions")
     if not tensors:
         return prims.full((1, 0), 0.0, torch.get_default_dtype())
     dtype = result_type(*[t.dtype for t in tensors])
     mats = [prims.view(t, (1, t.numel()) if t.ndim < 2 else tuple(t.shape)) for t in tensors]
     total = sum(m.shape[1] for m in mats)
-    zero = False if dtype == torch.bool else (0j if dtype.is_complex else (0.0 if dtype.is_floating_point else 0))
+    zero = zero_of(dtype)
     rows, col = [], 0
     for m in mats:
         m = m if m.dtype == dtype else prims.convert_element_type(m, dtype)

@@ -8,12 +8,13 @@ Random (tag "random"; the refs draw from torch's generator exactly as the eager 
   uniform(shape, low, high, dtype, device, generator)   torch.rand's stream (uniform_)
   normal(shape, mean, std, dtype, device, generator)    torch.randn's stream (normal_)
   randint(low, high, shape, dtype, device, generator)   torch.randint's stream (random_)
-  bernoulli(a, p, generator)   0/1 draws shaped like `a`: with p=None `a` holds the probabilities (torch.bernoulli
-      (a)), with a float p every draw has probability p (torch.bernoulli(a, p), as Tensor.bernoulli_(p))
+  bernoulli(a, p, generator)   0/1 draws shaped like `a`: with p=None `a` holds the probabilities
+      (torch.bernoulli(a)), with a float p every draw has probability p (torch.bernoulli(a, p), as
+      Tensor.bernoulli_(p))
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import sympy
 import torch
@@ -35,7 +36,8 @@ def _shape(op: str, shape: Any) -> tuple:
     for s in shape:
         check(not isinstance(s, bool) and isinstance(s, (int, sympy.Expr)),
               lambda: f"prims.{op}: shape must be ints, got {shape}", TypeError)
-        check(not isinstance(s, int) or s >= 0, lambda: f"prims.{op}: negative dimension in shape {list(shape)}")
+        check(not isinstance(s, int) or s >= 0,
+              lambda: f"prims.{op}: negative dimension in shape {list(shape)}")
     return shape
 
 
@@ -58,7 +60,8 @@ def _iota_meta(length: Any, start: Any, step: Any, dtype: torch.dtype, device: A
     _number("iota", step)
     check(step != 0, lambda: "prims.iota: step must be nonzero")
     _dtype("iota", dtype)
-    check(dtype != torch.bool and not dtype.is_complex, lambda: f"prims.iota: not defined for {dtype}", TypeError)
+    check(dtype != torch.bool and not dtype.is_complex, lambda: f"prims.iota: not defined for {dtype}",
+          TypeError)
     return TensorMeta((length,), dtype, _device(device))
 
 
@@ -112,7 +115,8 @@ empty_strided = prim("empty_strided", _empty_strided_meta,
 
 def _check_generator(op: str, generator: Any) -> None:
     check(generator is None or isinstance(generator, torch.Generator),
-          lambda: f"prims.{op}: generator must be a torch.Generator, got {type(generator).__name__}", TypeError)
+          lambda: f"prims.{op}: generator must be a torch.Generator, got {type(generator).__name__}",
+          TypeError)
 
 
 def _uniform_meta(shape: Any, low: Any, high: Any, dtype: torch.dtype, device: Any = None,
@@ -121,8 +125,8 @@ def _uniform_meta(shape: Any, low: Any, high: Any, dtype: torch.dtype, device: A
     _number("uniform", low)
     _number("uniform", high)
     _dtype("uniform", dtype)
-    check(dtype.is_floating_point or dtype.is_complex, lambda: f"prims.uniform: expected a floating dtype, got "
-          f"{dtype}", TypeError)
+    check(dtype.is_floating_point or dtype.is_complex, lambda: f"prims.uniform: expected a floating dtype, "
+          f"got {dtype}", TypeError)
     _check_generator("uniform", generator)
     return TensorMeta(shape, dtype, _device(device))
 
@@ -144,8 +148,8 @@ def _normal_meta(shape: Any, mean: Any, std: Any, dtype: torch.dtype, device: An
     _number("normal", std)
     check(std >= 0, lambda: f"normal expects std >= 0.0, but found std {std}")
     _dtype("normal", dtype)
-    check(dtype.is_floating_point or dtype.is_complex, lambda: f"prims.normal: expected a floating dtype, got "
-          f"{dtype}", TypeError)
+    check(dtype.is_floating_point or dtype.is_complex, lambda: f"prims.normal: expected a floating dtype, "
+          f"got {dtype}", TypeError)
     _check_generator("normal", generator)
     return TensorMeta(shape, dtype, _device(device))
 

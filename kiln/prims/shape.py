@@ -205,7 +205,8 @@ def _view_meta(a: Any, shape: Sequence[Any]) -> TensorMeta:
 
 
 view = prim("view", _view_meta, lambda a, shape: a.view(tuple(shape)), tags=("view",),
-            doc="view(a, shape): `a` with a new shape of the same numel, sharing memory (eager's view rules).")
+            doc="view(a, shape): `a` with a new shape of the same numel, sharing memory (eager's view "
+                "rules).")
 
 
 # ---- permute --------------------------------------------------------------------------------------------
@@ -253,7 +254,8 @@ def _expand_dims_meta(a: Any, dims: Sequence[int]) -> TensorMeta:
     dims = _int_tuple("expand_dims", "dims", dims)
     out_ndim = m.ndim + len(dims)
     check(all(0 <= d < out_ndim for d in dims) and len(set(dims)) == len(dims),
-          lambda: f"prims.expand_dims: dims {dims} must be distinct dims of the {out_ndim}-d output", IndexError)
+          lambda: f"prims.expand_dims: dims {dims} must be distinct dims of the {out_ndim}-d output",
+          IndexError)
     shape, strides = list(m.shape), list(m.strides)
     for d in sorted(dims):
         # as eager's unsqueeze: the new dim's stride makes it look contiguous with the dim it precedes
@@ -282,8 +284,8 @@ def _as_strided_meta(a: Any, shape: Sequence[Any], strides: Sequence[Any], stora
     strides = _int_tuple("as_strided", "strides", strides)
     check(len(shape) == len(strides), lambda: "mismatch in length of strides and shape")
     check(all(s >= 0 for s in shape), lambda: f"prims.as_strided: negative size in {list(shape)}")
-    check(all(s >= 0 for s in strides), lambda: f"as_strided: Negative strides are not supported at the moment, "
-          f"got strides: {list(strides)}")
+    check(all(s >= 0 for s in strides), lambda: f"as_strided: Negative strides are not supported at the "
+          f"moment, got strides: {list(strides)}")
     check(storage_offset >= 0, lambda: f"Tensor: invalid storage offset {storage_offset}")
     return TensorMeta(shape, m.dtype, m.device, strides)
 
@@ -299,7 +301,8 @@ as_strided = prim("as_strided", _as_strided_meta,
 def _diagonal_meta(a: Any, offset: int = 0, dim1: int = 0, dim2: int = 1) -> TensorMeta:
     m = _tensor_meta("diagonal", a)
     check(0 <= dim1 < m.ndim and 0 <= dim2 < m.ndim and dim1 != dim2,
-          lambda: f"prims.diagonal: dims {dim1}, {dim2} must be two distinct dims of {shape_text(a)}", IndexError)
+          lambda: f"prims.diagonal: dims {dim1}, {dim2} must be two distinct dims of {shape_text(a)}",
+          IndexError)
     s1, s2 = m.shape[dim1], m.shape[dim2]
     if offset >= 0:
         size = builtins.max(builtins.min(s1, s2 - offset), 0)
@@ -313,19 +316,20 @@ def _diagonal_meta(a: Any, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Ten
 
 diagonal = prim("diagonal", _diagonal_meta,
                 lambda a, offset=0, dim1=0, dim2=1: torch.diagonal(a, offset, dim1, dim2), tags=("view",),
-                doc="diagonal(a, offset, dim1, dim2): the diagonal of dims dim1, dim2 as the last dim (a view).")
+                doc="diagonal(a, offset, dim1, dim2): the diagonal of dims dim1, dim2 as the last dim "
+                    "(a view).")
 
 
 def _unfold_meta(a: Any, dim: int, size: int, step: int) -> TensorMeta:
     m = _tensor_meta("unfold", a)
-    check(m.ndim == 0 or 0 <= dim < m.ndim, lambda: f"prims.unfold: dim {dim} out of range for {shape_text(a)}",
-          IndexError)
+    check(m.ndim == 0 or 0 <= dim < m.ndim,
+          lambda: f"prims.unfold: dim {dim} out of range for {shape_text(a)}", IndexError)
     check(step > 0, lambda: f"step is {step} but must be > 0")
     if m.ndim == 0:
         check(size <= 1, lambda: f"maximum size for tensor at dimension {dim} is 1 but size is {size}")
         return TensorMeta((size,), m.dtype, m.device, (1,))
-    check(size <= m.shape[dim], lambda: f"maximum size for tensor at dimension {dim} is {m.shape[dim]} but size "
-          f"is {size}")
+    check(size <= m.shape[dim], lambda: f"maximum size for tensor at dimension {dim} is {m.shape[dim]} but "
+          f"size is {size}")
     check(size >= 0, lambda: f"size is {size} but must be >= 0")
     shape = list(m.shape)
     strides = list(m.strides)
@@ -414,8 +418,8 @@ def _pad_ref(a: torch.Tensor, padding_value: Any, padding_config: Sequence[Seque
 
 
 pad = prim("pad", _pad_meta, _pad_ref,
-           doc="pad(a, padding_value, padding_config): per dim (low, high, interior) padding with a constant; "
-               "negative low/high crop (as lax.pad). Contiguous result.")
+           doc="pad(a, padding_value, padding_config): per dim (low, high, interior) padding with a "
+               "constant; negative low/high crop (as lax.pad). Contiguous result.")
 
 
 def _clone_meta(a: Any, memory_format: torch.memory_format = torch.contiguous_format) -> TensorMeta:
@@ -468,4 +472,5 @@ def _slice_ref(a: torch.Tensor, start_indices: Sequence[int], limit_indices: Seq
 
 
 slice = prim("slice", _slice_meta, _slice_ref, tags=("view",),  # noqa: A001
-             doc="slice(a, start_indices, limit_indices, strides=None): per dim [start:limit:stride] (a view).")
+             doc="slice(a, start_indices, limit_indices, strides=None): per dim [start:limit:stride] "
+                 "(a view).")

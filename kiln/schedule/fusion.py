@@ -224,20 +224,20 @@ def _collapse(group: FusedGroup) -> None:
         layout = m.buffer.layout
         exprs.append(linear_index(variables, layout.strides, layout.offset))
 
-    def mergeable(d: int) -> bool:
-        if shape[d] == 1 or shape[d - 1] == 1:
-            return True
+    def mergeable(prev: int, d: int) -> bool:
         for e in exprs:
-            for v in (variables[d - 1], variables[d]):
+            for v in (variables[prev], variables[d]):
                 if any(f.has(v) for f in e.atoms(FloorDiv, ModularIndexing)):
                     return False
-            outer, inner = sympy.diff(e, variables[d - 1]), sympy.diff(e, variables[d])
+            outer, inner = sympy.diff(e, variables[prev]), sympy.diff(e, variables[d])
             if not (outer.is_Integer and inner.is_Integer and outer == inner * shape[d]):
                 return False
         return True
-    runs = [[0]]
-    for d in range(1, len(shape)):
-        if mergeable(d):
+    # size-1 dims always have index 0: leave them out, and merge the others where memory allows
+    dims = [d for d in range(len(shape)) if shape[d] != 1]
+    runs: list[list[int]] = []
+    for d in dims:
+        if runs and mergeable(runs[-1][-1], d):
             runs[-1].append(d)
         else:
             runs.append([d])

@@ -232,3 +232,13 @@ def test_scans():
     check(lambda x: torch.cumprod(x, 1), torch.rand(5, 9) + 0.5)
     check(lambda n: torch.cumsum(n, -1), torch.randint(-9, 9, (4, 33)))
     check(lambda x: prims.mul(prims.cumsum(x, 1), 3.0), x, kernels=1)
+
+
+def test_size_one_dims_with_odd_strides():
+    base = torch.randn(5, 8)
+    x = base[:, 2:3]  # [5, 1], strides (8, 1)
+    y = torch.randn(1, 5).t()  # [5, 1], strides (1, 5)
+    check(lambda x, y: x * y + 1, x, y)
+    z = torch.randn(3, 1, 4, 1)
+    check(lambda z: torch.exp(z) - z, z)
+    check(lambda x: x * 2, torch.randn(1, 1, 1))

@@ -82,6 +82,21 @@ def test_worker_passes_a_correct_compiler():
     assert result["speedup"] > 0 and result["compiled_ms"] > 0 and result["reps"] >= 5
 
 
+def test_worker_checks_the_cached_call_too():
+    def wrong_after_first_call(model, cache_dir):
+        calls = []
+
+        def call(*args, **kwargs):
+            calls.append(1)
+            out = model(*args, **kwargs)
+            return out if len(calls) == 1 else out + 0.01
+        return call
+    adapters.register("test_wrong_later", wrong_after_first_call)
+    result = worker.run_job(_job("test_wrong_later"))
+    assert result["status"] == "fail_accuracy", result
+    assert result["accuracy"]["reason"].startswith("call 2:")
+
+
 def test_worker_training_mode_checks_gradients():
     def wrong_backward(model, cache_dir):
         def call(x):

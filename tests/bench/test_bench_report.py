@@ -42,7 +42,7 @@ def test_write_json_and_markdown(tmp_path):
     assert math.isclose(data["summary"]["torch.compile"]["geomean_speedup"], 4.0)
     md = (tmp_path / "out" / "results.md").read_text()
     assert "| model | compiler | status |" in md
-    assert "| b | torch.compile | pass | 0.500 | 8.00x | 20.0 | 4.0 |" in md
+    assert "| b | torch.compile | pass | - | 0.500 | 8.00x | 20.0 | 4.0 |" in md
     assert "torch.compile: pass rate 2/3 (67%), geomean speedup 4.00x" in md
     assert "c / torch.compile: fail_accuracy: out (3,): RMSE too large" in md
     assert "ValueError: bad \\| pipe" not in md and "b / kiln: error: ValueError: bad | pipe" in md

@@ -213,3 +213,16 @@ def test_guard_hits_after_capture(dtype):
         torch.testing.assert_close(f(x), x * 3)
     assert len(entries(f)) == 1
     assert kiln.counters["cache_hits"][f.name] >= 2
+
+
+def test_closures_of_one_code_do_not_share_entries():
+    def make_adder(k):
+        def add(t):
+            return t + k
+        return add
+    kiln.reset()
+    x = torch.zeros(3)
+    add3 = kiln.compile(make_adder(3), backend="eager")
+    add5 = kiln.compile(make_adder(5), backend="eager")
+    torch.testing.assert_close(add3(x), x + 3)
+    torch.testing.assert_close(add5(x), x + 5)  # its own cache: the guards of add3 read add3's cell

@@ -33,7 +33,8 @@ def check_op(fn, *inputs, seed=None, values=True, fallbacks=0):
 @pytest.mark.parametrize("fn", [
     lambda: torch.zeros(2, 3), lambda: torch.zeros((2, 3), dtype=torch.int32), lambda: torch.ones(4),
     lambda: torch.ones(size=(2, 2), dtype=torch.bool), lambda: torch.full((2, 3), 1.5),
-    lambda: torch.full((2,), 3), lambda: torch.full((2,), True), lambda: torch.full((2,), 1.5, dtype=torch.int64),
+    lambda: torch.full((2,), 3), lambda: torch.full((2,), True),
+    lambda: torch.full((2,), 1.5, dtype=torch.int64),
     lambda: torch.zeros(0, 3), lambda: torch.ones(()), lambda: torch.scalar_tensor(3),
     lambda: torch.scalar_tensor(2, dtype=torch.int64), lambda: torch.full((2,), 2 + 1j),
 ])
@@ -44,10 +45,12 @@ def test_fill_factories(fn):
 @pytest.mark.parametrize("fn", [
     lambda: torch.arange(5), lambda: torch.arange(2, 11, 3), lambda: torch.arange(10, 0, -3),
     lambda: torch.arange(0.1, 0.95, 0.1), lambda: torch.arange(5.0), lambda: torch.arange(1, 4, 0.5),
-    lambda: torch.arange(7, dtype=torch.float32), lambda: torch.arange(-3.5, 40.25, 0.75, dtype=torch.float64),
+    lambda: torch.arange(7, dtype=torch.float32),
+    lambda: torch.arange(-3.5, 40.25, 0.75, dtype=torch.float64),
     lambda: torch.arange(0, 100, 7, dtype=torch.int32), lambda: torch.arange(3, 3),
     lambda: torch.arange(0.0, 1000.0, 0.37), lambda: torch.arange(start=1, end=6, step=2),
-    lambda: torch.arange(1.1, 5.1, 2.0, dtype=torch.int64), lambda: torch.arange(-2.7, 3.5, 1.5, dtype=torch.int16),
+    lambda: torch.arange(1.1, 5.1, 2.0, dtype=torch.int64),
+    lambda: torch.arange(-2.7, 3.5, 1.5, dtype=torch.int16),
     lambda: torch.arange(0.1, 1.1, 1.0, dtype=torch.int32), lambda: torch.arange(3.1, dtype=torch.int64),
 ])
 def test_arange(fn):
@@ -70,7 +73,9 @@ def test_linspace_logspace_eye():
 
 
 LIKE_INPUTS = [torch.randn(3, 4), torch.randn(4, 3).t(), torch.randn(2, 3, 4).permute(2, 0, 1),
-               torch.randn(3, 1).expand(3, 4), torch.randn(4, 6)[:, ::2], torch.randn(()).to(torch.int32)]
+               torch.randn(3, 1).expand(3, 4), torch.randn(4, 6)[:, ::2], torch.randn(()).to(torch.int32),
+               torch.randn(1, 3).t(), torch.randn(2, 1, 3, 1).permute(3, 2, 1, 0),
+               torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)]
 
 
 @pytest.mark.parametrize("x", LIKE_INPUTS, ids=lambda x: f"{list(x.shape)}-{list(x.stride())}")
@@ -79,6 +84,8 @@ def test_like_factories(x):
     check_op(lambda a: torch.ones_like(a, dtype=torch.float64), x)
     check_op(lambda a: torch.full_like(a, 7), x)
     check_op(lambda a: torch.zeros_like(a, memory_format=torch.contiguous_format), x)
+    if x.ndim == 4:
+        check_op(lambda a: torch.ones_like(a, memory_format=torch.channels_last), x)
     check_op(lambda a: torch.empty_like(a), x, values=False)
     check_op(lambda a: a.new_zeros(2, 3), x)
     check_op(lambda a: a.new_ones((2,), dtype=torch.int64), x)
@@ -88,6 +95,8 @@ def test_like_factories(x):
     if x.dtype.is_floating_point:
         check_op(lambda a: torch.rand_like(a), x, seed=3)
         check_op(lambda a: torch.randint_like(a, 3, 9), x, seed=4)
+        if x.is_contiguous():
+            check_op(lambda a: torch.randn_like(a), x, seed=5)
 
 
 def test_random_factories_match_eager_under_seed():
@@ -128,7 +137,8 @@ def test_unsupported_cases_fall_back():
 
 @pytest.mark.parametrize("update", [
     lambda t: t.uniform_(-1, 2), lambda t: t.uniform_(), lambda t: t.normal_(1.0, 2.0), lambda t: t.normal_(),
-    lambda t: t.bernoulli_(0.3), lambda t: t.bernoulli_(), lambda t: t.random_(3, 10), lambda t: t.random_(10),
+    lambda t: t.bernoulli_(0.3), lambda t: t.bernoulli_(), lambda t: t.random_(3, 10),
+    lambda t: t.random_(10),
 ])
 @pytest.mark.parametrize("x", [torch.zeros(5, 8), torch.zeros(8, 5).t(), torch.zeros(3)],
                          ids=["contiguous", "transposed", "small"])
@@ -153,3 +163,29 @@ def test_empty_variants_have_eager_layout():
     check_op(lambda: torch.empty_permuted((2, 3, 4), (2, 0, 1)), values=False)
     check_op(lambda a: a.new_empty_strided((2, 3), (1, 2)), torch.randn(2), values=False)
     check_op(lambda: torch.empty((2, 3, 4, 5), memory_format=torch.channels_last), values=False)
+
+
+def test_tensors_from_data_and_fills():
+    check_op(lambda a: a + torch.tensor([1.0, 2.0, 3.0]), torch.randn(3))
+    check_op(lambda: torch.tensor(3))
+    check_op(lambda: torch.tensor([[True, False]]))
+    check_op(lambda: torch.as_tensor([[1, 2], [3, 4]], dtype=torch.float16))
+    check_op(lambda a: a.new_tensor([1.5, 2]), torch.zeros(2, dtype=torch.int64))
+    check_op(lambda a: a.new_tensor([[1, 2]]), torch.randn(2).double())
+
+
+@pytest.mark.parametrize("update", [lambda t, v: t.fill_(2.5), lambda t, v: t.zero_(),
+                                    lambda t, v: t.fill_(v)])
+@pytest.mark.parametrize("x", [torch.randn(3, 4), torch.randn(4, 3).t(), torch.randint(0, 5, (5,))],
+                         ids=["contiguous", "transposed", "int"])
+def test_inplace_fills(update, x):
+    def fn(t, v):
+        update(t, v)
+        return t * 1
+    v = torch.tensor(7)
+    g = kiln.ops.trace(fn, x.clone(), v)
+    p = kg.to_prims(g)
+    assert not p.fallbacks()
+    ours, theirs = x.clone(), x.clone()
+    got, expected = kg.run(p, [ours, v]), fn(theirs, v)
+    assert torch.equal(got, expected) and torch.equal(ours, theirs) and ours.stride() == theirs.stride()

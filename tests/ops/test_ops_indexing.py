@@ -128,7 +128,7 @@ def test_index_add_copy_fill():
     zero_d, one = torch.tensor(1.5), torch.tensor([0])
     check_op(lambda x, i, s: torch.index_add(x, 0, i, s, alpha=2), zero_d, one, torch.tensor(3.0))
     check_op(lambda x, i, s: torch.index_copy(x, 0, i, s), zero_d, one, torch.tensor(3.0))
-    check_op(lambda x, i, s: torch.index_copy(x, 0, i, s), torch.zeros(3), torch.tensor([1]), torch.tensor(3.0))
+    check_op(lambda x, i, s: torch.index_copy(x, 0, i, s), torch.zeros(3), one + 1, torch.tensor(3.0))
     check_op(lambda x, i: torch.index_fill(x, 0, i, 5.0), zero_d, torch.tensor(-1))
     raises(RuntimeError, lambda x, i, s: torch.index_add(x, 0, i, s), zero_d, one, torch.ones(1))
     raises(RuntimeError, lambda x, i, s: torch.index_add(x, 0, i, s), x34, i, torch.randn(3, 4))

@@ -103,13 +103,35 @@ def test_addmm_family():
     check_op(lambda i, a, b: torch.addbmm(i, a, b, beta=-1, alpha=0.25), r(5), r(2, 3, 4), r(2, 4, 5))
 
 
+def test_half_precision_addmm_rounds_once():
+    h = torch.float16
+    check_op(torch.addmm, r(5, 10, dtype=h), r(5, 64, dtype=h), r(64, 10, dtype=h))
+    check_op(lambda i, a, b: torch.baddbmm(i, a, b, beta=0.5), r(2, 5, 10, dtype=h), r(2, 5, 64, dtype=h),
+             r(2, 64, 10, dtype=h))
+    check_op(torch.addr, r(5, 10, dtype=torch.bfloat16), r(5, dtype=torch.bfloat16), r(10, dtype=torch.bfloat16))
+
+
+def test_integer_factors_truncate():
+    ints = [torch.randint(-3, 4, s) for s in [(2, 5), (2, 3), (3, 5)]]
+    check_op(lambda i, a, b: torch.addmm(i, a, b, beta=1.7, alpha=2.6), *ints)
+    check_op(lambda i, a, b: torch.addmv(i, a, b, beta=0.2, alpha=0.6), ints[0][:, 0], ints[1], ints[2][:, 0])
+    raises(RuntimeError, lambda i, a, b: torch.addr(i, a, b, beta=1.5), ints[1], ints[1][:, 0], ints[1][0])
+
+
+def test_vecdot_rmatmul():
+    check_op(lambda a, b: torch.linalg.vecdot(a, b), r(2, 3), r(3))
+    check_op(lambda a, b: torch.linalg.vecdot(a, b, dim=0), r(2, 3), r(2, 1))
+    check_op(lambda a, b: b.__rmatmul__(a), r(2, 3), r(3, 4))
+
+
 def test_tensordot():
     check_op(lambda a, b: torch.tensordot(a, b), r(2, 3, 4), r(3, 4, 5))
     check_op(lambda a, b: torch.tensordot(a, b, dims=1), r(2, 3, 4), r(4, 5))
     check_op(lambda a, b: torch.tensordot(a, b, dims=0), r(2, 3), r(4))
     check_op(lambda a, b: torch.tensordot(a, b, dims=([0, 2], [2, 0])), r(4, 3, 5), r(5, 2, 4))
     check_op(lambda a, b: torch.tensordot(a, b, dims=([1], [0])), r(2, 3), r(3, 4))
-    check_op(lambda a, b: torch.tensordot(a, b, dims=([0, 1], [2, 0])), r(1, 1, 1), r(2, 1, 2), decomposed=False)
+    check_op(lambda a, b: torch.tensordot(a, b, dims=([0, 1], [2, 0])), r(1, 1, 1), r(2, 1, 2),
+             decomposed=False)
 
 
 def test_einsum_falls_back_correctly():

@@ -125,3 +125,16 @@ def test_gaussian_nll_falls_back():
     counters.clear()
     g = kiln.ops.trace(F.gaussian_nll_loss, x, t, v)
     assert [n.target for n in g.fallbacks()] == [F.gaussian_nll_loss]
+
+
+def test_l1_loss_weight_is_refused():
+    """F.l1_loss does not forward `weight` to __torch_function__: tracing it would silently drop the weight,
+    so kiln refuses the call (capture runs it eagerly); torch.nn.L1Loss has no weight and traces."""
+    x, t, w = torch.randn(4, 3), torch.randn(4, 3), torch.rand(4, 3)
+    with pytest.raises(kiln.ops.UnsupportedError):
+        kiln.ops.trace(lambda a, b, c: F.l1_loss(a, b, weight=c), x, t, w)
+    check_nn(lambda a, b, m: m(a, b), x, t, torch.nn.L1Loss(reduction="sum"))
+    for reduction in REDUCTIONS:  # the decomposition itself handles a weight passed directly
+        fn = kiln.ops.lookup(F.l1_loss)
+        torch.testing.assert_close(fn(x, t, reduction=reduction, weight=w),
+                                   F.l1_loss(x, t, reduction=reduction, weight=w))

@@ -132,3 +132,27 @@ def test_unfold_errors_and_channel_shuffle():
     check_nn(lambda a: F.channel_shuffle(a, 3), x)
     check_nn(lambda a, m: m(a), x, torch.nn.ChannelShuffle(2))
     check_error(lambda a: F.channel_shuffle(a, 4), x)
+
+
+def test_pool_random_configurations():
+    """Seeded random kernel/stride/padding/dilation/ceil_mode configurations, including invalid ones
+    (eager's exception type is expected then)."""
+    import random
+    rng = random.Random(0)
+    for _ in range(40):
+        n = rng.choice([1, 2, 3])
+        x = torch.randn([2, 3] + [rng.randint(1, 8) for _ in range(n)])
+        k = [rng.randint(1, 4) for _ in range(n)]
+        s = [rng.randint(1, 3) for _ in range(n)]
+        p = [rng.randint(0, 2) for _ in range(n)]
+        d = [rng.randint(1, 2) for _ in range(n)]
+        ceil, include_pad = rng.random() < 0.5, rng.random() < 0.5
+        max_pool = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[n]
+        avg_pool = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[n]
+        for fn in (lambda a: max_pool(a, k, s, p, d, ceil), lambda a: avg_pool(a, k, s, p, ceil, include_pad)):
+            try:
+                fn(x)
+            except RuntimeError:
+                check_error(fn, x)
+                continue
+            check_nn(fn, x)

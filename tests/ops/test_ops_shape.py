@@ -313,7 +313,30 @@ def test_unfold_and_aliases():
 
 def test_getitem_with_index_tensor_inputs():
     x, i = torch.randn(5, 6, 7), torch.tensor([0, 4, 2])
-    for fn in [lambda a, j: a[j], lambda a, j: a[:, j], lambda a, j: a[1:, None, j, ::2], lambda a, j: a[..., j]]:
+    for fn in [lambda a, j: a[j], lambda a, j: a[:, j], lambda a, j: a[1:, None, j, ::2],
+               lambda a, j: a[..., j]]:
         g = kiln.ops.trace(fn, x, i)
         got = kg.run(kg.to_prims(g), [x, i])
         torch.testing.assert_close(got, fn(x, i))
+
+
+@pytest.mark.parametrize("case", [
+    (lambda t, i, v, m: t.__setitem__((slice(1, None), i), 5.0)),
+    (lambda t, i, v, m: t.__setitem__((None, 1, [0, 2]), v[0, :2])),
+    (lambda t, i, v, m: t.__setitem__((slice(None), i), 3.0)),
+    (lambda t, i, v, m: t.__setitem__((Ellipsis, i), v)),
+    (lambda t, i, v, m: t.__setitem__(m, 1.0)),
+    (lambda t, i, v, m: t.__setitem__((slice(None, None, 2), i), v[:2])),
+])
+def test_setitem_advanced(case):
+    def fn(t, i, v, m):
+        case(t, i, v, m)
+        return t * 1
+    x = torch.randn(3, 4)
+    args = [torch.tensor([3, 1]), torch.randn(3, 2), torch.tensor([True, False, True])]
+    g = kiln.ops.trace(fn, x.clone(), *args)
+    p = kg.to_prims(g)
+    kg.verify(p)
+    ours, theirs = x.clone(), x.clone()
+    torch.testing.assert_close(kg.run(p, [ours, *args]), fn(theirs, *args))
+    torch.testing.assert_close(ours, theirs)

@@ -15,7 +15,8 @@ def check_meta(p, *args):
 
 
 def test_iota_matches_arange():
-    for length, start, step, dtype in [(5, 0, 1, torch.int64), (7, 3, -2, torch.int32), (0, 0, 1, torch.int64),
+    for length, start, step, dtype in [(5, 0, 1, torch.int64), (7, 3, -2, torch.int32),
+                                       (0, 0, 1, torch.int64),
                                        (9, 0.1, 0.1, torch.float32), (50, -2.5, 0.37, torch.float64),
                                        (1000, 0.0, 0.001, torch.float32), (11, 1.0, 0.5, torch.float16)]:
         out = check_meta(prims.iota, length, start, step, dtype)

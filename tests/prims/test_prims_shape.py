@@ -170,3 +170,23 @@ def test_pad():
         torch.testing.assert_close(out, expected)
     with pytest.raises(RuntimeError):
         prims.pad.meta(TensorMeta((3,), torch.float32), 0.0, [(-2, -2, 0)])
+
+
+def test_broadcast_in_dim_strides_match_expand():
+    cases = [((3, 1), (2, 3, 4)), ((1,), (1, 1, 3)), ((), (1, 1)), ((3, 1), (1, 3, 1)), ((3, 1), (1, 3, 2)),
+             ((1, 3), (1, 1, 3)), ((2, 1, 4), (5, 2, 3, 4)), ((0, 1), (2, 0, 3))]
+    for shape, target in cases:
+        flipped = torch.randn(tuple(reversed(shape))).permute(tuple(reversed(range(len(shape)))))
+        for x in [torch.randn(shape), flipped]:
+            dims = tuple(range(len(target) - x.ndim, len(target)))
+            out = check_prim(prims.broadcast_in_dim, x, target, dims)
+            assert out.stride() == x.expand(target).stride(), (shape, target, out.stride())
+
+
+def test_unfold():
+    for x in [torch.arange(30.0).reshape(5, 6), torch.arange(30.0).reshape(6, 5).t()[:, ::2]]:
+        for dim, size, step in [(0, 2, 1), (1, 3, 2), (1, 1, 5), (0, x.shape[0], 1)]:
+            out = check_prim(prims.unfold, x, dim, size, step)
+            torch.testing.assert_close(out, x.unfold(dim, size, step))
+    with pytest.raises(RuntimeError):
+        prims.unfold.meta(TensorMeta((3,), torch.float32), 0, 4, 1)
