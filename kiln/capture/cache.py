@@ -40,7 +40,12 @@ log_graph = config.channel("graph")
 def graph_compiler(backend: Callable[..., Any]) -> Callable[..., Any]:
     """The backend, except that the plain `eager` backend runs the graph's printed Python (one generated
     function instead of the node-by-node interpreter: the same torch calls, less per-call overhead)."""
-    from ..backends import eager
+    from ..backends import eager, prims
+    if backend is prims:
+        def compile_prims(graph: Any, example_inputs: list) -> Callable[..., Any]:
+            return prims(graph, example_inputs)
+        compile_prims.keeps_views = True  # type: ignore[attr-defined]  # runs torch's own view ops
+        return compile_prims
     if backend is not eager:
         return backend
 
@@ -49,6 +54,7 @@ def graph_compiler(backend: Callable[..., Any]) -> Callable[..., Any]:
             return compile_python(graph)
         except Exception:  # anything the printer cannot spell runs on the interpreter
             return eager(graph, example_inputs)
+    compile_eager.keeps_views = True  # type: ignore[attr-defined]  # outputs that are views stay views
     return compile_eager
 
 

@@ -301,10 +301,13 @@ def _guard_mutated_aliasing(cap: Capture) -> None:
     if not cap.graph.mutated_inputs:
         return
     names = [ph.name for ph in cap.graph.placeholders]
-    for i, (source, _, _) in enumerate(cap.inputs):
+    for i, (source, tensor, _) in enumerate(cap.inputs):
         if names[i] not in cap.graph.mutated_inputs:
             continue
-        for j, (other, _, _) in enumerate(cap.inputs):
+        for j, (other, other_tensor, _) in enumerate(cap.inputs):
+            if j != i and tensor.untyped_storage().data_ptr() == other_tensor.untyped_storage().data_ptr():
+                raise GraphBreak(f"{source.name} is updated in place and shares memory with {other.name}",
+                                 "kiln runs code that updates aliased inputs eagerly")
             if j != i:
                 cap.guards.add(f"{source.expr}.untyped_storage().data_ptr() != "
                                f"{other.expr}.untyped_storage().data_ptr()",

@@ -20,6 +20,8 @@ import types
 from typing import Any, Callable
 
 
+from ..graph import Proxy
+from ..ops.registry import aliases
 from .entry import Reconstructor, _entry_source, _checks_source, _exec, _fix_setitem_nodes, \
     _guard_mutated_aliasing, parameters
 from .errors import GraphBreak
@@ -134,6 +136,11 @@ def _next_offset(frame: Frame, inst: dis.Instruction) -> int:
     return frame.insts[i + 1].offset if i + 1 < len(frame.insts) else inst.offset + 2
 
 
+def _returns_at(frame: Frame, offset: int) -> bool:
+    i = frame.index.get(offset)
+    return i is not None and frame.insts[i].opname == "RETURN_VALUE"
+
+
 def _skip_pop_top(frame: Frame, cont: Continuation) -> Continuation:
     """A value the next instruction discards (a statement's call result) is not passed on."""
     i = frame.index.get(cont.offset)
@@ -176,6 +183,9 @@ def make_break_entry(cap: Capture, fn: Any, code: types.CodeType, frame: Frame, 
     local_names: dict[int, tuple[str, ...]] = {}
     local_temps: dict[str, str] = {}
     for _, cont in conts:
+        values = below + cont.pushed
+        if _returns_at(frame, cont.offset) and values and values[-1] is not None:
+            continue  # `return x.tolist()`: the entry returns the value, nothing is left to resume
         live = live_locals(code, cont.offset)
         names = tuple(n for n in code.co_varnames if n in live and n in frame.locals)
         local_names[cont.offset] = names
@@ -183,16 +193,22 @@ def make_break_entry(cap: Capture, fn: Any, code: types.CodeType, frame: Frame, 
             if n not in local_temps:
                 local_temps[n] = temp(rec.value(frame.locals[n]))
     writes = _side_effects(cap, rec, temp)
+    if not getattr(compile_graph, "keeps_views", False):
+        _check_no_live_views(cap, frame, local_temps)
     body = temps + writes + native
     resumes = []
     for cond, cont in conts:
         values = below + cont.pushed
-        layout = tuple(v is not None for v in values)
-        rcode = resume_code(code, cont.offset, local_names[cont.offset], layout)
-        resumed = resume_factory(rcode)
-        resumes.append(resumed)
-        call_args = [local_temps[n] for n in local_names[cont.offset]] + [v for v in values if v is not None]
-        call = f"return {ns.hold(resumed, 'resume')}({', '.join(call_args)})"
+        if cont.offset not in local_names:
+            call = f"return {values[-1]}"
+        else:
+            layout = tuple(v is not None for v in values)
+            rcode = resume_code(code, cont.offset, local_names[cont.offset], layout)
+            resumed = resume_factory(rcode)
+            resumes.append(resumed)
+            call_args = [local_temps[n] for n in local_names[cont.offset]]
+            call_args += [v for v in values if v is not None]
+            call = f"return {ns.hold(resumed, 'resume')}({', '.join(call_args)})"
         if cond is None:
             body.append(call)
         else:
@@ -207,6 +223,18 @@ def make_break_entry(cap: Capture, fn: Any, code: types.CodeType, frame: Frame, 
     source = _entry_source(cap, params, body) + _checks_source(cap, params)
     env = _exec(cap, source, fn, extra, (code.co_filename, frame.lines[frame.pc]))
     return env["__entry"], env["__checks"], source, resumes
+
+
+def _check_no_live_views(cap: Capture, frame: Frame, local_names: dict[str, str]) -> None:
+    """Tensors that are views of each other leave the graph as separate outputs; a backend that does not
+    return them as views would lose an in-place update made through one of them after the break."""
+    al = aliases(cap.graph)
+    live = [v for v in frame.stack if isinstance(v, Proxy)]
+    live += [frame.locals[n] for n in local_names if isinstance(frame.locals[n], Proxy)]
+    for v in live:
+        if id(v) not in cap.proxy_sources and (v in al.base or v in al.has_views):
+            raise NotResumable(f"tensor {v.node.name} lives past the break as a view (or base) of another "
+                               "tensor, and this backend may return it as a copy")
 
 
 def _side_effects(cap: Capture, rec: Reconstructor, temp: Callable[[str], str]) -> list[str]:

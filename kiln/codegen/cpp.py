@@ -13,7 +13,7 @@ from typing import Any
 import sympy
 import torch
 
-from ..lower.index import FloorDiv, ModularIndexing, simplify_index
+from ..lower.index import FloorDiv, ModularIndexing, index_bounds, simplify_index
 from ..lower.ir import Buffer, ComputedBuffer, Reduction
 from ..lower.ops import Handler
 from ..schedule.fusion import PARALLEL_THRESHOLD, FusedGroup, Member
@@ -413,6 +413,12 @@ class KernelWriter:
             self.emit(f"{target} = static_cast<{CTYPES[buf.dtype]}>({value});", depth)
             return
         index = simplify_index(sympy.expand(group.store_index(member)), group.var_ranges())
+        bounds = index_bounds(index, group.var_ranges())
+        size = buf.layout.storage_size()
+        if bounds is None or (size > 0 and (bounds[0] < 0 or bounds[1] >= size)):
+            # never write outside a buffer: a kiln bug must fail the compile (the graph then runs on torch)
+            raise RuntimeError(f"kiln cpp codegen: store to {buf.name} at {index} may leave its {size} "
+                               f"elements (bounds {bounds}) in {group.describe()}")
         self.emit(f"{self.pointers[buf.name]}[{cexpr(index)}] = static_cast<{CTYPES[buf.dtype]}>({value});",
                   depth)
 

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 from ..graph import map_structure
-from ..lower.ir import BufferRef, ExternNode, LoopGraph, OutputView
+from ..lower.ir import BufferRef, ExternNode, LoopGraph, OutputView, ViewRef
 from ..schedule.memory import Plan, Segment
 
 
@@ -147,14 +147,20 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any],
 
 def _extern_lines(src: _Source, node: ExternNode) -> list[str]:
     refs: list[str] = []
-    map_structure(lambda v: refs.append(v.name) if isinstance(v, BufferRef) else None,
-                  (node.args, node.kwargs))
+
+    def ref(v: Any) -> None:
+        if isinstance(v, BufferRef):
+            refs.append(v.name)
+        elif isinstance(v, ViewRef):
+            refs.append(f"{v.name}.as_strided({tuple(v.shape)}, {tuple(v.strides)}, {v.offset})")
+    map_structure(ref, (node.args, node.kwargs))
     template = (node.args, node.kwargs)
     target = node.target
 
     def call(*tensors: Any) -> Any:
         it = iter(tensors)
-        args, kwargs = map_structure(lambda v: next(it) if isinstance(v, BufferRef) else v, template)
+        args, kwargs = map_structure(lambda v: next(it) if isinstance(v, (BufferRef, ViewRef)) else v,
+                                     template)
         return target(*args, **kwargs)
     fn = src.const(call, f"{node.kind}_")
     lines = [f"    # {node.describe()}"]

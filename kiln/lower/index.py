@@ -138,3 +138,40 @@ def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.E
                 return rest
         return ModularIndexing(rest, m)
     return expr.func(*args)
+
+
+def index_bounds(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> tuple[int, int] | None:
+    """Inclusive [lo, hi] of an index expression over the loop ranges (interval arithmetic), or None."""
+    expr = sympy.sympify(expr)
+    if expr.is_Integer:
+        return int(expr), int(expr)
+    if expr.is_Symbol:
+        if expr not in ranges:
+            return None
+        return 0, max(ranges[expr] - 1, 0)
+    if expr.is_Add:
+        lo = hi = 0
+        for arg in expr.args:
+            b = index_bounds(arg, ranges)
+            if b is None:
+                return None
+            lo, hi = lo + b[0], hi + b[1]
+        return lo, hi
+    if expr.is_Mul:
+        coeff, rest = expr.as_coeff_Mul()
+        b = index_bounds(rest, ranges) if rest != expr else None
+        if b is None or not coeff.is_Integer:
+            return None
+        c = int(coeff)
+        return min(c * b[0], c * b[1]), max(c * b[0], c * b[1])
+    if isinstance(expr, FloorDiv):
+        b = index_bounds(expr.args[0], ranges)
+        d = int(expr.args[1])
+        return None if b is None else (b[0] // d, b[1] // d)
+    if isinstance(expr, ModularIndexing):
+        b = index_bounds(expr.args[0], ranges)
+        m = int(expr.args[1])
+        if b is not None and 0 <= b[0] and b[1] < m:
+            return b
+        return 0, m - 1
+    return None

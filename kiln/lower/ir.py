@@ -146,7 +146,7 @@ class ExternNode:
 
     def reads(self) -> list[str]:
         from ..graph import flatten
-        return [v.name for v in flatten((self.args, self.kwargs)) if isinstance(v, BufferRef)]
+        return [v.name for v in flatten((self.args, self.kwargs)) if isinstance(v, (BufferRef, ViewRef))]
 
     def describe(self) -> str:
         outs = ", ".join(o.name for o in self.outputs)
@@ -156,6 +156,16 @@ class ExternNode:
 @dataclasses.dataclass(frozen=True)
 class BufferRef:
     name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ViewRef:
+    """An extern's argument: a strided view of a buffer (no copy), made by the wrapper with as_strided."""
+
+    name: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,7 @@ from ..counters import counters
 from ..graph import Graph, Node, TensorMeta, flatten, map_structure
 from .index import contiguous_strides, linear_index, unravel
 from .ir import (BufferRef, ComputedBuffer, ExternNode, InputBuffer, Layout, LoopGraph, OutputView,
-                 Pointwise, Reduction, Scan)
+                 Pointwise, Reduction, Scan, ViewRef)
 from .ops import BINARY_OPS, UNARY_OPS, CountHandler
 
 log = config.channel("fusion")
@@ -41,7 +41,7 @@ class Box:
     """A lowered value: shape, dtype, loader(h, index); `view` = (buffer, strides, offset) when it reads a
     buffer through a strided view (then it can be passed on without a copy)."""
 
-    __slots__ = ("shape", "dtype", "loader", "view", "_cost")
+    __slots__ = ("shape", "dtype", "loader", "view", "_cost", "realized")
 
     def __init__(self, shape: tuple, dtype: torch.dtype, loader: Callable[..., Any],
                  view: tuple[str, tuple, int] | None = None):
@@ -50,6 +50,7 @@ class Box:
         self.loader = loader
         self.view = view
         self._cost: int | None = None
+        self.realized: str | None = None  # the buffer holding this value, once materialized
 
     def cost(self) -> int:
         if self._cost is None:
@@ -114,9 +115,12 @@ class Lowering:
             buf = self.loop.buffers[name]
             if (buf.layout.shape, buf.layout.strides, buf.layout.offset) == (box.shape, strides, offset):
                 return name
+        if box.realized is not None:
+            return box.realized
         strides = _dense_strides(meta) if meta is not None and meta.shape == box.shape else \
             tuple(contiguous_strides(box.shape))
         name = self.new_name()
+        box.realized = name
         loader = box.loader
         buf = ComputedBuffer(name, box.dtype, Layout(box.shape, strides),
                              Pointwise(box.shape, lambda h, index: loader(h, index)))
@@ -226,6 +230,12 @@ class Lowering:
         def arg(v: Any) -> Any:
             if isinstance(v, Node):
                 value = self.env[id(v)]
+                if isinstance(value, Box) and value.view is not None:
+                    name, strides, offset = value.view
+                    layout = self.loop.buffers[name].layout
+                    if (layout.shape, layout.strides, layout.offset) == (value.shape, strides, offset):
+                        return BufferRef(name)
+                    return ViewRef(name, value.shape, strides, offset)  # a view: passed without a copy
                 if isinstance(value, Box):
                     return BufferRef(self.realize(value, v.meta))
                 return value
@@ -250,14 +260,23 @@ class Lowering:
 
 
 def _aliased_by_output(graph: Graph) -> set[int]:
-    """Nodes an output reaches through view prims only: their values must live in buffers laid out as
-    eager lays them out, so the output view gets eager's strides."""
+    """Nodes an output, or an extern's argument, reaches through view prims only. Their values live in
+    buffers laid out as eager lays them out (so an output view gets eager's strides), and the views are
+    passed on as strided views (an extern reads them without a copy; the kernel writing the base stays in
+    the shape of its producer, so it fuses)."""
     marked: set[int] = set()
     for value in flatten(graph.output_value):
         if isinstance(value, Node):
             marked.add(id(value))
     for name, node in graph.mutated_inputs.items():
         marked.add(id(node))
+    for node in graph.nodes:
+        runs_whole = node.op == "call_torch" or (
+            node.op == "call_prim" and (node.target.name in EXTERN_PRIMS or (
+                node.target.name not in LOWERINGS and "view" not in node.target.tags)))
+        if runs_whole:
+            for arg in node.inputs():
+                marked.add(id(arg))
     for node in reversed(graph.nodes):
         if id(node) in marked and node.op == "call_prim" and "view" in node.target.tags and node.args:
             if isinstance(node.args[0], Node):

@@ -178,6 +178,29 @@ def as_tensor(data: Any, dtype: Any = None, device: Any = None) -> Any:
     return _from_data("as_tensor", data, {}, dtype, device)
 
 
+def _constant_factory(op: str, make: Any) -> Any:
+    """A data-independent factory computed once while tracing, as a graph constant."""
+    with torch._C.DisableTorchFunction():
+        value = make()
+    if value.numel() > _MAX_CONSTANT:
+        raise NoDecomposition(f"{op} of more than {_MAX_CONSTANT} values")
+    return prims.clone(value, torch.contiguous_format)
+
+
+@register(torch.tril_indices)
+def tril_indices(row: int, col: int, offset: int = 0, **kwargs: Any) -> Any:
+    dtype, device = _options("tril_indices", kwargs, torch.int64)
+    return _constant_factory("tril_indices", lambda: torch.tril_indices(row, col, offset, dtype=dtype,
+                                                                        device=device))
+
+
+@register(torch.triu_indices)
+def triu_indices(row: int, col: int, offset: int = 0, **kwargs: Any) -> Any:
+    dtype, device = _options("triu_indices", kwargs, torch.int64)
+    return _constant_factory("triu_indices", lambda: torch.triu_indices(row, col, offset, dtype=dtype,
+                                                                        device=device))
+
+
 @register(torch.Tensor.new_tensor)
 def new_tensor(a: Any, data: Any, **kwargs: Any) -> Any:
     return _from_data("new_tensor", data, kwargs, a.dtype, a.device)  # a's dtype whatever the data
@@ -539,8 +562,9 @@ def random_(a: Any, *args: Any, generator: Any = None, **kwargs: Any) -> Any:
     return _like(a, "random_", {}, lambda s, dt, dev: prims.randint(low, high, s, a.dtype, dev, generator))
 
 
-@register(torch.Tensor.fill_)
+@register(torch.Tensor.fill_, torch.fill_, torch.fill)
 def fill_(a: Any, value: Any) -> Any:
+    """Tensor.fill_ (in-place) and torch.fill (a new tensor in a's layout)."""
     if is_tensor(value):
         check(value.ndim == 0, lambda: f"fill_ only supports 0-dimension value tensor but got tensor with "
               f"{value.ndim} dimensions.")
@@ -550,10 +574,10 @@ def fill_(a: Any, value: Any) -> Any:
     return _like(a, "fill_", {}, lambda s, dt, dev: prims.full(s, _fill_value(value, dt), dt, dev))
 
 
-@register(torch.Tensor.zero_)
+@register(torch.Tensor.zero_, torch.zero_)
 def zero_(a: Any) -> Any:
     return _like(a, "zero_", {}, lambda s, dt, dev: prims.full(s, _fill_value(0, dt), dt, dev))
 
 
 mark_inplace(torch.Tensor.uniform_, torch.Tensor.normal_, torch.Tensor.bernoulli_, torch.Tensor.random_,
-             torch.Tensor.fill_, torch.Tensor.zero_)
+             torch.Tensor.fill_, torch.fill_, torch.Tensor.zero_, torch.zero_)

@@ -392,15 +392,54 @@ _real_identity("conj_physical", torch.conj_physical, method("conj_physical"), fr
 
 # ---- type conversions ----------------------------------------------------------------------------------
 
+_LAST_DIM_ORDERS = {torch.channels_last: (0, 2, 3, 1), torch.channels_last_3d: (0, 2, 3, 4, 1)}
+
+
+def _to_channels_last(input: Any, dtype: torch.dtype | None, copy_: bool, order: tuple[int, ...]) -> Any:
+    """A channels-last result: convert the permuted (N, ..., C) tensor densely, then permute back (a view)."""
+    meta = input.meta
+    shape = [meta.shape[d] for d in order]
+    dense_strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        dense_strides[i] = dense_strides[i + 1] * max(shape[i + 1], 1)
+    already = all(meta.shape[d] == 1 or meta.strides[d] == dense_strides[i] for i, d in enumerate(order))
+    if already and not copy_ and (dtype is None or dtype == input.dtype):
+        return input  # eager returns self
+    inverse = tuple(order.index(i) for i in range(len(order)))
+    converted = prims.convert_element_type(prims.permute(input, order), dtype or input.dtype)
+    return prims.permute(converted, inverse)
+
+
 def _converted(input: Any, dtype: torch.dtype | None, copy_: bool,
                memory_format: Any = torch.preserve_format) -> Any:
+    if memory_format in _LAST_DIM_ORDERS and input.ndim == len(_LAST_DIM_ORDERS[memory_format]):
+        return _to_channels_last(input, dtype, copy_, _LAST_DIM_ORDERS[memory_format])
     if memory_format not in (torch.preserve_format, torch.contiguous_format):
         raise NoDecomposition(f"a conversion to {memory_format}")
     if memory_format == torch.contiguous_format and not input.meta.is_contiguous():
         copy_ = True  # convert_element_type returns a dense tensor
     if dtype is None or dtype == input.dtype:
-        return copy(input) if copy_ else input  # eager returns self itself
+        if not copy_:
+            return input  # eager returns self itself
+        dtype = input.dtype
+    order = _dense_order(input.meta) if memory_format == torch.preserve_format else None
+    if order is not None:  # eager keeps the strides of a dense, permuted input (channels-last, a transpose)
+        return _to_channels_last(input, dtype, True, order)
     return prims.convert_element_type(input, dtype)
+
+
+def _dense_order(meta: TensorMeta) -> tuple[int, ...] | None:
+    """For a non-contiguous input whose strides are a permutation of dense strides: the dims from the
+    largest stride to the smallest; None otherwise (contiguous, overlapping, or with gaps)."""
+    if meta.is_contiguous() or any(not isinstance(v, int) for v in (*meta.shape, *meta.strides)):
+        return None
+    order = tuple(sorted(range(meta.ndim), key=lambda d: (-meta.strides[d], d)))
+    expected = 1
+    for d in reversed(order):
+        if meta.shape[d] != 1 and meta.strides[d] != expected:
+            return None
+        expected *= meta.shape[d]
+    return order
 
 
 def _parse_device(device: Any) -> torch.device | None:

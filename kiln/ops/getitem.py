@@ -98,7 +98,7 @@ def basic_view(a: Any, index: Any) -> tuple[Any, list]:
             expanded.append(item)
     if not any(i is Ellipsis for i in items):
         expanded.extend([slice(None)] * (a.ndim - used))
-    result = prims.squeeze(a, ())  # an alias with a's strides, as eager's indexing starts from
+    result = a
     advanced: list = []
     dim = 0  # the current dim of `result`
     for item in expanded:
@@ -129,6 +129,8 @@ def basic_view(a: Any, index: Any) -> tuple[Any, list]:
                 raise NoDecomposition("a 0-d bool mask index")
             advanced.append(item)
             dim += 1
+    if result is a and all(i is None for i in advanced):
+        result = prims.squeeze(a, ())  # x[...] and x[:] are new views with x's strides
     return result, advanced
 
 

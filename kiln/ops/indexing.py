@@ -89,9 +89,9 @@ def scatter(input: Any, dim: int, index: Any, src: Any = None, *, value: Any = N
     if src is None:
         src = value
     if not is_tensor(src):
-        if reduce is not None:
-            raise NoDecomposition("scatter of a value with reduce")
-        return prims.scatter(input, dim, index, _scatter_value(input, src))
+        if reduce is None:
+            return prims.scatter(input, dim, index, _scatter_value(input, src))
+        src = _full(_scatter_value(input, src), index.shape, input.dtype)
     if reduce is None:
         return prims.scatter(input, dim, index, src)
     check(reduce in ("add", "multiply"),
@@ -307,7 +307,7 @@ def _static_mask_put(x: Any, indices: Sequence[Any], values: Any, accumulate: bo
               IndexError)
     rest = x.ndim - at - mask.ndim
     if is_tensor(values):
-        if values.ndim > 0:
+        if values.numel() != 1:  # eager fills a one-element value as masked_fill does, converting it
             _same_dtype_put(x, values)
         values = values if values.dtype == x.dtype else prims.convert_element_type(values, x.dtype)
         if values.ndim > rest:
@@ -334,8 +334,9 @@ def advanced_index_put(x: Any, indices: Sequence[Any], values: Any, accumulate: 
     """The value of x after `x[indices] = values` (or `+=` with accumulate), as a new tensor.
 
     values is a number (converted to x's dtype) or a tensor of x's dtype (eager refuses others), broadcast
-    to the indexed shape. A single bool mask works when the result needs no count of its True entries
-    (masked_fill-like; a 0-d value tensor is then converted, as eager's masked_fill does).
+    to the indexed shape. A single bool mask (one entry of `indices`, spanning mask.ndim dims of x) works
+    when the result needs no count of its True entries (masked_fill-like; a one-element value tensor is
+    then converted, as eager does).
     """
     check(len(indices) <= x.ndim, lambda: f"too many indices for tensor of dimension {x.ndim} (got "
           f"{len(indices)})", IndexError)
@@ -381,7 +382,7 @@ def index_put(input: Any, indices: Sequence[Any], values: Any, accumulate: bool 
     check(all(is_tensor(i) for i in indices), lambda: "index_put(): expected a tuple of index tensors, got "
           f"{[type(i).__name__ for i in indices]}", TypeError)
     if any(i.dtype in (torch.bool, torch.uint8) for i in indices):
-        raise NoDecomposition("index_put with a bool mask")
+        return _static_mask_put(input, list(indices), values, accumulate)
     tensors = _index_tensors(input, list(indices))
     if not tensors:
         raise NoDecomposition("index_put without index tensors")
@@ -408,6 +409,10 @@ def embedding(input: Any, weight: Any, padding_idx: int | None = None, max_norm:
     weight in place) falls back."""
     if max_norm is not None:
         raise NoDecomposition("embedding with max_norm")
+    if padding_idx is not None and weight.ndim == 2:
+        check(-weight.shape[0] <= padding_idx < weight.shape[0],
+              lambda: f"Padding_idx must be within num_embeddings (got {padding_idx} for weight "
+                      f"{shape_text(weight)})", AssertionError)
     return _embedding(weight, input)
 
 

@@ -253,7 +253,8 @@ def addbmm(inp: Any, batch1: Any, batch2: Any, *, beta: Any = 1, alpha: Any = 1)
         # eager accumulates one addmm per batch, rounding to the half-precision dtype after each
         out = inp
         for i in range(b):
-            out = addmm(out, batch1.select(0, i), batch2.select(0, i), beta=beta if i == 0 else 1, alpha=alpha)
+            out = addmm(out, batch1.select(0, i), batch2.select(0, i), beta=beta if i == 0 else 1,
+                        alpha=alpha)
         return out
 
     def product(x: Any, y: Any) -> Any:
@@ -281,8 +282,11 @@ def tensordot(a: Any, b: Any, dims: Any = 2, out: Any = None) -> Any:
     dims_a = [prims.wrap_dim(d, a.ndim) for d in dims_a]
     dims_b = [prims.wrap_dim(d, b.ndim) for d in dims_b]
     for da, db in zip(dims_a, dims_b):
-        if a.shape[da] != b.shape[db] and 1 in (a.shape[da], b.shape[db]):
-            raise NoDecomposition("tensordot of a size-1 dim against a larger one (eager broadcasts it)")
+        # eager broadcasts a contracted dim of size 1 against the other operand's
+        if a.shape[da] == 1 and b.shape[db] != 1:
+            a = broadcast_to(a, tuple(b.shape[db] if d == da else s for d, s in enumerate(a.shape)))
+        elif b.shape[db] == 1 and a.shape[da] != 1:
+            b = broadcast_to(b, tuple(a.shape[da] if d == db else s for d, s in enumerate(b.shape)))
         check(a.shape[da] == b.shape[db], lambda: f"contracted dimensions need to match, but first has size "
               f"{a.shape[da]} in dim {da} and second has size {b.shape[db]} in dim {db}")
     _same_dtype("tensordot", a, b)
@@ -417,3 +421,117 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
                       f"attn_mask.dtype: {attn_mask.dtype} and  query.dtype: {q.dtype} instead.")
         attn_mask = broadcast_to(attn_mask, (*q.shape[:-1], k.shape[-2]))
     return prims.sdpa(q, k, v, attn_mask, is_causal, scale, enable_gqa)
+
+
+# ---- einsum ---------------------------------------------------------------------------------------------
+
+def _einsum_terms(equation: str, operands: Sequence[Any]) -> tuple[list[list[str]], list[str]]:
+    """Each operand's dim labels and the output's; ellipsis dims get labels '.0', '.1', ... (from the right).
+
+    Cases kiln does not decompose (sublist format, malformed equations) raise NoDecomposition: eager then
+    runs the op and raises its own errors.
+    """
+    eq = equation.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(operands):
+        raise NoDecomposition("einsum with a mismatched operand count")
+    ellipsis_dims = 0
+    labels: list[list[str]] = []
+    for term, x in zip(terms, operands):
+        if term.count("...") > 1 or "." in term.replace("...", ""):
+            raise NoDecomposition("einsum with a malformed ellipsis")
+        head, dots, tail = term.partition("...")
+        if head + tail and not (head + tail).isalpha():
+            raise NoDecomposition("einsum with a malformed equation")
+        n = x.ndim - len(head) - len(tail)
+        if n < 0 or (n > 0 and not dots):
+            raise NoDecomposition("einsum with labels that do not match an operand's rank")
+        ellipsis_dims = max(ellipsis_dims, n)
+        labels.append(list(head) + [f".{n - 1 - i}" for i in range(n)] + list(tail))
+    dots_out = [f".{i}" for i in reversed(range(ellipsis_dims))]
+    if arrow:
+        named = rhs.replace("...", "")
+        if rhs.count("...") > 1 or (named and not named.isalpha()):
+            raise NoDecomposition("einsum with a malformed output")
+        head, dots, tail = rhs.partition("...")
+        out = list(head) + (dots_out if dots else []) + list(tail)
+        seen = {lab for term in labels for lab in term}
+        if len(set(out)) != len(out) or any(lab not in seen for lab in out if not lab.startswith(".")):
+            raise NoDecomposition("einsum with an invalid output")
+    else:
+        counts: dict[str, int] = {}
+        for term in labels:
+            for lab in term:
+                counts[lab] = counts.get(lab, 0) + 1
+        out = dots_out + sorted(lab for lab, c in counts.items() if c == 1 and not lab.startswith("."))
+    return labels, out
+
+
+def _einsum_diagonals(x: Any, labels: list[str]) -> tuple[Any, list[str]]:
+    """A label repeated within one operand takes the diagonal of those dims (it moves to the end)."""
+    while len(set(labels)) != len(labels):
+        lab = next(lab for lab in labels if labels.count(lab) > 1)
+        d1 = labels.index(lab)
+        d2 = labels.index(lab, d1 + 1)
+        if x.shape[d1] != x.shape[d2]:
+            raise NoDecomposition("einsum with a repeated label over dims of different sizes")
+        x = x.diagonal(0, d1, d2)
+        labels = [v for i, v in enumerate(labels) if i not in (d1, d2)] + [lab]
+    return x, labels
+
+
+def _einsum_sum_out(x: Any, labels: list[str], keep: set[str]) -> tuple[Any, list[str]]:
+    dims = [d for d, lab in enumerate(labels) if lab not in keep]
+    if dims:
+        x = x.sum(dims) if x.dtype.is_floating_point or x.dtype.is_complex else x.sum(dims, dtype=x.dtype)
+        labels = [lab for lab in labels if lab in keep]
+    return x, labels
+
+
+def _einsum_pair(a: Any, la: list[str], b: Any, lb: list[str], keep: set[str]) -> tuple[Any, list[str]]:
+    """Contract two operands with one bmm: [batch, left, k] @ [batch, k, right]."""
+    a, la = _einsum_sum_out(a, la, keep | set(lb))
+    b, lb = _einsum_sum_out(b, lb, keep | set(la))
+    size = {**dict(zip(lb, b.shape)), **dict(zip(la, a.shape))}
+    batch = [lab for lab in la if lab in lb and lab in keep]
+    contract = [lab for lab in la if lab in lb and lab not in keep]
+    left = [lab for lab in la if lab not in lb]
+    right = [lab for lab in lb if lab not in la]
+    a3 = a.permute(*[la.index(lab) for lab in batch + left + contract])
+    b3 = b.permute(*[lb.index(lab) for lab in batch + contract + right])
+    nb, nl, nk, nr = (_prod([size[lab] for lab in group]) for group in (batch, left, contract, right))
+    out = prims.bmm(a3.reshape(nb, nl, nk), b3.reshape(nb, nk, nr))
+    labels = batch + left + right
+    return out.reshape(tuple(size[lab] for lab in labels)), labels
+
+
+@register(torch.einsum)
+def einsum(equation: Any, *operands: Any) -> Any:
+    """Contract operands pairwise, left to right, each pair with one bmm (diagonals and broadcast size-1
+    dims fall back)."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    if not isinstance(equation, str) or not operands or not all(is_tensor(x) for x in operands):
+        raise NoDecomposition("einsum in sublist format")
+    dtype = operands[0].dtype
+    if any(x.dtype != dtype for x in operands) or dtype == torch.bool:
+        raise NoDecomposition("einsum of mixed or bool dtypes")
+    labels, out = _einsum_terms(equation, operands)
+    operands, labels = (list(v) for v in zip(*[_einsum_diagonals(x, lab) for x, lab in zip(operands, labels)]))
+    sizes: dict[str, Any] = {}
+    for term, x in zip(labels, operands):
+        for lab, s in zip(term, x.shape):
+            if sizes.setdefault(lab, s) != s:
+                raise NoDecomposition("einsum with dims that broadcast")
+    result, result_labels = operands[0], labels[0]
+    for i in range(1, len(operands)):
+        later = {lab for term in labels[i + 1:] for lab in term} | set(out)
+        result, result_labels = _einsum_pair(result, result_labels, operands[i], labels[i], later)
+    result, result_labels = _einsum_sum_out(result, result_labels, set(out))
+    order = [result_labels.index(lab) for lab in out]
+    if order != list(range(len(order))):
+        result = result.permute(*order)
+    if result is operands[0]:
+        result = result.clone()  # einsum returns a new tensor (a view of its input only when it permutes)
+    return result

@@ -527,7 +527,7 @@ def instance_norm(input: Any, running_mean: Any = None, running_var: Any = None,
           f"got input size {torch.Size(list(input.shape))}", ValueError)
     _check_channels("instance_norm", input, {"weight": weight, "bias": bias})
     check_float("instance_norm", input)
-    # eager: batch_norm in training mode of the input seen as (1, N * C, ...), weight and bias repeated N times
+    # eager: training-mode batch_norm of the input seen as (1, N * C, ...), weight and bias repeated N times
     n, c = input.shape[0], input.shape[1]
     folded = torch.reshape(input, [1, n * c] + list(input.shape[2:]))
     mean, var = _moments(upcast(folded), range(2, input.ndim))

@@ -48,15 +48,15 @@ def _in_projection(query: Any, key: Any, value: Any, embed: int, in_proj_weight:
 
 
 @register(F.multi_head_attention_forward)
-def multi_head_attention_forward(query: Any, key: Any, value: Any, embed_dim_to_check: int, num_heads: int,
-                                 in_proj_weight: Any, in_proj_bias: Any, bias_k: Any, bias_v: Any,
-                                 add_zero_attn: bool, dropout_p: float, out_proj_weight: Any, out_proj_bias: Any,
-                                 training: bool = True, key_padding_mask: Any = None, need_weights: bool = True,
-                                 attn_mask: Any = None, use_separate_proj_weight: bool = False,
-                                 q_proj_weight: Any = None, k_proj_weight: Any = None, v_proj_weight: Any = None,
-                                 static_k: Any = None, static_v: Any = None, average_attn_weights: bool = True,
-                                 is_causal: bool = False) -> Any:
-    if bias_k is not None or bias_v is not None or add_zero_attn or static_k is not None or static_v is not None:
+def multi_head_attention_forward(
+        query: Any, key: Any, value: Any, embed_dim_to_check: int, num_heads: int, in_proj_weight: Any,
+        in_proj_bias: Any, bias_k: Any, bias_v: Any, add_zero_attn: bool, dropout_p: float,
+        out_proj_weight: Any, out_proj_bias: Any, training: bool = True, key_padding_mask: Any = None,
+        need_weights: bool = True, attn_mask: Any = None, use_separate_proj_weight: bool = False,
+        q_proj_weight: Any = None, k_proj_weight: Any = None, v_proj_weight: Any = None, static_k: Any = None,
+        static_v: Any = None, average_attn_weights: bool = True, is_causal: bool = False) -> Any:
+    extras = (bias_k, bias_v, static_k, static_v)
+    if add_zero_attn or any(e is not None for e in extras):
         raise NoDecomposition("multi_head_attention_forward with bias_k/bias_v, add_zero_attn or static k/v")
     if training and dropout_p > 0:
         raise NoDecomposition("multi_head_attention_forward with dropout while training")
@@ -80,8 +80,8 @@ def multi_head_attention_forward(query: Any, key: Any, value: Any, embed_dim_to_
 
     key_padding_mask = _float_mask(key_padding_mask, query.dtype)
     if is_causal and attn_mask is None:
-        raise RuntimeError("Need attn_mask if specifying the is_causal hint. You may use the Transformer module "
-                           "method `generate_square_subsequent_mask` to create this mask.")
+        raise RuntimeError("Need attn_mask if specifying the is_causal hint. You may use the Transformer "
+                           "module method `generate_square_subsequent_mask` to create this mask.")
     if is_causal and key_padding_mask is None and not need_weights:
         attn_mask = None
     else:

@@ -323,7 +323,7 @@ def adaptive_max_pool3d(input: Any, output_size: Any, return_indices: bool = Fal
 
 @register(F.unfold)
 def unfold(input: Any, kernel_size: Any, dilation: Any = 1, padding: Any = 0, stride: Any = 1) -> Any:
-    """im2col: (N, C, H, W) -> (N, C * kh * kw, L), one strided slice of the padded input per kernel offset."""
+    """im2col: (N, C, H, W) -> (N, C * kh * kw, L), a strided slice of the padded input per kernel offset."""
     check(input.ndim in (3, 4), lambda: f"Input Error: Only 3D or 4D input Tensors are supported (got "
           f"{input.ndim}D)", NotImplementedError)
     kernel = _tuple("unfold", "kernel_size", kernel_size, 2)
@@ -359,8 +359,8 @@ def unfold(input: Any, kernel_size: Any, dilation: Any = 1, padding: Any = 0, st
 
 @register(F.channel_shuffle, torch.channel_shuffle, torch.native_channel_shuffle)
 def channel_shuffle(input: Any, groups: int) -> Any:
-    check(input.ndim > 2, lambda: f"channel_shuffle expects input to have at least 3 dimensions, but got input "
-          f"with {input.ndim} dimension(s)", RuntimeError)
+    check(input.ndim > 2, lambda: f"channel_shuffle expects input to have at least 3 dimensions, but got "
+          f"input with {input.ndim} dimension(s)", RuntimeError)
     check(groups > 0, lambda: f"Number of groups to divide channels in must be positive. Value of groups:"
           f"{groups}", RuntimeError)
     c = input.shape[1]

@@ -61,8 +61,9 @@ def _accumulate_dtype(input: Any, dtype: torch.dtype | None) -> torch.dtype:
 def _sum_prod(prim: Any, input: Any, dim: Any, keepdim: bool, dtype: torch.dtype | None) -> Any:
     out_dtype = _accumulate_dtype(input, dtype)
     dims = reduction_dims(input, dim)
-    # the input converts to dtype first; a bool result accumulates in int64 (sum: any, prod: all)
-    compute = torch.int64 if out_dtype == torch.bool else computation_dtype(out_dtype)
+    # the input converts to dtype first; a bool result accumulates in int64 (sum: any, prod: all). A float16
+    # sum stays a float16 prim: its meaning is eager's (accumulate in float32, round once).
+    compute = torch.int64 if out_dtype == torch.bool else out_dtype
     x = convert(convert(input, out_dtype), compute)
     out = convert(prim(x, dims), out_dtype)
     return keep_dims(out, input, dims, keepdim)
@@ -295,8 +296,7 @@ def _var(op: str, input: Any, args: tuple, kwargs: dict, root: bool, with_mean: 
     if input.dtype.is_complex:
         raise NoDecomposition(f"{op} of complex values")
     dims = reduction_dims(input, dim)
-    compute = computation_dtype(input.dtype)
-    x = convert(input, compute)
+    x = input  # the prims compute float16 as eager does (float32 inside, one rounding)
     if with_mean:
         out, average = prims.var_mean(x, dims, correction)
     else:
@@ -388,7 +388,7 @@ def logsumexp(input: Any, dim: Any = (), keepdim: bool = False) -> Any:
     if input.dtype.is_complex:
         raise NoDecomposition("logsumexp of complex values")
     dims = reduction_dims(input, dim)
-    compute = computation_dtype(dtype)
+    compute = dtype  # eager rounds each step (x - max, exp, sum, log, + max) to a float16 input's dtype
     x = convert(input, compute)
     if input.numel() == 0 or builtins_any(input.shape[d] == 0 for d in dims):
         out = prims.log(prims.sum(prims.exp(x), dims))

@@ -85,7 +85,7 @@ def reshape(a: Any, *shape: Any, **kwargs: Any) -> Any:
 
 @register(torch.Tensor.view_as)
 def view_as(a: Any, other: Any) -> Any:
-    return prims.view(a, tuple(other.shape)) if tuple(a.shape) != tuple(other.shape) else view(a, a.shape)
+    return prims.view(a, tuple(other.shape))
 
 
 @register(torch.Tensor.reshape_as)
@@ -152,7 +152,10 @@ def unsqueeze(a: Any, dim: int) -> Any:
 # ---- permute / transpose ------------------------------------------------------------------------------
 
 @register(torch.permute, torch.Tensor.permute)
-def permute(a: Any, *dims: Any) -> Any:
+def permute(a: Any, *dims: Any, **kwargs: Any) -> Any:
+    if "dims" in kwargs:
+        dims = (kwargs.pop("dims"),)
+    check(not kwargs, lambda: f"permute() got unexpected keyword arguments {sorted(kwargs)}", TypeError)
     dims = _sizes(dims, "permute")
     check(len(dims) == a.ndim, lambda: f"permute(sparse_coo): number of dimensions in the tensor input does "
           f"not match the length of the desired ordering of dimensions i.e. input.dim() = {a.ndim} is not "
@@ -173,12 +176,16 @@ def _transpose(a: Any, dim0: int, dim1: int) -> Any:
     return prims.permute(a, tuple(perm))
 
 
-@register(torch.transpose, torch.Tensor.transpose, torch.swapaxes, torch.Tensor.swapaxes, torch.swapdims,
-          torch.Tensor.swapdims)
+@register(torch.transpose, torch.Tensor.transpose, torch.swapdims, torch.Tensor.swapdims)
 def transpose(a: Any, dim0: int, dim1: int) -> Any:
     if isinstance(dim0, str) or isinstance(dim1, str):
         raise NoDecomposition("transpose with named dims")
     return _transpose(a, dim0, dim1)
+
+
+@register(torch.swapaxes, torch.Tensor.swapaxes)
+def swapaxes(a: Any, axis0: int, axis1: int) -> Any:
+    return _transpose(a, axis0, axis1)
 
 
 @register(torch.t, torch.Tensor.t)
@@ -269,8 +276,8 @@ def _expand(a: Any, sizes: tuple, op: str = "expand") -> Any:
 
 
 @register(torch.Tensor.expand)
-def expand(a: Any, *sizes: Any, implicit: bool = False) -> Any:
-    return _expand(a, _sizes(sizes, "expand"))
+def expand(a: Any, *sizes: Any, size: Any = None, implicit: bool = False) -> Any:
+    return _expand(a, _sizes((size,) if size is not None else sizes, "expand"))
 
 
 @register(torch.Tensor.expand_as)
@@ -373,7 +380,9 @@ def split_with_sizes(a: Any, split_sizes: Sequence[int], dim: int = 0) -> Any:
 
 
 @register(torch.split, torch.Tensor.split)
-def split(a: Any, split_size_or_sections: Any, dim: int = 0) -> Any:
+def split(a: Any, split_size_or_sections: Any = None, dim: int = 0, *, split_size: Any = None) -> Any:
+    if split_size is not None:
+        split_size_or_sections = split_size
     if isinstance(split_size_or_sections, (list, tuple)):
         return split_with_sizes(a, split_size_or_sections, dim)
     if is_tensor(split_size_or_sections):
@@ -410,7 +419,10 @@ def unbind(a: Any, dim: int = 0) -> Any:
 
 
 @register(torch.tensor_split, torch.Tensor.tensor_split)
-def tensor_split(a: Any, indices_or_sections: Any, dim: int = 0) -> Any:
+def tensor_split(a: Any, indices_or_sections: Any = None, dim: int = 0, *, sections: Any = None,
+                 indices: Any = None) -> Any:
+    if sections is not None or indices is not None:
+        indices_or_sections = sections if sections is not None else indices
     if is_tensor(indices_or_sections):
         raise NoDecomposition("tensor_split with a tensor argument")
     check(a.ndim > 0, lambda: f"tensor_split expected at least a 1-dimensional tensor, but got a tensor with "

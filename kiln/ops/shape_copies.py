@@ -56,7 +56,29 @@ def cat(tensors: Any, dim: int = 0, *, axis: Any = None, out: Any = None) -> Any
                   f"dimension {d}. Expected size {ref.shape[k]} but got size {t.shape[k]} for tensor number "
                   f"{i} in the list.")
     converted = [t if t.dtype == dtype else prims.convert_element_type(t, dtype) for t in kept]
-    return prims.cat(converted, d)
+    perm = _channels_last_perm(kept)
+    if perm is None:
+        return prims.cat(converted, d)
+    # eager keeps a memory format all inputs share: join in memory order, then permute back
+    inverse = tuple(perm.index(k) for k in range(len(perm)))
+    joined = prims.cat([prims.permute(t, perm) for t in converted], perm.index(d))
+    return prims.permute(joined, inverse)
+
+
+def _channels_last_perm(tensors: list) -> tuple | None:
+    """The (N, *spatial, C) dim order when every tensor is laid out channels-last (eager's cat keeps it)."""
+    from ..prims.shape import memory_format_strides
+    ndim = tensors[0].ndim
+    if ndim not in (4, 5):
+        return None
+    fmt = torch.channels_last if ndim == 4 else torch.channels_last_3d
+    for t in tensors:
+        shape = tuple(t.shape)
+        if t.ndim != ndim or t.meta.is_contiguous():
+            return None
+        if tuple(t.stride()) != memory_format_strides(shape, fmt, "cat"):
+            return None
+    return (0,) + tuple(range(2, ndim)) + (1,)
 
 
 @register(torch.stack)
@@ -129,7 +151,7 @@ def _layout_perm(a: Any) -> tuple:
     shape, strides = tuple(a.shape), tuple(a.stride())
     if not is_non_overlapping_and_dense(shape, strides):
         strides = dense_strides_like(shape, strides)
-    return tuple(sorted(range(a.ndim), key=lambda d: (-strides[d], d)))
+    return tuple(sorted(range(a.ndim), key=lambda d: (-strides[d], -shape[d], d)))
 
 
 @register(torch.flip, torch.Tensor.flip)
@@ -204,7 +226,10 @@ def rot90(a: Any, k: int = 1, dims: Sequence[int] = (0, 1)) -> Any:
 # ---- repetition ---------------------------------------------------------------------------------------
 
 @register(torch.Tensor.repeat)
-def repeat(a: Any, *sizes: Any) -> Any:
+def repeat(a: Any, *sizes: Any, **kwargs: Any) -> Any:
+    if "repeats" in kwargs:
+        sizes = (kwargs.pop("repeats"),)
+    check(not kwargs, lambda: f"repeat() got unexpected keyword arguments {sorted(kwargs)}", TypeError)
     sizes = _sizes(sizes, "repeat")
     check(len(sizes) >= a.ndim, lambda: "Number of dimensions of repeat dims can not be smaller than number "
           "of dimensions of tensor")
@@ -220,7 +245,10 @@ def repeat(a: Any, *sizes: Any) -> Any:
 
 
 @register(torch.tile, torch.Tensor.tile)
-def tile(a: Any, *dims: Any) -> Any:
+def tile(a: Any, *dims: Any, **kwargs: Any) -> Any:
+    if "dims" in kwargs:
+        dims = (kwargs.pop("dims"),)
+    check(not kwargs, lambda: f"tile() got unexpected keyword arguments {sorted(kwargs)}", TypeError)
     dims = _sizes(dims, "tile")
     if len(dims) < a.ndim:
         dims = (1,) * (a.ndim - len(dims)) + dims

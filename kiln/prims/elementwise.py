@@ -80,6 +80,14 @@ def scalar_tensor(value: Any, dtype: torch.dtype, device: torch.device) -> torch
     return torch.tensor(value, dtype=wide.get(type(value)), device=device).to(dtype)
 
 
+def _not_complex_or_bool(dtype: torch.dtype) -> bool:
+    return not dtype.is_complex and dtype != torch.bool
+
+
+def _is_float32_or_64(dtype: torch.dtype) -> bool:
+    return dtype in (torch.float32, torch.float64)  # torch has no float16 kernel for these
+
+
 def _unary(name: str, ref: Callable[..., Any], allowed: Callable[[torch.dtype], bool] | None = None,
            out_dtype: torch.dtype | None = None, tags: tuple = ("elementwise",)) -> Prim:
     def meta(a: Any) -> TensorMeta:
@@ -106,7 +114,7 @@ def _binary(name: str, ref: Callable[..., Any], allowed: Callable[[torch.dtype],
 
 
 # ---- unary math -----------------------------------------------------------------------------------------
-abs = _unary("abs", torch.abs)  # noqa: A001
+abs = _unary("abs", torch.abs, lambda d: d != torch.bool)  # noqa: A001 - complex: see below
 neg = _unary("neg", torch.neg, lambda d: d != torch.bool)
 sign = _unary("sign", torch.sign, _not_complex)
 exp = _unary("exp", torch.exp, _is_float)
@@ -152,9 +160,18 @@ i0e = _unary("i0e", torch.special.i0e, _is_real_float)
 i1 = _unary("i1", torch.special.i1, _is_real_float)
 i1e = _unary("i1e", torch.special.i1e, _is_real_float)
 ndtr = _unary("ndtr", torch.special.ndtr, _is_real_float)
-ndtri = _unary("ndtri", torch.special.ndtri, _is_real_float)
-log_ndtr = _unary("log_ndtr", torch.special.log_ndtr, _is_real_float)
-erfcx = _unary("erfcx", torch.special.erfcx, _is_real_float)
+ndtri = _unary("ndtri", torch.special.ndtri, _is_float32_or_64)
+log_ndtr = _unary("log_ndtr", torch.special.log_ndtr, _is_float32_or_64)
+erfcx = _unary("erfcx", torch.special.erfcx, _is_float32_or_64)
+
+
+
+def _abs_meta(a: Any) -> TensorMeta:
+    m = _elementwise_meta("abs", (a,), None, lambda d: d != torch.bool)
+    return m.with_(dtype=m.dtype.to_real()) if m.dtype.is_complex else m
+
+
+abs.meta = _abs_meta  # the absolute value of a complex number is real
 
 # ---- binary math ----------------------------------------------------------------------------------------
 
@@ -169,9 +186,9 @@ def _div_ref(a: Any, b: Any) -> Any:
 add = _binary("add", torch.add, lambda d: True)
 sub = _binary("sub", torch.sub, lambda d: d != torch.bool)
 mul = _binary("mul", torch.mul)
-div = _binary("div", _div_ref)  # true division for floats, truncation for integers
-remainder = _binary("remainder", torch.remainder, _not_complex)  # sign of the divisor, as Python's %
-fmod = _binary("fmod", torch.fmod, _not_complex)  # sign of the dividend, as C's fmod
+div = _binary("div", _div_ref, lambda d: d != torch.bool)  # true division for floats, truncation for integers
+remainder = _binary("remainder", torch.remainder, _not_complex_or_bool)  # sign of the divisor, as Python's %
+fmod = _binary("fmod", torch.fmod, _not_complex_or_bool)  # sign of the dividend, as C's fmod
 pow = _binary("pow", torch.pow, lambda d: d != torch.bool)  # noqa: A001
 atan2 = _binary("atan2", torch.atan2, _is_real_float)
 hypot = _binary("hypot", torch.hypot, _is_real_float)
@@ -187,7 +204,7 @@ bitwise_xor = _binary("bitwise_xor", torch.bitwise_xor, _is_integral)
 shift_left = _binary("shift_left", torch.bitwise_left_shift, lambda d: _is_integral(d) and d != torch.bool)
 shift_right = _binary("shift_right", torch.bitwise_right_shift,  # arithmetic for signed types
                       lambda d: _is_integral(d) and d != torch.bool)
-zeta = _binary("zeta", torch.special.zeta, _is_real_float)
+zeta = _binary("zeta", torch.special.zeta, _is_float32_or_64)
 igamma = _binary("igamma", torch.igamma, _is_real_float)
 igammac = _binary("igammac", torch.igammac, _is_real_float)
 

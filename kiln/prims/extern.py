@@ -49,7 +49,7 @@ def _mm_meta(a: Any, b: Any) -> TensorMeta:
     am, bm = _tensor("mm", "mat1", a), _tensor("mm", "mat2", b)
     check(am.ndim == 2, lambda: f"mm: self must be a matrix, got {shape_text(a)}")
     check(bm.ndim == 2, lambda: f"mm: mat2 must be a matrix, got {shape_text(b)}")
-    check(am.shape[1] == bm.shape[0], lambda: f"mat1 and mat2 shapes cannot be multiplied "
+    check(am.shape[1] == bm.shape[0], lambda: f"mm: mat1 and mat2 shapes cannot be multiplied "
           f"({am.shape[0]}x{am.shape[1]} and {bm.shape[0]}x{bm.shape[1]})")
     _matmul_dtypes("mm", am, bm)
     return TensorMeta((am.shape[0], bm.shape[1]), am.dtype, am.device)
@@ -90,6 +90,11 @@ def conv_output_size(size: Any, kernel: Any, stride: int, padding: int, dilation
     return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
 
 
+def _check_groups(name: str, wm: TensorMeta, w: Any, groups: int) -> None:
+    check(wm.shape[0] % groups == 0, lambda: f"{name}: Given groups={groups}, expected weight to be "
+          f"divisible by {groups} at dimension 0, but got weight of size {shape_text(w)} instead")
+
+
 def _convolution_meta(x: Any, w: Any, bias: Any, stride: Sequence[int], padding: Sequence[int],
                       dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
                       groups: int) -> TensorMeta:
@@ -103,41 +108,39 @@ def _convolution_meta(x: Any, w: Any, bias: Any, stride: Sequence[int], padding:
     padding = _int_list(name, "padding", padding, n)
     dilation = _int_list(name, "dilation", dilation, n)
     output_padding = _int_list(name, "output_padding", output_padding, n)
-    check(all(s > 0 for s in stride), lambda: "non-positive stride is not supported")
-    check(all(p >= 0 for p in padding), lambda: "negative padding is not supported")
-    check(all(p >= 0 for p in output_padding), lambda: "negative output_padding is not supported")
-    check(all(d > 0 for d in dilation), lambda: "non-positive dilation is not supported")
-    check(isinstance(groups, int) and groups > 0, lambda: "non-positive groups is not supported")
-    check(xm.dtype == wm.dtype, lambda: f"Input type ({xm.dtype}) and weight type ({wm.dtype}) should be "
-          f"the same (convolution of input {shape_text(x)} with weight {shape_text(w)})")
+    check(all(s > 0 for s in stride), lambda: f"{name}: non-positive stride is not supported")
+    check(all(p >= 0 for p in padding), lambda: f"{name}: negative padding is not supported")
+    check(all(p >= 0 for p in output_padding), lambda: f"{name}: negative output_padding is not supported")
+    check(all(d > 0 for d in dilation), lambda: f"{name}: non-positive dilation is not supported")
+    check(isinstance(groups, int) and groups > 0, lambda: f"{name}: non-positive groups is not supported")
+    check(xm.dtype == wm.dtype, lambda: f"{name}: Input type ({xm.dtype}) and weight type ({wm.dtype}) "
+          f"should be the same (input {shape_text(x)}, weight {shape_text(w)})")
     check(xm.dtype != torch.bool, lambda: f"{name}: not implemented for 'Bool'", NotImplementedError)
     in_channels = xm.shape[1]
     if transposed:
-        check(in_channels == wm.shape[0], lambda: f"Given transposed=1, weight of size {shape_text(w)}, "
-              f"expected input{shape_text(x)} to have {wm.shape[0]} channels, but got {in_channels} "
-              "channels instead")
-        check(wm.shape[0] % groups == 0, lambda: f"Given groups={groups}, expected weight to be divisible by "
-              f"{groups} at dimension 0, but got weight of size {shape_text(w)} instead")
+        check(in_channels == wm.shape[0], lambda: f"{name}: Given transposed=1, weight of size "
+              f"{shape_text(w)}, expected input{shape_text(x)} to have {wm.shape[0]} channels, but got "
+              f"{in_channels} channels instead")
+        _check_groups(name, wm, w, groups)
         out_channels = wm.shape[1] * groups
         for i in range(n):
             check(output_padding[i] < stride[i] or output_padding[i] < dilation[i],
-                  lambda: f"output padding must be smaller than either stride or dilation, but got "
+                  lambda: f"{name}: output padding must be smaller than either stride or dilation, but got "
                           f"output_padding={list(output_padding)}, stride={list(stride)}, "
                           f"dilation={list(dilation)}")
     else:
-        check(wm.shape[0] % groups == 0, lambda: f"Given groups={groups}, expected weight to be divisible by "
-              f"{groups} at dimension 0, but got weight of size {shape_text(w)} instead")
-        check(in_channels == wm.shape[1] * groups, lambda: f"Given groups={groups}, weight of size "
+        _check_groups(name, wm, w, groups)
+        check(in_channels == wm.shape[1] * groups, lambda: f"{name}: Given groups={groups}, weight of size "
               f"{shape_text(w)}, expected input{shape_text(x)} to have {wm.shape[1] * groups} channels, but "
               f"got {in_channels} channels instead")
         out_channels = wm.shape[0]
     if bias is not None:
         bm = _tensor(name, "bias", bias)
         check(bm.ndim == 1 and bm.shape[0] == out_channels,
-              lambda: f"Given {'transposed=1, ' if transposed else ''}weight of size {shape_text(w)}, "
-                      f"expected bias to be 1-dimensional with {out_channels} elements, but got bias of size "
-                      f"{shape_text(bias)} instead")
-        check(bm.dtype == xm.dtype, lambda: f"Input type ({_dtype_name(xm.dtype)}) and bias type "
+              lambda: f"{name}: Given {'transposed=1, ' if transposed else ''}weight of size "
+                      f"{shape_text(w)}, expected bias to be 1-dimensional with {out_channels} elements, but "
+                      f"got bias of size {shape_text(bias)} instead")
+        check(bm.dtype == xm.dtype, lambda: f"{name}: Input type ({_dtype_name(xm.dtype)}) and bias type "
               f"({_dtype_name(bm.dtype)}) should be the same")
     spatial = []
     sizes = xm.shape[2:]
@@ -146,13 +149,13 @@ def _convolution_meta(x: Any, w: Any, bias: Any, stride: Sequence[int], padding:
         padded = [sizes[i] + 2 * padding[i] for i in range(n)]
         dilated = [dilation[i] * (kernels[i] - 1) + 1 for i in range(n)]
         check(all(p >= k for p, k in zip(padded, dilated)),
-              lambda: f"Calculated padded input size per channel: ({' x '.join(map(str, padded))}). Kernel "
-                      f"size: ({' x '.join(map(str, dilated))}). Kernel size can't be greater than actual "
-                      "input size")
+              lambda: f"{name}: Calculated padded input size per channel: ({' x '.join(map(str, padded))}). "
+                      f"Kernel size: ({' x '.join(map(str, dilated))}). Kernel size can't be greater than "
+                      "actual input size")
     for i in range(n):
         spatial.append(conv_output_size(sizes[i], kernels[i], stride[i], padding[i], dilation[i], transposed,
                                         output_padding[i]))
-    check(all(s > 0 for s in spatial), lambda: f"Given input size per channel: "
+    check(all(s > 0 for s in spatial), lambda: f"{name}: Given input size per channel: "
           f"({' x '.join(map(str, sizes))}). Calculated output size per channel: "
           f"({' x '.join(map(str, spatial))}). Output size is too small")
     return TensorMeta((xm.shape[0], out_channels, *spatial), xm.dtype, xm.device)

@@ -68,14 +68,14 @@ def _real(dtype: torch.dtype) -> bool:
 
 def _prod_ref(a: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
     if len(dims) == a.ndim:
-        return torch.prod(a)
+        return torch.prod(a, dtype=a.dtype)
     out = a  # torch.prod takes one dim at a time
     for d in reversed(dims):
-        out = torch.prod(out, d)
+        out = torch.prod(out, d, dtype=a.dtype)
     return out
 
 
-sum = _reduction("sum", lambda a, dims: torch.sum(a, dims), _not_bool)  # noqa: A001
+sum = _reduction("sum", lambda a, dims: torch.sum(a, dims, dtype=a.dtype), _not_bool)  # noqa: A001
 prod = _reduction("prod", _prod_ref, _not_bool)
 amax = _reduction("amax", lambda a, dims: torch.amax(a, dims), _real, needs_elements=True,
                   doc="maximum over dims; NaN propagates")

@@ -304,10 +304,13 @@ def _diagonal_meta(a: Any, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Ten
           lambda: f"prims.diagonal: dims {dim1}, {dim2} must be two distinct dims of {shape_text(a)}",
           IndexError)
     s1, s2 = m.shape[dim1], m.shape[dim2]
+    symbolic = not (isinstance(s1, int) and isinstance(s2, int))
+    smallest = sympy.Min if symbolic else builtins.min
+    largest = sympy.Max if symbolic else builtins.max
     if offset >= 0:
-        size = builtins.max(builtins.min(s1, s2 - offset), 0)
+        size = largest(smallest(s1, s2 - offset), 0)
     else:
-        size = builtins.max(builtins.min(s1 + offset, s2), 0)
+        size = largest(smallest(s1 + offset, s2), 0)
     keep = [d for d in range(m.ndim) if d not in (dim1, dim2)]
     shape = tuple(m.shape[d] for d in keep) + (size,)
     strides = tuple(m.strides[d] for d in keep) + (m.strides[dim1] + m.strides[dim2],)

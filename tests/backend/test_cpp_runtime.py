@@ -89,3 +89,11 @@ def test_auto_picks_cpp_for_cpu(tmp_path):
         compiled = lookup_backend("auto")(kiln.ops.trace(fn, x, y), [x, y])
     assert isinstance(compiled, CompiledGraph)
     torch.testing.assert_close(compiled(x, y), fn(x, y))
+
+
+def test_two_processes_build_the_same_entry_at_once(tmp_path):
+    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path), KILN_RAISE_ON_ERROR="1")
+    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT], env=env, cwd=os.getcwd()) for _ in range(2)]
+    assert [p.wait() for p in procs] == [0, 0]
+    entries = list((tmp_path / "cpp").glob("*"))
+    assert len(entries) == 1 and entries[0].suffix == ".so"  # no temporary left behind

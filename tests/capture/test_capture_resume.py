@@ -11,6 +11,7 @@ import torch
 from capture_helpers import all_entries, assert_same, check
 
 import kiln
+from kiln.graph import run
 
 X = torch.randn(4, 8)
 Y = torch.randn(4, 8)
@@ -629,3 +630,83 @@ def test_compiled_function_called_from_compiled_code_is_inlined():
     def outer(x):
         return inner(x) + 1
     check(outer, X, graphs=1, breaks=0)
+
+
+HOLDER = Box()
+
+
+def r_escaping_local_object(x):
+    obj = Box()
+    HOLDER.ref = obj  # the object escapes before the break and is changed after it
+    print("escape", file=OUT)
+    obj.n = 5
+    return x + obj.n
+
+
+def make_counter():
+    count = 0
+
+    def step(x):
+        nonlocal count
+        count += 1
+        print(count, file=OUT)
+        count += 10
+        return x * count
+    return step, lambda: count
+
+
+def test_escaping_object_keeps_identity():
+    kiln.reset()
+    compiled = kiln.compile(r_escaping_local_object, backend="eager")
+    for _ in range(2):
+        assert_same(compiled(X), r_escaping_local_object(X))
+        compiled(X)
+        assert HOLDER.ref.n == 5
+
+
+def test_nonlocal_write_before_break():
+    kiln.reset()
+    _reset_state()
+    step, count = make_counter()
+    ref_step, ref_count = make_counter()
+    compiled = kiln.compile(step, backend="eager")
+    for _ in range(3):
+        assert_same(compiled(X), ref_step(X))
+        assert count() == ref_count()
+    printed = OUT.getvalue().split()
+    assert printed == ["1", "1", "12", "12", "23", "23"]  # print saw the cell updated before it ran
+
+
+def test_return_after_break_needs_no_resume():
+    def f(x):
+        y = x * 2
+        return y.tolist()
+    kiln.reset()
+    compiled = kiln.compile(f, backend="eager")
+    for i in range(12):  # new values every call: nothing is specialized on them
+        x = torch.randn(3)
+        assert compiled(x) == f(x)
+    (entry,) = compiled.cache.entries
+    assert entry.children == [] and entry.brk.resumed and not kiln.counters["recompiles"]
+
+
+def r_view_mutated_after_break(x):
+    y = x * 2
+    z = y[0]
+    print("view", file=OUT)
+    z.add_(1)
+    return y
+
+
+def test_views_across_a_break():
+    def copying_backend(graph, example_inputs):  # returns every output as a fresh tensor
+        def call(*inputs):
+            return tuple(t.clone() for t in run(graph, inputs, torch_level=True))
+        return call
+    for backend in ("eager", "prims", copying_backend):
+        kiln.reset()
+        compiled = kiln.compile(r_view_mutated_after_break, backend=backend)
+        for _ in range(2):
+            assert_same(compiled(X), r_view_mutated_after_break(X))
+    (entry,) = compiled.cache.entries
+    assert not entry.brk.resumed and "view" in entry.brk.reason  # the copying backend: frame eagerly

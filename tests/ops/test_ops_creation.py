@@ -189,3 +189,10 @@ def test_inplace_fills(update, x):
     ours, theirs = x.clone(), x.clone()
     got, expected = kg.run(p, [ours, v]), fn(theirs, v)
     assert torch.equal(got, expected) and torch.equal(ours, theirs) and ours.stride() == theirs.stride()
+
+
+def test_index_factories_and_functional_fill():
+    check_op(lambda: torch.tril_indices(4, 5, -1))
+    check_op(lambda: torch.triu_indices(3, 6, 2, dtype=torch.int32))
+    check_op(lambda a: torch.fill(a, 3.0), torch.randn(4, 3).t())
+    check_op(lambda a: torch.zeros_like(a).zero_(), torch.randn(4, 3))

@@ -226,3 +226,45 @@ def test_ceil_of_integers_is_a_copy():
     x = torch.arange(3)
     out = kiln.graph.run(kiln.graph.to_prims(g), [x])
     assert torch.equal(out, x) and out.data_ptr() != x.data_ptr()
+
+
+def test_dtype_queries_and_real_identities():
+    for x in [sample(torch.float32), sample(torch.int64)]:
+        compare(lambda a: a * torch.is_floating_point(a) + torch.is_complex(a), x)
+        compare(lambda a: torch.conj(a) + torch.real(a) + a.resolve_conj() + torch.conj_physical(a), x)
+        compare(lambda a: a * a.is_signed(), x)
+
+
+def test_complex_inputs_are_exact_or_fall_back():
+    x = torch.randn(3, 4, dtype=torch.complex64)
+    for fn in [torch.exp, torch.sigmoid, torch.abs, torch.sgn, torch.exp2, lambda a: a * 2j, lambda a: a + 1.5,
+               lambda a: torch.sum(a, 1), torch.mean, lambda a: torch.var(a, 0), torch.isnan, torch.angle]:
+        expected = fn(x)
+        g = kiln.ops.trace(fn, x)
+        got = kiln.graph.run(kiln.graph.to_prims(g), [x])
+        torch.testing.assert_close(got, expected, equal_nan=True)
+
+
+def test_float16_quotient_rounds_before_trunc():
+    g = torch.Generator().manual_seed(0)
+    a = (torch.randn(2000, generator=g) * 10).half()
+    b = torch.randn(2000, generator=g).half()
+    for mode in ["trunc", "floor"]:
+        compare(lambda x, y: torch.div(x, y, rounding_mode=mode), a, b)
+
+
+@pytest.mark.parametrize("fn", [lambda a: a.to(memory_format=torch.channels_last),
+                                lambda a: a.half(memory_format=torch.channels_last),
+                                lambda a: a.to(torch.float64, memory_format=torch.channels_last),
+                                lambda a: a.float(memory_format=torch.contiguous_format),
+                                lambda a: a.double(), lambda a: a.to(torch.float32, copy=True)])
+def test_memory_format_conversions_keep_eager_strides(fn):
+    x = torch.randn(2, 3, 4, 5)
+    for inp in [x, x.to(memory_format=torch.channels_last), x.transpose(1, 3), x[:, :2]]:
+        expected = fn(inp)
+        g = kiln.ops.trace(fn, inp)
+        p = kiln.graph.to_prims(g)
+        got = kiln.graph.run(p, [inp])
+        assert not p.fallbacks()
+        assert torch.equal(got, expected) and got.dtype == expected.dtype
+        assert got.stride() == expected.stride()

@@ -70,6 +70,8 @@ def test_gather_scatter():
     check_op(lambda x, i: torch.scatter(x, 0, i, 0.5), x34 > 0, idx)
     check_op(lambda x, i, s: torch.scatter(x, 0, i, s, reduce="add"), x34, idx, src)
     check_op(lambda x, i, s: torch.scatter(x, 0, i, s, reduce="multiply"), x34, idx, src)
+    check_op(lambda x, i: torch.scatter(x, 0, i, 1.5, reduce="add"), x34, idx)
+    check_op(lambda x, i: torch.scatter(x, 1, i, value=3, reduce="multiply"), x34.long(), idx)
     check_op(lambda x, i, s: torch.scatter_add(x, 0, i, s), x34, idx, src)
     check_op(lambda x, i, s: x.scatter_add(-1, i, s), x34, idx, src)
     check_op(lambda x, i, s: x.scatter_add(-1, i, s), x34, idx.int(), src)
@@ -232,6 +234,7 @@ def test_advanced_index_put_values():
 @pytest.mark.parametrize("mask, values", [
     (x345 > 0, 1.5), (x345[:, :, 0] > 0, torch.randn(5)), (x345[:, :, 0] > 0, torch.randn(1, 5)),
     (x345[:, 0, 0] > 0, torch.randn(4, 5)), (x345[:, 0, 0] > 0, torch.tensor(2)),
+    (x345[:, 0, 0] > 0, torch.ones(1, dtype=torch.float64)), (x345[:, :, 0] > 0, torch.randn(1, 1)),
 ])
 def test_mask_put(mask, values):
     for accumulate in (False, True):
@@ -256,6 +259,11 @@ def test_index_put():
     check_op(lambda x, i, j, v: torch.index_put(x, (i, j), v), x34, i, j, torch.randn(3))
     check_op(lambda x, i, j, v: torch.index_put(x, (i, j), v, accumulate=True), x34, i, j, torch.randn(3))
     check_op(lambda x, i, v: x.index_put((i,), v, True), x34, i, torch.randn(4))
+    check_op(lambda x, m, v: torch.index_put(x, (m,), v), x34, x34[:, 0] > 0, torch.randn(4))
+    check_op(lambda x, m, v: torch.index_put(x, (m,), v, True), x34, x34 > 0, torch.tensor(2.0))
+    mask = torch.tensor([True, False, True])
+    check_op(lambda x, m, v: torch.index_put(x, (m,), v), x34, mask, torch.randn(2, 4),
+             decomposed=False)  # values shaped by the mask's True count
     raises(RuntimeError, lambda x, i, v: torch.index_put(x, (i,), v), x34, i, torch.randn(3))
     raises(RuntimeError, lambda x, i, v: torch.index_put(x, (i,), v), x34, i, torch.randn(4).double())
 
@@ -281,6 +289,8 @@ def test_embedding():
     check_op(lambda i, w: F.embedding(i, w, max_norm=1.0), i, w.clone(), decomposed=False)
     raises(RuntimeError, F.embedding, i.float(), w)
     raises(RuntimeError, F.embedding, i, torch.randn(10))
+    raises(AssertionError, lambda i, w: F.embedding(i, w, padding_idx=10), i, w)
+    check_op(lambda i, w: F.embedding(i, w, padding_idx=-10), i, w)
     with pytest.raises(IndexError):
         g = kiln.ops.trace(F.embedding, i, w)
         kg.run(kg.to_prims(g), [torch.tensor([[-1, 0, 0], [0, 0, 0]]), w])
@@ -327,3 +337,12 @@ def test_scans(x):
 
 def test_kthvalue_falls_back():
     check_op(lambda x: torch.kthvalue(x, 2, 1), x34, decomposed=False)
+
+
+def test_mask_put_after_a_whole_dim():
+    mask = torch.tensor([True, False, True, True])
+    for values in [torch.randn(5), 2.0, torch.randn(3, 1, 1)]:
+        expected = x345.clone()
+        expected[:, mask] = values
+        got = _symbolic(lambda x, ii, v: advanced_index_put(x, ii, v), x345, [None, mask], values)
+        torch.testing.assert_close(got, expected)

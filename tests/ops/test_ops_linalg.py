@@ -108,7 +108,11 @@ def test_half_precision_addmm_rounds_once():
     check_op(torch.addmm, r(5, 10, dtype=h), r(5, 64, dtype=h), r(64, 10, dtype=h))
     check_op(lambda i, a, b: torch.baddbmm(i, a, b, beta=0.5), r(2, 5, 10, dtype=h), r(2, 5, 64, dtype=h),
              r(2, 64, 10, dtype=h))
-    check_op(torch.addr, r(5, 10, dtype=torch.bfloat16), r(5, dtype=torch.bfloat16), r(10, dtype=torch.bfloat16))
+    bf = torch.bfloat16
+    check_op(lambda i, a, b: torch.addr(i, a, b, beta=0.3, alpha=0.7), r(5, 10, dtype=bf), r(5, dtype=bf),
+             r(10, dtype=bf))
+    check_op(lambda i, a, b: torch.addbmm(i, a, b, alpha=0.5), r(5, 10, dtype=h), r(3, 5, 64, dtype=h),
+             r(3, 64, 10, dtype=h))
 
 
 def test_integer_factors_truncate():
@@ -130,12 +134,33 @@ def test_tensordot():
     check_op(lambda a, b: torch.tensordot(a, b, dims=0), r(2, 3), r(4))
     check_op(lambda a, b: torch.tensordot(a, b, dims=([0, 2], [2, 0])), r(4, 3, 5), r(5, 2, 4))
     check_op(lambda a, b: torch.tensordot(a, b, dims=([1], [0])), r(2, 3), r(3, 4))
-    check_op(lambda a, b: torch.tensordot(a, b, dims=([0, 1], [2, 0])), r(1, 1, 1), r(2, 1, 2),
-             decomposed=False)
+    check_op(lambda a, b: torch.tensordot(a, b, dims=([0, 1], [2, 0])), r(1, 1, 1), r(2, 1, 2))
+    check_op(lambda a, b: torch.tensordot(a, b, dims=([1], [0])), r(2, 3), r(1, 4))
 
 
-def test_einsum_falls_back_correctly():
-    check_op(lambda a, b: torch.einsum("ij,jk->ik", a, b), r(2, 3), r(3, 4), decomposed=False)
+EINSUMS = [
+    ("ij,jk->ik", (2, 3), (3, 4)), ("ij,jk", (2, 3), (3, 4)), ("bhid,bhjd->bhij", (2, 3, 4, 5), (2, 3, 6, 5)),
+    ("i,i->", (3,), (3,)), ("i,j->ij", (3,), (4,)), ("ij->ji", (2, 3)), ("ij->", (2, 3)), ("ij->j", (2, 3)),
+    ("...ij,...jk->...ik", (2, 5, 2, 3), (2, 5, 3, 4)), ("...ij,jk", (5, 2, 3), (3, 4)),
+    ("ij,jk,kl->il", (2, 3), (3, 4), (4, 5)), ("ii->i", (3, 3)), ("iji->j", (2, 3, 2)), ("ijk,ikl->jl", (2, 3, 4),
+    (2, 4, 5)), ("abc,cd,bd->a", (2, 3, 4), (4, 5), (3, 5)), ("ij,ij->ij", (2, 3), (2, 3)), ("...", (2, 3)),
+    ("ba", (2, 3)), ("...ik,...j->ij", (1, 2, 3), (3,)), (" i j , j k -> i k ", (2, 3), (3, 4)),
+]
+
+
+@pytest.mark.parametrize("eq_shapes", EINSUMS, ids=lambda e: e[0])
+def test_einsum(eq_shapes):
+    eq, *shapes = eq_shapes
+    check_op(lambda *ops: torch.einsum(eq, *ops), *[r(*s) for s in shapes])
+    check_op(lambda *ops: torch.einsum(eq, *ops), *[r(*s, dtype=torch.int64) for s in shapes])
+    check_op(lambda *ops: torch.einsum(eq, list(ops)), *[r(*s, dtype=torch.float32) for s in shapes])
+
+
+def test_einsum_falls_back():
+    check_op(lambda a, b: torch.einsum("bij,bjk->bik", a, b), r(2, 2, 3), r(1, 3, 4), decomposed=False)
+    check_op(lambda a, b: torch.einsum(a, [0, 1], b, [1, 2]), r(2, 3), r(3, 4), decomposed=False)
+    raises(RuntimeError, lambda a, b: torch.einsum("ij,jk->ik", a, b), M(2, 3), M(4, 5))
+    raises(RuntimeError, lambda a: torch.einsum("ij,jk->ik", a), M(2, 3))
 
 
 @pytest.mark.parametrize("call, x, w", [

@@ -149,7 +149,8 @@ def test_pool_random_configurations():
         ceil, include_pad = rng.random() < 0.5, rng.random() < 0.5
         max_pool = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[n]
         avg_pool = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[n]
-        for fn in (lambda a: max_pool(a, k, s, p, d, ceil), lambda a: avg_pool(a, k, s, p, ceil, include_pad)):
+        for fn in (lambda a: max_pool(a, k, s, p, d, ceil),
+                   lambda a: avg_pool(a, k, s, p, ceil, include_pad)):
             try:
                 fn(x)
             except RuntimeError:

@@ -160,6 +160,10 @@ def test_joining():
     check_op(lambda x, y: torch.cat([x, y]), a, torch.randn(0))
     check_op(lambda x, y: torch.cat([x, y]), torch.randn(0), torch.randn(0, dtype=torch.float64))
     check_op(lambda x, y: torch.stack([x, y]), a, b)
+    cl = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    check_op(lambda x, y: torch.cat([x, y], 1), cl, cl * 2)
+    check_op(lambda x, y: torch.cat([x, y], -1), cl, cl)
+    check_op(lambda x, y: torch.cat([x, y], 0), cl, torch.randn(2, 3, 4, 5))
     check_op(lambda x, y: torch.stack((x, y), -1), a, b)
     check_op(lambda x, y: torch.hstack([x, y]), a, b)
     check_op(lambda x, y: torch.hstack([x, y]), torch.randn(3), torch.randn(2))
@@ -340,3 +344,22 @@ def test_setitem_advanced(case):
     ours, theirs = x.clone(), x.clone()
     torch.testing.assert_close(kg.run(p, [ours, *args]), fn(theirs, *args))
     torch.testing.assert_close(ours, theirs)
+
+
+ODD_LAYOUTS = [torch.randn(1, 3).t(), torch.randn(2, 1, 3, 1).permute(3, 2, 1, 0)]
+
+
+@pytest.mark.parametrize("x", layouts() + ODD_LAYOUTS, ids=lambda x: f"{list(x.shape)}-{list(x.stride())}")
+def test_flip_keeps_layout(x):
+    for dims in [(0,), (-1,), tuple(range(x.ndim))]:
+        check_op(lambda a: a.flip(dims), x)
+
+
+def test_keyword_spellings():
+    x = torch.randn(2, 3, 4)
+    for fn in [lambda a: a.permute(dims=(2, 0, 1)), lambda a: torch.swapaxes(a, axis0=0, axis1=2),
+               lambda a: a.expand(size=(2, 2, 3, 4)), lambda a: a.split(split_size=2, dim=2),
+               lambda a: torch.tensor_split(a, sections=2, dim=1), lambda a: a.tile(dims=(2,)),
+               lambda a: a.repeat(repeats=(1, 2, 1)), lambda a: torch.tensor_split(a, indices=[1], dim=1),
+               lambda a: a.flip(dims=(0, 2)), lambda a: a.reshape(shape=(6, 4)), lambda a: a.view(size=(4, 6))]:
+        check_op(fn, x)

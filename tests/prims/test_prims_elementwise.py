@@ -75,3 +75,36 @@ def test_convert_element_type_copies():
     x = torch.randn(3)
     y = prims.convert_element_type(x, torch.float32)
     assert torch.equal(x, y) and x.data_ptr() != y.data_ptr()
+
+
+ALL_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+              torch.uint8, torch.bool, torch.complex64]
+
+
+def _value(dtype, shape=(2, 3)):
+    return (torch.arange(6).reshape(shape) % 3 + 1).to(dtype)
+
+
+def test_references_agree_with_meta_for_every_dtype():
+    """Where a prim's meta accepts an input, its reference returns exactly that shape and dtype."""
+    from kiln.prims import elementwise as family
+    checked = 0
+    for p in [v for v in vars(family).values() if isinstance(v, prims.Prim)]:
+        for dtype in ALL_DTYPES:
+            x = _value(dtype)
+            if "unary" in p.tags:
+                operand_lists = [(x,)] if p.name != "convert_element_type" else [(x, torch.float64)]
+            elif "binary" in p.tags:
+                operand_lists = [(x, x), (x, 2 if dtype != torch.bool else True), (1 if dtype != torch.bool else
+                                                                                     True, x)]
+            else:
+                continue
+            for operands in operand_lists:
+                try:
+                    expected = p.meta(*operands)
+                except (TypeError, RuntimeError):
+                    continue
+                out = p(*operands)
+                assert out.dtype == expected.dtype and tuple(out.shape) == expected.shape, (p.name, dtype)
+                checked += 1
+    assert checked > 300

@@ -66,3 +66,12 @@ def test_records_on_proxies():
     p = kiln.graph.to_prims(g)
     names = [n.target.name for n in p.nodes if n.op == "call_prim"]
     assert names == ["sum", "broadcast_in_dim"]
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.uint8, torch.float16, torch.int64])
+def test_references_keep_the_dtype(dtype):
+    x = torch.ones(2, 3, dtype=dtype)
+    for p in [prims.sum, prims.prod, prims.amax, prims.amin]:
+        for dims in [(0,), (0, 1), ()]:
+            out = p(x, dims)
+            assert out.dtype == dtype and out.dtype == p.meta(x, dims).dtype

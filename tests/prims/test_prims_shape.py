@@ -190,3 +190,17 @@ def test_unfold():
             torch.testing.assert_close(out, x.unfold(dim, size, step))
     with pytest.raises(RuntimeError):
         prims.unfold.meta(TensorMeta((3,), torch.float32), 0, 4, 1)
+
+
+def test_metas_accept_symbolic_sizes():
+    import sympy
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    m = TensorMeta((s, 4), torch.float32)
+    assert prims.view.meta(m, (s * 4,)).shape == (4 * s,)
+    assert prims.permute.meta(m, (1, 0)).strides == (1, 4)
+    assert prims.expand_dims.meta(m, (0,)).strides == (4 * s, 4, 1)
+    assert prims.slice.meta(m, (0, 1), (s, 4), (1, 2)).shape == (s, 2)
+    assert prims.broadcast_in_dim.meta(m, (3, s, 4), (1, 2)).strides == (0, 4, 1)
+    assert prims.cat.meta([m, m], 0).shape == (2 * s, 4)
+    assert prims.pad.meta(m, 0.0, [(1, 1, 0), (0, 0, 0)]).shape == (s + 2, 4)
+    assert prims.diagonal.meta(m, 1, 0, 1).shape == (sympy.Min(s, 3),)
