@@ -105,8 +105,8 @@ def _shape_texts(args, kwargs):
 
 
 def _check(error, expected, op, args, kwargs, how):
-    assert type(error) is type(expected), (
-        f"{how}: kiln raised {type(error).__name__}({error}), eager raises {type(expected).__name__}({expected})")
+    assert type(error) is type(expected), (f"{how}: kiln raised {type(error).__name__}({error}), "
+                                           f"eager raises {type(expected).__name__}({expected})")
     message = str(error)
     assert op.__name__ in message, f"{how}: the message does not name {op.__name__}: {message}"
     for shape in _shape_texts(args, kwargs):

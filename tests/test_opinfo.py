@@ -53,8 +53,8 @@ def test_opinfo(op, dtype, request):
                                f"(fix it, or list it with a reason in kiln/testing/opinfo_expected.py)")
         return
     if result.passed:
-        pytest.fail(f"UNEXPECTED PASS: {name} {dtype} is listed as an expected failure "
-                    f"({entry['reason']}) but now passes; delete its entry from kiln/testing/opinfo_expected.py")
+        pytest.fail(f"UNEXPECTED PASS: {name} {dtype} is listed as an expected failure ({entry['reason']}) "
+                    f"but now passes; delete its entry from kiln/testing/opinfo_expected.py")
     if result.status == "mismatch" and entry["kind"] != "mismatch":
         pytest.fail(f"{name} {dtype} now gives a WRONG RESULT ({where}: {result.message}); it was listed as "
                     f"{entry['kind']}: {entry['reason']}")
@@ -70,3 +70,77 @@ def test_expected_failures_are_well_formed():
             assert entry["kind"] in ("mismatch", "error"), (name, entry)
             assert isinstance(entry["reason"], str) and entry["reason"].strip(), (name, entry)
             assert entry["sample"] is None or isinstance(entry["sample"], int), (name, entry)
+
+
+class _FakeOpInfo:
+    """Just what run_sample reads from an OpInfo entry."""
+
+    def __init__(self, name, op):
+        self.name, self.op, self.variant_test_name = name, op, ""
+        self.has_nondeterministic_output = False
+
+    def __call__(self, *args, **kwargs):
+        return self.op(*args, **kwargs)
+
+
+def _sample(*args, **kwargs):
+    from torch.testing._internal.opinfo.core import SampleInput
+    return SampleInput(args[0], args=args[1:], kwargs=kwargs)
+
+
+def test_harness_reports_a_wrong_decomposition(monkeypatch):
+    import torch
+
+    import kiln.ops
+    x = torch.randn(3, 4)
+    good = opinfo.run_sample(_FakeOpInfo("sinh", torch.sinh), _sample(x))
+    assert good.status == "ok" and not good.fallbacks
+    monkeypatch.setitem(kiln.ops.DECOMPOSITIONS, torch.sinh, lambda a: torch.cosh(a))
+    bad = opinfo.run_sample(_FakeOpInfo("sinh", torch.sinh), _sample(x))
+    assert bad.status == "mismatch" and "not close" in bad.message
+    monkeypatch.setitem(kiln.ops.DECOMPOSITIONS, torch.sinh, lambda a: torch.sinh(a).double())
+    bad = opinfo.run_sample(_FakeOpInfo("sinh", torch.sinh), _sample(x))
+    assert bad.status in ("mismatch", "ok")  # trace checks metadata: a wrong dtype falls back to eager
+    assert bad.status == "ok" or "float64" in bad.message
+
+
+def test_harness_checks_view_strides_and_mutated_inputs(monkeypatch):
+    import torch
+
+    import kiln.ops
+    x = torch.randn(3, 4)
+    monkeypatch.setitem(kiln.ops.DECOMPOSITIONS, torch.t, lambda a: torch.transpose(a, 0, 1).contiguous())
+    bad = opinfo.run_sample(_FakeOpInfo("t", torch.t), _sample(x))
+    assert bad.status == "mismatch" and "strides" in bad.message
+    monkeypatch.undo()
+
+    def mutate(a, b):
+        a.add_(b)
+        return a * 1
+    ok = opinfo.run_sample(_FakeOpInfo("mutate", mutate), _sample(x, torch.ones(3, 4)))
+    assert ok.status == "ok", ok
+
+
+def test_harness_classifies_eager_errors_and_kiln_errors(monkeypatch):
+    import torch
+
+    import kiln.ops
+    both = opinfo.run_sample(_FakeOpInfo("mm", torch.mm), _sample(torch.randn(2, 3), torch.randn(4, 5)))
+    assert both.status == "ok" and both.eager_raised
+
+    def broken(a):
+        raise kiln.ops.UnsupportedError("not today")
+    monkeypatch.setitem(kiln.ops.DECOMPOSITIONS, torch.sinh, broken)
+    monkeypatch.setattr(kiln.ops.registry, "_eager", lambda *a, **k: (_ for _ in ()).throw(
+        kiln.ops.UnsupportedError("no eager either")))
+    err = opinfo.run_sample(_FakeOpInfo("sinh", torch.sinh), _sample(torch.randn(3)))
+    assert err.status == "error" and "UnsupportedError" in err.message
+
+
+def test_harness_summary_line():
+    results = [opinfo.OpResult("a", "float32", "decomposed"), opinfo.OpResult("b", "float32", "fallback"),
+               opinfo.OpResult("c", "float32", "mismatch"), opinfo.OpResult("d", "float32", "error"),
+               opinfo.OpResult("e", "float32", "error", expected="known"),
+               opinfo.OpResult("f", "float32", "not applicable")]
+    assert opinfo.summary_line(results, "float32", 99) == (
+        "opinfo float32: 1 decomposed, 1 fallback, 1 expected-fail, 1 wrong, 1 error of 5 ops, 99 prims")

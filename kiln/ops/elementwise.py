@@ -1,12 +1,14 @@
-"""Decompositions of elementwise torch ops: math, comparisons, bitwise and logical ops, clamp, where.
+"""Decompositions of elementwise torch ops: unary math, rounding, classification (isnan, ...), dtype
+queries and conversions (Tensor.to, .float(), ...). Binary and ternary ops live in `elementwise_binary.py`,
+imported at the end of this module.
 
-Every op goes through `utils.elementwise`, which applies torch's type promotion (dimensioned tensors >
-0-d tensors > Python numbers; low-precision floats compute in float32) and broadcasting. Reflected
-operators (`2 - x` is `x.__rsub__(2)`) swap their operands. Special functions and casts live in
-`elementwise_special.py`, imported at the end of this module.
+Torch's type promotion and broadcasting come from `utils.elementwise` (dimensioned tensors > 0-d tensors >
+Python numbers; float16 computes in float32 unless eager itself rounds each step, noted where it does).
+An op whose result equals its input returns a fresh tensor unless eager returns the input itself.
 """
 from __future__ import annotations
 
+import builtins
 import math
 from typing import Any, Callable
 
@@ -15,7 +17,7 @@ import torch
 from .. import prims
 from ..graph import TensorMeta
 from .registry import NoDecomposition, register
-from .utils import (broadcast, check, computation_dtype, convert, elementwise, is_float_dtype, is_tensor,
+from .utils import (check, computation_dtype, convert, elementwise, is_float_dtype, is_tensor,
                     result_type)
 
 
@@ -118,10 +120,24 @@ for _prim, _name, _targets in _FLOAT_UNARY:
     _float_unary(_prim, _name, *_targets)
 
 
+@decomposition(torch.polygamma, torch.special.polygamma)
+def polygamma(n: int, input: Any) -> Any:
+    check(isinstance(n, int) and n >= 0, lambda: "polygamma(n, x) does not support negative n.")
+    if n != 0:
+        raise NoDecomposition(f"polygamma of order {n}")
+    return torch.digamma(input)
+
+
+@decomposition(method("polygamma"))
+def polygamma_method(input: Any, n: int) -> Any:
+    return polygamma(n, input)
+
+
 @decomposition(torch.abs, torch.absolute, method("abs"), method("absolute"), method("__abs__"))
 def abs(input: Any) -> Any:  # noqa: A001
-    _refuse_complex("abs", input)
     _refuse_bool("abs", input)
+    if input.dtype.is_complex:
+        return prims.abs(input)  # the magnitude: a real tensor
     return elementwise(prims.abs, input)
 
 
@@ -180,7 +196,7 @@ def round(input: Any, *, decimals: int = 0) -> Any:  # noqa: A001
     if decimals == 0:
         return elementwise(prims.round, input)
     # as torch: nearbyint(x * 10^d) / 10^d, or nearbyint(x / 10^-d) * 10^-d for negative d
-    ten_pow = float(10.0 ** builtins_abs(decimals))
+    ten_pow = float(10.0 ** builtins.abs(decimals))
     x = convert(input, computation_dtype(input.dtype))
     if decimals > 0:
         out = prims.div(prims.round(prims.mul(x, ten_pow)), ten_pow)
@@ -193,10 +209,6 @@ def to_compute(v: Any, dtype: torch.dtype) -> Any:
     """An operand of an op whose result dtype is `dtype`, in the dtype the op computes in: through `dtype`
     first (a float16 operand of a bfloat16 op rounds to bfloat16), then upcast (float16 -> float32)."""
     return convert(convert(v, dtype), computation_dtype(dtype))
-
-
-def builtins_abs(v: Any) -> Any:
-    return v if v >= 0 else -v
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -395,36 +407,57 @@ _real_identity("conj_physical", torch.conj_physical, method("conj_physical"), fr
 _LAST_DIM_ORDERS = {torch.channels_last: (0, 2, 3, 1), torch.channels_last_3d: (0, 2, 3, 4, 1)}
 
 
-def _to_channels_last(input: Any, dtype: torch.dtype | None, copy_: bool, order: tuple[int, ...]) -> Any:
-    """A channels-last result: convert the permuted (N, ..., C) tensor densely, then permute back (a view)."""
-    meta = input.meta
-    shape = [meta.shape[d] for d in order]
-    dense_strides = [1] * len(shape)
-    for i in range(len(shape) - 2, -1, -1):
-        dense_strides[i] = dense_strides[i + 1] * max(shape[i + 1], 1)
-    already = all(meta.shape[d] == 1 or meta.strides[d] == dense_strides[i] for i, d in enumerate(order))
-    if already and not copy_ and (dtype is None or dtype == input.dtype):
-        return input  # eager returns self
+def _to_channels_last(input: Any, dtype: torch.dtype, order: tuple[int, ...]) -> Any:
+    """A converted copy with the dims laid out in `order` (outermost first): convert the permuted tensor
+    densely, then permute back (a view)."""
     inverse = tuple(order.index(i) for i in range(len(order)))
-    converted = prims.convert_element_type(prims.permute(input, order), dtype or input.dtype)
+    converted = prims.convert_element_type(prims.permute(input, order), dtype)
     return prims.permute(converted, inverse)
+
+
+def _is_channels_last(meta: TensorMeta) -> bool:
+    """c10's is_channels_last_strides_{2d,3d}: the strides suggest a channels-last layout."""
+    if meta.ndim not in (4, 5) or meta.strides[1] == 0:
+        return False
+    dims = [1, 3, 2, 0] if meta.ndim == 4 else [1, 4, 3, 2, 0]
+    smallest = 0
+    for d in dims:
+        if meta.shape[d] == 0 or meta.strides[d] < smallest:
+            return False
+        if d == 0 and smallest == meta.strides[1]:
+            return False
+        smallest = meta.strides[d]
+        if meta.shape[d] > 1:
+            smallest *= meta.shape[d]
+    return True
+
+
+def _suggest_memory_format(meta: TensorMeta) -> Any:
+    if _is_channels_last(meta):
+        return torch.channels_last if meta.ndim == 4 else torch.channels_last_3d
+    return torch.contiguous_format
 
 
 def _converted(input: Any, dtype: torch.dtype | None, copy_: bool,
                memory_format: Any = torch.preserve_format) -> Any:
+    """Tensor.to's rules: self itself when nothing changes (eager's `to_will_alias`), else a converted copy
+    laid out as eager lays it out."""
+    meta = input.meta
+    if any(not isinstance(v, int) for v in (*meta.shape, *meta.strides)):
+        raise NoDecomposition("a conversion of a tensor with symbolic sizes")
+    same_dtype = dtype is None or dtype == input.dtype
+    if not copy_ and same_dtype and (memory_format == torch.preserve_format or
+                                     _suggest_memory_format(meta) == memory_format):
+        return input
+    dtype = dtype or input.dtype
     if memory_format in _LAST_DIM_ORDERS and input.ndim == len(_LAST_DIM_ORDERS[memory_format]):
-        return _to_channels_last(input, dtype, copy_, _LAST_DIM_ORDERS[memory_format])
-    if memory_format not in (torch.preserve_format, torch.contiguous_format):
+        return _to_channels_last(input, dtype, _LAST_DIM_ORDERS[memory_format])
+    if memory_format == torch.preserve_format:
+        order = _dense_order(meta)
+        if order is not None:  # eager keeps the strides of a dense, permuted input (channels-last, transpose)
+            return _to_channels_last(input, dtype, order)
+    elif memory_format != torch.contiguous_format:
         raise NoDecomposition(f"a conversion to {memory_format}")
-    if memory_format == torch.contiguous_format and not input.meta.is_contiguous():
-        copy_ = True  # convert_element_type returns a dense tensor
-    if dtype is None or dtype == input.dtype:
-        if not copy_:
-            return input  # eager returns self itself
-        dtype = input.dtype
-    order = _dense_order(input.meta) if memory_format == torch.preserve_format else None
-    if order is not None:  # eager keeps the strides of a dense, permuted input (channels-last, a transpose)
-        return _to_channels_last(input, dtype, True, order)
     return prims.convert_element_type(input, dtype)
 
 
@@ -500,7 +533,7 @@ for _name, _dtype in [("float", torch.float32), ("double", torch.float64), ("hal
                       ("bfloat16", torch.bfloat16), ("int", torch.int32), ("long", torch.int64),
                       ("short", torch.int16), ("char", torch.int8), ("byte", torch.uint8),
                       ("bool", torch.bool),
-                      ("cfloat", torch.complex64), ("cdouble", torch.complex128)]:
+                      ("cfloat", torch.complex64), ("cdouble", torch.complex128), ("chalf", torch.complex32)]:
     _cast_method(_name, _dtype)
 
 

@@ -5,6 +5,7 @@ bitwise ops, min/max, clamp, where, lerp, addcmul/addcdiv, isclose, heaviside.
 """
 from __future__ import annotations
 
+import builtins
 import math
 from typing import Any
 
@@ -386,15 +387,11 @@ def lerp(input: Any, end: Any, weight: Any) -> Any:
         small = prims.lt(prims.abs(w), 0.5)
         out = prims.where(small, prims.add(start, prims.mul(w, diff)),
                           prims.sub(stop, prims.mul(diff, prims.sub(1.0, w))))
-    elif builtins_abs(w) < 0.5:
+    elif builtins.abs(w) < 0.5:
         out = prims.add(start, prims.mul(diff, w))
     else:
         out = prims.sub(stop, prims.mul(diff, 1.0 - w))
     return convert(out, dtype)
-
-
-def builtins_abs(v: Any) -> Any:
-    return v if v >= 0 else -v
 
 
 @decomposition(torch.addcmul, method("addcmul"))

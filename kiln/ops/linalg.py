@@ -1,5 +1,6 @@
-"""Decompositions of matrix products, convolutions and attention onto the extern prims (mm, bmm,
-convolution, sdpa), with torch's rank cases, broadcasting and argument handling.
+"""Decompositions of matrix products (matmul in every rank case, mm, bmm, mv, dot, inner, outer, the addmm
+family, tensordot, einsum), convolutions and attention onto the extern prims (mm, bmm, convolution, sdpa),
+with torch's rank cases, broadcasting and argument handling.
 
 Other torch.linalg ops (svd, qr, solve, ...) have no decomposition: they run as fallbacks.
 """
@@ -262,6 +263,68 @@ def addbmm(inp: Any, batch1: Any, batch2: Any, *, beta: Any = 1, alpha: Any = 1)
     return _add_scaled("addbmm", inp, product, (batch1, batch2), beta, alpha)
 
 
+def _chain_order(sizes: list[Any]) -> list[list[int]]:
+    """The split points of the cheapest parenthesization of a matrix chain (eager's dynamic program)."""
+    n = len(sizes) - 1
+    cost = [[0] * n for _ in range(n)]
+    split = [[0] * n for _ in range(n)]
+    for length in range(1, n):
+        for i in range(n - length):
+            j = i + length
+            cost[i][j] = None
+            for k in range(i, j):
+                q = cost[i][k] + cost[k + 1][j] + sizes[i] * sizes[k + 1] * sizes[j + 1]
+                if cost[i][j] is None or q < cost[i][j]:
+                    cost[i][j], split[i][j] = q, k
+    return split
+
+
+def _chain(mats: list[Any], split: list[list[int]], i: int, j: int) -> Any:
+    if i == j:
+        return mats[i]
+    return prims.mm(_chain(mats, split, i, split[i][j]), _chain(mats, split, split[i][j] + 1, j))
+
+
+@register(torch.linalg.multi_dot)
+def multi_dot(tensors: Sequence[Any], *, out: Any = None) -> Any:
+    """A chain of mm in eager's order (cheapest parenthesization); a 1-D first or last operand is a vector."""
+    mats = list(tensors)
+    if out is not None or len(mats) < 2 or any(m.dtype != mats[0].dtype for m in mats):
+        raise NoDecomposition("multi_dot with out=, fewer than two tensors or mixed dtypes")
+    first_1d, last_1d = mats[0].ndim == 1, mats[-1].ndim == 1
+    if first_1d:
+        mats[0] = mats[0].unsqueeze(0)
+    if last_1d:
+        mats[-1] = mats[-1].unsqueeze(1)
+    if any(m.ndim != 2 for m in mats) or any(a.shape[1] != b.shape[0] for a, b in zip(mats, mats[1:])):
+        raise NoDecomposition("multi_dot of incompatible shapes")  # eager raises its own error
+    if len(mats) == 2:
+        result = prims.mm(mats[0], mats[1])
+    elif len(mats) == 3:
+        a, b, c, d = mats[0].shape[0], mats[1].shape[0], mats[2].shape[0], mats[2].shape[1]
+        if a * c * (b + d) > b * d * (a + c):
+            result = prims.mm(mats[0], prims.mm(mats[1], mats[2]))
+        else:
+            result = prims.mm(prims.mm(mats[0], mats[1]), mats[2])
+    else:
+        sizes = [m.shape[0] for m in mats] + [mats[-1].shape[1]]
+        result = _chain(mats, _chain_order(sizes), 0, len(mats) - 1)
+    if first_1d and last_1d:
+        return result.reshape(())
+    if first_1d:
+        return result.squeeze(0)
+    if last_1d:
+        return result.squeeze(1)
+    return result
+
+
+@register(torch.chain_matmul)
+def chain_matmul(*matrices: Any, out: Any = None) -> Any:
+    if len(matrices) < 2 or any(m.ndim != 2 for m in matrices):
+        raise NoDecomposition("chain_matmul of one matrix or of non-matrices")
+    return multi_dot(matrices, out=out)
+
+
 @register(torch.tensordot)
 def tensordot(a: Any, b: Any, dims: Any = 2, out: Any = None) -> Any:
     """Contract the given dims of a and b with one mm (permute, reshape, mm, reshape)."""
@@ -518,7 +581,8 @@ def einsum(equation: Any, *operands: Any) -> Any:
     if any(x.dtype != dtype for x in operands) or dtype == torch.bool:
         raise NoDecomposition("einsum of mixed or bool dtypes")
     labels, out = _einsum_terms(equation, operands)
-    operands, labels = (list(v) for v in zip(*[_einsum_diagonals(x, lab) for x, lab in zip(operands, labels)]))
+    pairs = [_einsum_diagonals(x, lab) for x, lab in zip(operands, labels)]
+    operands, labels = [x for x, _ in pairs], [lab for _, lab in pairs]
     sizes: dict[str, Any] = {}
     for term, x in zip(labels, operands):
         for lab, s in zip(term, x.shape):

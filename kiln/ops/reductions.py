@@ -7,6 +7,7 @@ Reduction prims take explicit dims and drop them; `keepdim=True` re-inserts size
 """
 from __future__ import annotations
 
+import builtins
 import math
 from typing import Any, Sequence
 
@@ -234,7 +235,7 @@ def aminmax(input: Any, *, dim: int | None = None, keepdim: bool = False) -> Any
 def _any_all(prim: Any, input: Any, dim: Any, keepdim: bool) -> Any:
     dims = reduction_dims(input, dim)
     flags = input if input.dtype == torch.bool else prims.ne(input, 0)
-    if flags.numel() == 0 or builtins_any(input.shape[d] == 0 for d in dims):
+    if flags.numel() == 0 or builtins.any(input.shape[d] == 0 for d in dims):
         # amax/amin need elements; the empty any is False and the empty all is True
         identity = prim is prims.amin
         padded = prims.sum(prims.convert_element_type(flags, torch.int64), dims)
@@ -343,7 +344,7 @@ def vector_norm(input: Any, ord: Any = 2, dim: Any = None, keepdim: bool = False
     out_dtype = dtype if dtype is not None else input.dtype
     dims = reduction_dims(input, dim)
     if ord < 0 or ord == math.inf:
-        empty = builtins_any(input.shape[d] == 0 for d in dims)
+        empty = builtins.any(input.shape[d] == 0 for d in dims)
         check(not empty, lambda: f"linalg.vector_norm cannot compute the {ord} norm on an empty tensor "
               "because the operation does not have an identity")
     compute = computation_dtype(out_dtype)
@@ -361,13 +362,6 @@ def vector_norm(input: Any, ord: Any = 2, dim: Any = None, keepdim: bool = False
     else:
         out = prims.pow(prims.sum(prims.pow(x, float(ord)), dims), 1.0 / ord)
     return keep_dims(convert(out, out_dtype), input, dims, keepdim)
-
-
-def builtins_any(values: Any) -> bool:
-    for v in values:
-        if v:
-            return True
-    return False
 
 
 @decomposition(torch.norm, method("norm"))
@@ -390,7 +384,7 @@ def logsumexp(input: Any, dim: Any = (), keepdim: bool = False) -> Any:
     dims = reduction_dims(input, dim)
     compute = dtype  # eager rounds each step (x - max, exp, sum, log, + max) to a float16 input's dtype
     x = convert(input, compute)
-    if input.numel() == 0 or builtins_any(input.shape[d] == 0 for d in dims):
+    if input.numel() == 0 or builtins.any(input.shape[d] == 0 for d in dims):
         out = prims.log(prims.sum(prims.exp(x), dims))
         return keep_dims(convert(out, dtype), input, dims, keepdim)
     big = prims.amax(x, dims)

@@ -301,7 +301,7 @@ def broadcast_tensors(*tensors: Any) -> Any:
 
 # ---- copies: contiguous / clone -----------------------------------------------------------------------
 
-@register(torch.Tensor.contiguous)
+@register(torch.Tensor.contiguous)  # not a view op: the input itself when contiguous, else a new tensor
 def contiguous(a: Any, memory_format: torch.memory_format = torch.contiguous_format) -> Any:
     if memory_format == torch.preserve_format:
         raise RuntimeError("preserve memory format is unsupported by the contiguous operator")
@@ -510,7 +510,7 @@ mark_view(torch.Tensor.view, torch.reshape, torch.Tensor.reshape, torch.Tensor.v
           torch.Tensor.T.__get__, torch.Tensor.mT.__get__, torch.Tensor.H.__get__, torch.Tensor.mH.__get__,
           torch.adjoint, torch.Tensor.adjoint, torch.movedim, torch.Tensor.movedim, torch.moveaxis,
           torch.Tensor.moveaxis, torch.Tensor.expand, torch.Tensor.expand_as, torch.broadcast_to,
-          torch.broadcast_tensors, torch.Tensor.contiguous, torch.narrow, torch.Tensor.narrow, torch.select,
+          torch.broadcast_tensors, torch.narrow, torch.Tensor.narrow, torch.select,
           torch.Tensor.select, torch.split, torch.Tensor.split, torch.split_with_sizes,
           torch.Tensor.split_with_sizes, torch.chunk, torch.Tensor.chunk, torch.unbind, torch.Tensor.unbind,
           torch.tensor_split, torch.Tensor.tensor_split, torch.hsplit, torch.Tensor.hsplit, torch.vsplit,

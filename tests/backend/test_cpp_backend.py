@@ -242,3 +242,19 @@ def test_size_one_dims_with_odd_strides():
     z = torch.randn(3, 1, 4, 1)
     check(lambda z: torch.exp(z) - z, z)
     check(lambda x: x * 2, torch.randn(1, 1, 1))
+
+
+def test_linear_and_attention_pass_views_to_externs():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(32, 96)
+    x = torch.randn(2, 8, 32)
+
+    def attention(x):
+        q, k, v = lin(x).split(32, dim=-1)
+        q, k, v = (z.reshape(2, 8, 4, 8).transpose(1, 2) for z in (q, k, v))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with torch.no_grad():
+        c = check(attention, x, atol=1e-5, rtol=1e-5)
+    if not c.graph.fallbacks():
+        # the weight's transpose and q, k, v reach the externs as views: one kernel (the bias add)
+        assert c.kernel_count == 1, c.loop.describe()

@@ -6,8 +6,8 @@ import torch
 
 import kiln.ops
 from kiln import config, prims
-from kiln.graph import (Graph, GraphVerifyError, Node, TensorMeta, count_ops, cse, dce, run, run_passes, to_prims,
-                        verify)
+from kiln.graph import (Graph, GraphVerifyError, Node, TensorMeta, count_ops, cse, dce, run, run_passes,
+                        to_prims, verify)
 from kiln.prims import Prim
 
 F32 = TensorMeta((2, 3), torch.float32)

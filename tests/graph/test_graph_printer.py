@@ -1,4 +1,4 @@
-"""Graphs print as runnable Python: executing the printed code gives the interpreter's (and eager's) result."""
+"""Graphs print as runnable Python: executing the printed code gives the interpreter's and eager's result."""
 from __future__ import annotations
 
 import math

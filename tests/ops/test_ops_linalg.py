@@ -128,6 +128,17 @@ def test_vecdot_rmatmul():
     check_op(lambda a, b: b.__rmatmul__(a), r(2, 3), r(3, 4))
 
 
+@pytest.mark.parametrize("shapes", [
+    [(2, 3), (3, 4)], [(3,), (3, 4), (4,)], [(2, 30), (30, 5), (5, 40)], [(20, 3), (3, 40), (40, 2)],
+    [(2, 3), (3, 4), (4, 5), (5, 6)], [(10, 2), (2, 30), (30, 3), (3, 9), (9,)], [(4,), (4, 2), (2, 7), (7, 1)],
+])
+def test_multi_dot(shapes):
+    check_op(lambda *ms: torch.linalg.multi_dot(ms), *[r(*s) for s in shapes])
+    check_op(lambda *ms: torch.linalg.multi_dot(list(ms)), *[r(*s, dtype=torch.float32) for s in shapes])
+    if all(len(s) == 2 for s in shapes):
+        check_op(lambda *ms: torch.chain_matmul(*ms), *[r(*s) for s in shapes])
+
+
 def test_tensordot():
     check_op(lambda a, b: torch.tensordot(a, b), r(2, 3, 4), r(3, 4, 5))
     check_op(lambda a, b: torch.tensordot(a, b, dims=1), r(2, 3, 4), r(4, 5))
@@ -142,8 +153,9 @@ EINSUMS = [
     ("ij,jk->ik", (2, 3), (3, 4)), ("ij,jk", (2, 3), (3, 4)), ("bhid,bhjd->bhij", (2, 3, 4, 5), (2, 3, 6, 5)),
     ("i,i->", (3,), (3,)), ("i,j->ij", (3,), (4,)), ("ij->ji", (2, 3)), ("ij->", (2, 3)), ("ij->j", (2, 3)),
     ("...ij,...jk->...ik", (2, 5, 2, 3), (2, 5, 3, 4)), ("...ij,jk", (5, 2, 3), (3, 4)),
-    ("ij,jk,kl->il", (2, 3), (3, 4), (4, 5)), ("ii->i", (3, 3)), ("iji->j", (2, 3, 2)), ("ijk,ikl->jl", (2, 3, 4),
-    (2, 4, 5)), ("abc,cd,bd->a", (2, 3, 4), (4, 5), (3, 5)), ("ij,ij->ij", (2, 3), (2, 3)), ("...", (2, 3)),
+    ("ij,jk,kl->il", (2, 3), (3, 4), (4, 5)), ("ii->i", (3, 3)), ("iji->j", (2, 3, 2)),
+    ("ijk,ikl->jl", (2, 3, 4), (2, 4, 5)), ("abc,cd,bd->a", (2, 3, 4), (4, 5), (3, 5)),
+    ("ij,ij->ij", (2, 3), (2, 3)), ("...", (2, 3)),
     ("ba", (2, 3)), ("...ik,...j->ij", (1, 2, 3), (3,)), (" i j , j k -> i k ", (2, 3), (3, 4)),
 ]
 

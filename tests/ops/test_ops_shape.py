@@ -363,3 +363,24 @@ def test_keyword_spellings():
                lambda a: a.repeat(repeats=(1, 2, 1)), lambda a: torch.tensor_split(a, indices=[1], dim=1),
                lambda a: a.flip(dims=(0, 2)), lambda a: a.reshape(shape=(6, 4)), lambda a: a.view(size=(4, 6))]:
         check_op(fn, x)
+
+
+def test_inplace_after_contiguous_copy_and_identity():
+    def copy_then_update(x):
+        y = x.transpose(0, 1).contiguous()  # a new tensor: updating it leaves x alone
+        y.add_(1)
+        return y, x * 1
+
+    def identity_then_update(x):
+        y = x.contiguous()  # x itself: updating y updates x
+        y.add_(1)
+        return x * 1
+
+    for fn in (copy_then_update, identity_then_update):
+        x = torch.randn(3, 4)
+        g = kiln.ops.trace(fn, x.clone())
+        p = kg.to_prims(g)
+        ours, theirs = x.clone(), x.clone()
+        for a, b in zip(kg.flatten(kg.run(p, [ours])), kg.flatten(fn(theirs))):
+            assert torch.equal(a, b)
+        assert torch.equal(ours, theirs)
