@@ -71,6 +71,16 @@ class Node:
         return f"Node({self.name} = {self.target_name()}, {meta_text(self.meta)})"
 
 
+_RANDOM_WORDS = ("rand", "bernoulli", "normal", "dropout", "multinomial", "poisson", "uniform", "exponential",
+                 "geometric", "cauchy", "rrelu", "random_")
+
+
+def is_random_target(fn: Any) -> bool:
+    """Whether a torch callable draws from a random generator (judged by its name)."""
+    name = getattr(fn, "__name__", "") or str(fn)
+    return any(word in name for word in _RANDOM_WORDS)
+
+
 def meta_text(meta: Any) -> str:
     if isinstance(meta, TensorMeta):
         return meta.short()

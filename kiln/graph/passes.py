@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .. import config
-from .graph import Graph, Node, flatten, map_structure
+from .graph import Graph, Node, flatten, is_random_target, map_structure
 from .meta import TensorMeta
 
 log = config.channel("graph")
@@ -70,8 +70,11 @@ def verify(graph: Graph, after: str | None = None) -> None:
 
 def _has_side_effects(node: Node) -> bool:
     if node.op == "call_prim":
-        return bool(getattr(node.target, "side_effects", False))
+        # a random prim advances the generator even when its value is unused, as in eager
+        return bool(getattr(node.target, "side_effects", False) or getattr(node.target, "random", False))
     if node.op == "call_torch":
+        if is_random_target(node.target):
+            return True
         # A node without a value (e.g. a grad-mode switch) is there for its effect; fallback torch ops may
         # mutate, so keep an op when its name says in-place.
         if node.meta is None:

@@ -462,8 +462,8 @@ def _normalize_channels(input: Any, mean: Any, var: Any, weight: Any, bias: Any,
 
 
 def _check_channels(op: str, input: Any, tensors: dict[str, Any]) -> None:
-    check(input.ndim >= 2, lambda: f"{op}: expected 2D or more input, got input of size {list(input.shape)}",
-          ValueError if op == "batch_norm" else RuntimeError)
+    if input.ndim < 2:
+        raise NoDecomposition(f"{op} of a {input.ndim}-D input")  # eager's own checks and quirks
     c = input.shape[1]
     for name, t in tensors.items():
         check(t is None or t.numel() == c, lambda: f"{op}: {name} should contain {c} elements not "
@@ -542,6 +542,7 @@ def group_norm(input: Any, num_groups: int, weight: Any = None, bias: Any = None
     check(input.ndim >= 2, lambda: f"Expected at least 2 dimensions for input tensor but received "
           f"{input.ndim}", RuntimeError)
     n, c = input.shape[0], input.shape[1]
+    check(num_groups > 0, lambda: f"Expected num groups to be greater than 0, got {num_groups}", RuntimeError)
     check(c % num_groups == 0, lambda: f"Expected number of channels in input to be divisible by num_groups, "
           f"but got input of shape {list(input.shape)} and num_groups={num_groups}", RuntimeError)
     for name, p in (("weight", weight), ("bias", bias)):
@@ -550,7 +551,10 @@ def group_norm(input: Any, num_groups: int, weight: Any = None, bias: Any = None
               f"input of shape {list(input.shape)}", RuntimeError)
     check_float("group_norm", input)
     x = upcast(input)
-    grouped = torch.reshape(x, [n, num_groups, -1])
+    spatial = 1
+    for s in input.shape[2:]:
+        spatial *= s
+    grouped = torch.reshape(x, [n, num_groups, (c // num_groups) * spatial])
     mean, var = _moments(grouped, [2])
     out = torch.reshape((grouped - mean) * torch.rsqrt(var + eps), list(input.shape))
     shape = _channel_shape(input)
@@ -651,20 +655,16 @@ def feature_alpha_dropout(input: Any, p: float = 0.5, training: bool = False, in
     return _dropout(input, p, training, feature=True, alpha=True)
 
 
-def _feature_dropout(op: str, batched_ndim: int, input: Any, p: float, training: bool, inplace: bool,
-                     strict: bool) -> Any:
-    """dropout1d/2d/3d: one draw per channel; an input without batch dim is treated as one sample."""
+def _feature_dropout(op: str, batched_ndim: int, input: Any, p: float, training: bool, inplace: bool) -> Any:
+    """dropout1d/3d: one draw per channel; an input of another rank than batched_ndim gets a batch dim of 1
+    (as F.dropout1d/3d; dropout1d refuses ranks other than 2 and 3)."""
     _dropout_args("dropout", p, inplace)
     ndim = input.ndim
-    if strict:
-        check(ndim in (batched_ndim - 1, batched_ndim), lambda: f"{op}: Expected {batched_ndim - 1}D or "
-              f"{batched_ndim}D input, but received a {ndim}D input. Note that dropout1d exists to provide "
-              f"channel-wise dropout on inputs with 1 spatial dimension, a channel dimension, and an "
-              f"optional "
-              f"batch dimension (i.e. 2D or 3D inputs).", RuntimeError)
-    elif ndim not in (batched_ndim - 1, batched_ndim):
-        raise NoDecomposition(f"{op} of a {ndim}D input")  # eager warns and has legacy behaviour
-    if ndim == batched_ndim - 1:
+    if op == "dropout1d":
+        check(ndim in (2, 3), lambda: f"dropout1d: Expected 2D or 3D input, but received a {ndim}D input. "
+              f"Note that dropout1d exists to provide channel-wise dropout on inputs with 1 spatial dimension, "
+              f"a channel dimension, and an optional batch dimension (i.e. 2D or 3D inputs).", RuntimeError)
+    if ndim != batched_ndim:
         if not training or p == 0:
             return input
         return torch.squeeze(_dropout(torch.unsqueeze(input, 0), p, training, feature=True, alpha=False), 0)
@@ -673,19 +673,19 @@ def _feature_dropout(op: str, batched_ndim: int, input: Any, p: float, training:
 
 @register(F.dropout1d)
 def dropout1d(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
-    return _feature_dropout("dropout1d", 3, input, p, training, inplace, strict=True)
+    return _feature_dropout("dropout1d", 3, input, p, training, inplace)
 
 
 @register(F.dropout2d)
 def dropout2d(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
-    if input.ndim == 3:
-        raise NoDecomposition("dropout2d of a 3D input")  # eager warns about its legacy meaning
-    return _feature_dropout("dropout2d", 4, input, p, training, inplace, strict=False)
+    # eager: feature dropout of the input as it is, whatever its rank (a 3-D input is (N, C, L); eager warns)
+    _dropout_args("dropout", p, inplace)
+    return _dropout(input, p, training, feature=True, alpha=False)
 
 
 @register(F.dropout3d)
 def dropout3d(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
-    return _feature_dropout("dropout3d", 5, input, p, training, inplace, strict=False)
+    return _feature_dropout("dropout3d", 5, input, p, training, inplace)
 
 
 def _check_p(p: float) -> None:

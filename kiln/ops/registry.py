@@ -22,6 +22,7 @@ import torch
 
 from .. import config
 from ..counters import counters
+from ..graph.graph import is_random_target
 from ..graph import (DataDependentError, Graph, Proxy, TensorMeta, Tracer, current_tracer, dce, flatten,
                      map_structure, torch_name, tracing)
 from ..graph.proxy import set_torch_call_handler
@@ -165,6 +166,23 @@ def _zeros_value(v: Any) -> Any:
 
 def _eager(func: Any, args: tuple, kwargs: dict, on: str) -> Any:
     """Run the torch op on the arguments' examples, meta tensors, or zero-filled CPU tensors (`on`)."""
+    if on != "meta":
+        generators = [g for g in flatten((args, kwargs)) if isinstance(g, torch.Generator)]
+        if generators or is_random_target(func):
+            # Running the op on examples must not advance the user's generators: the compiled graph draws
+            # the numbers when it runs, and the state after the call must equal eager's.
+            states = [(g, g.get_state()) for g in generators]
+            cpu_state = torch.get_rng_state()
+            try:
+                return _eager_run(func, args, kwargs, on)
+            finally:
+                torch.set_rng_state(cpu_state)
+                for g, state in states:
+                    g.set_state(state)
+    return _eager_run(func, args, kwargs, on)
+
+
+def _eager_run(func: Any, args: tuple, kwargs: dict, on: str) -> Any:
     convert = {"meta": _meta_value, "example": _example_value, "zeros": _zeros_value}[on]
     args = map_structure(convert, args)
     if is_inplace(func, kwargs) and args and isinstance(args[0], torch.Tensor) and on != "meta":
