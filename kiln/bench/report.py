@@ -105,8 +105,9 @@ def busy_note(meta: dict[str, Any]) -> str | None:
     cpus = meta.get("cpus")
     if not loads or not cpus or max(loads) <= cpus:
         return None
-    return (f"note: the machine was busy (load average up to {max(loads):g} on {cpus} CPUs): times are "
-            f"noisy; the speedups (interleaved in one process) hold better; --threads 1 steadies them")
+    note = (f"note: the machine was busy (load average up to {max(loads):g} on {cpus} CPUs): times are "
+            f"noisy; the speedups (interleaved in one process) hold better")
+    return note if meta.get("threads") == 1 else note + "; --threads 1 steadies them"
 
 
 def problems(rows: list[dict[str, Any]]) -> list[str]:

@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -103,16 +104,16 @@ def run_worker(job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         stderr_path = os.path.join(tmp, "stderr.txt")
         command = [sys.executable, "-m", "kiln.bench.worker", json.dumps(job), result_path]
         with open(stderr_path, "w") as stderr:
-            process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
+            # its own session, so that a timeout or Ctrl-C ends the worker with its compiler children
+            process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr,
+                                       start_new_session=True)
             try:
                 process.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+                _kill_group(process)
                 return {"status": "timeout", "error": f"no result after {timeout_s:.0f} s"}
             except BaseException:   # Ctrl-C: the worker must not outlive the run
-                process.kill()
-                process.wait()
+                _kill_group(process)
                 raise
         if os.path.exists(result_path):
             with open(result_path) as f:
@@ -120,6 +121,14 @@ def run_worker(job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         with open(stderr_path) as f:
             tail = f.read()[-2000:]
         return {"status": "error", "error": f"worker exited with code {process.returncode}: {tail.strip()}"}
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        process.kill()
+    process.wait()
 
 
 def bench_one(model: str, compiler: str, options: Options, progress: Progress,

@@ -18,7 +18,7 @@ from ..lower.ir import Buffer, ComputedBuffer, Reduction
 from ..lower.ops import Handler
 from ..schedule.fusion import PARALLEL_THRESHOLD, FusedGroup, Member
 
-CTYPES = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
+CTYPES = {torch.bfloat16: "kiln_bf16", torch.float16: "kiln_fp16", torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
           torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool"}
 
 HEADER = r"""
@@ -26,6 +26,7 @@ HEADER = r"""
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <cstring>
 #include <vector>
 #include <omp.h>
 
@@ -42,6 +43,36 @@ KILN_SIMD(erf) KILN_SIMD(erfc)
 #undef KILN_SIMD
 }
 #endif
+
+// bfloat16 and float16 values are stored as such and computed in float, rounded after every op (as eager)
+struct kiln_bf16 {
+  uint16_t x;
+  kiln_bf16() = default;
+  kiln_bf16(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    x = (f != f) ? uint16_t(0x7fc0) : uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+  operator float() const {
+    uint32_t u = uint32_t(x) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+};
+struct kiln_fp16 {
+  uint16_t x;
+  kiln_fp16() = default;
+  kiln_fp16(float f) {
+    _Float16 h = (_Float16)f;  // one correctly rounded conversion
+    std::memcpy(&x, &h, 2);
+  }
+  operator float() const {
+    _Float16 h;
+    std::memcpy(&h, &x, 2);
+    return (float)h;
+  }
+};
 
 // maximum/minimum propagate NaN, as torch.maximum / amax
 template <typename T> static inline T kiln_max(T a, T b) {
@@ -161,16 +192,23 @@ class CppHandler(Handler):
         return self.tmp(f"{self.pointers[name]}[{cexpr(index)}]", self.buffers[name].dtype)
 
     def constant(self, value: Any, dtype: torch.dtype) -> CppValue:
+        if dtype in HALF_TYPES:
+            return CppValue(f"{CTYPES[dtype]}({cconst(value, torch.float32)})", dtype)
         return CppValue(cconst(value, dtype), dtype)
 
     def index_expr(self, expr: sympy.Expr, dtype: torch.dtype) -> CppValue:
         expr = simplify_index(sympy.expand(expr), self.ranges)
+        if dtype in HALF_TYPES:
+            return self.tmp(f"{CTYPES[dtype]}(static_cast<float>({cexpr(expr)}))", dtype)
         return self.tmp(f"static_cast<{CTYPES[dtype]}>({cexpr(expr)})", dtype)
 
     def to_dtype(self, x: CppValue, dtype: torch.dtype) -> CppValue:
+        source = f"static_cast<float>({x})" if x.dtype in HALF_TYPES else str(x)
         if dtype == torch.bool:
-            return self.tmp(f"({x} != 0)", dtype)
-        return self.tmp(f"static_cast<{CTYPES[dtype]}>({x})", dtype)
+            return self.tmp(f"({source} != 0)", dtype)
+        if dtype in HALF_TYPES:
+            return self.tmp(f"{CTYPES[dtype]}(static_cast<float>({source}))", dtype)
+        return self.tmp(f"static_cast<{CTYPES[dtype]}>({source})", dtype)
 
     def masked(self, cond: CppValue, body: Any, other: Any, dtype: torch.dtype) -> CppValue:
         self.counter += 1
@@ -191,6 +229,15 @@ class CppHandler(Handler):
         return CppValue(name, dtype)
 
     def op(self, name: str, *args: Any) -> CppValue:
+        if name == "where" and args[1].dtype in HALF_TYPES:
+            return self.tmp(f"{args[0]} ? {args[1]} : {args[2]}", args[1].dtype)
+        if args[0].dtype in HALF_TYPES:
+            # compute in float, round the result back to the half type
+            dtype = args[0].dtype
+            result = self.op(name, *[CppValue(f"static_cast<float>({a})", torch.float32) for a in args])
+            if result.dtype == torch.bool:
+                return result
+            return self.tmp(f"{CTYPES[dtype]}({result})", dtype)
         a = args[0]
         dtype = a.dtype
         out = torch.bool if name in _BOOL_RESULT else dtype
@@ -280,7 +327,12 @@ HEADER += "".join(
 
 # ---- reductions -----------------------------------------------------------------------------------------
 
+HALF_TYPES = (torch.bfloat16, torch.float16)
+
+
 def _acc_type(rtype: str, dtype: torch.dtype) -> torch.dtype:
+    if dtype in HALF_TYPES:
+        return torch.float32  # as eager: half-precision reductions accumulate in float
     if rtype in ("sum", "prod") and dtype == torch.float32:
         return torch.float64  # float sums accumulate in double: as accurate as eager's cascade sums
     return dtype
@@ -452,7 +504,6 @@ class KernelWriter:
             self.emit("}", depth)
 
     def member(self, group: FusedGroup, member: Member, depth: int, split: bool, slot: int = 0) -> None:
-        buf = member.buffer
         inner = group.inner or ()
         if member.role == "outer":
             if split:
@@ -498,7 +549,8 @@ class KernelWriter:
             # an arg reduction accumulates values of its input's dtype: find it by a dry run
             probe = CppHandler(self.buffers, self.pointers, group.var_ranges(), "", group.local)
             index, rindex = group.member_index(member)
-            return data.fn(probe, index, rindex).dtype
+            dtype = data.fn(probe, index, rindex).dtype
+            return torch.float32 if dtype in HALF_TYPES else dtype
         return _acc_type(data.reduction_type, member.buffer.dtype)
 
     def reduction(self, group: FusedGroup, member: Member, depth: int, split: bool, slot: int) -> None:

@@ -26,7 +26,7 @@ from .ops import BINARY_OPS, UNARY_OPS, CountHandler
 log = config.channel("fusion")
 
 # dtypes the C++ backend computes in; anything else runs as a fallback.
-SUPPORTED_DTYPES = {torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
+SUPPORTED_DTYPES = {torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
                     torch.uint8, torch.bool}
 # Inline a pointwise value into each of several consumers only while it is this cheap (CountHandler units).
 INLINE_REUSE_COST = 8
@@ -405,6 +405,8 @@ def lower_rev(ctx: Lowering, node: Node, a: Box, dims: Any) -> Box:
 
 @lowering("cat")
 def lower_cat(ctx: Lowering, node: Node, tensors: Any, dim: int) -> Box:
+    """Each element comes from the part its index falls in; `masked` keeps the other parts' loads
+    (out of their bounds) from running."""
     if len(tensors) > 16:
         raise Unlowerable("cat of many tensors")
     dtype = node.meta.dtype
@@ -413,17 +415,35 @@ def lower_cat(ctx: Lowering, node: Node, tensors: Any, dim: int) -> Box:
         parts.append((start, t))
         start += t.shape[dim]
 
-    # Each branch loads at an index that may be out of its range: realize so loads stay in bounds.
-    return _guarded_cat(ctx, node, parts, dim)
-
-
-def _guarded_cat(ctx: Lowering, node: Node, parts: list, dim: int) -> Box:
-    dtype = node.meta.dtype
-    shape = tuple(int(s) for s in node.meta.shape)
-
     def load(h: Any, index: list) -> Any:
         return _select_part(h, index, parts, dim, dtype)
-    return Box(shape, dtype, load)
+    return Box(tuple(int(s) for s in node.meta.shape), dtype, load)
+
+
+@lowering("pad")
+def lower_pad(ctx: Lowering, node: Node, a: Box, value: Any, config_: Any) -> Box:
+    """Constant padding (negative low/high crop): load where the index falls inside `a`."""
+    if any(interior != 0 for _, _, interior in config_):
+        raise Unlowerable("interior padding")
+    dtype = a.dtype
+    pad_value = _operand(value, dtype)
+    lows = [int(lo) for lo, _, _ in config_]
+    sizes = a.shape
+
+    def load(h: Any, index: list) -> Any:
+        shifted = [i - lo for i, lo in zip(index, lows)]
+        cond = None
+        for d, (i, lo) in enumerate(zip(index, lows)):
+            if lo <= 0 and lo + sizes[d] >= node.meta.shape[d]:
+                continue  # this dim never leaves `a`
+            pos = h.index_expr(i, torch.int64)
+            inside = h.op("logical_and", h.op("ge", pos, h.constant(lo, torch.int64)),
+                          h.op("lt", pos, h.constant(lo + sizes[d], torch.int64)))
+            cond = inside if cond is None else h.op("logical_and", cond, inside)
+        if cond is None:
+            return a.loader(h, shifted)
+        return h.masked(cond, lambda: a.loader(h, shifted), lambda: pad_value(h, index), dtype)
+    return Box(node.meta.shape, dtype, load)
 
 
 def _select_part(h: Any, index: list, parts: list, dim: int, dtype: torch.dtype) -> Any:

@@ -387,7 +387,7 @@ def is_signed(input: Any) -> bool:
 
 
 def _real_identity(name: str, *targets: Any, fresh: bool = False) -> None:
-    """conj, real, resolve_conj, resolve_neg of a real tensor are the tensor itself (conj_physical: a copy)."""
+    """conj, real, resolve_conj, resolve_neg of a real tensor: the tensor itself (conj_physical: a copy)."""
     def fn(input: Any) -> Any:
         _refuse_complex(name, input)
         return copy(input) if fresh else input

@@ -267,9 +267,24 @@ def _comparison(prim: Any, name: str, *targets: Any, ordered: bool = True) -> No
     decomposition(*targets)(fn)
 
 
-_comparison(prims.eq, "eq", torch.eq, method("eq"), method("__eq__"), ordered=False)
-_comparison(prims.ne, "ne", torch.ne, torch.not_equal, method("ne"), method("not_equal"), method("__ne__"),
-            ordered=False)
+_comparison(prims.eq, "eq", torch.eq, method("eq"), ordered=False)
+_comparison(prims.ne, "ne", torch.ne, torch.not_equal, method("ne"), method("not_equal"), ordered=False)
+
+
+@decomposition(method("__eq__"))
+def equality_operator(input: Any, other: Any, *, negate: bool = False) -> Any:
+    """`x == other`: as torch.eq for tensors and numbers; `x == None` is False and other types leave the
+    comparison to Python (NotImplemented), as eager's Tensor.__eq__ does."""
+    if other is None:
+        return negate
+    if not (is_tensor(other) or is_number(other)):
+        return NotImplemented
+    return elementwise(prims.ne if negate else prims.eq, input, other, promotion="always_bool")
+
+
+@decomposition(method("__ne__"))
+def inequality_operator(input: Any, other: Any) -> Any:
+    return equality_operator(input, other, negate=True)
 _comparison(prims.lt, "lt", torch.lt, torch.less, method("lt"), method("less"), method("__lt__"))
 _comparison(prims.le, "le", torch.le, torch.less_equal, method("le"), method("less_equal"), method("__le__"))
 _comparison(prims.gt, "gt", torch.gt, torch.greater, method("gt"), method("greater"), method("__gt__"))

@@ -5,11 +5,16 @@ Ops whose result shape depends on the data (masked_select, nonzero, argwhere, in
 raise NoDecomposition and run as fallbacks.
 
 `advanced_index(x, indices)` and `advanced_index_put(x, indices, values, accumulate)` serve
-Tensor.__getitem__ / __setitem__ (kiln/ops/shape.py): `indices` has one entry per leading dim of x, each an
+Tensor.__getitem__ / __setitem__ (kiln/ops/getitem.py): `indices` has one entry per leading dim of x, each an
 integer or bool tensor, or None for a whole dim.
+
+Negative indices: index, take, index_fill, index_put and advanced indexing count them from the end (eager);
+gather, scatter, index_select, index_add, index_copy and embedding raise for them at run time (eager), and
+take_along_dim with a dim takes every index modulo the dim's size (eager).
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import torch
@@ -50,10 +55,13 @@ def _cast_number(value: Any, dtype: torch.dtype) -> Any:
         check(value.imag == 0, lambda: f"value cannot be converted to type {dtype} without overflow")
         value = value.real
     if dtype.is_floating_point:
-        return float(value)
+        value = float(value)
+        check(not math.isfinite(value) or abs(value) <= torch.finfo(dtype).max,
+              lambda: f"value cannot be converted to type {dtype} without overflow")
+        return value
+    check(not isinstance(value, float) or math.isfinite(value),
+          lambda: f"value cannot be converted to type {dtype} without overflow")
     info = torch.iinfo(dtype)
-    if isinstance(value, float) and value != value:
-        raise NoDecomposition("a NaN fill value for an integer tensor")
     converted = int(value)
     check(info.min <= converted <= info.max, lambda: f"value cannot be converted to type {dtype} without "
           "overflow")
@@ -214,6 +222,38 @@ def index_copy(input: Any, dim: int, index: Any, source: Any) -> Any:
     x, source = input.reshape(_dims(input)), source.reshape(_dims(source))
     index = index.reshape(-1)
     return prims.scatter(x, dim, _along(index, dim, source.shape), source).reshape(input.shape)
+
+
+@register(torch.index_reduce, torch.Tensor.index_reduce)
+def index_reduce(input: Any, dim: int, index: Any, source: Any, reduce: str, *,
+                 include_self: bool = True) -> Any:
+    check(reduce in ("prod", "mean", "amax", "amin"), lambda: f"index_reduce(): Expected reduce to be one of "
+          f"prod, mean, amax or amin but got {reduce}.")
+    check(index.dtype in _INDEX_DTYPES, lambda: f"index_reduce_(): Expected dtype int32/int64 for index, got "
+          f"{index.dtype}")
+    check(input.dtype == source.dtype, lambda: f"index_reduce_(): self ({input.dtype}) and source "
+          f"({source.dtype}) must have the same scalar type")
+    dim = _index_source_check("index_reduce_", input, dim, index, source, IndexError)
+    if reduce in ("prod", "mean") and input.dtype in (torch.float16, torch.bfloat16):
+        raise NoDecomposition("index_reduce prod/mean in half precision (eager's rounding order)")
+    x, source = input.reshape(_dims(input)), source.reshape(_dims(source))
+    index = _long(index).reshape(-1)
+    out = prims.scatter_reduce(x, dim, _along(index, dim, source.shape), source, reduce, include_self)
+    return out.reshape(input.shape)
+
+
+@register(torch.put, torch.Tensor.put)
+def put(input: Any, index: Any, source: Any, accumulate: bool = False) -> Any:
+    """input.flatten()[index] = source (or +=), negative indices counting from the end."""
+    check(index.dtype == torch.int64,
+          lambda: f"put_(): Expected a long tensor for index, but got {index.dtype}")
+    check(input.dtype == source.dtype, lambda: f"put_(): self and source expected to have the same dtype, "
+          f"but got self.dtype = {input.dtype} and source.dtype = {source.dtype}")
+    check(index.numel() == source.numel(), lambda: f"put_(): Expected source and index to have the same "
+          f"number of elements, but got source.numel() = {source.numel()}, index.numel() = {index.numel()}",
+          IndexError)
+    out = prims.index_put(input.reshape(-1), [index.reshape(-1)], source.reshape(-1), bool(accumulate))
+    return out.reshape(input.shape)
 
 
 @register(torch.index_fill, torch.Tensor.index_fill)

@@ -662,8 +662,9 @@ def _feature_dropout(op: str, batched_ndim: int, input: Any, p: float, training:
     ndim = input.ndim
     if op == "dropout1d":
         check(ndim in (2, 3), lambda: f"dropout1d: Expected 2D or 3D input, but received a {ndim}D input. "
-              f"Note that dropout1d exists to provide channel-wise dropout on inputs with 1 spatial dimension, "
-              f"a channel dimension, and an optional batch dimension (i.e. 2D or 3D inputs).", RuntimeError)
+              f"Note that dropout1d exists to provide channel-wise dropout on inputs with 1 spatial "
+              f"dimension, a channel dimension, and an optional batch dimension (i.e. 2D or 3D inputs).",
+              RuntimeError)
     if ndim != batched_ndim:
         if not training or p == 0:
             return input

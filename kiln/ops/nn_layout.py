@@ -49,13 +49,19 @@ def _edge_pad(mode: str, input: Any, pad: Sequence[int]) -> Any:
             f"combinations for non-constant padding:\n  - 2D or 3D input: padding size = 2 (pads last "
             f"dimension)\n  - 3D or 4D input: padding size = 4 (pads last 2 dimensions)\n  - 4D or 5D input: "
             f"padding size = 6 (pads last 3 dimensions)")
-    if any(p < 0 for p in pad):
-        raise NoDecomposition(f"pad(mode={mode!r}) with negative padding")
     x = input
     for i in range(n):
         d = input.ndim - 1 - i
         left, right = pad[2 * i], pad[2 * i + 1]
         size = input.shape[d]
+        if left < 0 or right < 0:
+            # negative padding crops first (eager gives the same as padding the cropped input)
+            keep = size + min(left, 0) + min(right, 0)
+            fits = size > 0 and keep > 0 and (max(left, 0) < keep and max(right, 0) < keep)
+            if not fits:
+                raise NoDecomposition(f"pad(mode={mode!r}) with negative padding beyond the input")
+            x = torch.narrow(x, d, max(-left, 0), keep)
+            left, right, size = max(left, 0), max(right, 0), keep
         if mode == "reflect":
             check(left < size and right < size, lambda: f"Argument #4: Padding size should be less than "
                   f"the corresponding input dimension, but got: padding ({left}, {right}) at dimension "
@@ -378,3 +384,27 @@ def interpolate(input: Any, size: Any = None, scale_factor: Any = None, mode: st
         taps, weights = taps_of(np_dtype, input.shape[2 + d], sizes[d], align_corners, scales[d])
         x = _mix(x, 2 + d, taps, weights, input.dtype)
     return convert(x, input.dtype)
+
+
+@register(F.pdist, torch.pdist)
+def pdist(input: Any, p: float = 2) -> Any:
+    """Distances between rows i < j of a 2-D input, in row-major order of the pairs."""
+    check(input.ndim == 2, lambda: f"pdist only supports 2D tensors, got: {input.ndim}D", RuntimeError)
+    check(p >= 0, lambda: "pdist only supports non-negative p values", RuntimeError)
+    check(is_float_dtype(input.dtype), lambda: "pdist only supports floating-point dtypes", RuntimeError)
+    n = input.shape[0]
+    if n < 2:
+        raise NoDecomposition("pdist of fewer than two rows")
+    rows, cols = np.triu_indices(n, 1)
+    first = torch.index_select(input, 0, torch.from_numpy(rows.astype(np.int64)))
+    second = torch.index_select(input, 0, torch.from_numpy(cols.astype(np.int64)))
+    x = convert(first - second, computation_dtype(input.dtype))
+    return convert(vector_norm(x, float(p), [1], False), input.dtype)
+
+
+@register(torch.ops.aten._safe_softmax.default)
+def safe_softmax(input: Any, dim: int, dtype: torch.dtype | None = None) -> Any:
+    """softmax, with rows that are entirely -inf giving zeros instead of NaN (aten._safe_softmax)."""
+    out = F.softmax(input, dim, dtype=dtype)
+    masked = torch.all(input == float("-inf"), dim, keepdim=True)
+    return torch.where(masked, torch.zeros_like(out), out)

@@ -372,3 +372,49 @@ def multilabel_soft_margin_loss(input: Any, target: Any, weight: Any = None, siz
     class_dim = input.ndim - 1
     loss = torch.sum(loss, class_dim) / input.shape[class_dim]
     return reduce_loss(loss, reduction)
+
+
+@register(F.triplet_margin_with_distance_loss)
+def triplet_margin_with_distance_loss(anchor: Any, positive: Any, negative: Any, *,
+                                      distance_function: Any = None, margin: float = 1.0, swap: bool = False,
+                                      reduction: str = "mean") -> Any:
+    check(reduction in ("mean", "sum", "none"), lambda: f"{reduction} is not a valid value for reduction",
+          ValueError)
+    check(margin > 0, lambda: f"margin must be greater than 0, got {margin}", ValueError)
+    check(anchor.ndim == positive.ndim == negative.ndim, lambda: f"The anchor, positive, and negative "
+          f"tensors are expected to have the same number of dimensions, but got: anchor {anchor.ndim}D, "
+          f"positive {positive.ndim}D, and negative {negative.ndim}D inputs", RuntimeError)
+    # a user's distance function is ordinary torch code: it traces into this decomposition
+    distance = distance_function if distance_function is not None else torch.pairwise_distance
+    d_pos = distance(anchor, positive)
+    d_neg = distance(anchor, negative)
+    if swap:
+        d_neg = torch.minimum(d_neg, distance(positive, negative))
+    return reduce_loss(torch.clamp_min(margin + d_pos - d_neg, 0), reduction)
+
+
+@register(F.multi_margin_loss)
+def multi_margin_loss(input: Any, target: Any, p: int = 1, margin: float = 1.0, weight: Any = None,
+                      size_average: Any = None, reduce: Any = None, reduction: str = "mean") -> Any:
+    reduction = reduction_mode(size_average, reduce, reduction)
+    check(p in (1, 2), lambda: "only p == 1 and p == 2 supported", ValueError)
+    check(weight is None or weight.ndim == 1, lambda: "weight must be one-dimensional", ValueError)
+    if input.ndim not in (1, 2) or target.dtype != torch.int64 or not is_float_dtype(input.dtype):
+        raise NoDecomposition("multi_margin_loss of unusual inputs")  # eager's checks and messages
+    x = input if input.ndim == 2 else torch.unsqueeze(input, 0)
+    n, c = x.shape
+    check(target.numel() == n and target.ndim <= 1 and (weight is None or weight.numel() == c),
+          lambda: f"inconsistent target size: {list(target.shape)} for input of size: {list(input.shape)}",
+          RuntimeError)
+    t = torch.reshape(target, [n, 1])
+    # loss_i = sum_{j != y_i} w[y_i] * max(0, margin - x[i, y_i] + x[i, j])^p / C
+    z = torch.clamp_min(margin - torch.gather(x, 1, t) + x, 0)
+    h = z if p == 1 else z * z
+    if weight is not None:
+        h = h * torch.unsqueeze(torch.index_select(weight, 0, torch.reshape(target, [n])), 1)
+    classes = torch.arange(c, device=x.device)
+    h = torch.where(classes == t, 0.0, h)
+    loss = torch.sum(h, 1) / c
+    if input.ndim == 1 or target.ndim == 0:
+        loss = torch.reshape(loss, list(target.shape))
+    return reduce_loss(loss, reduction)

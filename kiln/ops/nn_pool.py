@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -102,16 +103,72 @@ def _lowest(dtype: torch.dtype) -> Any:
     return torch.iinfo(dtype).min
 
 
+def _window_positions(w: Windows, d: int, k: int) -> np.ndarray:
+    """Input positions along spatial dim d of kernel offset k for every output index (may be outside)."""
+    return np.arange(w.out[d]) * w.stride[d] - w.padding[d] + k * w.dilation[d]
+
+
+def _flat_index(w: Windows, positions: list[np.ndarray]) -> torch.Tensor:
+    """Flat index into the input's spatial dims, shaped like the output's spatial dims."""
+    flat = np.zeros(w.out, dtype=np.int64)
+    for d, pos in enumerate(positions):
+        shape = [1] * w.n
+        shape[d] = w.out[d]
+        flat = flat * w.sizes[d] + pos.reshape(shape)
+    return torch.from_numpy(np.ascontiguousarray(flat))
+
+
+def _max_pool_with_indices(w: Windows, input: Any) -> tuple[Any, Any]:
+    """Eager's scan: start at -inf with the window's first valid element, take an element when it is greater
+    or NaN (ties keep the first, NaN the last), in kernel order."""
+    x = w.padded(input, _lowest(input.dtype))
+    first = []
+    for d in range(w.n):
+        start = _window_positions(w, d, 0)
+        steps = np.maximum(-(start // w.dilation[d]), 0)  # offsets to skip over the left padding
+        first.append(start + steps * w.dilation[d])
+    out_shape = list(input.shape[:input.ndim - w.n]) + list(w.out)
+    best = input.new_full(out_shape, _lowest(input.dtype))
+    best_index = _flat_index(w, first)  # (out spatial dims); the first update broadcasts it
+    offsets = itertools.product(*(range(k) for k in w.kernel))
+    for offset, s in zip(offsets, w.slices(x)):
+        index = _flat_index(w, [_window_positions(w, d, offset[d]) for d in range(w.n)])
+        take = torch.gt(s, best)
+        if input.dtype.is_floating_point:
+            take = torch.logical_or(take, torch.isnan(s))
+        best = torch.where(take, s, best)
+        best_index = torch.where(take, index, best_index)
+    return best, best_index
+
+
 def _max_pool(op: str, n: int, input: Any, kernel_size: Any, stride: Any, padding: Any, dilation: Any,
               ceil_mode: bool, return_indices: bool) -> Any:
-    if return_indices:
-        raise NoDecomposition(f"{op}(return_indices=True)")
     w = Windows(op, input, n, kernel_size, stride, padding, dilation, ceil_mode)
     check(input.dtype != torch.bool, lambda: f"{op}: not implemented for 'Bool'", RuntimeError)
+    if return_indices:
+        return _max_pool_with_indices(w, input)
     result = None
     for s in w.slices(w.padded(input, _lowest(input.dtype))):
         result = s if result is None else torch.maximum(result, s)  # propagates NaN, as eager
     return result
+
+
+@register(F.max_pool1d_with_indices)
+def max_pool1d_with_indices(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0,
+                            dilation: Any = 1, ceil_mode: bool = False, return_indices: bool = False) -> Any:
+    return _max_pool("max_pool1d", 1, input, kernel_size, stride, padding, dilation, ceil_mode, True)
+
+
+@register(F.max_pool2d_with_indices)
+def max_pool2d_with_indices(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0,
+                            dilation: Any = 1, ceil_mode: bool = False, return_indices: bool = False) -> Any:
+    return _max_pool("max_pool2d", 2, input, kernel_size, stride, padding, dilation, ceil_mode, True)
+
+
+@register(F.max_pool3d_with_indices)
+def max_pool3d_with_indices(input: Any, kernel_size: Any, stride: Any = None, padding: Any = 0,
+                            dilation: Any = 1, ceil_mode: bool = False, return_indices: bool = False) -> Any:
+    return _max_pool("max_pool3d", 3, input, kernel_size, stride, padding, dilation, ceil_mode, True)
 
 
 @register(F.max_pool1d, torch.max_pool1d)
@@ -301,9 +358,31 @@ def adaptive_avg_pool3d(input: Any, output_size: Any) -> Any:
 
 
 def _adaptive_max_pool(op: str, n: int, input: Any, output_size: Any, return_indices: bool) -> Any:
-    if return_indices:
-        raise NoDecomposition(f"{op}(return_indices=True)")
-    return _adaptive_pool(op, n, input, output_size, True)
+    if not return_indices:
+        return _adaptive_pool(op, n, input, output_size, True)
+    sizes = list(input.shape[input.ndim - n:]) if input.ndim >= n else []
+    out = list(_tuple(op, "output_size", output_size, n))
+    out = [sizes[d] if out[d] is None else out[d] for d in range(n)] if sizes else out
+    regular = bool(sizes) and all(o > 0 and s % o == 0 for s, o in zip(sizes, out))
+    if not regular or input.ndim not in (n + 1, n + 2):
+        raise NoDecomposition(f"{op}(return_indices=True) with irregular windows")
+    kernel = [s // o for s, o in zip(sizes, out)]
+    return _max_pool(op, n, input, kernel, kernel, 0, 1, False, True)
+
+
+@register(F.adaptive_max_pool1d_with_indices)
+def adaptive_max_pool1d_with_indices(input: Any, output_size: Any, return_indices: bool = False) -> Any:
+    return _adaptive_max_pool("adaptive_max_pool1d", 1, input, output_size, True)
+
+
+@register(F.adaptive_max_pool2d_with_indices)
+def adaptive_max_pool2d_with_indices(input: Any, output_size: Any, return_indices: bool = False) -> Any:
+    return _adaptive_max_pool("adaptive_max_pool2d", 2, input, output_size, True)
+
+
+@register(F.adaptive_max_pool3d_with_indices)
+def adaptive_max_pool3d_with_indices(input: Any, output_size: Any, return_indices: bool = False) -> Any:
+    return _adaptive_max_pool("adaptive_max_pool3d", 3, input, output_size, True)
 
 
 @register(F.adaptive_max_pool1d)

@@ -297,7 +297,9 @@ def _var(op: str, input: Any, args: tuple, kwargs: dict, root: bool, with_mean: 
     if input.dtype.is_complex:
         raise NoDecomposition(f"{op} of complex values")
     dims = reduction_dims(input, dim)
-    x = input  # the prims compute float16 as eager does (float32 inside, one rounding)
+    # var of float16 is a float16 prim (float32 inside, one rounding, as eager); std takes its root before
+    # eager rounds, so it computes in float32
+    x = convert(input, computation_dtype(input.dtype)) if root else input
     if with_mean:
         out, average = prims.var_mean(x, dims, correction)
     else:

@@ -41,7 +41,8 @@ def _elementwise_meta(name: str, operands: tuple, out_dtype: torch.dtype | None 
         check(t.shape == first.shape, lambda: f"prims.{name}: operands must have the same shape "
               f"(prims do not broadcast), got {', '.join(shape_text(a) for a in operands)}")
         check(t.dtype == first.dtype, lambda: f"prims.{name}: operands must have the same dtype "
-              f"(prims do not promote), got {', '.join(str(meta_of(a).dtype) for a in operands if is_tensor(a))}",
+              f"(prims do not promote), got "
+              f"{', '.join(str(meta_of(a).dtype) for a in operands if is_tensor(a))}",
               TypeError)
         check(t.device == first.device, lambda: f"prims.{name}: operands on different devices "
               f"{first.device} and {t.device}")
@@ -240,7 +241,8 @@ where = prim("where", _where_meta, _where_ref, tags=("elementwise", "ternary"))
 
 def _convert_meta(a: Any, dtype: torch.dtype) -> TensorMeta:
     check(is_tensor(a), lambda: "prims.convert_element_type: expected a tensor", TypeError)
-    check(isinstance(dtype, torch.dtype), lambda: f"prims.convert_element_type: expected a dtype, got {dtype!r}",
+    check(isinstance(dtype, torch.dtype),
+          lambda: f"prims.convert_element_type: expected a dtype, got {dtype!r}",
           TypeError)
     m = meta_of(a)
     return TensorMeta(m.shape, dtype, m.device)
@@ -251,5 +253,6 @@ def _convert_ref(a: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return a.to(dtype, memory_format=torch.contiguous_format, copy=True)
 
 
-convert_element_type = prim("convert_element_type", _convert_meta, _convert_ref, tags=("elementwise", "unary"))
+convert_element_type = prim("convert_element_type", _convert_meta, _convert_ref,
+                            tags=("elementwise", "unary"))
 

@@ -109,8 +109,8 @@ def _compile(compiler: str, source: str, path: str) -> None:
     finally:
         if os.path.exists(tmp_so):
             os.unlink(tmp_so)
-        if os.path.exists(src_path) and not log.isEnabledFor(10):
-            os.unlink(src_path)
+        if os.path.exists(src_path):
+            os.unlink(src_path)  # KILN_DEBUG_DIR keeps the source
     log.debug("built %s in %.2f s", path, time.perf_counter() - start)
 
 

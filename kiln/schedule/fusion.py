@@ -179,24 +179,39 @@ def _new_group(index: int, buf: ComputedBuffer) -> FusedGroup:
 
 
 def fuse(graph: LoopGraph) -> list[FusedGroup | ExternNode]:
-    """The graph's nodes grouped into kernels (in an order that respects every dependency)."""
+    """The graph's nodes grouped into kernels (in an order that respects every dependency).
+
+    A node joins the latest kernel it fits (vertical fusion), or an earlier one of the same segment when
+    it reads nothing written after that kernel (horizontal fusion of siblings); else it starts a kernel.
+    """
     fuel = config.get("fuel")
     fusions = 0
     schedule: list[FusedGroup | ExternNode] = []
-    current: FusedGroup | None = None
+    open_groups: list[FusedGroup] = []  # kernels since the last extern call
     for node in graph.nodes:
         if isinstance(node, ExternNode):
-            current = None
+            open_groups = []
             schedule.append(node)
             continue
-        if current is not None and (fuel < 0 or fusions < fuel) and _try_add(current, node):
+        reads = {name for name, _ in node.reads()}
+        placed = None
+        if fuel < 0 or fusions < fuel:
+            for group in reversed(open_groups):
+                if _try_add(group, node):
+                    placed = group
+                    break
+                if reads & set(group.buffer_names()):
+                    break  # it reads this kernel's output: it cannot move before it
+        if placed is not None:
             fusions += 1
-            log.debug("fuse %s into %s", node.name, current.describe())
+            log.debug("fuse %s into %s", node.name, placed.describe())
             continue
-        if current is not None:
-            log.debug("%s starts a new kernel (does not fit %s)", node.name, current.describe())
-        current = _new_group(sum(isinstance(s, FusedGroup) for s in schedule), node)
-        schedule.append(current)
+        if open_groups:
+            log.debug("%s starts a new kernel (fits none of %s)", node.name,
+                      ", ".join(g.name for g in open_groups))
+        group = _new_group(sum(isinstance(s, FusedGroup) for s in schedule), node)
+        schedule.append(group)
+        open_groups.append(group)
     for item in schedule:
         if isinstance(item, FusedGroup):
             _finish(item)

@@ -45,6 +45,7 @@ import json
 import math
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import threading
@@ -75,7 +76,7 @@ VIEW_OPS = {
     "swapaxes", "swapdims", "split", "split_with_sizes", "chunk", "unbind", "T", "mT", "H", "mH", "real",
     "imag", "alias", "detach", "flatten", "unflatten", "tensor_split", "hsplit", "vsplit", "dsplit",
     "__getitem__", "slice", "contiguous", "view_as_real", "view_as_complex", "atleast_1d", "atleast_2d",
-    "atleast_3d", "broadcast_to", "broadcast_tensors", "ravel", "adjoint", "mT", "positive", "resolve_conj",
+    "atleast_3d", "broadcast_to", "broadcast_tensors", "ravel", "adjoint", "positive", "resolve_conj",
     "resolve_neg", "conj", "squeeze_copy", "diagonal_copy",
 }
 
@@ -492,6 +493,27 @@ def expected_failures() -> dict[str, dict[str, dict[str, Any]]]:
     return opinfo_expected.EXPECTED_FAILURES
 
 
+_CAUSES = [  # (pattern in the failure message, reason): the first match explains a new entry
+    (r"descriptor '(\w+)' .*'Proxy'",
+     "kiln's Proxy is not a torch.Tensor: the OpInfo op calls the unbound torch.Tensor.{0} on it (TypeError)"),
+    (r"Sparse|sparse", "sparse tensors: kiln's graph holds strided tensors only"),
+    (r"DataDependentError", "needs a tensor's value while tracing (data-dependent; a graph break in capture)"),
+    (r"UnsupportedError: (.*)", "kiln cannot trace it: {0}"),
+    (r"timed out", "a sample ran past the harness's time limit"),
+]
+
+
+def explain_failure(result: OpResult) -> str:
+    """A reason for a new expected-failure entry, from the failure message."""
+    for pattern, reason in _CAUSES:
+        match = re.search(pattern, result.message)
+        if match:
+            return f"{result.status}: " + reason.format(*match.groups())
+    if result.status == "mismatch":
+        return f"mismatch (WRONG RESULT): {result.message}"
+    return f"{result.status}: {result.message}"
+
+
 def write_expected(results: list[OpResult], path: str | None = None, partial: bool = False) -> str:
     """Regenerate the expected-failure list from `results`, keeping the reasons already written.
 
@@ -511,7 +533,7 @@ def write_expected(results: list[OpResult], path: str | None = None, partial: bo
         if r.status not in ("mismatch", "error"):
             continue
         previous = old.get(r.dtype, {}).get(r.op)
-        reason = previous["reason"] if previous else f"{r.status}: {r.message}"
+        reason = previous["reason"] if previous else explain_failure(r)
         table.setdefault(r.dtype, {})[r.op] = {"kind": r.status, "sample": r.failed_sample, "reason": reason}
     lines = ['"""OpInfo entries kiln is known to fail, per dtype, each with a reason (checked in).',
              "",

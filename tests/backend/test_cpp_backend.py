@@ -227,7 +227,7 @@ def test_contiguous_dims_collapse_into_one_loop():
 
 def test_scans():
     x = torch.randn(6, 70)
-    c = check(lambda x: torch.cumsum(x * 2, -1) + 1, x, kernels=1)
+    check(lambda x: torch.cumsum(x * 2, -1) + 1, x, kernels=1)
     check(lambda x: torch.cumsum(x, 0), x)
     check(lambda x: torch.cumprod(x, 1), torch.rand(5, 9) + 0.5)
     check(lambda n: torch.cumsum(n, -1), torch.randint(-9, 9, (4, 33)))
@@ -258,3 +258,43 @@ def test_linear_and_attention_pass_views_to_externs():
     if not c.graph.fallbacks():
         # the weight's transpose and q, k, v reach the externs as views: one kernel (the bias add)
         assert c.kernel_count == 1, c.loop.describe()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision(dtype):
+    x, y = torch.randn(7, 37, dtype=dtype), torch.randn(7, 37, dtype=dtype)
+    check(lambda x, y: torch.tanh(x * y + 1) - x, x, y, kernels=1)
+    check(lambda x: torch.softmax(x, -1), x)
+    check(lambda x: x.sum(-1), x)
+    check(lambda x: x.amax(0), x)
+    check(lambda x: x.float() * 3, x)
+    check(lambda x: (x > 0).to(dtype) + x, x)
+
+
+def test_horizontal_fusion_of_siblings():
+    x = torch.randn(16, 40)
+
+    def fn(x):
+        # two row reductions separated by an unrelated pointwise kernel of another shape
+        a = prims.sum(x, (1,))
+        b = prims.mul(prims.view(x, (640,)), 2.0)
+        c = prims.amax(x, (1,))
+        return a, b, c
+    c = check(fn, x, kernels=2)
+    assert c.kernel_count == 2
+
+
+def test_cat_rev_and_pad():
+    a, b, e = torch.randn(3, 4), torch.randn(3, 2), torch.randn(3, 0)
+    check(lambda a, b: prims.mul(prims.cat([a, b], 1), 2.0), a, b, kernels=1)
+    check(lambda a, b, e: prims.cat([a, e, b], 1), a, b, e, kernels=1)
+    check(lambda a: prims.rev(prims.exp(a), (0, 1)), a, kernels=1)
+    check(lambda a: torch.cat([a, a * 2], 0).sum(0), a)
+    check(lambda a: torch.nn.functional.pad(a, (1, 2)) * 3, a)
+
+
+def test_pad():
+    a = torch.randn(3, 5)
+    check(lambda a: prims.mul(prims.pad(a, 0.5, ((1, 2, 0), (0, 0, 0))), 2.0), a, kernels=1)
+    check(lambda a: prims.pad(a, -1.0, ((-1, 1, 0), (2, -2, 0))), a, kernels=1)
+    check(lambda a: torch.nn.functional.pad(a, (1, 2, 0, 1), value=3.0), a)

@@ -57,3 +57,10 @@ def test_terminal_table_has_a_line_per_row_and_the_summary():
     assert any(line.startswith("torch.compile: pass rate 2/3") for line in lines)
     assert any("FAIL acc" in line for line in lines)
     assert all(len(line) <= 160 for line in lines)
+
+
+def test_busy_machine_note():
+    assert report.busy_note({"cpus": 2, "load_average": 1.5}) is None
+    note = report.busy_note({"cpus": 2, "load_average_start": 9.0, "load_average": 3.0, "threads": 2})
+    assert "load average up to 9" in note and "--threads 1" in note
+    assert "--threads 1" not in report.busy_note({"cpus": 2, "load_average": 9.0, "threads": 1})

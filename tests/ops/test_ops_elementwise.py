@@ -237,7 +237,8 @@ def test_dtype_queries_and_real_identities():
 
 def test_complex_inputs_are_exact_or_fall_back():
     x = torch.randn(3, 4, dtype=torch.complex64)
-    for fn in [torch.exp, torch.sigmoid, torch.abs, torch.sgn, torch.exp2, lambda a: a * 2j, lambda a: a + 1.5,
+    for fn in [torch.exp, torch.sigmoid, torch.abs, torch.sgn, torch.exp2, lambda a: a * 2j,
+               lambda a: a + 1.5,
                lambda a: torch.sum(a, 1), torch.mean, lambda a: torch.var(a, 0), torch.isnan, torch.angle]:
         expected = fn(x)
         g = kiln.ops.trace(fn, x)
@@ -268,3 +269,14 @@ def test_memory_format_conversions_keep_eager_strides(fn):
         assert not p.fallbacks()
         assert torch.equal(got, expected) and got.dtype == expected.dtype
         assert got.stride() == expected.stride()
+
+
+def test_equality_with_non_tensors_like_eager():
+    def fn(a):
+        return a == None, a != None, a == "x", a != "x", a == 1, a != a  # noqa: E711
+    x = torch.ones(2)
+    g = kiln.ops.trace(fn, x)
+    got = kiln.graph.run(kiln.graph.to_prims(g), [x])
+    expected = fn(x)
+    assert got[:4] == expected[:4]
+    torch.testing.assert_close(got[4:], expected[4:])

@@ -142,6 +142,23 @@ def test_index_add_copy_fill():
     raises(RuntimeError, lambda x, i, v: torch.index_fill(x, 0, i, v), x34, i, torch.ones(1))
 
 
+def test_index_reduce_and_put():
+    src = torch.randn(3, 3)
+    i = torch.tensor([0, 0, 3])
+    for reduce in ["prod", "mean", "amax", "amin"]:
+        for include_self in (True, False):
+            check_op(lambda x, i, s: torch.index_reduce(x, 1, i, s, reduce, include_self=include_self),
+                     x34, i, src)
+    check_op(lambda x, i, s: x.index_reduce(0, i, s, "mean"), x34.long(), torch.tensor([2, 2]).int(),
+             torch.randint(-5, 5, (2, 4)))
+    check_op(lambda x, i, s: torch.put(x, i, s), x34, torch.tensor([[-1, 0], [5, 11]]), torch.randn(2, 2))
+    check_op(lambda x, i, s: x.put(i, s, accumulate=True), x34, torch.tensor([1, 1, -12]), torch.randn(3))
+    check_op(lambda x, i, s: torch.put(x, i, s), torch.tensor(1.0), torch.tensor([0]), torch.tensor([5.0]))
+    raises(IndexError, lambda x, i, s: torch.put(x, i, s), x34, torch.tensor([1, 1]), torch.randn(3))
+    raises(RuntimeError, lambda x, i, s: torch.put(x, i, s), x34, torch.tensor([1]).int(), torch.randn(1))
+    raises(RuntimeError, lambda x, i, s: torch.index_reduce(x, 1, i, s, "sum"), x34, i, src)
+
+
 def test_masked():
     m = x34 > 0
     check_op(lambda x, m: x.masked_fill(m, 2.0), x34, m)
@@ -152,6 +169,12 @@ def test_masked():
     raises(RuntimeError, lambda x, m: x.masked_fill(m, 1.0), x34, m.to(torch.uint8))
     raises(RuntimeError, lambda x, m, v: x.masked_fill(m, v), x34, m, torch.ones(1))
     raises(RuntimeError, lambda x, m: x.masked_fill(m, 300), x34.to(torch.int8), m)
+    raises(RuntimeError, lambda x, m: x.masked_fill(m, 1e6), x34.half(), m)
+    raises(RuntimeError, lambda x, m: x.masked_fill(m, float("nan")), x34.long(), m)
+    raises(RuntimeError, lambda x, i: x.scatter(0, i, float("inf")), x34.long(), idx)
+    raises(RuntimeError, lambda x, i: x.index_fill(0, i, -129), x34.to(torch.int8), idx[0])
+    check_op(lambda x, m: x.masked_fill(m, float("inf")), x34.half(), m)
+    check_op(lambda x, m: x.masked_fill(m, 2.5), x34 > 0, m)
 
 
 @pytest.mark.parametrize("fn", [

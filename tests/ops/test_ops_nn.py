@@ -378,7 +378,8 @@ TRAINING_DROPOUTS = {
     "dropout_p1": (lambda a, p, training: F.dropout(a, 1.0, training), (3, 4)),
     "alpha_dropout": (F.alpha_dropout, (4, 5)), "feature_alpha_dropout": (F.feature_alpha_dropout, (2, 3, 4)),
     "dropout1d": (F.dropout1d, (2, 3, 4)), "dropout1d_unbatched": (F.dropout1d, (3, 4)),
-    "dropout2d": (F.dropout2d, (2, 3, 4, 5)), "dropout3d": (F.dropout3d, (2, 3, 2, 2, 2)),
+    "dropout2d": (F.dropout2d, (2, 3, 4, 5)), "dropout2d_3d": (F.dropout2d, (2, 3, 4)),
+    "dropout3d": (F.dropout3d, (2, 3, 2, 2, 2)),
     "dropout3d_unbatched": (F.dropout3d, (3, 2, 2, 2)),
     "torch.dropout": (lambda a, p, training: torch.dropout(a, p, training), (4, 5)),
     "torch.feature_dropout": (lambda a, p, training: torch.feature_dropout(a, p, training), (2, 3, 4)),
@@ -467,6 +468,8 @@ def test_pad_modes(mode, dtype):
     check_nn(lambda a, m: m(a), x[0], torch.nn.ReflectionPad2d(2) if mode == "reflect" else
              torch.nn.ReplicationPad2d(2) if mode == "replicate" else torch.nn.CircularPad2d(2))
     check_error(lambda a: F.pad(a, (1, 1), mode=mode), x, exc=NotImplementedError)
+    check_nn(lambda a: F.pad(a, (-1, 2, 2, -2), mode=mode), x[0])  # negative padding crops
+    check_nn(lambda a: F.pad(a, (-2, -1), mode=mode), x[0, 0])
 
 
 def test_pad_errors():
@@ -499,6 +502,10 @@ def test_distances(dtype):
         check_nn(lambda x, y: F.pairwise_distance(x, y, p), a, b)
     check_nn(lambda x, y: F.pairwise_distance(x, y, keepdim=True), a[0], b[0, 0])
     check_nn(lambda x, y, m: m(x, y), a, b, torch.nn.CosineSimilarity(2))
+    for p in (2.0, 1.0, 0.0, 3.5, math.inf):
+        check_nn(lambda x: F.pdist(x, p), a[0])
+    check_nn(lambda x: torch.ops.aten._safe_softmax.default(x, 1),
+             torch.tensor([[1.0, 2.0], [-math.inf, -math.inf]], dtype=dtype))
     check_nn(F.cosine_similarity, a, b.float() if dtype == torch.float64 else b.double())  # promotes
     check_error(F.cosine_similarity, torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long))
 

@@ -138,3 +138,20 @@ def test_l1_loss_weight_is_refused():
         fn = kiln.ops.lookup(F.l1_loss)
         torch.testing.assert_close(fn(x, t, reduction=reduction, weight=w),
                                    F.l1_loss(x, t, reduction=reduction, weight=w))
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_multi_margin_and_distance_losses(reduction):
+    torch.manual_seed(0)
+    x, t = torch.randn(5, 4), torch.tensor([0, 3, 1, 2, 3])
+    for p in (1, 2):
+        check_nn(lambda a, b: F.multi_margin_loss(a, b, p, 0.7, reduction=reduction), x, t)
+        check_nn(lambda a, b, w: F.multi_margin_loss(a, b, p, weight=w, reduction=reduction), x, t,
+                 torch.rand(4))
+        check_nn(lambda a, b: F.multi_margin_loss(a, b, p, reduction=reduction), x[0], t[1])
+    check_error(lambda a, b: F.multi_margin_loss(a, b, 3), x, t, exc=ValueError)
+    a, b, c = torch.randn(5, 4), torch.randn(5, 4), torch.randn(5, 4)
+    check_nn(lambda p, q, r: F.triplet_margin_with_distance_loss(p, q, r, reduction=reduction), a, b, c)
+    cosine = lambda u, v: 1 - F.cosine_similarity(u, v)  # noqa: E731
+    check_nn(lambda p, q, r: F.triplet_margin_with_distance_loss(p, q, r, distance_function=cosine, swap=True,
+                                                                  reduction=reduction), a, b, c)

@@ -73,10 +73,29 @@ def test_pool_errors():
     check_error(lambda a: F.max_pool2d(a, 2), torch.randn(4))
 
 
-def test_max_pool_with_indices_falls_back():
-    x = torch.randn(1, 2, 4, 4)
+@pytest.mark.parametrize("case", POOL_CASES)
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_max_pool_with_indices(case, n):
+    """Indices as eager's scan: ties keep the first element, NaN the last, an all -inf window its first
+    element inside the input (never the padding)."""
+    torch.manual_seed(0)
+    k, s, p, d, c = _case(n, case)
+    op = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[n]
+    x = torch.randn((2, 3) + (7, 6, 5)[:n]).round()  # many ties
+    x.view(-1)[::7] = float("nan")
+    x.view(-1)[3::11] = float("-inf")
+    check_nn(lambda a: op(a, k, s, p, d, c, return_indices=True), x)
+    check_nn(lambda a: op(a, k, s, p, d, c, return_indices=True), x[0].to(torch.float64))
+    check_nn(lambda a: op(a, k, s, p, d, c, return_indices=True), torch.randint(-2, 2, x.shape))
+
+
+def test_adaptive_max_pool_with_indices():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 6)
+    check_nn(lambda a: F.adaptive_max_pool2d(a, (4, 3), return_indices=True), x)
+    check_nn(lambda a: F.adaptive_max_pool1d(a, 3, return_indices=True), x[:, :, 0])
     counters.clear()
-    g = kiln.ops.trace(lambda a: F.max_pool2d(a, 2, return_indices=True), x)
+    g = kiln.ops.trace(lambda a: F.adaptive_max_pool2d(a, 5, return_indices=True), x)  # irregular windows
     assert len(g.fallbacks()) == 1
 
 

@@ -77,8 +77,8 @@ def test_convert_element_type_copies():
     assert torch.equal(x, y) and x.data_ptr() != y.data_ptr()
 
 
-ALL_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
-              torch.uint8, torch.bool, torch.complex64]
+ALL_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+              torch.int16, torch.uint8, torch.bool, torch.complex64]
 
 
 def _value(dtype, shape=(2, 3)):
@@ -95,8 +95,8 @@ def test_references_agree_with_meta_for_every_dtype():
             if "unary" in p.tags:
                 operand_lists = [(x,)] if p.name != "convert_element_type" else [(x, torch.float64)]
             elif "binary" in p.tags:
-                operand_lists = [(x, x), (x, 2 if dtype != torch.bool else True), (1 if dtype != torch.bool else
-                                                                                     True, x)]
+                number = True if dtype == torch.bool else 2
+                operand_lists = [(x, x), (x, number), (number, x)]
             else:
                 continue
             for operands in operand_lists:
