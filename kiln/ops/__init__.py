@@ -12,7 +12,7 @@ from .trace import trace
 
 # Decomposition modules, imported for their registrations.
 _MODULES = ["elementwise", "reductions", "shape", "creation", "indexing", "linalg", "nn", "nn_loss",
-            "nn_pool", "inplace"]
+            "nn_pool", "misc", "inplace"]
 for _m in _MODULES:
     try:
         _importlib.import_module(f"{__name__}.{_m}")
