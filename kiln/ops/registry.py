@@ -324,6 +324,8 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
         out = map_structure(rebuild, structure)
     if func in VIEW_OPS and outer:
         _note_views(graph, outer[0], out)
+    elif real is not None and outer and not inplace:
+        _note_shared_storage(graph, outer, out)
     if inplace:
         return _apply_inplace(graph, args[0], out)
     return out
@@ -403,6 +405,29 @@ def _note_views(graph: Graph, source: Proxy, out: Any) -> None:
         if isinstance(v, Proxy) and v is not source:
             al.base[v] = base
             al.has_views.add(base)
+
+
+def _storage_key(t: Any) -> int | None:
+    if not isinstance(t, torch.Tensor) or t.device.type == "meta" or t.untyped_storage().nbytes() == 0:
+        return None
+    return t.untyped_storage().data_ptr()
+
+
+def _note_shared_storage(graph: Graph, inputs: list[Proxy], out: Any) -> None:
+    """Eager's own answer to aliasing: an output whose example shares memory with an input's example is a
+    view of it (einsum that only permutes, fallbacks that return views, ...), whatever the op's name."""
+    owners: dict[int, Proxy] = {}
+    for p in inputs:
+        key = _storage_key(p.example)
+        if key is not None:
+            owners.setdefault(key, p)
+    if not owners:
+        return
+    for v in flatten(out):
+        if isinstance(v, Proxy):
+            source = owners.get(_storage_key(v.example))  # type: ignore[arg-type]
+            if source is not None and v is not source:
+                _note_views(graph, source, v)
 
 
 def _apply_inplace(graph: Graph, target: Proxy, result: Any) -> Proxy:
