@@ -144,3 +144,22 @@ def test_harness_summary_line():
                opinfo.OpResult("f", "float32", "not applicable")]
     assert opinfo.summary_line(results, "float32", 99) == (
         "opinfo float32: 1 decomposed, 1 fallback, 1 expected-fail, 1 wrong, 1 error of 5 ops, 99 prims")
+
+
+def test_write_expected_round_trip(tmp_path):
+    results = [opinfo.OpResult("abs", "float16", "error", message="UnsupportedError: no float16 today",
+                               failed_sample=3),
+               opinfo.OpResult("cos", "float16", "mismatch", message="out: " + "x" * 200, failed_sample=0),
+               opinfo.OpResult("sin", "float16", "decomposed")]
+    path = opinfo.write_expected(results, str(tmp_path / "expected.py"))
+    text = open(path).read()
+    assert all(len(line) <= 110 for line in text.splitlines())
+    namespace: dict = {}
+    exec(compile(text, path, "exec"), namespace)
+    table = namespace["EXPECTED_FAILURES"]
+    assert table["float16"]["abs"] == {"kind": "error", "sample": 3,
+                                       "reason": "error: kiln cannot trace it: no float16 today"}
+    assert table["float16"]["cos"]["reason"].startswith("mismatch (WRONG RESULT): out: xxx")
+    assert "sin" not in table["float16"]
+    for dtype, entries in EXPECTED.items():  # other dtypes are kept as they are
+        assert table[dtype] == entries

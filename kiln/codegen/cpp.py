@@ -18,8 +18,9 @@ from ..lower.ir import Buffer, ComputedBuffer, Reduction
 from ..lower.ops import Handler
 from ..schedule.fusion import PARALLEL_THRESHOLD, FusedGroup, Member
 
-CTYPES = {torch.bfloat16: "kiln_bf16", torch.float16: "kiln_fp16", torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
-          torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool"}
+CTYPES = {torch.bfloat16: "kiln_bf16", torch.float16: "kiln_fp16", torch.float32: "float",
+          torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t", torch.int16: "int16_t",
+          torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool"}
 
 HEADER = r"""
 #include <algorithm>
@@ -27,6 +28,7 @@ HEADER = r"""
 #include <cstdint>
 #include <limits>
 #include <cstring>
+#include <memory>
 #include <vector>
 #include <omp.h>
 
@@ -412,8 +414,9 @@ class KernelWriter:
             self.emit("{", depth)
             for name in arrays:
                 ctype = CTYPES[self.buffers[name].dtype]
-                self.emit(f"std::vector<{ctype}> vec_{name}({max(inner_n, 1)});", depth + 1)
-                self.emit(f"{ctype}* __restrict__ loc_{name} = vec_{name}.data();", depth + 1)
+                self.emit(f"std::unique_ptr<{ctype}[]> vec_{name}(new {ctype}[{max(inner_n, 1)}]);",
+                          depth + 1)
+                self.emit(f"{ctype}* __restrict__ loc_{name} = vec_{name}.get();", depth + 1)
             depth += 1
             if parallel:
                 self.emit("#pragma omp for schedule(static)", depth)
@@ -434,9 +437,10 @@ class KernelWriter:
         for i, member in enumerate(group.members):
             if member.role == "reduction":
                 acc = self._acc_dtype(group, member)
-                self.emit(f"std::vector<{CTYPES[acc]}> part{i}(kiln_nt);", 2)
+                # one slot per thread (never std::vector<bool>: its packed bits race between threads)
+                self.emit(f"std::unique_ptr<{CTYPES[acc]}[]> part{i}(new {CTYPES[acc]}[kiln_nt]);", 2)
                 if member.buffer.data.reduction_type in ("argmax", "argmin"):
-                    self.emit(f"std::vector<int64_t> parti{i}(kiln_nt);", 2)
+                    self.emit(f"std::unique_ptr<int64_t[]> parti{i}(new int64_t[kiln_nt]);", 2)
         self.emit("#pragma omp parallel", 2)
         self.emit("{", 2)
         self.emit("const int kiln_tid = omp_get_thread_num();", 3)

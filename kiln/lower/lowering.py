@@ -26,8 +26,8 @@ from .ops import BINARY_OPS, UNARY_OPS, CountHandler
 log = config.channel("fusion")
 
 # dtypes the C++ backend computes in; anything else runs as a fallback.
-SUPPORTED_DTYPES = {torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
-                    torch.uint8, torch.bool}
+SUPPORTED_DTYPES = {torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int64, torch.int32,
+                    torch.int16, torch.int8, torch.uint8, torch.bool}
 # Inline a pointwise value into each of several consumers only while it is this cheap (CountHandler units).
 INLINE_REUSE_COST = 8
 EXTERN_PRIMS = {"mm", "bmm", "convolution", "sdpa"}
@@ -563,7 +563,8 @@ LOWERINGS["cumprod"] = _scan("prod")
 # ---- creation -------------------------------------------------------------------------------------------
 
 @lowering("full")
-def lower_full(ctx: Lowering, node: Node, shape: Any, value: Any, dtype: torch.dtype, device: Any = None) -> Box:
+def lower_full(ctx: Lowering, node: Node, shape: Any, value: Any, dtype: torch.dtype,
+               device: Any = None) -> Box:
     if node.meta.device.type != "cpu":
         raise Unlowerable("full on another device")
     return Box(node.meta.shape, dtype, _operand(value, dtype))

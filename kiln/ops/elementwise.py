@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import struct
 from typing import Any, Callable
 
 import torch
@@ -120,12 +121,50 @@ for _prim, _name, _targets in _FLOAT_UNARY:
     _float_unary(_prim, _name, *_targets)
 
 
+def _in_dtype(value: float, dtype: torch.dtype) -> float:
+    """A Python float rounded to float32 or float64 (constants eager's kernels compute in that type)."""
+    return struct.unpack("f", struct.pack("f", value))[0] if dtype == torch.float32 else value
+
+
+def _trigamma(x: Any) -> Any:
+    """Eager's scalar trigamma kernel step by step: reflection below 0.5, six recurrence steps, then the
+    asymptotic series, every operation in x's dtype."""
+    dtype = x.dtype
+    pi = _in_dtype(math.pi, dtype)
+    pi_squared = _in_dtype(pi * pi, dtype)
+    sixth, thirtieth, fortysecond = (_in_dtype(1 / 6, dtype), _in_dtype(1 / 30, dtype),
+                                     _in_dtype(1 / 42, dtype))
+    reflect = prims.lt(x, 0.5)
+    sin_pi_x = prims.sin(prims.mul(x, pi))
+    result = prims.where(reflect, prims.neg(prims.div(pi_squared, prims.mul(sin_pi_x, sin_pi_x))), 0.0)
+    x = prims.where(reflect, prims.sub(1.0, x), x)
+    for _ in range(6):
+        result = prims.add(result, prims.div(1.0, prims.mul(x, x)))
+        x = prims.add(x, 1.0)
+    ixx = prims.div(1.0, prims.mul(x, x))
+    series = prims.mul(ixx, prims.sub(sixth, prims.mul(ixx, prims.sub(thirtieth, prims.mul(ixx, fortysecond)))))
+    tail = prims.div(prims.add(prims.add(1.0, prims.div(1.0, prims.mul(x, 2.0))), series), x)
+    result = prims.add(result, tail)
+    return prims.where(reflect, prims.neg(result), result)
+
+
 @decomposition(torch.polygamma, torch.special.polygamma)
 def polygamma(n: int, input: Any) -> Any:
+    """polygamma(0) is digamma, polygamma(1) eager's trigamma kernel, higher orders
+    (-1)^(n+1) n! zeta(n + 1, x) as eager computes them (n! as exp(lgamma(n + 1)) in x's dtype)."""
     check(isinstance(n, int) and n >= 0, lambda: "polygamma(n, x) does not support negative n.")
-    if n != 0:
-        raise NoDecomposition(f"polygamma of order {n}")
-    return torch.digamma(input)
+    if n == 0:
+        return torch.digamma(input)
+    dtype = input.dtype if is_float_dtype(input.dtype) else torch.get_default_dtype()
+    if dtype not in (torch.float32, torch.float64):
+        raise NoDecomposition(f"polygamma of {dtype} values")
+    x = convert(input, dtype)
+    if n == 1:
+        return _trigamma(x)
+    with torch._C.DisableTorchFunction():
+        factorial = torch.tensor(float(n) + 1.0, dtype=dtype).lgamma().exp().item()
+    scale = factorial if n % 2 else -factorial
+    return prims.mul(prims.zeta(float(n + 1), x), scale)
 
 
 @decomposition(method("polygamma"))

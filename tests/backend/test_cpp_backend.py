@@ -298,3 +298,10 @@ def test_pad():
     check(lambda a: prims.mul(prims.pad(a, 0.5, ((1, 2, 0), (0, 0, 0))), 2.0), a, kernels=1)
     check(lambda a: prims.pad(a, -1.0, ((-1, 1, 0), (2, -2, 0))), a, kernels=1)
     check(lambda a: torch.nn.functional.pad(a, (1, 2, 0, 1), value=3.0), a)
+
+
+def test_bool_buffers_in_kernels():
+    p = torch.rand(3, 40000) > 0.5
+    check(lambda p: prims.amax(p, (0, 1)), p)  # a bool max split across threads
+    x = torch.randn(1, 2, 3)
+    check(lambda x: torch.nn.functional.max_pool1d(x, 3, 2, ceil_mode=True, return_indices=True), x)
