@@ -73,7 +73,7 @@ def unravel(linear: sympy.Expr, shape: Sequence[int]) -> list[sympy.Expr]:
     strides = contiguous_strides(shape)
     out = []
     for size, stride in zip(shape, strides):
-        if size == 1:
+        if size <= 1:  # size 0: the tensor is empty, no loop runs
             out.append(sympy.Integer(0))
         else:
             out.append(ModularIndexing(FloorDiv(linear, stride), size))
@@ -114,6 +114,8 @@ def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.E
     if not expr.has(FloorDiv, ModularIndexing):
         return expr
     args = [simplify_index(a, ranges) for a in expr.args]
+    if isinstance(expr, (FloorDiv, ModularIndexing)) and int(args[1]) <= 0:
+        return expr.func(*args)
     if isinstance(expr, FloorDiv):
         base, d = args
         d = int(d)

@@ -17,7 +17,7 @@ import torch
 from .. import prims
 from ..prims.shape import dense_strides_like, is_non_overlapping_and_dense
 from .registry import NoDecomposition, mark_inplace, register
-from .utils import check, is_tensor, scalar_dtype
+from .utils import check, is_tensor, result_type, scalar_dtype
 
 _Shape = (tuple, list, torch.Size)
 
@@ -355,8 +355,47 @@ def arange(*args: Any, **kwargs: Any) -> Any:
     return prims.iota(int(length), start, step, dtype, device)
 
 
+def _bound_value(v: Any, op: str, name: str, dtype: torch.dtype, device: Any) -> Any:
+    """A tensor bound (0-d) or a number as a 0-d tensor of dtype: eager reads the bound's value as a
+    number and converts it to dtype."""
+    if not is_tensor(v):
+        return prims.full((), _fill_value(_range_number(v, op), dtype), dtype, device)
+    check(v.ndim == 0, lambda: f"{op} only supports 0-dimensional start and end tensors, but got {name} "
+          f"with {v.ndim} dimension(s).")
+    if v.dtype.is_complex or v.dtype == torch.bool:
+        raise NoDecomposition(f"{op} with a {v.dtype} bound")
+    return v if v.dtype == dtype else prims.convert_element_type(v, dtype)
+
+
+def _linspace_of_tensors(start: Any, end: Any, steps: int, dtype: torch.dtype, device: Any) -> Any:
+    """linspace with tensor bounds: eager's formula with the bounds' values known only when the graph
+    runs (start + step * i for the first half, end - step * (steps - 1 - i) for the second)."""
+    if dtype not in (torch.float32, torch.float64):
+        raise NoDecomposition(f"linspace with tensor bounds and dtype {dtype}")
+    first = _bound_value(start, "linspace", "start", dtype, device)
+    last = _bound_value(end, "linspace", "end", dtype, device)
+    if steps <= 1:
+        return prims.broadcast_in_dim(first, (steps,), ()) if steps == 0 else prims.clone(
+            prims.broadcast_in_dim(first, (1,), ()), torch.contiguous_format)
+    step = prims.broadcast_in_dim(prims.div(prims.sub(last, first), float(steps - 1)), (steps,), ())
+    idx = prims.iota(steps, 0, 1, torch.int64, device)
+    low = prims.add(prims.mul(step, prims.convert_element_type(idx, dtype)),
+                    prims.broadcast_in_dim(first, (steps,), ()))
+    back = prims.sub(prims.full((steps,), steps - 1, torch.int64, device), idx)
+    high = prims.sub(prims.broadcast_in_dim(last, (steps,), ()),
+                     prims.mul(step, prims.convert_element_type(back, dtype)))
+    return prims.where(prims.lt(idx, steps // 2), low, high)
+
+
 @register(torch.linspace)
 def linspace(start: Any, end: Any, steps: int, **kwargs: Any) -> Any:
+    if is_tensor(start) or is_tensor(end) or is_tensor(steps):
+        if is_tensor(steps):
+            raise NoDecomposition("linspace with a tensor number of steps")
+        check(isinstance(steps, int) and steps >= 0,
+              lambda: "linspace(): number of steps must be non-negative")
+        dtype, device = _options("linspace", kwargs)
+        return _linspace_of_tensors(start, end, steps, dtype, device)
     start, end = _range_number(start, "linspace"), _range_number(end, "linspace")
     check(isinstance(steps, int) and steps >= 0, lambda: "linspace(): number of steps must be non-negative")
     dtype, device = _options("linspace", kwargs)
@@ -383,6 +422,8 @@ def logspace(start: Any, end: Any, steps: int, base: float = 10.0, **kwargs: Any
     dtype, device = _options("logspace", dict(kwargs))
     if not dtype.is_floating_point:
         raise NoDecomposition(f"logspace with dtype {dtype}")
+    if is_tensor(base):
+        raise NoDecomposition("logspace with a tensor base")
     exponents = linspace(start, end, steps, **kwargs)
     return prims.pow(prims.full(tuple(exponents.shape), float(base), dtype, device), exponents)
 
@@ -493,8 +534,37 @@ def bernoulli(a: Any, p: Any = None, *, generator: Any = None, out: Any = None) 
     return prims.bernoulli(a, None if p is None else float(p), generator)
 
 
+def _normal_of_tensors(mean: Any, std: Any, generator: Any, kwargs: dict) -> Any:
+    """normal with a tensor mean or std, drawn as eager draws it: standard normals (or N(0, std) for a
+    number std) in the output's memory order, then scaled by std and shifted by mean."""
+    if kwargs.pop("out", None) is not None:
+        raise NoDecomposition("normal with out=")
+    check(not kwargs, lambda: f"normal() got unexpected keyword arguments {sorted(kwargs)}", TypeError)
+    tensors = [t for t in (mean, std) if is_tensor(t)]
+    if any(t.dtype.is_complex for t in tensors):
+        raise NoDecomposition("normal with complex mean or std")
+    dtype = result_type(*tensors)
+    _float_dtype(dtype, "normal")
+    device = tensors[0].device
+    if len(tensors) == 1:
+        # eager draws into empty_like(the tensor): its memory order decides which value goes where
+        if not tensors[0].meta.is_contiguous():
+            raise NoDecomposition("normal with a non-contiguous mean or std (eager draws in its memory order)")
+        shape = tuple(tensors[0].shape)
+    else:
+        shape = tuple(torch.broadcast_shapes(tuple(mean.shape), tuple(std.shape)))
+    if is_tensor(std):
+        draws = prims.normal(shape, 0.0, 1.0, dtype, device, generator)
+        out = draws * std + mean
+        return torch.where(torch.all(std >= 0), out, torch.full_like(out, math.nan))  # eager raises
+    check(std >= 0, lambda: f"normal expects std >= 0.0, but found std {std}")
+    return prims.normal(shape, 0.0, float(std), dtype, device, generator) + mean
+
+
 @register(torch.normal)
 def normal(mean: Any, std: Any = 1.0, size: Any = None, *, generator: Any = None, **kwargs: Any) -> Any:
+    if (is_tensor(mean) or is_tensor(std)) and size is None:
+        return _normal_of_tensors(mean, std, generator, kwargs)
     if is_tensor(mean) or is_tensor(std) or size is None:
         raise NoDecomposition("normal with tensor mean or std")
     check(std >= 0, lambda: f"normal expects std >= 0.0, but found std {std}")

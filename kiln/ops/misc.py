@@ -260,3 +260,314 @@ def mvlgamma(input: Any, p: int) -> Any:
     offsets = torch.arange(-p * 0.5 + 0.5, 0.5, 0.5, dtype=dtype, device=input.device)
     args = offsets + input.unsqueeze(-1)
     return torch.lgamma(args).sum(-1) + float(p * (p - 1)) * math.log(math.pi) * 0.25
+
+
+# ---- selections by a stable sort: kthvalue, median, nanmedian, quantile, nanquantile -------------------
+
+def _sorted_along(input: Any, d: int) -> tuple[Any, Any]:
+    return torch.sort(input, dim=d, stable=True)
+
+
+def _pick(input: Any, d: int, position: Any, keepdim: bool) -> tuple[Any, Any]:
+    """(values, indices) at `position` (a keepdim-shaped int64 tensor) of input sorted along d."""
+    values, indices = _sorted_along(input, d)
+    value, index = values.gather(d, position), indices.gather(d, position)
+    if not keepdim:
+        value, index = value.squeeze(d), index.squeeze(d)
+    return value, index
+
+
+def _check_selection_dim(input: Any, dim: int) -> int:
+    d = wrap_dim(dim, builtins.max(input.ndim, 1))
+    return d
+
+
+@decomposition(torch.kthvalue, method("kthvalue"))
+def kthvalue(input: Any, k: int, dim: int = -1, keepdim: bool = False) -> Any:
+    check(not input.dtype.is_complex and input.dtype != torch.bool,
+          lambda: f"kthvalue not implemented for {input.dtype}", NotImplementedError if input.dtype == torch.bool
+          else RuntimeError)
+    d = _check_selection_dim(input, dim)
+    check(input.numel() > 0, lambda: "cannot perform reduction function kthvalue on tensor with no elements "
+          "because the operation does not have an identity")
+    size = input.shape[d] if input.ndim > 0 else 1
+    check(0 < k <= size, lambda: "selected index k out of range")
+    if input.ndim == 0:
+        return torch.return_types.kthvalue((torch.clone(input), torch.zeros_like(input, dtype=torch.int64)))
+    shape = tuple(1 if i == d else s for i, s in enumerate(input.shape))
+    position = torch.full(shape, k - 1, dtype=torch.int64, device=input.device)
+    return torch.return_types.kthvalue(_pick(input, d, position, keepdim))
+
+
+def _median_position(input: Any, d: int, ignore_nan: bool) -> Any:
+    """The rank eager's median picks along d (keepdim shape): the first NaN for median when there is one,
+    else the lower middle; nanmedian takes the lower middle of the values that are not NaN."""
+    size = input.shape[d]
+    nans = torch.isnan(input).sum(d, keepdim=True)
+    if ignore_nan:
+        return torch.clamp_min(torch.div(size - nans - 1, 2, rounding_mode="floor"), 0)
+    middle = torch.full_like(nans, (size - 1) // 2)
+    return torch.where(nans > 0, size - nans, middle)
+
+
+def _median(op: str, input: Any, dim: Any, keepdim: bool, ignore_nan: bool) -> Any:
+    if input.dtype.is_complex or input.dtype == torch.bool:
+        raise NoDecomposition(f"{op} of {input.dtype} values")
+    if dim is None:
+        check(input.numel() > 0, lambda: "median() operation does not have an identity for empty input tensor")
+        flat = input.reshape(-1)
+        return _pick(flat, 0, _median_position(flat, 0, ignore_nan), False)[0]
+    d = _check_selection_dim(input, dim)
+    size = input.shape[d] if input.ndim > 0 else 1
+    check(size > 0, lambda: "median() cannot compute median for a dimension of size 0 because the operation "
+          "does not have an identity", IndexError)
+    result = torch.return_types.nanmedian if ignore_nan else torch.return_types.median
+    if input.ndim == 0:
+        return result((torch.clone(input), torch.zeros_like(input, dtype=torch.int64)))
+    return result(_pick(input, d, _median_position(input, d, ignore_nan), keepdim))
+
+
+@decomposition(torch.median, method("median"))
+def median(input: Any, dim: Any = None, keepdim: bool = False) -> Any:
+    return _median("median", input, dim, keepdim, ignore_nan=False)
+
+
+@decomposition(torch.nanmedian, method("nanmedian"))
+def nanmedian(input: Any, dim: Any = None, keepdim: bool = False) -> Any:
+    return _median("nanmedian", input, dim, keepdim, ignore_nan=True)
+
+
+_INTERPOLATIONS = ("linear", "lower", "higher", "midpoint", "nearest")
+
+
+def _quantile(op: str, input: Any, q: Any, dim: Any, keepdim: bool, interpolation: str,
+              ignore_nan: bool) -> Any:
+    check(input.numel() > 0, lambda: f"{op}() input tensor must be non-empty")
+    check(input.dtype in (torch.float32, torch.float64),
+          lambda: f"{op}() input tensor must be either float or double dtype")
+    check(interpolation in _INTERPOLATIONS, lambda: f"{op}() interpolation must be one of linear, lower, "
+          f"higher, midpoint or nearest. Got {interpolation}")
+    valid = None
+    if is_tensor(q):
+        check(q.ndim <= 1, lambda: f"{op}() q must be a scalar or 1D tensor")
+        check(q.dtype == input.dtype, lambda: f"{op}() q tensor must be same dtype as the input tensor")
+        valid = torch.all(torch.logical_and(q >= 0, q <= 1))  # eager checks the values (CPU only)
+    else:
+        check(0 <= q <= 1, lambda: f"{op}() q must be in the range [0, 1] but got {q}")
+        q = torch.scalar_tensor(q, dtype=input.dtype, device=input.device)
+    if dim is None:
+        reduced: list = [1] * input.ndim if keepdim else []
+        sorted_values = torch.sort(input.flatten())[0]
+    else:
+        d = wrap_dim(dim, builtins.max(input.ndim, 1))
+        reduced = list(input.shape)
+        if input.ndim > 0:
+            if keepdim:
+                reduced[d] = 1
+            else:
+                del reduced[d]
+        if d == input.ndim - 1 or input.ndim == 0:
+            sorted_values = torch.sort(input)[0]
+        else:
+            sorted_values = torch.sort(input.unsqueeze(-1).transpose(d, -1))[0]
+    n = sorted_values.shape[-1] if sorted_values.ndim > 0 else 1
+    sorted_values = sorted_values.reshape(tuple(reduced) + (n,))
+    if ignore_nan:
+        ranks = q * (torch.logical_not(sorted_values.isnan()).sum(-1, keepdim=True) - 1)
+        ranks = ranks.masked_fill(ranks < 0, 0)
+    else:
+        last = n - 1
+        scaled, has_nan = torch.broadcast_tensors(q * last, sorted_values.isnan().any(-1, keepdim=True))
+        ranks = scaled.masked_fill(has_nan, last)
+    if interpolation == "lower":
+        ranks = ranks.floor()
+    elif interpolation == "higher":
+        ranks = ranks.ceil()
+    elif interpolation == "nearest":
+        ranks = ranks.round()
+    ranks_below = ranks.to(torch.int64)
+    values = sorted_values.gather(-1, ranks_below)
+    if interpolation in ("linear", "midpoint"):
+        weights = torch.full_like(ranks, 0.5) if interpolation == "midpoint" else ranks - ranks_below
+        ranks_above = ranks.ceil().to(torch.int64)
+        values = values.lerp(sorted_values.gather(-1, ranks_above), weights)
+    if q.ndim == 0:
+        values = values.squeeze(-1)
+    else:
+        values = values.unsqueeze(0).transpose(0, -1).squeeze(-1)
+    return values if valid is None else _nan_unless(valid, values)
+
+
+@decomposition(torch.quantile, method("quantile"))
+def quantile(input: Any, q: Any, dim: Any = None, keepdim: bool = False, *,
+             interpolation: str = "linear") -> Any:
+    return _quantile("quantile", input, q, dim, keepdim, interpolation, ignore_nan=False)
+
+
+@decomposition(torch.nanquantile, method("nanquantile"))
+def nanquantile(input: Any, q: Any, dim: Any = None, keepdim: bool = False, *,
+                interpolation: str = "linear") -> Any:
+    return _quantile("nanquantile", input, q, dim, keepdim, interpolation, ignore_nan=True)
+
+
+# ---- trace, kron, fftshift, dist, renorm, matrix_power, vander --------------------------------------------
+
+@decomposition(torch.trace, method("trace"))
+def trace(input: Any) -> Any:
+    check(input.ndim == 2, lambda: f"trace: expected a matrix, but got tensor with dim {input.ndim}")
+    check(input.dtype != torch.bool, lambda: "\"trace\" not implemented for 'Bool'", NotImplementedError)
+    if input.dtype.is_complex:
+        raise NoDecomposition("trace of complex values")
+    return input.diagonal().sum()
+
+
+@decomposition(torch.kron)
+def kron(input: Any, other: Any) -> Any:
+    ndim = builtins.max(input.ndim, other.ndim)
+    a = input.reshape((1,) * (ndim - input.ndim) + tuple(input.shape))
+    b = other.reshape((1,) * (ndim - other.ndim) + tuple(other.shape))
+    # a[i] * b[j] at i * b.shape + j: interleave a's and b's dims, multiply, then merge each pair
+    a = a.reshape(tuple(itertools.chain.from_iterable((s, 1) for s in a.shape)))
+    b = b.reshape(tuple(itertools.chain.from_iterable((1, s) for s in b.shape)))
+    return (a * b).reshape(tuple(x * y for x, y in zip(a.shape[::2], b.shape[1::2])))
+
+
+def _shift(input: Any, dim: Any, inverse: bool) -> Any:
+    dims = range(input.ndim) if dim is None else ([dim] if isinstance(dim, int) else list(dim))
+    dims = [wrap_dim(d, input.ndim) for d in dims]
+    shifts = [(input.shape[d] + 1) // 2 if inverse else input.shape[d] // 2 for d in dims]
+    if not dims:
+        return torch.clone(input)
+    return torch.roll(input, shifts, dims)
+
+
+@decomposition(torch.fft.fftshift)
+def fftshift(input: Any, dim: Any = None) -> Any:
+    return _shift(input, dim, inverse=False)
+
+
+@decomposition(torch.fft.ifftshift)
+def ifftshift(input: Any, dim: Any = None) -> Any:
+    return _shift(input, dim, inverse=True)
+
+
+@decomposition(torch.dist, method("dist"))
+def dist(input: Any, other: Any, p: Any = 2) -> Any:
+    if is_tensor(p):
+        raise NoDecomposition("dist with a tensor p")
+    check(input.dtype == other.dtype, lambda: f"dist: expected both inputs to have the same dtype, got "
+          f"{input.dtype} and {other.dtype}")
+    return torch.linalg.vector_norm(input - other, p)
+
+
+@decomposition(torch.renorm, method("renorm"))
+def renorm(input: Any, p: Any, dim: int, maxnorm: Any) -> Any:
+    check(not input.dtype.is_complex, lambda: "renorm: Complex dtypes are not supported")
+    check(p > 0, lambda: "renorm: non-positive-norm not supported")
+    check(maxnorm >= 0, lambda: f"renorm: expected maxnorm to be >= 0 but got {maxnorm}")
+    if input.dtype != torch.float32 and input.dtype != torch.float64:
+        raise NoDecomposition(f"renorm of {input.dtype} values")
+    d = wrap_dim(dim, input.ndim)
+    dims = [i for i in range(input.ndim) if i != d]
+    norm = torch.linalg.vector_norm(input, float(p), dims, keepdim=True)
+    # eager: maxnorm / (norm + 1e-7) where the norm exceeds maxnorm, else 1
+    factor = torch.where(norm > maxnorm, float(maxnorm) / (norm + 1e-7), torch.ones_like(norm))
+    return input * factor
+
+
+@decomposition(torch.linalg.matrix_power, torch.matrix_power, method("matrix_power"))
+def matrix_power(input: Any, n: int) -> Any:
+    check(input.ndim >= 2 and input.shape[-1] == input.shape[-2],
+          lambda: f"linalg.matrix_power: A must be batches of square matrices, but they are "
+          f"{input.shape[-2] if input.ndim >= 2 else input.ndim} by {input.shape[-1] if input.ndim else 0} "
+          f"matrices")
+    if n < 0:
+        raise NoDecomposition("matrix_power with a negative exponent (an inverse)")
+    if n == 0:
+        size = input.shape[-1]
+        return torch.eye(size, dtype=input.dtype, device=input.device).expand(tuple(input.shape)).clone()
+    if n == 1:
+        return torch.clone(input, memory_format=torch.contiguous_format)
+    # eager's binary decomposition of n, least significant bit first
+    z = result = None
+    while n > 0:
+        bit, n = n % 2, n // 2
+        z = input if z is None else torch.matmul(z, z)
+        if bit:
+            result = z if result is None else torch.matmul(result, z)
+    return result
+
+
+@decomposition(torch.linalg.vander)
+def vander(x: Any, *, N: Any = None) -> Any:
+    check(x.dtype in (torch.float32, torch.float64) or not (x.dtype.is_floating_point or x.dtype.is_complex
+                                                           or x.dtype == torch.bool),
+          lambda: f"linalg.vander supports floating point, complex, and integer tensors, but got {x.dtype}")
+    if x.dtype.is_complex:
+        raise NoDecomposition("vander of complex values")
+    x = x.unsqueeze(-1) if x.ndim == 0 else x
+    n = N if N is not None else x.shape[-1]
+    check(n > 1, lambda: "N must be greater than 1.")
+    shape = tuple(x.shape) + (n - 1,)
+    powers = torch.cumprod(x.unsqueeze(-1).expand(shape), -1)
+    ones = powers.new_ones(tuple(x.shape) + (1,))
+    return torch.cat([ones, powers], -1)
+
+
+# ---- trapezoid rules ---------------------------------------------------------------------------------------
+
+def _spacing(y: Any, x: Any, d: int, op: str) -> Any:
+    """x's differences along d, shaped to broadcast with y's (eager does not broadcast x to y first)."""
+    if x.ndim == 1:
+        check(x.shape[0] == y.shape[d], lambda: f"{op}: There must be one `x` value for each sample point")
+        shape = [1] * y.ndim
+        shape[d] = x.shape[0]
+        x = x.view(shape)
+    elif x.ndim < y.ndim:
+        x = x.view((1,) * (y.ndim - x.ndim) + tuple(x.shape))
+    size = x.shape[d]
+    return x.narrow(d, 1, builtins.max(size - 1, 0)) - x.narrow(d, 0, builtins.max(size - 1, 0))
+
+
+def _trapezoid_args(op: str, y: Any, x: Any, dx: Any) -> None:
+    check(y.dtype != torch.bool and not (is_tensor(x) and x.dtype == torch.bool),
+          lambda: f"{op}: received a bool input for `x` or `y`, but bool is not supported")
+    check(not (is_tensor(x) and dx is not None), lambda: f"{op}: Cannot specify both x and dx")
+    if y.dtype.is_complex or (is_tensor(x) and x.dtype.is_complex) or isinstance(dx, (complex, bool)):
+        raise NoDecomposition(f"{op} of complex values")
+
+
+def _trapezoid(op: str, y: Any, x: Any, dx: Any, dim: int) -> Any:
+    _trapezoid_args(op, y, x, dx)
+    d = wrap_dim(dim, y.ndim)
+    if y.shape[d] == 0:
+        return torch.zeros(tuple(s for i, s in enumerate(y.shape) if i != d), dtype=y.dtype, device=y.device)
+    size = y.shape[d]
+    if is_tensor(x):
+        left, right = y.narrow(d, 0, size - 1), y.narrow(d, 1, size - 1)
+        return (_spacing(y, x, d, op) * (left + right)).sum(d) / 2.0
+    step = 1.0 if dx is None else float(dx)
+    return (y.sum(d) - (y.select(d, 0) + y.select(d, -1)) * 0.5) * step
+
+
+@decomposition(torch.trapezoid)
+def trapezoid(y: Any, x: Any = None, *, dx: Any = None, dim: int = -1) -> Any:
+    return _trapezoid("trapezoid", y, x, dx, dim)
+
+
+@decomposition(torch.trapz)
+def trapz(y: Any, x: Any = None, *, dx: Any = None, dim: int = -1) -> Any:
+    return _trapezoid("trapezoid", y, x, dx, dim)
+
+
+@decomposition(torch.cumulative_trapezoid)
+def cumulative_trapezoid(y: Any, x: Any = None, *, dx: Any = None, dim: int = -1) -> Any:
+    op = "cumulative_trapezoid"
+    _trapezoid_args(op, y, x, dx)
+    d = wrap_dim(dim, y.ndim)
+    size = builtins.max(y.shape[d] - 1, 0)
+    left, right = y.narrow(d, 0, size), y.narrow(d, 1, size) if y.shape[d] > 0 else y.narrow(d, 0, 0)
+    if is_tensor(x):
+        return ((_spacing(y, x, d, op) * (left + right)) / 2.0).cumsum(d)
+    step = 1.0 if dx is None else float(dx)
+    return (step / 2.0 * (left + right)).cumsum(d)

@@ -725,8 +725,14 @@ def linear(input: Any, weight: Any, bias: Any = None) -> Any:
     check(input.ndim >= 1 and weight.ndim in (1, 2), lambda: f"linear: expected input of at least 1 dim and "
           f"a 1-D or 2-D weight, got input {shape_text(input)} and weight {shape_text(weight)}", RuntimeError)
     w = torch.t(weight) if weight.ndim == 2 else weight
-    out = torch.matmul(input, w)
-    return out if bias is None else out + bias
+    if bias is None:
+        return torch.matmul(input, w)
+    dtype = computation_dtype(input.dtype)
+    if dtype != input.dtype and input.dtype == weight.dtype == bias.dtype:
+        # eager adds the bias inside its float16/bfloat16 gemm (float32 accumulation) and rounds once
+        out = torch.matmul(convert(input, dtype), convert(w, dtype)) + convert(bias, dtype)
+        return convert(out, input.dtype)
+    return torch.matmul(input, w) + bias
 
 
 @register(F.bilinear, _t("bilinear"))
@@ -739,11 +745,16 @@ def bilinear(input1: Any, input2: Any, weight: Any, bias: Any = None) -> Any:
     check(input1.shape[-1] == i and input2.shape[-1] == j, lambda: f"bilinear(): input sizes "
           f"{shape_text(input1)}, {shape_text(input2)} do not match weight {shape_text(weight)}",
           RuntimeError)
-    # out[..., o] = sum_ij x1[..., i] W[o, i, j] x2[..., j]
+    # out[..., o] = sum_ij x1[..., i] W[o, i, j] x2[..., j]; float16/bfloat16 accumulate in float32
+    dtype = computation_dtype(input1.dtype)
+    low = dtype != input1.dtype and input1.dtype == input2.dtype == weight.dtype
+    x1, x2, weight = (convert(t, dtype) if low else t for t in (input1, input2, weight))
     w = torch.reshape(torch.permute(weight, [1, 0, 2]), [i, o * j])
-    t = torch.reshape(torch.matmul(input1, w), list(input1.shape[:-1]) + [o, j])
-    out = torch.sum(t * torch.unsqueeze(input2, -2), -1)
-    return out if bias is None else out + bias
+    t = torch.reshape(torch.matmul(x1, w), list(input1.shape[:-1]) + [o, j])
+    out = torch.sum(t * torch.unsqueeze(x2, -2), -1)
+    if bias is not None:
+        out = out + (convert(bias, dtype) if low else bias)
+    return convert(out, input1.dtype) if low else out
 
 
 if mark_inplace_flag is not None:

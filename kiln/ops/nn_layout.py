@@ -161,11 +161,9 @@ def pixel_unshuffle(input: Any, downscale_factor: int) -> Any:
 def one_hot(tensor: Any, num_classes: int = -1) -> Any:
     check(tensor.dtype == torch.int64,
           lambda: "one_hot is only applicable to index tensor of type LongTensor.", RuntimeError)
-    if num_classes == -1:
-        raise NoDecomposition("one_hot without num_classes (the size depends on the values)")
-    check(num_classes >= 0, lambda: "num_classes should be positive", RuntimeError)
-    classes = torch.arange(num_classes, dtype=torch.int64, device=tensor.device)
-    return convert(torch.unsqueeze(tensor, -1) == classes, torch.int64)
+    # Eager raises for class values outside [0, num_classes) — a check on the values, which a graph can't
+    # make; a comparison with arange would silently give an all-zero row. The torch op keeps the check.
+    raise NoDecomposition("one_hot (eager checks the class values at run time)")
 
 
 # ---- distances --------------------------------------------------------------------------------------------

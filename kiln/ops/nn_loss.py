@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.nn import _reduction
 
 from .registry import NoDecomposition, UnsupportedError, register
-from .utils import check, convert, is_float_dtype, shape_text
+from .utils import check, computation_dtype, convert, is_float_dtype, shape_text
 
 
 def reduction_mode(size_average: Any, reduce: Any, reduction: str) -> str:
@@ -181,14 +181,16 @@ def _nll(input: Any, target: Any, weight: Any, reduction: str, ignore_index: int
           f"{shape_text(weight)}", RuntimeError)
     check(is_float_dtype(input.dtype), lambda: f"nll_loss: expected a floating input, got {input.dtype}",
           RuntimeError)
-    safe, w = _target_weights(target, weight, ignore_index, input.dtype)
-    picked = torch.squeeze(torch.gather(input, cdim, torch.unsqueeze(safe, cdim)), cdim)
+    # float16/bfloat16 accumulate in float32 and round once, as eager's kernel
+    dtype = computation_dtype(input.dtype)
+    safe, w = _target_weights(target, None if weight is None else convert(weight, dtype), ignore_index, dtype)
+    picked = convert(torch.squeeze(torch.gather(input, cdim, torch.unsqueeze(safe, cdim)), cdim), dtype)
     loss = -(picked * w)
-    if reduction == "none":
-        return loss
     if reduction == "sum":
-        return torch.sum(loss)
-    return torch.sum(loss) / torch.sum(w)
+        loss = torch.sum(loss)
+    elif reduction == "mean":
+        loss = torch.sum(loss) / torch.sum(w)
+    return convert(loss, input.dtype)
 
 
 @register(F.nll_loss)

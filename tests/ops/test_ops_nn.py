@@ -486,9 +486,16 @@ def test_pixel_shuffle_one_hot():
     check_nn(lambda a: F.pixel_unshuffle(a, 2), torch.randn(2, 3, 4, 6))
     check_nn(lambda a: torch.nn.functional.pixel_unshuffle(a, 3), torch.randn(5, 2, 1, 3, 6))
     check_error(lambda a: F.pixel_shuffle(a, 3), x)
+
+
+def test_one_hot_keeps_eager_value_check():
+    # one_hot runs the torch op: a graph could not raise for class values out of range as eager does
     t = torch.tensor([[0, 3, 1], [2, 2, 0]])
-    check_nn(lambda a: F.one_hot(a, 4), t)
-    check_nn(lambda a: F.one_hot(a, 6), t[0])
+    g = kiln.ops.trace(lambda a: F.one_hot(a, 4), t)
+    run = kg.run(kg.to_prims(g), [t])
+    assert torch.equal(run, F.one_hot(t, 4))
+    with pytest.raises(RuntimeError):
+        kg.run(kg.to_prims(g), [torch.tensor([[0, 7, 1], [2, 2, 0]])])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
