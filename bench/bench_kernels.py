@@ -128,49 +128,20 @@ def main(argv=None) -> None:
     bw = copy_bandwidth(args.reps)
     print(f"# threads={torch.get_num_threads()} size={args.size}x{args.size} float32, "
           f"copy bandwidth {bw:.1f} GB/s (256 MB tensor)")
-    rows = []
     selected = cases(args.size)
     if not args.no_blocks:
         selected.update(blocks())
     if args.cases:
         wanted = args.cases.split(",")
         selected = {k: v for k, v in selected.items() if any(w in k for w in wanted)}
+    print("| case | eager ms | inductor ms | kiln ms | kiln/eager speedup | kiln vs inductor | kiln GB/s "
+          "| % copy BW | kernels (+extern calls) | kiln compile cold/warm s | inductor cold s |")
+    print("|" + "---|" * 11, flush=True)
     torch.set_grad_enabled(False)
-    for name, (fn, inputs, nbytes) in selected.items():
-        with tempfile.TemporaryDirectory() as cache, config.patch(cache_dir=cache):
-            start = time.perf_counter()
-            kfn = kiln_compile(fn, inputs)
-            kfn(*inputs)
-            kiln_cold = time.perf_counter() - start
-            forget_loaded()
-            start = time.perf_counter()
-            kfn = kiln_compile(fn, inputs)
-            kfn(*inputs)
-            kiln_warm = time.perf_counter() - start
-        impls = {"eager": fn, "kiln": kfn}
-        inductor_cold = float("nan")
-        if not args.no_inductor:
-            torch._dynamo.reset()
-            with tempfile.TemporaryDirectory() as cache:
-                os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
-                cfn = torch.compile(fn)
-                start = time.perf_counter()
-                cfn(*inputs)
-                inductor_cold = time.perf_counter() - start
-            impls["inductor"] = cfn
-        times = {k: [] for k in impls}
-        for _ in range(args.reps):
-            for k, f in impls.items():
-                times[k].append(timed(f, inputs))
-        med = {k: statistics.median(v) for k, v in times.items()}
-        rows.append((name, med, nbytes, kiln_cold, kiln_warm, inductor_cold, kfn.kernel_count,
-                     len(kfn.externs)))
-    head = ("| case | eager ms | inductor ms | kiln ms | kiln/eager speedup | kiln vs inductor | kiln GB/s "
-            "| % copy BW | kernels (+extern calls) | kiln compile cold/warm s | inductor cold s |")
-    print(head)
-    print("|" + "---|" * 11)
     ratios = []
-    for name, med, nbytes, cold, warm, icold, kernels, externs in rows:
+    for name, (fn, inputs, nbytes) in selected.items():
+        row = measure(fn, inputs, args)
+        med, cold, warm, icold, kfn = row
         ind = med.get("inductor", float("nan"))
         vs = ind / med["kiln"]
         if vs == vs and nbytes:
@@ -179,10 +150,41 @@ def main(argv=None) -> None:
         bw_text = f"{gbs:.1f} | {100 * gbs / bw:.0f}%" if nbytes else "- | -"
         print(f"| {name} | {med['eager'] * 1e3:.2f} | {ind * 1e3:.2f} | {med['kiln'] * 1e3:.2f} | "
               f"{med['eager'] / med['kiln']:.2f}x | {vs:.2f}x | {bw_text} | "
-              f"{kernels} (+{externs}) | {cold:.2f}/{warm:.2f} | {icold:.1f} |")
+              f"{kfn.kernel_count} (+{len(kfn.externs)}) | {cold:.2f}/{warm:.2f} | {icold:.1f} |", flush=True)
     if ratios:
         print(f"# geomean kiln vs inductor over the memory-bound set: "
               f"{statistics.geometric_mean(ratios):.2f}x (>1: kiln faster)")
+
+
+def measure(fn, inputs, args) -> tuple:
+    """Compile with kiln (cold, then warm) and torch.compile, then time all interleaved."""
+    with tempfile.TemporaryDirectory() as cache, config.patch(cache_dir=cache):
+        start = time.perf_counter()
+        kfn = kiln_compile(fn, inputs)
+        kfn(*inputs)
+        kiln_cold = time.perf_counter() - start
+        forget_loaded()
+        start = time.perf_counter()
+        kfn = kiln_compile(fn, inputs)
+        kfn(*inputs)
+        kiln_warm = time.perf_counter() - start
+    impls = {"eager": fn, "kiln": kfn}
+    inductor_cold = float("nan")
+    if not args.no_inductor:
+        torch._dynamo.reset()
+        with tempfile.TemporaryDirectory() as cache:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+            cfn = torch.compile(fn)
+            start = time.perf_counter()
+            cfn(*inputs)
+            inductor_cold = time.perf_counter() - start
+        impls["inductor"] = cfn
+    times = {k: [] for k in impls}
+    for _ in range(args.reps):
+        for k, f in impls.items():
+            times[k].append(timed(f, inputs))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return med, kiln_cold, kiln_warm, inductor_cold, kfn
 
 
 if __name__ == "__main__":

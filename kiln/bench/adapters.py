@@ -7,7 +7,9 @@ backend=...)`; names are `kiln` (backend from --kiln-backend) or `kiln:NAME` (e.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import pathlib
 import sys
 from types import ModuleType
@@ -110,7 +112,8 @@ def kiln_graph_counts(model: torch.nn.Module, args: tuple, kwargs: dict) -> dict
                               "graph_count": sum(snapshot.get("graphs", {}).values()),
                               "graph_break_count": sum(snapshot.get("graph_breaks", {}).values())}
     if hasattr(kiln, "explain"):
-        report = kiln.explain(model, *args, **kwargs)
+        with contextlib.redirect_stdout(io.StringIO()):   # explain prints its report; keep the counts only
+            report = kiln.explain(model, *args, **kwargs)
         for key in ("graph_count", "graph_break_count"):
             value = getattr(report, key, None)
             if value is not None:

@@ -116,6 +116,9 @@ _FLOAT_UNARY = [
     (prims.ndtri, "ndtri", [torch.special.ndtri]),
     (prims.log_ndtr, "log_ndtr", [torch.special.log_ndtr]),
     (prims.erfcx, "erfcx", [torch.special.erfcx]),
+    # eager's modified_bessel_i0/i1 kernels are the Cephes series of i0/i1 (i1 may differ in the last bit)
+    (prims.i0, "modified_bessel_i0", [torch.special.modified_bessel_i0]),
+    (prims.i1, "modified_bessel_i1", [torch.special.modified_bessel_i1]),
 ]
 for _prim, _name, _targets in _FLOAT_UNARY:
     _float_unary(_prim, _name, *_targets)
@@ -142,10 +145,28 @@ def _trigamma(x: Any) -> Any:
         result = prims.add(result, prims.div(1.0, prims.mul(x, x)))
         x = prims.add(x, 1.0)
     ixx = prims.div(1.0, prims.mul(x, x))
-    series = prims.mul(ixx, prims.sub(sixth, prims.mul(ixx, prims.sub(thirtieth, prims.mul(ixx, fortysecond)))))
+    series = prims.mul(ixx, prims.sub(sixth, prims.mul(ixx, prims.sub(thirtieth,
+                                                                       prims.mul(ixx, fortysecond)))))
     tail = prims.div(prims.add(prims.add(1.0, prims.div(1.0, prims.mul(x, 2.0))), series), x)
     result = prims.add(result, tail)
     return prims.where(reflect, prims.neg(result), result)
+
+
+@decomposition(torch.special.spherical_bessel_j0)
+def spherical_bessel_j0(input: Any) -> Any:
+    """Eager's kernel: a Taylor polynomial below |x| = 0.5, sin(x) / x above, 0 at infinity."""
+    dtype = input.dtype if is_float_dtype(input.dtype) else torch.get_default_dtype()
+    if dtype not in (torch.float32, torch.float64):
+        raise NoDecomposition(f"spherical_bessel_j0 of {dtype} values")
+    x = convert(input, dtype)
+    xx = prims.mul(x, x)
+    series = _in_dtype(1.0 / 6227020800.0, dtype)
+    for c in (-1.0 / 39916800.0, 1.0 / 362880.0, -1.0 / 5040.0, 1.0 / 120.0, -1.0 / 6.0):
+        series = prims.add(prims.mul(xx, series), _in_dtype(c, dtype))
+    small = prims.add(prims.mul(xx, series), 1.0)
+    large = prims.div(prims.sin(x), x)
+    out = prims.where(prims.lt(prims.abs(x), 0.5), small, large)
+    return prims.where(prims.isinf(x), prims.full(tuple(x.shape), 0.0, dtype, x.device), out)
 
 
 @decomposition(torch.polygamma, torch.special.polygamma)

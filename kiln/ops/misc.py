@@ -571,3 +571,133 @@ def cumulative_trapezoid(y: Any, x: Any = None, *, dx: Any = None, dim: int = -1
         return ((_spacing(y, x, d, op) * (left + right)) / 2.0).cumsum(d)
     step = 1.0 if dx is None else float(dx)
     return (step / 2.0 * (left + right)).cumsum(d)
+
+
+# ---- combinations, _chunk_cat ------------------------------------------------------------------------------
+
+@decomposition(torch.combinations)
+def combinations(input: Any, r: int = 2, with_replacement: bool = False) -> Any:
+    check(input.ndim == 1, lambda: f"Expect a 1D vector, but got shape {list(input.shape)}")
+    check(r >= 0, lambda: f"Expect a non-negative number, but got {r}")
+    if r == 0:
+        return input.new_empty((0,))
+    pick = itertools.combinations_with_replacement if with_replacement else itertools.combinations
+    n = input.shape[0]
+    count = (math.comb(n + r - 1, r) if with_replacement else math.comb(n, r)) if n > 0 else 0
+    if count * r > _MAX_PAIRS:
+        raise NoDecomposition("combinations with too many results")
+    if count == 0:
+        return input.new_empty((0, r))
+    positions = [i for combination in pick(range(n), r) for i in combination]
+    index = torch.tensor(positions, dtype=torch.int64, device=input.device)
+    return input.index_select(0, index).view(count, r)
+
+
+@decomposition(getattr(torch, "_chunk_cat", None))
+def chunk_cat(tensors: Sequence[Any], dim: int, num_chunks: int) -> Any:
+    check(len(tensors) > 0, lambda: "_chunk_cat expects a non-empty input tensor list")
+    check(num_chunks >= 1, lambda: "_chunk_cat expects positive num_chunks")
+    first = tensors[0]
+    if all(t.ndim == first.ndim for t in tensors):
+        d = wrap_dim(dim, first.ndim)
+    else:
+        check(dim >= 0, lambda: "_chunk_cat expects non-negative dim when input tensors have different ndims")
+        check(all(dim < t.ndim for t in tensors), lambda: "_chunk_cat expects dim < ndim for all input tensors")
+        d = dim
+    if any(t.dtype != first.dtype for t in tensors):
+        raise NoDecomposition("_chunk_cat of tensors of different dtypes")
+    pieces = []
+    for t in tensors:
+        check(tuple(t.shape[:d]) == tuple(first.shape[:d]),
+              lambda: "_chunk_cat expects same sizes of 0,...,dim-1 dimensions for all tensors")
+        size = t.shape[d]
+        chunk = -(-size // num_chunks)
+        if chunk * num_chunks != size:
+            pad_shape = list(t.shape)
+            pad_shape[d] = chunk * num_chunks - size
+            t = torch.cat([t, t.new_zeros(tuple(pad_shape))], d)
+        pieces.append(t.reshape(tuple(t.shape[:d]) + (num_chunks, -1)))
+    return torch.cat(pieces, d + 1)
+
+
+# ---- searchsorted, bucketize: eager's binary search, step by step -------------------------------------
+
+def _binary_search(boundaries: Any, values: Any, right: bool, sorter: Any) -> Any:
+    """The position eager's lower (upper) bound search returns for each value: a fixed number of halving
+    steps, so unsorted boundaries (which eager does not check) give eager's positions too.
+
+    boundaries (..., n) with values (..., m) (matching leading dims), or 1-D boundaries with any values."""
+    n = boundaries.shape[-1]
+    flat = boundaries.ndim == 1
+    shape = tuple(values.shape)
+    if flat:
+        values = values.reshape(-1)
+    start = torch.zeros(tuple(values.shape), dtype=torch.int64, device=values.device)
+    end = torch.full(tuple(values.shape), n, dtype=torch.int64, device=values.device)
+    for _ in range(n.bit_length()):
+        active = start < end
+        mid = start + torch.div(end - start, 2, rounding_mode="floor")
+        at = torch.clamp_max(mid, n - 1)
+        if sorter is not None:
+            at = sorter.index_select(0, at) if flat else sorter.gather(-1, at)
+        found = boundaries.index_select(0, at) if flat else boundaries.gather(-1, at)
+        # eager moves right unless mid_val >= value (lower bound) or mid_val > value (upper bound)
+        stop = found > values if right else found >= values
+        go_right = torch.logical_and(active, torch.logical_not(stop))
+        go_left = torch.logical_and(active, stop)
+        start = torch.where(go_right, mid + 1, start)
+        end = torch.where(go_left, mid, end)
+    return start.reshape(shape) if flat else start
+
+
+def _searchsorted(op: str, boundaries: Any, values: Any, out_int32: bool, right: bool, sorter: Any) -> Any:
+    if boundaries.dtype.is_complex or boundaries.dtype == torch.bool:
+        raise NoDecomposition(f"{op} of {boundaries.dtype} values")
+    if not is_tensor(values):
+        check(boundaries.ndim == 1, lambda: f"{op}(): input value can be a scalar only when boundaries tensor "
+              f"dimension is 1, but we got boundaries tensor dim({boundaries.ndim}) and input value's "
+              f"dim(0) numel(1)")
+        values = torch.scalar_tensor(values, dtype=result_type(values), device=boundaries.device)
+    if values.dtype.is_complex or values.dtype == torch.bool:
+        raise NoDecomposition(f"{op} of {values.dtype} values")
+    check(boundaries.ndim >= 1, lambda: f"{op}(): boundaries tensor should have positive dimension")
+    if boundaries.ndim > 1:
+        check(values.ndim == boundaries.ndim and tuple(values.shape[:-1]) == tuple(boundaries.shape[:-1]),
+              lambda: f"{op}(): boundaries tensor should be 1 dimension or the first N-1 dimensions of "
+              f"boundaries tensor and input value tensor must match, but we got boundaries tensor "
+              f"{list(boundaries.shape)} and input value tensor {list(values.shape)}")
+    if sorter is not None:
+        check(sorter.dtype == torch.int64, lambda: f"{op}(): sorter must be a tensor of long dtype but got "
+              f"dtype {sorter.dtype}")
+        check(tuple(sorter.shape) == tuple(boundaries.shape), lambda: f"{op}(): boundary and sorter must have "
+              f"the same size, but got boundary tensor {list(boundaries.shape)}and got sorter tensor "
+              f"{list(sorter.shape)}")
+    dtype = torch.promote_types(boundaries.dtype, values.dtype)
+    if boundaries.dtype != dtype:
+        boundaries = boundaries.to(dtype)
+    if values.dtype != dtype:
+        values = values.to(dtype)
+    if boundaries.shape[-1] == 0:
+        out = torch.zeros(tuple(values.shape), dtype=torch.int64, device=values.device)
+    else:
+        out = _binary_search(boundaries, values, right, sorter)
+    return out.to(torch.int32) if out_int32 else out
+
+
+@decomposition(torch.searchsorted)
+def searchsorted(sorted_sequence: Any, input: Any, *, out_int32: bool = False, right: bool = False,
+                 side: str | None = None, sorter: Any = None) -> Any:
+    if side is not None:
+        check(side in ("left", "right"), lambda: f"torch.searchsorted(): side can only be 'left' or 'right' but "
+              f"got {side}")
+        check(not (right and side == "left"), lambda: "torch.searchsorted(): side and right can't be set to "
+              "opposites, got side of left while right was True")
+        right = side == "right"
+    return _searchsorted("torch.searchsorted", sorted_sequence, input, out_int32, bool(right), sorter)
+
+
+@decomposition(torch.bucketize)
+def bucketize(input: Any, boundaries: Any, *, out_int32: bool = False, right: bool = False) -> Any:
+    check(boundaries.ndim == 1, lambda: f"boundaries tensor must be 1 dimension, but got dim("
+          f"{boundaries.ndim})")
+    return _searchsorted("torch.bucketize", boundaries, input, out_int32, bool(right), None)
