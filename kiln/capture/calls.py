@@ -18,7 +18,7 @@ from .errors import HINTS, GraphBreak
 from .entry import NO_SELF
 from .guards import is_constant
 from .sources import Source
-from .frame import NATIVE_OPERAND_TYPES, NULL, Frame, symbolic_break
+from .frame import NATIVE_OPERAND_TYPES, NULL, Frame, has_proxy, symbolic_break
 from .values import NativeCall, NoAttribute, class_lookup
 
 _BUILTIN_TYPES = (builtin_function := type(len), type([].append), type(str.join), type(object.__init__),
@@ -235,7 +235,9 @@ class CallOps:
             with tracing(self.cap.tracer):
                 result = fn(*args, **kwargs)
         except Exception as e:
-            raise symbolic_break(e, name) from None
+            genuine = not (has_proxy(args) or has_proxy(kwargs) or isinstance(getattr(fn, "__self__", None),
+                                                                               Proxy))
+            raise symbolic_break(e, name, genuine) from None
         if type(result) in (list, dict, set):
             self.cap.new_local(result)
         return result
@@ -267,7 +269,7 @@ class CallOps:
         except (GraphBreak, DataDependentError, UnsupportedError) as e:
             raise symbolic_break(e, name) from None
         except Exception as e:
-            raise symbolic_break(e, name) from None
+            raise symbolic_break(e, name, not has_proxy) from None
 
     def call_module(self, module: torch.nn.Module, args: list, kwargs: dict) -> Any:
         hooks = torch.nn.modules.module

@@ -16,6 +16,7 @@ An entry for a frame that broke calls the original function instead of the graph
 from __future__ import annotations
 
 import ast
+import collections
 import types
 from typing import Any
 
@@ -41,7 +42,12 @@ def build_object(cls: type, attrs: dict, items: dict | None) -> Any:
     """Rebuild an object made inside compiled code (dataclass, model output, user class)."""
     obj = cls.__new__(cls)
     if items is not None:
-        dict.update(obj, items)
+        # the builtin base's own __setitem__ (not the class's): an OrderedDict keeps its order beside the
+        # dict's storage, which dict.update would bypass
+        setitem = collections.OrderedDict.__setitem__ if isinstance(obj, collections.OrderedDict) \
+            else dict.__setitem__
+        for key, value in items.items():
+            setitem(obj, key, value)
     if attrs:
         obj.__dict__.update(attrs)
     return obj

@@ -47,6 +47,17 @@ class GraphBreak(Exception):
         return text
 
 
+class RaisedError(GraphBreak):
+    """Internal: the program raised `exc` (a real exception, the one eager raises at this point). The
+    interpreter unwinds to the innermost handler of the frame's exception table, as CPython does; a raise
+    no frame handles is a graph break that is not resumed (the code runs eagerly and raises there)."""
+
+    def __init__(self, exc: BaseException, reason: str, hint: str = ""):
+        super().__init__(reason, hint, exc)
+        self.exc = exc
+        self.resumable = False
+
+
 class BreakRecord:
     """One graph break as `kiln.explain` reports it."""
 

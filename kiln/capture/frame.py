@@ -18,7 +18,7 @@ import torch
 from ..graph import DataDependentError, Proxy
 from ..ops import UnsupportedError
 from . import sources as S
-from .errors import HINTS, GraphBreak
+from .errors import HINTS, GraphBreak, RaisedError
 from .state import Capture
 
 CO_GENERATOR = 0x20
@@ -80,6 +80,9 @@ class _Instructions:
             if inst.positions is not None and inst.positions.lineno is not None:
                 line = inst.positions.lineno
             self.lines.append(line)
+        # (start, end, target, depth, lasti) in bytes; CPython 3.11 tables do not overlap
+        self.handlers = [(e.start, e.end, e.target, e.depth, e.lasti)
+                         for e in dis._parse_exception_table(code)]  # type: ignore[attr-defined]
 
     @classmethod
     def of(cls, code: types.CodeType) -> "_Instructions":
@@ -89,8 +92,10 @@ class _Instructions:
         return found
 
 
-def symbolic_break(e: BaseException, what: str) -> GraphBreak:
-    """Turn an error raised by running an operation symbolically into a graph break."""
+def symbolic_break(e: BaseException, what: str, genuine: bool = True) -> GraphBreak:
+    """Turn an error raised by running an operation symbolically into a graph break. `genuine`: the
+    operation ran on real values (no tensor proxies), so `e` is the exception eager raises there and the
+    program's own handlers may catch it (a `RaisedError`)."""
     if isinstance(e, GraphBreak):
         return e
     if isinstance(e, DataDependentError):
@@ -99,10 +104,26 @@ def symbolic_break(e: BaseException, what: str) -> GraphBreak:
         return GraphBreak(f"data-dependent: {text.split(', which')[0]}", HINTS[key], e)
     if isinstance(e, UnsupportedError):
         return GraphBreak(f"unsupported: {e}", HINTS["call"], e)
-    brk = GraphBreak(f"{what} raised {type(e).__name__}: {e}", "the code raises here; it runs eagerly, so "
-                     "the error is the same as without kiln", e)
+    reason = f"{what} raised {type(e).__name__}: {e}"
+    hint = "the code raises here; it runs eagerly, so the error is the same as without kiln"
+    if genuine and isinstance(e, Exception):
+        return RaisedError(e, reason, hint)
+    brk = GraphBreak(reason, hint, e)
     brk.resumable = False
     return brk
+
+
+def has_proxy(value: Any, depth: int = 0) -> bool:
+    """Whether a tensor proxy is among `value` (looking into lists, tuples and dicts a few levels)."""
+    if isinstance(value, Proxy):
+        return True
+    if depth > 3:
+        return False
+    if isinstance(value, (list, tuple)):
+        return any(has_proxy(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return any(has_proxy(v, depth + 1) for v in value.values())
+    return False
 
 
 class Frame:
@@ -125,6 +146,8 @@ class Frame:
         self.kw_names: tuple = ()
         self.yielded: list[Any] | None = [] if code.co_flags & CO_GENERATOR else None
         decoded = _Instructions.of(code)
+        self.handlers = decoded.handlers
+        self.handled: BaseException | None = None  # the exception an `except` block is handling
         self.insts = decoded.insts
         self.index = decoded.index
         self.lines = decoded.lines
@@ -164,12 +187,32 @@ class Frame:
                 result = handler(inst)
             except _Return as r:
                 return r.value
+            except RaisedError as e:
+                if not self.unwind(e.exc):
+                    raise self.located(e)
+                continue
             except GraphBreak as e:
                 raise self.located(e)
             except (DataDependentError, UnsupportedError) as e:
                 raise self.located(symbolic_break(e, inst.opname))
             if result is not None:  # a jump target offset
                 self.pc = self.index[result]
+
+    def unwind(self, exc: BaseException) -> bool:
+        """Jump to the handler of the exception table that covers the instruction that raised `exc`, as
+        CPython does (drop the stack to the handler's depth, push lasti if asked, push the exception).
+        False: no handler here; the exception leaves the frame."""
+        offset = self.insts[self.pc - 1].offset
+        for start, end, target, depth, lasti in self.handlers:
+            if start <= offset < end:
+                del self.stack[depth:]
+                if lasti:
+                    self.push(offset)
+                self.push(exc)
+                self.kw_names = ()
+                self.pc = self.index[target]
+                return True
+        return False
 
     def located(self, brk: GraphBreak) -> GraphBreak:
         if self.parent is not None:
@@ -392,6 +435,9 @@ class Frame:
     def native_op(self, fn: Any, *args: Any) -> Any:
         for a in args:
             if not isinstance(a, NATIVE_OPERAND_TYPES) and not self.cap.is_local(a):
+                if isinstance(a, torch.Tensor):  # a Parameter or tensor reached from an object without source
+                    raise GraphBreak(f"operator {fn.__name__} on a {type(a).__name__} kiln does not track "
+                                     "(its value would be baked in unguarded)", HINTS["call"])
                 raise GraphBreak(f"operator {fn.__name__} on a {type(a).__name__} (user-defined operators "
                                  "are not followed)", HINTS["call"])
         try:
@@ -399,7 +445,7 @@ class Frame:
         except (GraphBreak, DataDependentError, UnsupportedError):
             raise
         except Exception as e:
-            raise symbolic_break(e, f"operator {fn.__name__}") from None
+            raise symbolic_break(e, f"operator {fn.__name__}", not has_proxy(args)) from None
 
     def op_BINARY_OP(self, inst: dis.Instruction) -> None:
         right = self.pop()
@@ -569,9 +615,37 @@ class Frame:
         self.push(AssertionError)
 
     def op_RAISE_VARARGS(self, inst: dis.Instruction) -> None:
-        brk = GraphBreak("the code raises an exception", HINTS["raise"])
-        brk.resumable = False  # the exception's traceback must show the user's frame
-        raise brk
+        args = self.popn(inst.arg)
+        exc = self.handled if inst.arg == 0 else args[0]
+        if isinstance(exc, type) and issubclass(exc, Exception) and exc.__module__ == "builtins":
+            exc = exc()
+        if not isinstance(exc, Exception) or inst.arg == 2:
+            brk = GraphBreak("the code raises an exception", HINTS["raise"])
+            brk.resumable = False  # the exception's traceback must show the user's frame
+            raise brk
+        raise RaisedError(exc, f"the code raises {type(exc).__name__}: {exc}", HINTS["raise"])
+
+    def op_PUSH_EXC_INFO(self, inst: dis.Instruction) -> None:
+        exc = self.pop()
+        self.push(self.handled)
+        self.handled = exc
+        self.push(exc)
+
+    def op_POP_EXCEPT(self, inst: dis.Instruction) -> None:
+        self.handled = self.pop()
+
+    def op_CHECK_EXC_MATCH(self, inst: dis.Instruction) -> None:
+        kind = self.pop()
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if not all(isinstance(k, type) and issubclass(k, BaseException) for k in kinds):
+            raise GraphBreak(f"`except` with {kind!r}, not exception classes")
+        self.push(isinstance(self.stack[-1], kinds))
+
+    def op_RERAISE(self, inst: dis.Instruction) -> None:
+        exc = self.pop()
+        if not isinstance(exc, Exception):
+            raise GraphBreak("re-raising a value kiln did not see raised")
+        raise RaisedError(exc, f"the code raises {type(exc).__name__}: {exc}", HINTS["raise"])
 
     # ---- imports ----
     def op_IMPORT_NAME(self, inst: dis.Instruction) -> None:

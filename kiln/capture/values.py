@@ -200,9 +200,16 @@ class ValueOps:
             value = container[index]
         except Exception as e:
             raise symbolic_break(e, f"{type(container).__name__}[{index!r}]") from None
-        if isinstance(index, slice):
-            return cap.new_local(value)
         src = cap.source_of(container)
+        if isinstance(index, slice):
+            if src is not None and isinstance(value, (torch.nn.ModuleList, torch.nn.Sequential)):
+                # the slice is a new container, its modules are the container's: keep their sources (and
+                # so their parameters' guards and graph inputs)
+                cap.guards.length(src.attr("_modules"), container._modules)
+                for key, item in container._modules.items():
+                    if any(item is v for v in value._modules.values()):
+                        cap.wrap(item, src.attr("_modules").item(key))
+            return cap.new_local(value)
         if src is None:
             return value
         for dict_name in _MODULE_DICTS:

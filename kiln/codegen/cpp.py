@@ -330,6 +330,8 @@ HEADER += "".join(
 # ---- reductions -----------------------------------------------------------------------------------------
 
 HALF_TYPES = (torch.bfloat16, torch.float16)
+# A float sum runs in float (vectorized) over blocks of this many elements, blocks added up in double.
+BLOCK = 4096
 
 
 def _acc_type(rtype: str, dtype: torch.dtype) -> torch.dtype:
@@ -478,10 +480,12 @@ class KernelWriter:
         self.emit(f"{self.pointers[buf.name]}[{cexpr(index)}] = static_cast<{CTYPES[buf.dtype]}>({value});",
                   depth)
 
-    def _inner_loops(self, group: FusedGroup, depth: int, pragma: str | None, split: bool = False) -> int:
+    def _inner_loops(self, group: FusedGroup, depth: int, pragma: str | None, split: bool = False,
+                     block: str | None = None) -> int:
         """Open the inner loops (the innermost gets `pragma`). Split across threads: a single loop is cut
         into one contiguous chunk per thread (in thread order, so reductions combine deterministically);
-        nested loops share their outermost one with `omp for`."""
+        nested loops share their outermost one with `omp for`. With `block` (a C type), the innermost loop
+        runs in blocks of BLOCK elements, each summed into a fresh `accb` of that type (see `reduction`)."""
         inner = group.inner or ()
         if split and len(inner) == 1:
             size = inner[0]
@@ -489,18 +493,27 @@ class KernelWriter:
                       f"({size} + omp_get_num_threads() - 1) / omp_get_num_threads();", depth)
             self.emit(f"const int64_t kiln_lo = std::min<int64_t>({size}, kiln_tid * kiln_chunk);", depth)
             self.emit(f"const int64_t kiln_hi = std::min<int64_t>({size}, kiln_lo + kiln_chunk);", depth)
-            if pragma:
-                self.emit(pragma, depth)
-            self.emit("for (int64_t r0 = kiln_lo; r0 < kiln_hi; ++r0) {", depth)
-            return depth + 1
+            return self._innermost(0, "kiln_lo", "kiln_hi", pragma, block, depth)
         for d, size in enumerate(inner):
             if split and d == 0:
                 self.emit("#pragma omp for schedule(static)", depth)
-            if d == len(inner) - 1 and pragma:
-                self.emit(pragma, depth)
+            if d == len(inner) - 1:
+                return self._innermost(d, "0", str(size), pragma, block, depth)
             self.emit(f"for (int64_t r{d} = 0; r{d} < {size}; ++r{d}) {{", depth)
             depth += 1
         return depth
+
+    def _innermost(self, d: int, lo: str, hi: str, pragma: str | None, block: str | None, depth: int) -> int:
+        if block is not None:
+            self.emit(f"for (int64_t rb{d} = {lo}; rb{d} < {hi}; rb{d} += {BLOCK}) {{", depth)
+            self.emit(f"{block} accb = {block}(0);", depth + 1)
+            self.emit(f"const int64_t re{d} = std::min<int64_t>({hi}, rb{d} + {BLOCK});", depth + 1)
+            depth += 1
+            lo, hi = f"rb{d}", f"re{d}"
+        if pragma:
+            self.emit(pragma, depth)
+        self.emit(f"for (int64_t r{d} = {lo}; r{d} < {hi}; ++r{d}) {{", depth)
+        return depth + 1
 
     def _close(self, group: FusedGroup, depth: int) -> None:
         for _ in group.inner or ():
@@ -571,7 +584,10 @@ class KernelWriter:
         self.emit(f"{actype} acc = {_init('max' if rtype == 'argmax' else rtype, acc_dtype)};", depth)
         if is_arg:
             self.emit("int64_t acci = 0;", depth)
-        if rtype == "sum" and not is_arg:
+        blocked = rtype == "sum" and acc_dtype == torch.float64 and buf.dtype == torch.float32
+        if blocked:
+            pragma = "#pragma omp simd reduction(+:accb)"
+        elif rtype == "sum" and not is_arg:
             pragma = "#pragma omp simd reduction(+:acc)"
         elif rtype == "prod":
             pragma = "#pragma omp simd reduction(*:acc)"
@@ -579,14 +595,20 @@ class KernelWriter:
             pragma = f"#pragma omp simd reduction(k{rtype}:acc)"
         else:
             pragma = None
-        inner_depth = self._inner_loops(group, depth, pragma, split)
+        inner_depth = self._inner_loops(group, depth, pragma, split, "float" if blocked else None)
         value = self._body(group, member, inner_depth)
         if is_arg:
             strides = _row_major(inner)
             rlin = " + ".join(f"r{d} * {s}" for d, s in enumerate(strides)) or "0"
             self.emit(f"kiln_{rtype}<{actype}>(acc, acci, {value}, {rlin});", inner_depth)
+        elif blocked:
+            self.emit(f"accb = accb + static_cast<float>({value});", inner_depth)
         else:
             self.emit(_combine(rtype, "acc", f"static_cast<{actype}>({value})", actype), inner_depth)
+        if blocked:
+            self.emit("}", inner_depth - 1)
+            self.emit("acc = acc + static_cast<double>(accb);", inner_depth - 1)
+            inner_depth -= 1
         self._close(group, inner_depth)
         result = "acci" if is_arg else "acc"
         if split:

@@ -549,7 +549,7 @@ def _normal_of_tensors(mean: Any, std: Any, generator: Any, kwargs: dict) -> Any
     if len(tensors) == 1:
         # eager draws into empty_like(the tensor): its memory order decides which value goes where
         if not tensors[0].meta.is_contiguous():
-            raise NoDecomposition("normal with a non-contiguous mean or std (eager draws in its memory order)")
+            raise NoDecomposition("normal with a non-contiguous mean or std (eager draws in memory order)")
         shape = tuple(tensors[0].shape)
     else:
         shape = tuple(torch.broadcast_shapes(tuple(mean.shape), tuple(std.shape)))

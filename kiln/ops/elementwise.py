@@ -169,6 +169,30 @@ def spherical_bessel_j0(input: Any) -> Any:
     return prims.where(prims.isinf(x), prims.full(tuple(x.shape), 0.0, dtype, x.device), out)
 
 
+@decomposition(torch.frexp, method("frexp"))
+def frexp(input: Any) -> Any:
+    """(mantissa, exponent) with x = mantissa * 2**exponent, 0.5 <= |mantissa| < 1; zero, inf and NaN keep
+    their value with exponent 0 (C's frexp). float32 computes in float64, where every power of two it
+    needs (subnormals included) is exact."""
+    check(is_float_dtype(input.dtype), lambda: "torch.frexp() only supports floating-point dtypes")
+    if input.dtype != torch.float32:
+        raise NoDecomposition(f"frexp of {input.dtype} values")
+    x = prims.convert_element_type(input, torch.float64)
+    magnitude = prims.abs(x)
+    regular = prims.bitwise_and(prims.isfinite(x), prims.ne(x, 0.0))
+    safe = prims.where(regular, magnitude, prims.full(tuple(x.shape), 1.0, torch.float64, x.device))
+    exponent = prims.add(prims.floor(prims.log2(safe)), 1.0)
+    for _ in range(2):  # log2 may round across a power of two: move the exponent until 0.5 <= m < 1
+        scaled = prims.mul(safe, prims.pow(2.0, prims.neg(exponent)))
+        exponent = prims.where(prims.ge(scaled, 1.0), prims.add(exponent, 1.0), exponent)
+        exponent = prims.where(prims.lt(scaled, 0.5), prims.sub(exponent, 1.0), exponent)
+    mantissa = prims.mul(x, prims.pow(2.0, prims.neg(exponent)))
+    mantissa = prims.where(regular, mantissa, x)
+    exponent = prims.where(regular, exponent, prims.full(tuple(x.shape), 0.0, torch.float64, x.device))
+    return torch.return_types.frexp((prims.convert_element_type(mantissa, torch.float32),
+                                     prims.convert_element_type(exponent, torch.int32)))
+
+
 @decomposition(torch.polygamma, torch.special.polygamma)
 def polygamma(n: int, input: Any) -> Any:
     """polygamma(0) is digamma, polygamma(1) eager's trigamma kernel, higher orders
@@ -610,4 +634,6 @@ def type_(input: Any, dtype: Any = None, non_blocking: bool = False, **kwargs: A
 
 
 from . import elementwise_binary  # noqa: E402,F401  (binary and ternary ops)
+from . import special_bessel  # noqa: E402,F401  (torch.special.modified_bessel_k0, ...)
+from . import special_bessel_j  # noqa: E402,F401  (torch.special.bessel_j0, ...)
 from .elementwise_binary import pow  # noqa: E402

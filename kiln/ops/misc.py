@@ -1,11 +1,14 @@
 """Decompositions of composite torch ops built from other decompositions: diff, cross, cov/corrcoef, isin,
-sum_to_size, mvlgamma, the sort-based selections (kthvalue, median, nanmedian, quantile, nanquantile),
-combinations, gradient, and Python-number helpers (torch.sym_float, ...) that programs call on plain values.
+sum_to_size, mvlgamma, trace, kron, fftshift, dist, renorm, matrix_power, vander, trapezoid rules,
+combinations, _chunk_cat, gradient, softmax's backward, and Python-number helpers (torch.sym_float, ...)
+that programs call on plain values.
 
 Each follows eager's ATen composite step by step (the same ops in the same order, so results round as
-eager's do); calls on proxies route to the callee's own decomposition. Selections sort stably, so a tie
-or NaN picks the first occurrence; eager's selection algorithms leave the index among equal values
-unspecified.
+eager's do); calls on proxies route to the callee's own decomposition. Selections and searches (kthvalue,
+median, quantile, searchsorted, ...) live in `selection.py`, imported at the end.
+
+Checks eager makes on tensor values (cov's weights, normal's std, quantile's q tensor) cannot raise in a
+graph; such inputs give NaN rather than numbers.
 """
 from __future__ import annotations
 
@@ -16,7 +19,6 @@ from typing import Any, Sequence
 
 import torch
 
-from .. import prims
 from ..graph import Proxy
 from .elementwise import decomposition, method
 from .registry import NoDecomposition, register
@@ -106,7 +108,8 @@ def _cross(input: Any, other: Any, dim: int) -> Any:
 
 
 def _type_name(dtype: torch.dtype) -> str:
-    return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+    return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
+            torch.bfloat16: "BFloat16",
             torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
             torch.uint8: "Byte", torch.bool: "Bool"}.get(dtype, str(dtype))
 
@@ -149,9 +152,10 @@ def cov(input: Any, *, correction: int = 1, fweights: Any = None, aweights: Any 
     if fweights is not None:
         check(fweights.ndim <= 1, lambda: f"cov(): expected fweights to have one or fewer dimensions but got "
               f"fweights with {fweights.ndim} dimensions")
-        check(not fweights.dtype.is_floating_point and not fweights.dtype.is_complex
-              and fweights.dtype != torch.bool, lambda: f"cov(): expected fweights to have integral dtype but "
-              f"got fweights with {_type_name(fweights.dtype)} dtype")
+        integral = not (fweights.dtype.is_floating_point or fweights.dtype.is_complex
+                        or fweights.dtype == torch.bool)
+        check(integral, lambda: f"cov(): expected fweights to have integral dtype but got fweights with "
+              f"{_type_name(fweights.dtype)} dtype")
         check(fweights.numel() == observations, lambda: f"cov(): expected fweights to have the same numel as "
               f"there are observations in the input but got {fweights.numel()} != {observations}")
         w = fweights
@@ -242,6 +246,8 @@ def sum_to_size(input: Any, *size: Any) -> Any:
     expandable = lead >= 0 and all(s == t or s == 1 for s, t in zip(size, shape[lead:]))
     check(expandable, lambda: f"size {{[{', '.join(str(s) for s in size)}]}} is not expandable to size "
           f"{{[{', '.join(str(s) for s in shape)}]}}.")
+    if len(size) == 0:
+        return input.sum()  # eager: a new tensor, in sum's dtype
     if tuple(size) == shape:
         return input  # eager returns self
     dims = list(range(lead)) + [lead + i for i, s in enumerate(size) if s == 1 and shape[lead + i] != 1]
@@ -260,154 +266,6 @@ def mvlgamma(input: Any, p: int) -> Any:
     offsets = torch.arange(-p * 0.5 + 0.5, 0.5, 0.5, dtype=dtype, device=input.device)
     args = offsets + input.unsqueeze(-1)
     return torch.lgamma(args).sum(-1) + float(p * (p - 1)) * math.log(math.pi) * 0.25
-
-
-# ---- selections by a stable sort: kthvalue, median, nanmedian, quantile, nanquantile -------------------
-
-def _sorted_along(input: Any, d: int) -> tuple[Any, Any]:
-    return torch.sort(input, dim=d, stable=True)
-
-
-def _pick(input: Any, d: int, position: Any, keepdim: bool) -> tuple[Any, Any]:
-    """(values, indices) at `position` (a keepdim-shaped int64 tensor) of input sorted along d."""
-    values, indices = _sorted_along(input, d)
-    value, index = values.gather(d, position), indices.gather(d, position)
-    if not keepdim:
-        value, index = value.squeeze(d), index.squeeze(d)
-    return value, index
-
-
-def _check_selection_dim(input: Any, dim: int) -> int:
-    d = wrap_dim(dim, builtins.max(input.ndim, 1))
-    return d
-
-
-@decomposition(torch.kthvalue, method("kthvalue"))
-def kthvalue(input: Any, k: int, dim: int = -1, keepdim: bool = False) -> Any:
-    check(not input.dtype.is_complex and input.dtype != torch.bool,
-          lambda: f"kthvalue not implemented for {input.dtype}", NotImplementedError if input.dtype == torch.bool
-          else RuntimeError)
-    d = _check_selection_dim(input, dim)
-    check(input.numel() > 0, lambda: "cannot perform reduction function kthvalue on tensor with no elements "
-          "because the operation does not have an identity")
-    size = input.shape[d] if input.ndim > 0 else 1
-    check(0 < k <= size, lambda: "selected index k out of range")
-    if input.ndim == 0:
-        return torch.return_types.kthvalue((torch.clone(input), torch.zeros_like(input, dtype=torch.int64)))
-    shape = tuple(1 if i == d else s for i, s in enumerate(input.shape))
-    position = torch.full(shape, k - 1, dtype=torch.int64, device=input.device)
-    return torch.return_types.kthvalue(_pick(input, d, position, keepdim))
-
-
-def _median_position(input: Any, d: int, ignore_nan: bool) -> Any:
-    """The rank eager's median picks along d (keepdim shape): the first NaN for median when there is one,
-    else the lower middle; nanmedian takes the lower middle of the values that are not NaN."""
-    size = input.shape[d]
-    nans = torch.isnan(input).sum(d, keepdim=True)
-    if ignore_nan:
-        return torch.clamp_min(torch.div(size - nans - 1, 2, rounding_mode="floor"), 0)
-    middle = torch.full_like(nans, (size - 1) // 2)
-    return torch.where(nans > 0, size - nans, middle)
-
-
-def _median(op: str, input: Any, dim: Any, keepdim: bool, ignore_nan: bool) -> Any:
-    if input.dtype.is_complex or input.dtype == torch.bool:
-        raise NoDecomposition(f"{op} of {input.dtype} values")
-    if dim is None:
-        check(input.numel() > 0, lambda: "median() operation does not have an identity for empty input tensor")
-        flat = input.reshape(-1)
-        return _pick(flat, 0, _median_position(flat, 0, ignore_nan), False)[0]
-    d = _check_selection_dim(input, dim)
-    size = input.shape[d] if input.ndim > 0 else 1
-    check(size > 0, lambda: "median() cannot compute median for a dimension of size 0 because the operation "
-          "does not have an identity", IndexError)
-    result = torch.return_types.nanmedian if ignore_nan else torch.return_types.median
-    if input.ndim == 0:
-        return result((torch.clone(input), torch.zeros_like(input, dtype=torch.int64)))
-    return result(_pick(input, d, _median_position(input, d, ignore_nan), keepdim))
-
-
-@decomposition(torch.median, method("median"))
-def median(input: Any, dim: Any = None, keepdim: bool = False) -> Any:
-    return _median("median", input, dim, keepdim, ignore_nan=False)
-
-
-@decomposition(torch.nanmedian, method("nanmedian"))
-def nanmedian(input: Any, dim: Any = None, keepdim: bool = False) -> Any:
-    return _median("nanmedian", input, dim, keepdim, ignore_nan=True)
-
-
-_INTERPOLATIONS = ("linear", "lower", "higher", "midpoint", "nearest")
-
-
-def _quantile(op: str, input: Any, q: Any, dim: Any, keepdim: bool, interpolation: str,
-              ignore_nan: bool) -> Any:
-    check(input.numel() > 0, lambda: f"{op}() input tensor must be non-empty")
-    check(input.dtype in (torch.float32, torch.float64),
-          lambda: f"{op}() input tensor must be either float or double dtype")
-    check(interpolation in _INTERPOLATIONS, lambda: f"{op}() interpolation must be one of linear, lower, "
-          f"higher, midpoint or nearest. Got {interpolation}")
-    valid = None
-    if is_tensor(q):
-        check(q.ndim <= 1, lambda: f"{op}() q must be a scalar or 1D tensor")
-        check(q.dtype == input.dtype, lambda: f"{op}() q tensor must be same dtype as the input tensor")
-        valid = torch.all(torch.logical_and(q >= 0, q <= 1))  # eager checks the values (CPU only)
-    else:
-        check(0 <= q <= 1, lambda: f"{op}() q must be in the range [0, 1] but got {q}")
-        q = torch.scalar_tensor(q, dtype=input.dtype, device=input.device)
-    if dim is None:
-        reduced: list = [1] * input.ndim if keepdim else []
-        sorted_values = torch.sort(input.flatten())[0]
-    else:
-        d = wrap_dim(dim, builtins.max(input.ndim, 1))
-        reduced = list(input.shape)
-        if input.ndim > 0:
-            if keepdim:
-                reduced[d] = 1
-            else:
-                del reduced[d]
-        if d == input.ndim - 1 or input.ndim == 0:
-            sorted_values = torch.sort(input)[0]
-        else:
-            sorted_values = torch.sort(input.unsqueeze(-1).transpose(d, -1))[0]
-    n = sorted_values.shape[-1] if sorted_values.ndim > 0 else 1
-    sorted_values = sorted_values.reshape(tuple(reduced) + (n,))
-    if ignore_nan:
-        ranks = q * (torch.logical_not(sorted_values.isnan()).sum(-1, keepdim=True) - 1)
-        ranks = ranks.masked_fill(ranks < 0, 0)
-    else:
-        last = n - 1
-        scaled, has_nan = torch.broadcast_tensors(q * last, sorted_values.isnan().any(-1, keepdim=True))
-        ranks = scaled.masked_fill(has_nan, last)
-    if interpolation == "lower":
-        ranks = ranks.floor()
-    elif interpolation == "higher":
-        ranks = ranks.ceil()
-    elif interpolation == "nearest":
-        ranks = ranks.round()
-    ranks_below = ranks.to(torch.int64)
-    values = sorted_values.gather(-1, ranks_below)
-    if interpolation in ("linear", "midpoint"):
-        weights = torch.full_like(ranks, 0.5) if interpolation == "midpoint" else ranks - ranks_below
-        ranks_above = ranks.ceil().to(torch.int64)
-        values = values.lerp(sorted_values.gather(-1, ranks_above), weights)
-    if q.ndim == 0:
-        values = values.squeeze(-1)
-    else:
-        values = values.unsqueeze(0).transpose(0, -1).squeeze(-1)
-    return values if valid is None else _nan_unless(valid, values)
-
-
-@decomposition(torch.quantile, method("quantile"))
-def quantile(input: Any, q: Any, dim: Any = None, keepdim: bool = False, *,
-             interpolation: str = "linear") -> Any:
-    return _quantile("quantile", input, q, dim, keepdim, interpolation, ignore_nan=False)
-
-
-@decomposition(torch.nanquantile, method("nanquantile"))
-def nanquantile(input: Any, q: Any, dim: Any = None, keepdim: bool = False, *,
-                interpolation: str = "linear") -> Any:
-    return _quantile("nanquantile", input, q, dim, keepdim, interpolation, ignore_nan=True)
 
 
 # ---- trace, kron, fftshift, dist, renorm, matrix_power, vander --------------------------------------------
@@ -602,7 +460,8 @@ def chunk_cat(tensors: Sequence[Any], dim: int, num_chunks: int) -> Any:
         d = wrap_dim(dim, first.ndim)
     else:
         check(dim >= 0, lambda: "_chunk_cat expects non-negative dim when input tensors have different ndims")
-        check(all(dim < t.ndim for t in tensors), lambda: "_chunk_cat expects dim < ndim for all input tensors")
+        check(all(dim < t.ndim for t in tensors),
+              lambda: "_chunk_cat expects dim < ndim for all input tensors")
         d = dim
     if any(t.dtype != first.dtype for t in tensors):
         raise NoDecomposition("_chunk_cat of tensors of different dtypes")
@@ -620,84 +479,91 @@ def chunk_cat(tensors: Sequence[Any], dim: int, num_chunks: int) -> Any:
     return torch.cat(pieces, d + 1)
 
 
-# ---- searchsorted, bucketize: eager's binary search, step by step -------------------------------------
+# ---- gradient -----------------------------------------------------------------------------------------
 
-def _binary_search(boundaries: Any, values: Any, right: bool, sorter: Any) -> Any:
-    """The position eager's lower (upper) bound search returns for each value: a fixed number of halving
-    steps, so unsorted boundaries (which eager does not check) give eager's positions too.
-
-    boundaries (..., n) with values (..., m) (matching leading dims), or 1-D boundaries with any values."""
-    n = boundaries.shape[-1]
-    flat = boundaries.ndim == 1
-    shape = tuple(values.shape)
-    if flat:
-        values = values.reshape(-1)
-    start = torch.zeros(tuple(values.shape), dtype=torch.int64, device=values.device)
-    end = torch.full(tuple(values.shape), n, dtype=torch.int64, device=values.device)
-    for _ in range(n.bit_length()):
-        active = start < end
-        mid = start + torch.div(end - start, 2, rounding_mode="floor")
-        at = torch.clamp_max(mid, n - 1)
-        if sorter is not None:
-            at = sorter.index_select(0, at) if flat else sorter.gather(-1, at)
-        found = boundaries.index_select(0, at) if flat else boundaries.gather(-1, at)
-        # eager moves right unless mid_val >= value (lower bound) or mid_val > value (upper bound)
-        stop = found > values if right else found >= values
-        go_right = torch.logical_and(active, torch.logical_not(stop))
-        go_left = torch.logical_and(active, stop)
-        start = torch.where(go_right, mid + 1, start)
-        end = torch.where(go_left, mid, end)
-    return start.reshape(shape) if flat else start
-
-
-def _searchsorted(op: str, boundaries: Any, values: Any, out_int32: bool, right: bool, sorter: Any) -> Any:
-    if boundaries.dtype.is_complex or boundaries.dtype == torch.bool:
-        raise NoDecomposition(f"{op} of {boundaries.dtype} values")
-    if not is_tensor(values):
-        check(boundaries.ndim == 1, lambda: f"{op}(): input value can be a scalar only when boundaries tensor "
-              f"dimension is 1, but we got boundaries tensor dim({boundaries.ndim}) and input value's "
-              f"dim(0) numel(1)")
-        values = torch.scalar_tensor(values, dtype=result_type(values), device=boundaries.device)
-    if values.dtype.is_complex or values.dtype == torch.bool:
-        raise NoDecomposition(f"{op} of {values.dtype} values")
-    check(boundaries.ndim >= 1, lambda: f"{op}(): boundaries tensor should have positive dimension")
-    if boundaries.ndim > 1:
-        check(values.ndim == boundaries.ndim and tuple(values.shape[:-1]) == tuple(boundaries.shape[:-1]),
-              lambda: f"{op}(): boundaries tensor should be 1 dimension or the first N-1 dimensions of "
-              f"boundaries tensor and input value tensor must match, but we got boundaries tensor "
-              f"{list(boundaries.shape)} and input value tensor {list(values.shape)}")
-    if sorter is not None:
-        check(sorter.dtype == torch.int64, lambda: f"{op}(): sorter must be a tensor of long dtype but got "
-              f"dtype {sorter.dtype}")
-        check(tuple(sorter.shape) == tuple(boundaries.shape), lambda: f"{op}(): boundary and sorter must have "
-              f"the same size, but got boundary tensor {list(boundaries.shape)}and got sorter tensor "
-              f"{list(sorter.shape)}")
-    dtype = torch.promote_types(boundaries.dtype, values.dtype)
-    if boundaries.dtype != dtype:
-        boundaries = boundaries.to(dtype)
-    if values.dtype != dtype:
-        values = values.to(dtype)
-    if boundaries.shape[-1] == 0:
-        out = torch.zeros(tuple(values.shape), dtype=torch.int64, device=values.device)
+def _gradient_uniform(x: Any, d: int, dx: Any, edge_order: int) -> Any:
+    """Central differences along d with a uniform spacing dx (eager's formulas, in its order)."""
+    def part(start: int, stop: int | None = None) -> Any:
+        return torch.ops.aten.slice.Tensor(x, d, start, stop)
+    center = (part(2) - part(0, -2)) / dx
+    if edge_order == 1:
+        first = (part(1, 2) - part(0, 1)) / dx
+        last = (part(-1) - part(-2, -1)) / dx
     else:
-        out = _binary_search(boundaries, values, right, sorter)
-    return out.to(torch.int32) if out_int32 else out
+        first = (-1.5 * part(0, 1) + 2 * part(1, 2) - 0.5 * part(2, 3)) / dx
+        last = (0.5 * part(-3, -2) - 2 * part(-2, -1) + 1.5 * part(-1)) / dx
+    return torch.cat([first, center / 2, last], d)
 
 
-@decomposition(torch.searchsorted)
-def searchsorted(sorted_sequence: Any, input: Any, *, out_int32: bool = False, right: bool = False,
-                 side: str | None = None, sorter: Any = None) -> Any:
-    if side is not None:
-        check(side in ("left", "right"), lambda: f"torch.searchsorted(): side can only be 'left' or 'right' but "
-              f"got {side}")
-        check(not (right and side == "left"), lambda: "torch.searchsorted(): side and right can't be set to "
-              "opposites, got side of left while right was True")
-        right = side == "right"
-    return _searchsorted("torch.searchsorted", sorted_sequence, input, out_int32, bool(right), sorter)
+def _gradient_coordinates(x: Any, d: int, coordinates: Any, edge_order: int) -> Any:
+    """Differences along d for sample points at `coordinates` (eager's second-order formulas)."""
+    def part(start: int, stop: int | None = None) -> Any:
+        return torch.ops.aten.slice.Tensor(x, d, start, stop)
+    shape = [1] * x.ndim
+    shape[d] = -1
+    dx = coordinates.diff(1, 0)
+    dx1, dx2 = dx[:-1], dx[1:]
+    a = (-dx2 / (dx1 * (dx1 + dx2))).reshape(shape)
+    b = ((dx2 - dx1) / (dx1 * dx2)).reshape(shape)
+    c = (dx1 / (dx2 * (dx1 + dx2))).reshape(shape)
+    center = a * part(0, -2) + b * part(1, -1) + c * part(2)
+    if edge_order == 1:
+        first = (part(1, 2) - part(0, 1)) / dx[0]
+        last = (part(-1) - part(-2, -1)) / dx[-1]
+    else:
+        a = -(2.0 * dx[0] + dx[1]) / (dx[0] * (dx[0] + dx[1]))
+        b = (dx[0] + dx[1]) / (dx[0] * dx[1])
+        c = (-dx[0]) / (dx[1] * (dx[0] + dx[1]))
+        first = a * part(0, 1) + b * part(1, 2) + c * part(2, 3)
+        a = dx[-1] / (dx[-2] * (dx[-1] + dx[-2]))
+        b = -(dx[-1] + dx[-2]) / (dx[-1] * dx[-2])
+        c = (2 * dx[-1] + dx[-2]) / (dx[-1] * (dx[-1] + dx[-2]))
+        last = a * part(-3, -2) + b * part(-2, -1) + c * part(-1)
+    return torch.cat([first, center, last], d)
 
 
-@decomposition(torch.bucketize)
-def bucketize(input: Any, boundaries: Any, *, out_int32: bool = False, right: bool = False) -> Any:
-    check(boundaries.ndim == 1, lambda: f"boundaries tensor must be 1 dimension, but got dim("
-          f"{boundaries.ndim})")
-    return _searchsorted("torch.bucketize", boundaries, input, out_int32, bool(right), None)
+@decomposition(torch.gradient)
+def gradient(input: Any, *, spacing: Any = 1, dim: Any = None, edge_order: int = 1) -> Any:
+    check(edge_order in (1, 2), lambda: "torch.gradient only supports edge_order=1 and edge_order=2.")
+    if input.dtype.is_complex or input.dtype == torch.bool:
+        raise NoDecomposition(f"gradient of {input.dtype} values")
+    dims = list(range(input.ndim)) if dim is None else ([dim] if isinstance(dim, int) else list(dim))
+    dims = [wrap_dim(d, input.ndim) for d in dims]
+    if spacing is None:
+        spacing = 1
+    spacings = list(spacing) if isinstance(spacing, (list, tuple)) else [spacing] * len(dims)
+    check(len(spacings) == len(dims), lambda: f"torch.gradient expected spacing to be unspecified, a scalar "
+          f"or it's spacing and dim arguments to have the same length, but got a spacing argument of length "
+          f"{len(spacings)} and a dim argument of length {len(dims)}.")
+    for d in dims:
+        check(input.shape[d] >= edge_order + 1,
+              lambda: "torch.gradient expected each dimension size to be at least edge_order+1")
+    results = []
+    for d, step in zip(dims, spacings):
+        if is_tensor(step):
+            check(step.ndim == 1 and step.shape[0] == input.shape[d],
+                  lambda: "torch.gradient expected each tensor to be on the same device and to have one "
+                  "value per sample point")
+            if step.dtype.is_complex or input.dtype != step.dtype and not input.dtype.is_floating_point:
+                raise NoDecomposition("gradient with coordinates of another kind")
+            results.append(_gradient_coordinates(input, d, step, edge_order))
+        else:
+            if isinstance(step, (complex, bool)):
+                raise NoDecomposition("gradient with a complex or bool spacing")
+            results.append(_gradient_uniform(input, d, step, edge_order))
+    return tuple(results)
+
+
+@register(torch.ops.aten._softmax_backward_data, torch.ops.aten._softmax_backward_data.default)
+def softmax_backward_data(grad_output: Any, output: Any, dim: int, input_dtype: torch.dtype) -> Any:
+    """softmax's gradient: output * (grad_output - sum(grad_output * output, dim))."""
+    if grad_output.dtype != input_dtype or not input_dtype.is_floating_point or output.dtype != input_dtype:
+        raise NoDecomposition("_softmax_backward_data across dtypes")
+    d = wrap_dim(dim, builtins.max(grad_output.ndim, 1))
+    if grad_output.ndim == 0:
+        return output * (grad_output - grad_output * output)
+    total = (grad_output * output).sum(d, keepdim=True)
+    return (grad_output - total) * output
+
+
+from . import selection  # noqa: E402,F401  (kthvalue, median, quantile, searchsorted, ...)

@@ -277,10 +277,10 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
         except Exception as e:  # bad input: eager's exception, naming the op and the shapes
             raise _named(e, name, args, kwargs) from None
     if decomposition is not None:
-        identity = _identity_output(result, sub_inputs, outer)
-        if identity is not None and not inplace:
-            return identity
         leaves = [v for v in flatten(result) if isinstance(v, Proxy)]
+        identity = _identity_output(result, sub_inputs, outer)
+        if identity is not None and not inplace and (real is None or _metas_agree(leaves, real)):
+            return identity  # (checked first: eager may not return its input, e.g. sum_to_size of a 0-d bool)
         if real is not None and not _metas_agree(leaves, real):
             counters["decomposition_mismatch"][name] += 1
             log.warning("decomposition of %s gives %s, eager gives %s; running it as a fallback", name,
@@ -408,7 +408,9 @@ def _note_views(graph: Graph, source: Proxy, out: Any) -> None:
 
 
 def _storage_key(t: Any) -> int | None:
-    if not isinstance(t, torch.Tensor) or t.device.type == "meta" or t.untyped_storage().nbytes() == 0:
+    if not isinstance(t, torch.Tensor) or t.device.type == "meta" or t.layout != torch.strided:
+        return None  # (sparse tensors have no storage to compare)
+    if t.untyped_storage().nbytes() == 0:
         return None
     return t.untyped_storage().data_ptr()
 

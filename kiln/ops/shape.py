@@ -345,6 +345,26 @@ def narrow(a: Any, dim: int, start: Any, length: int) -> Any:
     return slice_dim(a, d, start, start + length)
 
 
+@register(torch.ops.aten.slice.Tensor)
+def aten_slice(a: Any, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Any:
+    """aten.slice: a[start:end:step] along dim, bounds wrapped once and clamped as eager."""
+    if any(is_tensor(v) for v in (start, end, step)):
+        raise NoDecomposition("slice with tensor bounds")
+    check(a.ndim > 0, lambda: "slice() cannot be applied to a 0-dim tensor.", IndexError)
+    check(step > 0, lambda: "slice step must be positive")
+    d = wrap_dim(dim, a.ndim)
+    size = a.shape[d]
+    first = 0 if start is None else start
+    last = size if end is None else end
+    if first < 0:
+        first += size
+    if last < 0:
+        last += size
+    first = min(max(first, 0), size)
+    last = min(max(last, first), size)
+    return slice_dim(a, d, first, last, step)
+
+
 @register(torch.select, torch.Tensor.select)
 def select(a: Any, dim: int, index: int) -> Any:
     if is_tensor(index):

@@ -94,7 +94,10 @@ def _unary(name: str, ref: Callable[..., Any], allowed: Callable[[torch.dtype], 
     def meta(a: Any) -> TensorMeta:
         check(is_tensor(a), lambda: f"prims.{name}: expected a tensor, got {type(a).__name__}", TypeError)
         return _elementwise_meta(name, (a,), out_dtype, allowed)
-    return prim(name, meta, ref, tags=tags + ("unary",))
+
+    def contiguous_ref(a: Any) -> Any:
+        return ref(a).contiguous()  # the meta promises a fresh contiguous tensor; eager keeps a's layout
+    return prim(name, meta, contiguous_ref, tags=tags + ("unary",))
 
 
 def _binary(name: str, ref: Callable[..., Any], allowed: Callable[[torch.dtype], bool] | None = None,
@@ -110,7 +113,8 @@ def _binary(name: str, ref: Callable[..., Any], allowed: Callable[[torch.dtype],
         b = scalar_tensor(b, tensor.dtype, tensor.device)
         out = ref(a, b)
         dtype = out_dtype or tensor.dtype
-        return out if out.dtype == dtype else out.to(dtype)
+        out = out if out.dtype == dtype else out.to(dtype)
+        return out.contiguous()  # the meta promises a fresh contiguous tensor; eager keeps the layout
     return prim(name, meta, strict_ref, tags=tags + ("binary",))
 
 
@@ -233,7 +237,7 @@ def _where_meta(pred: Any, a: Any, b: Any) -> TensorMeta:
 def _where_ref(pred: torch.Tensor, a: Any, b: Any) -> torch.Tensor:
     tensor = a if isinstance(a, torch.Tensor) else b
     return torch.where(pred, scalar_tensor(a, tensor.dtype, tensor.device),
-                       scalar_tensor(b, tensor.dtype, tensor.device))
+                       scalar_tensor(b, tensor.dtype, tensor.device)).contiguous()
 
 
 where = prim("where", _where_meta, _where_ref, tags=("elementwise", "ternary"))

@@ -50,6 +50,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -739,7 +740,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", default="float32,int64,bool", help="comma-separated dtypes")
     parser.add_argument("--ops", default=None, help="comma-separated op names (substring match)")
     parser.add_argument("--first-sample", action="store_true", help="only the first sample of each op")
-    parser.add_argument("--json", default=None, help="write every result to this JSON file")
+    parser.add_argument("--json", default=os.path.join(tempfile.gettempdir(), "kiln_opinfo.json"),
+                        help="write every result to this JSON file (default: %(default)s)")
     parser.add_argument("--backend", default="prims", help="prims (reference interpreter) or a backend name")
     parser.add_argument("-j", "--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per sample")
@@ -769,6 +771,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"wrote {write_expected(results, partial=bool(args.ops))}", file=sys.stderr)
     if args.json:
+        print(f"results in {args.json}", file=sys.stderr)
         with open(args.json, "w") as f:
             json.dump({"backend": args.backend, "prims": prims, "first_sample": args.first_sample,
                        "totals": {d: totals(results, d) for d in dtypes},

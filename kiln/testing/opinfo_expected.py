@@ -9,52 +9,69 @@ interpreter)."""
 EXPECTED_FAILURES = {
     "bool": {
         "item": {"kind": "error", "sample": 0,
-            "reason": ("error: TypeError: descriptor 'item' for 'torch._C.TensorBase' objects doesn't "
-                "apply to a 'Proxy' object")},
-        "sum_to_size": {"kind": "mismatch", "sample": 0,
-            "reason": "mismatch (WRONG RESULT): out: bool[] where eager gives int64[]"},
-        "to_sparse": {"kind": "error", "sample": 0,
-            "reason": "error: sparse tensors: kiln's graph holds strided tensors only"},
+            "reason": ("error: kiln's Proxy is not a torch.Tensor: OpInfo's op calls "
+                "torch.Tensor.item(x) unbound (inside wrapper_set_seed), whose C descriptor "
+                "rejects a Proxy (TypeError); x.item() itself needs the tensor's value while "
+                "tracing (DataDependentError: a graph break in capture)")},
     },
     "float32": {
         "cauchy": {"kind": "error", "sample": 0,
-            "reason": ("error: TypeError: descriptor 'cauchy_' for 'torch._C.TensorBase' objects "
-                "doesn't apply to a 'Proxy' object")},
+            "reason": ("error: kiln's Proxy is not a torch.Tensor: OpInfo's op calls the unbound "
+                "in-place sampler torch.Tensor.cauchy_(x, ...) (inside wrapper_set_seed), whose "
+                "C descriptor rejects a Proxy (TypeError) before __torch_function__ can route "
+                "it")},
         "exponential": {"kind": "error", "sample": 0,
-            "reason": ("error: TypeError: descriptor 'exponential_' for 'torch._C.TensorBase' objects "
-                "doesn't apply to a 'Proxy' object")},
+            "reason": ("error: kiln's Proxy is not a torch.Tensor: OpInfo's op calls the unbound "
+                "in-place sampler torch.Tensor.exponential_(x, ...) (inside wrapper_set_seed), "
+                "whose C descriptor rejects a Proxy (TypeError) before __torch_function__ can "
+                "route it")},
         "geometric": {"kind": "error", "sample": 0,
-            "reason": ("error: TypeError: descriptor 'geometric_' for 'torch._C.TensorBase' objects "
-                "doesn't apply to a 'Proxy' object")},
+            "reason": ("error: kiln's Proxy is not a torch.Tensor: OpInfo's op calls the unbound "
+                "in-place sampler torch.Tensor.geometric_(x, ...) (inside wrapper_set_seed), "
+                "whose C descriptor rejects a Proxy (TypeError) before __torch_function__ can "
+                "route it")},
         "histogramdd": {"kind": "error", "sample": 0,
-            "reason": "error: IndexError: tuple index out of range [node t0_2 = getitem of graph fn]"},
+            "reason": ("error: torch.histogramdd returns a nested structure (hist, [bin_edges, ...]): "
+                "the fallback node's getitem indices count flattened tensor leaves, but the "
+                "interpreter (and the printed code) index the nested value, so getitem 2 raises "
+                "IndexError [kiln.graph interpreter/printer]")},
         "item": {"kind": "error", "sample": 0,
-            "reason": ("error: TypeError: descriptor 'item' for 'torch._C.TensorBase' objects doesn't "
-                "apply to a 'Proxy' object")},
+            "reason": ("error: kiln's Proxy is not a torch.Tensor: OpInfo's op calls "
+                "torch.Tensor.item(x) unbound (inside wrapper_set_seed), whose C descriptor "
+                "rejects a Proxy (TypeError); x.item() itself needs the tensor's value while "
+                "tracing (DataDependentError: a graph break in capture)")},
         "log_normal": {"kind": "error", "sample": 0,
-            "reason": ("error: TypeError: descriptor 'log_normal_' for 'torch._C.TensorBase' objects "
-                "doesn't apply to a 'Proxy' object")},
+            "reason": ("error: kiln's Proxy is not a torch.Tensor: OpInfo's op calls the unbound "
+                "in-place sampler torch.Tensor.log_normal_(x, ...) (inside wrapper_set_seed), "
+                "whose C descriptor rejects a Proxy (TypeError) before __torch_function__ can "
+                "route it")},
         "normal.in_place": {"kind": "error", "sample": 0,
-            "reason": ("error: TypeError: descriptor 'normal_' for 'torch._C.TensorBase' objects "
-                "doesn't apply to a 'Proxy' object")},
+            "reason": ("error: kiln's Proxy is not a torch.Tensor: OpInfo's op calls the unbound "
+                "in-place sampler torch.Tensor.normal_(x, ...) (inside wrapper_set_seed), whose "
+                "C descriptor rejects a Proxy (TypeError) before __torch_function__ can route "
+                "it")},
         "sparse.mm.reduce": {"kind": "error", "sample": 0,
-            "reason": "error: RuntimeError: Sparse CSR tensors do not have strides"},
+            "reason": ("error: sparse CSR inputs: kiln's graph holds strided tensors only "
+                "(TensorMeta.of needs strides: RuntimeError)")},
         "sparse.sampled_addmm": {"kind": "error", "sample": 0,
-            "reason": "error: RuntimeError: Sparse CSR tensors do not have strides"},
-        "to_sparse": {"kind": "error", "sample": 0,
-            "reason": "error: sparse tensors: kiln's graph holds strided tensors only"},
+            "reason": ("error: sparse CSR inputs: kiln's graph holds strided tensors only "
+                "(TensorMeta.of needs strides: RuntimeError)")},
         "uniform": {"kind": "error", "sample": 0,
-            "reason": ("error: TypeError: descriptor 'uniform_' for 'torch._C.TensorBase' objects "
-                "doesn't apply to a 'Proxy' object")},
+            "reason": ("error: kiln's Proxy is not a torch.Tensor: OpInfo's op calls the unbound "
+                "in-place sampler torch.Tensor.uniform_(x, ...) (inside wrapper_set_seed), "
+                "whose C descriptor rejects a Proxy (TypeError) before __torch_function__ can "
+                "route it")},
     },
     "int64": {
         "geometric": {"kind": "error", "sample": 0,
-            "reason": ("error: TypeError: descriptor 'geometric_' for 'torch._C.TensorBase' objects "
-                "doesn't apply to a 'Proxy' object")},
+            "reason": ("error: kiln's Proxy is not a torch.Tensor: OpInfo's op calls the unbound "
+                "in-place sampler torch.Tensor.geometric_(x, ...) (inside wrapper_set_seed), "
+                "whose C descriptor rejects a Proxy (TypeError) before __torch_function__ can "
+                "route it")},
         "item": {"kind": "error", "sample": 0,
-            "reason": ("error: TypeError: descriptor 'item' for 'torch._C.TensorBase' objects doesn't "
-                "apply to a 'Proxy' object")},
-        "to_sparse": {"kind": "error", "sample": 0,
-            "reason": "error: sparse tensors: kiln's graph holds strided tensors only"},
+            "reason": ("error: kiln's Proxy is not a torch.Tensor: OpInfo's op calls "
+                "torch.Tensor.item(x) unbound (inside wrapper_set_seed), whose C descriptor "
+                "rejects a Proxy (TypeError); x.item() itself needs the tensor's value while "
+                "tracing (DataDependentError: a graph break in capture)")},
     },
 }

@@ -104,6 +104,7 @@ def test_zero_size_and_zero_dim():
     check(lambda x: (x + 1).sum(-1), torch.randn(3, 0))
     check(lambda x: x * 3 + 1, torch.tensor(2.5))
     check(lambda x: x.sum(), torch.randn(()))
+    check(lambda x: (x * 2).reshape(0, 4, 2).sum(-1), torch.randn(0, 8))  # unravel over an empty dim
 
 
 def test_int64_and_bool():

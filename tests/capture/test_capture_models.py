@@ -197,3 +197,64 @@ def test_huggingface_model_one_graph(name):
     entries = forward_entries(cm)
     assert len(entries) == 1 and entries[0].brk is None, entries[0].brk
     assert entries[0].graph is not None
+
+
+ZOO_HF = ["hf_gpt2", "hf_bert", "hf_llama", "hf_t5", "hf_vit"]
+
+
+def _assert_outputs_equal(actual, expected):
+    assert type(actual) is type(expected)
+    keys = list(expected.keys())
+    assert list(actual.keys()) == keys
+    compared = 0
+    for key in keys:
+        if isinstance(expected[key], torch.Tensor):
+            torch.testing.assert_close(actual[key], expected[key], msg=key)
+            compared += 1
+    assert compared
+
+
+@pytest.mark.parametrize("backend", ["eager", "prims"])
+@pytest.mark.parametrize("name", ZOO_HF)
+def test_zoo_huggingface_model_one_graph(name, backend):
+    """The benchmark zoo's Hugging Face models (attn_implementation="eager": the attention function is
+    looked up with a try/except KeyError in Mapping.get) capture whole, and compute eager's outputs."""
+    pytest.importorskip("transformers")
+    from kiln.testing import models
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, (args, kwargs) = models.build(name)
+    kiln.reset()
+    cm = kiln.compile(model, backend=backend)
+    with torch.no_grad():
+        expected = model(*args, **kwargs)
+        for _ in range(2):
+            _assert_outputs_equal(cm(*args, **kwargs), expected)
+    entries = forward_entries(cm)
+    assert len(entries) == 1 and entries[0].brk is None, entries[0].brk
+    assert entries[0].graph is not None
+
+
+def test_sliced_module_list_keeps_parameter_sources():
+    """`self.layers[:n]` is a new ModuleList of the same modules: their parameters stay graph inputs guarded
+    by identity (HF LLaMA loops over such a slice), so a plain function taking the model captures whole."""
+    class Stack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([nn.Linear(8, 8) for _ in range(3)])
+            self.scale = nn.Parameter(torch.randn(8))
+
+    def run(model, x):
+        for layer in model.layers[:2]:
+            x = model.scale * layer(x)
+        return x
+
+    kiln.reset()
+    model, x = Stack(), torch.randn(4, 8)
+    compiled = kiln.compile(run, backend="eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(model, x), run(model, x))
+        report = kiln.explain(run, model, x)
+        assert (report.graph_count, report.graph_break_count) == (1, 0), report.breaks
+        model.layers[1] = nn.Linear(8, 8)   # a different module in the slice: guards see it
+        torch.testing.assert_close(compiled(model, x), run(model, x))
