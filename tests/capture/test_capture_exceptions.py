@@ -1,5 +1,6 @@
 """try/except in captured code: exceptions raised on real values unwind to the program's own handlers
-(CPython's exception table), so lookups like Mapping.get (try: self[key] except KeyError) stay in the graph."""
+(CPython's exception table), so lookups like Mapping.get (try: self[key] except KeyError) stay in the
+graph."""
 from __future__ import annotations
 
 from collections.abc import MutableMapping
