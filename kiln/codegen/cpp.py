@@ -591,6 +591,11 @@ class KernelWriter:
             pragma = "#pragma omp simd reduction(+:acc)"
         elif rtype == "prod":
             pragma = "#pragma omp simd reduction(*:acc)"
+        elif rtype in ("max", "min") and acc_dtype.is_floating_point:
+            # a plain max/min (one vector op per step) plus a NaN flag: the NaN-propagating select chain
+            # of kiln_max is a long loop-carried dependency and made softmax's max pass latency-bound
+            self.emit("int accn = 0;", depth)
+            pragma = f"#pragma omp simd reduction({rtype}:acc) reduction(|:accn)"
         elif rtype in ("max", "min"):
             pragma = f"#pragma omp simd reduction(k{rtype}:acc)"
         else:
@@ -603,6 +608,10 @@ class KernelWriter:
             self.emit(f"kiln_{rtype}<{actype}>(acc, acci, {value}, {rlin});", inner_depth)
         elif blocked:
             self.emit(f"accb = accb + static_cast<float>({value});", inner_depth)
+        elif rtype in ("max", "min") and acc_dtype.is_floating_point:
+            self.emit(f"const {actype} kv = static_cast<{actype}>({value});", inner_depth)
+            self.emit(f"acc = kv {'>' if rtype == 'max' else '<'} acc ? kv : acc;", inner_depth)
+            self.emit("accn |= (kv != kv);", inner_depth)
         else:
             self.emit(_combine(rtype, "acc", f"static_cast<{actype}>({value})", actype), inner_depth)
         if blocked:
@@ -610,6 +619,8 @@ class KernelWriter:
             self.emit("acc = acc + static_cast<double>(accb);", inner_depth - 1)
             inner_depth -= 1
         self._close(group, inner_depth)
+        if rtype in ("max", "min") and acc_dtype.is_floating_point:
+            self.emit(f"if (accn) acc = std::numeric_limits<{actype}>::quiet_NaN();", depth)
         result = "acci" if is_arg else "acc"
         if split:
             self.emit(f"part{slot}[kiln_tid] = acc;", depth)

@@ -556,7 +556,7 @@ def _normal_of_tensors(mean: Any, std: Any, generator: Any, kwargs: dict) -> Any
     if is_tensor(std):
         draws = prims.normal(shape, 0.0, 1.0, dtype, device, generator)
         out = draws * std + mean
-        return torch.where(torch.all(std >= 0), out, torch.full_like(out, math.nan))  # eager raises
+        return prims.check_values(out, torch.all(std >= 0), "normal expects all elements of std >= 0.0")
     check(std >= 0, lambda: f"normal expects std >= 0.0, but found std {std}")
     return prims.normal(shape, 0.0, float(std), dtype, device, generator) + mean
 

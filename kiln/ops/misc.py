@@ -7,8 +7,8 @@ Each follows eager's ATen composite step by step (the same ops in the same order
 eager's do); calls on proxies route to the callee's own decomposition. Selections and searches (kthvalue,
 median, quantile, searchsorted, ...) live in `selection.py`, imported at the end.
 
-Checks eager makes on tensor values (cov's weights, normal's std, quantile's q tensor) cannot raise in a
-graph; such inputs give NaN rather than numbers.
+Checks eager makes on tensor values (cov's weights, normal's std, quantile's q tensor) cannot raise while
+the graph is built; `prims.check_values` makes them when it runs, raising eager's exception type.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
+from .. import prims
 from ..graph import Proxy
 from .elementwise import decomposition, method
 from .registry import NoDecomposition, register
@@ -130,10 +131,10 @@ def cross(input: Any, other: Any, dim: int | None = None) -> Any:
 
 # ---- cov, corrcoef ------------------------------------------------------------------------------------
 
-def _nan_unless(valid: Any, value: Any) -> Any:
-    """value where the 0-d bool `valid` holds, NaN elsewhere: eager raises for such input (a check on
-    tensor values that a graph cannot make), so the result must not look like a number."""
-    return torch.where(valid, value, torch.full_like(value, math.nan))
+def checked(valid: Any, value: Any, message: str) -> Any:
+    """value, once the graph has checked at run time that the bool tensor `valid` holds everywhere; where it
+    does not, running the graph raises RuntimeError(message), as eager's check on the values does."""
+    return prims.check_values(value, valid, message)
 
 
 @decomposition(torch.cov, method("cov"))
@@ -194,7 +195,8 @@ def cov(input: Any, *, correction: int = 1, fweights: Any = None, aweights: Any 
     centered = x - avg.unsqueeze(1)
     c = torch.mm(centered, (centered * w if w is not None else centered).t())
     out = torch.true_divide(c, norm_factor).squeeze()
-    return out if valid is None else _nan_unless(valid, out)
+    return out if valid is None else checked(valid, out, "cov(): weights cannot be negative, and their sum "
+                                                         "cannot be zero")
 
 
 @decomposition(torch.corrcoef, method("corrcoef"))

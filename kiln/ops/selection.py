@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .elementwise import decomposition, method
-from .misc import _nan_unless
+from .misc import checked
 from .registry import NoDecomposition
 from .utils import check, is_tensor, result_type, wrap_dim
 
@@ -104,11 +104,12 @@ def _quantile(op: str, input: Any, q: Any, dim: Any, keepdim: bool, interpolatio
           lambda: f"{op}() input tensor must be either float or double dtype")
     check(interpolation in _INTERPOLATIONS, lambda: f"{op}() interpolation must be one of linear, lower, "
           f"higher, midpoint or nearest. Got {interpolation}")
-    valid = None
     if is_tensor(q):
         check(q.ndim <= 1, lambda: f"{op}() q must be a scalar or 1D tensor")
         check(q.dtype == input.dtype, lambda: f"{op}() q tensor must be same dtype as the input tensor")
-        valid = torch.all(torch.logical_and(q >= 0, q <= 1))  # eager checks the values (CPU only)
+        # eager checks the values before it selects anything; the check runs when the graph runs
+        q = checked(torch.all(torch.logical_and(q >= 0, q <= 1)), q,
+                    f"{op}() q values must be in the range [0, 1]")
     else:
         check(0 <= q <= 1, lambda: f"{op}() q must be in the range [0, 1] but got {q}")
         q = torch.scalar_tensor(q, dtype=input.dtype, device=input.device)
@@ -152,7 +153,7 @@ def _quantile(op: str, input: Any, q: Any, dim: Any, keepdim: bool, interpolatio
         values = values.squeeze(-1)
     else:
         values = values.unsqueeze(0).transpose(0, -1).squeeze(-1)
-    return values if valid is None else _nan_unless(valid, values)
+    return values
 
 
 @decomposition(torch.quantile, method("quantile"))

@@ -8,7 +8,7 @@ from .elementwise import *  # noqa: F401,F403
 from . import elementwise as _elementwise
 
 # Each family module defines its prims at import; names are re-exported here.
-_FAMILIES = ["elementwise", "reductions", "shape", "creation", "indexing", "extern"]
+_FAMILIES = ["elementwise", "reductions", "shape", "creation", "indexing", "extern", "checks"]
 
 
 def _export() -> None:
