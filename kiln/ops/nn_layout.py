@@ -161,9 +161,15 @@ def pixel_unshuffle(input: Any, downscale_factor: int) -> Any:
 def one_hot(tensor: Any, num_classes: int = -1) -> Any:
     check(tensor.dtype == torch.int64,
           lambda: "one_hot is only applicable to index tensor of type LongTensor.", RuntimeError)
-    # Eager raises for class values outside [0, num_classes) — a check on the values, which a graph can't
-    # make; a comparison with arange would silently give an all-zero row. The torch op keeps the check.
-    raise NoDecomposition("one_hot (eager checks the class values at run time)")
+    if num_classes == -1:
+        raise NoDecomposition("one_hot without num_classes (the size depends on the values)")
+    check(num_classes >= 0, lambda: "num_classes should be positive", RuntimeError)
+    # eager raises for class values outside [0, num_classes): the graph checks them when it runs
+    tensor = prims.check_values(tensor, torch.all(tensor >= 0), "Class values must be non-negative.")
+    tensor = prims.check_values(tensor, torch.all(tensor < num_classes),
+                                "Class values must be smaller than num_classes.")
+    classes = torch.arange(num_classes, dtype=torch.int64, device=tensor.device)
+    return convert(torch.unsqueeze(tensor, -1) == classes, torch.int64)
 
 
 # ---- distances --------------------------------------------------------------------------------------------

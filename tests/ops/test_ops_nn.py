@@ -489,13 +489,17 @@ def test_pixel_shuffle_one_hot():
 
 
 def test_one_hot_keeps_eager_value_check():
-    # one_hot runs the torch op: a graph could not raise for class values out of range as eager does
     t = torch.tensor([[0, 3, 1], [2, 2, 0]])
+    check_nn(lambda a: F.one_hot(a, 4), t)
+    check_nn(lambda a: F.one_hot(a, 6), t[0])
     g = kiln.ops.trace(lambda a: F.one_hot(a, 4), t)
-    run = kg.run(kg.to_prims(g), [t])
-    assert torch.equal(run, F.one_hot(t, 4))
-    with pytest.raises(RuntimeError):
-        kg.run(kg.to_prims(g), [torch.tensor([[0, 7, 1], [2, 2, 0]])])
+    assert not kg.to_prims(g).fallbacks()
+    for bad in (torch.tensor([[0, 7, 1], [2, 2, 0]]), torch.tensor([[0, -1, 1], [2, 2, 0]])):
+        with pytest.raises(RuntimeError) as eager_error:
+            F.one_hot(bad, 4)
+        with pytest.raises(RuntimeError, match="Class values") as kiln_error:
+            kg.run(kg.to_prims(g), [bad])
+        assert type(kiln_error.value) is type(eager_error.value)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
