@@ -76,6 +76,29 @@ struct kiln_fp16 {
   }
 };
 
+// Non-temporal copy of a computed tile to its (large) output: no read-for-ownership of the destination
+// lines and no eviction of the inputs; the caller fences (kiln_stream_fence) before others read it.
+#ifdef __AVX512F__
+#include <immintrin.h>
+static inline void kiln_stream_store(void* dst, const void* src, int64_t bytes) {
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  int64_t head = (64 - (reinterpret_cast<uintptr_t>(d) & 63)) & 63;
+  if (head > bytes) head = bytes;
+  std::memcpy(d, s, head);
+  int64_t i = head;
+  for (; i + 64 <= bytes; i += 64)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + i), _mm512_loadu_si512(s + i));
+  std::memcpy(d + i, s + i, bytes - i);
+}
+static inline void kiln_stream_fence() { _mm_sfence(); }
+#else
+static inline void kiln_stream_store(void* dst, const void* src, int64_t bytes) {
+  std::memcpy(dst, src, bytes);
+}
+static inline void kiln_stream_fence() {}
+#endif
+
 // maximum/minimum propagate NaN, as torch.maximum / amax
 template <typename T> static inline T kiln_max(T a, T b) {
   return (a != a) ? a : ((b != b) ? b : (a > b ? a : b));
@@ -332,6 +355,10 @@ HEADER += "".join(
 HALF_TYPES = (torch.bfloat16, torch.float16)
 # A float sum runs in float (vectorized) over blocks of this many elements, blocks added up in double.
 BLOCK = 4096
+# Outputs of at least STREAM_BYTES (far beyond the caches: a later kernel rereads them from memory anyway)
+# are written with non-temporal stores, through a stack tile of STREAM_TILE elements.
+STREAM_BYTES = 16 * 1024 * 1024
+STREAM_TILE = 1024
 
 
 def _acc_type(rtype: str, dtype: torch.dtype) -> torch.dtype:
@@ -512,6 +539,7 @@ class KernelWriter:
             lo, hi = f"rb{d}", f"re{d}"
         if pragma:
             self.emit(pragma, depth)
+        self._innermost_bounds = (lo, hi)
         self.emit(f"for (int64_t r{d} = {lo}; r{d} < {hi}; ++r{d}) {{", depth)
         return depth + 1
 
@@ -534,6 +562,10 @@ class KernelWriter:
             self.scan(group, member, depth)
             return
         if member.role == "inner":
+            stream = self._stream_target(group, member)
+            if stream is not None:
+                self.streamed(group, member, depth, split, stream)
+                return
             self.emit("{", depth)
             inner_depth = self._inner_loops(group, depth + 1, "#pragma omp simd", split)
             value = self._body(group, member, inner_depth)
@@ -544,6 +576,55 @@ class KernelWriter:
             self.emit("}", depth)
             return
         self.reduction(group, member, depth, split, slot)
+
+    def _stream_target(self, group: FusedGroup, member: Member) -> str | None:
+        """C++ address of the member's first element in the innermost loop (`r{d}` replaced by `rt`),
+        when its store should go through a tile and non-temporal stores: a large output, written
+        contiguously along the innermost loop."""
+        buf = member.buffer
+        inner = group.inner or ()
+        if not inner or buf.name in group.local or buf.layout.storage_size() * buf.dtype.itemsize < STREAM_BYTES:
+            return None
+        if inner[-1] < STREAM_TILE // 4:
+            return None
+        ranges = group.var_ranges()
+        index = simplify_index(sympy.expand(group.store_index(member)), ranges)
+        bounds = index_bounds(index, ranges)
+        if bounds is None or bounds[0] < 0 or bounds[1] >= buf.layout.storage_size():
+            return None  # the plain store path refuses it loudly
+        r = group.inner_vars()[-1]
+        if r not in index.free_symbols or sympy.expand(index.subs(r, r + 1) - index) != 1:
+            return None
+        rt = sympy.Symbol("rt", integer=True)
+        return f"{self.pointers[buf.name]} + {cexpr(sympy.expand(index.subs(r, rt)))}"
+
+    def streamed(self, group: FusedGroup, member: Member, depth: int, split: bool, target: str) -> None:
+        """An inner member whose innermost loop runs in tiles of STREAM_TILE elements: each tile is computed
+        into a stack array (vectorized as usual), then copied to the output with non-temporal stores."""
+        inner = group.inner or ()
+        d = len(inner) - 1
+        buf = member.buffer
+        ctype = CTYPES[buf.dtype]
+        self.emit("{", depth)
+        loop_depth = self._inner_loops(group, depth + 1, None, split)
+        # _inner_loops opened `for (r{d} = lo; r{d} < hi; ++r{d}) {`: turn it into the tile loop
+        self.lines.pop()
+        lo, hi = self._innermost_bounds
+        tile_depth = loop_depth - 1
+        self.emit(f"for (int64_t rt = {lo}; rt < {hi}; rt += {STREAM_TILE}) {{", tile_depth)
+        self.emit(f"const int64_t rte = std::min<int64_t>({hi}, rt + {STREAM_TILE});", loop_depth)
+        self.emit(f"alignas(64) {ctype} kiln_tile[{STREAM_TILE}];", loop_depth)
+        self.emit("#pragma omp simd", loop_depth)
+        self.emit(f"for (int64_t r{d} = rt; r{d} < rte; ++r{d}) {{", loop_depth)
+        value = self._body(group, member, loop_depth + 1)
+        self.emit(f"kiln_tile[r{d} - rt] = static_cast<{ctype}>({value});", loop_depth + 1)
+        self.emit("}", loop_depth)
+        self.emit(f"kiln_stream_store({target}, kiln_tile, (rte - rt) * sizeof({ctype}));", loop_depth)
+        self._close(group, loop_depth)
+        self.emit("kiln_stream_fence();", depth + 1)
+        if split and len(inner) == 1:
+            self.emit("#pragma omp barrier", depth + 1)  # later members read other threads' chunks
+        self.emit("}", depth)
 
     def scan(self, group: FusedGroup, member: Member, depth: int) -> None:
         """Inclusive scan along the inner loop, in order (floats accumulate in double, as eager)."""

@@ -506,9 +506,11 @@ def expected_failures() -> dict[str, dict[str, dict[str, Any]]]:
 
 _CAUSES = [  # (pattern in the failure message, reason): the first match explains a new entry
     (r"descriptor '(\w+)' .*'Proxy'",
-     "kiln's Proxy is not a torch.Tensor: the OpInfo op calls the unbound torch.Tensor.{0} on it (TypeError)"),
+     "kiln's Proxy is not a torch.Tensor: the OpInfo op calls the unbound torch.Tensor.{0} on it "
+     "(TypeError)"),
     (r"Sparse|sparse", "sparse tensors: kiln's graph holds strided tensors only"),
-    (r"DataDependentError", "needs a tensor's value while tracing (data-dependent; a graph break in capture)"),
+    (r"DataDependentError",
+     "needs a tensor's value while tracing (data-dependent; a graph break in capture)"),
     (r"UnsupportedError: (.*)", "kiln cannot trace it: {0}"),
     (r"timed out", "a sample ran past the harness's time limit"),
 ]

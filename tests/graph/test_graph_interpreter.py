@@ -1,4 +1,4 @@
-"""The reference interpreter: results equal eager; an error keeps its type and gains a note naming the node."""
+"""The reference interpreter: results equal eager; an error keeps its type and gets a note naming its node."""
 from __future__ import annotations
 
 import pytest
@@ -44,7 +44,8 @@ def test_prim_error_note_names_the_node():
     graph.output(bad)
     with pytest.raises(RuntimeError) as info:  # the inputs do not have the shapes the graph was built for
         run(graph, [torch.randn(2, 3), torch.randn(4, 5)])
-    assert f"while kiln ran node {bad.name} = prims.add (from model.py:12) of graph broken" in _notes(info.value)
+    note = f"while kiln ran node {bad.name} = prims.add (from model.py:12) of graph broken"
+    assert note in _notes(info.value)
 
 
 def test_fallback_error_keeps_its_type_and_names_the_node():
