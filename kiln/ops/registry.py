@@ -308,7 +308,15 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     node_args = map_structure(lambda v: v.node if isinstance(v, Proxy) else v, args)
     node_kwargs = map_structure(lambda v: v.node if isinstance(v, Proxy) else v, kwargs)
     single = isinstance(structure, (Proxy, torch.Tensor))
-    node = graph.call_torch(func, node_args, node_kwargs, metas[0] if single else metas, decomposition,
+    target = func
+    if not single and not _flat_tensor_sequence(structure):
+        # A nested result such as (hist, [edges, ...]): the node's value is the flat tuple of its tensors,
+        # which is how getitem numbers them, in the decomposition and in the torch op alike.
+        target = TensorLeaves(func)
+        if decomposition is not None:
+            decomposition.output_node.args = (tuple(p.node for p in flatten(structure) if isinstance(p, Proxy)),)
+            dce(decomposition)
+    node = graph.call_torch(target, node_args, node_kwargs, metas[0] if single else metas, decomposition,
                             origin=tracer.origin)
     if single:
         out: Any = Proxy(node, example=real if isinstance(real, torch.Tensor) else None)
@@ -329,6 +337,26 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     if inplace:
         return _apply_inplace(graph, args[0], out)
     return out
+
+
+def _flat_tensor_sequence(structure: Any) -> bool:
+    return isinstance(structure, (tuple, list)) and all(isinstance(v, (Proxy, torch.Tensor)) for v in structure)
+
+
+class TensorLeaves:
+    """Calls a torch op whose result nests tensors and returns its tensors as one flat tuple."""
+
+    def __init__(self, fn: Any):
+        self.fn = fn
+        self.__name__ = getattr(fn, "__name__", "op")
+        self.__qualname__ = f"tensor_leaves({torch_name(fn)})"
+        self.__module__ = "kiln.ops.registry"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> tuple:
+        return tuple(v for v in flatten(self.fn(*args, **kwargs)) if isinstance(v, torch.Tensor))
+
+    def __repr__(self) -> str:
+        return self.__qualname__
 
 
 def _identity_output(result: Any, sub_inputs: list[Proxy], outer: list[Proxy]) -> Any:
