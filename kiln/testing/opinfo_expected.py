@@ -30,11 +30,6 @@ EXPECTED_FAILURES = {
                 "in-place sampler torch.Tensor.geometric_(x, ...) (inside wrapper_set_seed), "
                 "whose C descriptor rejects a Proxy (TypeError) before __torch_function__ can "
                 "route it")},
-        "histogramdd": {"kind": "error", "sample": 0,
-            "reason": ("error: torch.histogramdd returns a nested structure (hist, [bin_edges, ...]): "
-                "the fallback node's getitem indices count flattened tensor leaves, but the "
-                "interpreter (and the printed code) index the nested value, so getitem 2 raises "
-                "IndexError [kiln.graph interpreter/printer]")},
         "item": {"kind": "error", "sample": 0,
             "reason": ("error: kiln's Proxy is not a torch.Tensor: OpInfo's op calls "
                 "torch.Tensor.item(x) unbound (inside wrapper_set_seed), whose C descriptor "
