@@ -3,7 +3,9 @@
 Each kernel is an OpenMP loop over its outer ranges; inside it, each member runs its own inner loop (the
 innermost loop is written so the compiler vectorizes it, tails included). When the outer ranges are too
 small to feed the threads (a full reduction to a scalar), the inner loops are split across threads instead,
-reductions keeping one accumulator per thread combined in thread order (deterministic).
+reductions keeping one accumulator per thread combined in thread order (deterministic). Large outputs
+(>= STREAM_BYTES, written contiguously along the innermost loop) are computed into a stack tile and copied
+out with non-temporal stores: no read-for-ownership of lines that are about to be overwritten.
 """
 from __future__ import annotations
 
@@ -583,7 +585,9 @@ class KernelWriter:
         contiguously along the innermost loop."""
         buf = member.buffer
         inner = group.inner or ()
-        if not inner or buf.name in group.local or buf.layout.storage_size() * buf.dtype.itemsize < STREAM_BYTES:
+        if not inner or buf.name in group.local:
+            return None
+        if buf.layout.storage_size() * buf.dtype.itemsize < STREAM_BYTES:
             return None
         if inner[-1] < STREAM_TILE // 4:
             return None
@@ -620,8 +624,11 @@ class KernelWriter:
         self.emit(f"kiln_tile[r{d} - rt] = static_cast<{ctype}>({value});", loop_depth + 1)
         self.emit("}", loop_depth)
         self.emit(f"kiln_stream_store({target}, kiln_tile, (rte - rt) * sizeof({ctype}));", loop_depth)
-        self._close(group, loop_depth)
-        self.emit("kiln_stream_fence();", depth + 1)
+        self.emit("}", tile_depth)
+        # order the non-temporal stores before any barrier (an `omp for` ends in one) lets others read them
+        self.emit("kiln_stream_fence();", tile_depth)
+        for level in range(tile_depth - 1, tile_depth - len(inner), -1):
+            self.emit("}", level)  # the enclosing inner loops
         if split and len(inner) == 1:
             self.emit("#pragma omp barrier", depth + 1)  # later members read other threads' chunks
         self.emit("}", depth)

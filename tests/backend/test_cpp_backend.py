@@ -306,3 +306,48 @@ def test_bool_buffers_in_kernels():
     check(lambda p: prims.amax(p, (0, 1)), p)  # a bool max split across threads
     x = torch.randn(1, 2, 3)
     check(lambda x: torch.nn.functional.max_pool1d(x, 3, 2, ceil_mode=True, return_indices=True), x)
+
+
+def test_large_outputs_stream_through_tiles():
+    # outputs of >= 16 MB go through a stack tile and non-temporal stores: unaligned rows, tile tails,
+    # per-thread chunk edges, other dtypes, and a row with NaN and one with -inf
+    x = torch.randn(4100, 1030)
+    x[7, 3] = float("nan")
+    x[9] = float("-inf")
+    x[11, 1029] = float("inf")
+    check(lambda x: torch.softmax(x, -1), x, kernels=1)
+    check(lambda x: x.amax(-1) + x.amin(-1), x)
+    a, b = torch.randn(2099, 2101), torch.randn(2099, 2101)
+    check(lambda a, b: torch.tanh(a * b + 1) * a - b, a, b, kernels=1)
+    check(lambda a: a.double() * 3, a)
+    h = torch.randn(4111, 2053).to(torch.bfloat16)
+    check(lambda h: h * h + 1, h)
+    w = torch.randn(2101)
+    check(lambda a, w: a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-6) * w, a, w)
+    # two inner loops (rows of a sliced input cannot collapse), threads on the outer or the inner loops
+    for x in (torch.randn(20, 400, 1400)[:, :, :1300], torch.randn(2, 2000, 1400)[:, :, :1300]):
+        check(lambda x: x - x.amax((1, 2), keepdim=True), x, kernels=1)
+
+
+def test_float_max_reduction_nan_and_signed_zero():
+    x = torch.tensor([[0.0, -0.0, -1.0], [float("nan"), 1.0, 2.0], [3.0, float("nan"), float("-inf")],
+                      [float("-inf"), float("-inf"), float("-inf")]])
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        check(lambda x: x.amax(-1), x.to(dtype))
+        check(lambda x: x.amin(0), x.to(dtype))
+        check(lambda x: torch.softmax(x, -1), x.to(dtype))
+
+
+def test_fresh_large_buffers_kept_by_the_caller():
+    # buffers of >= 4 MB are allocated through _fresh (huge-page advice); outputs the caller keeps are not
+    # recycled, so every call writes a new one
+    from kiln.codegen.wrapper import HUGE_BYTES, _fresh
+    t = _fresh((1100, 1001), (1, 1100), torch.float32)
+    assert t.shape == (1100, 1001) and t.stride() == (1, 1100) and t.untyped_storage().nbytes() >= HUGE_BYTES
+    x = torch.randn(1100, 1100)
+    c = compiled(lambda x: torch.softmax(x * 2, -1), x)
+    first = c(x)
+    second = c(x + 1)
+    assert first.data_ptr() != second.data_ptr()
+    torch.testing.assert_close(first, torch.softmax(x * 2, -1))
+    torch.testing.assert_close(second, torch.softmax((x + 1) * 2, -1))
