@@ -251,6 +251,15 @@ def graph_body(cap: Capture, ret: Any) -> tuple[list[str], Reconstructor]:
         temps.append(f"{name} = {expr}")
         return name
     ret_name = temp(rec.value(ret))
+    writes.extend(side_effect_writes(cap, rec, temp))
+    return temps + writes + [f"return {ret_name}"], rec
+
+
+def side_effect_writes(cap: Capture, rec: "Reconstructor", temp: Any) -> list[str]:
+    """Statements replaying the capture's pending writes: attributes, globals, cells, lists and dicts.
+
+    Each new value is first bound by `temp` (so every value is computed before any write happens)."""
+    writes = []
     for obj, source, name, value in cap.attr_writes.values():
         writes.append(f"setattr({source.expr}, {name!r}, {temp(rec.value(value))})")
     for gdict, source, value in cap.global_writes.values():
@@ -264,7 +273,7 @@ def graph_body(cap: Capture, ret: Any) -> tuple[list[str], Reconstructor]:
             items = dict(copy)
             tmp = temp("{" + ", ".join(f"{rec.key(k)}: {rec.value(x)}" for k, x in items.items()) + "}")
             writes.append(f"{source.expr}.clear(); {source.expr}.update({tmp})")
-    return temps + writes + [f"return {ret_name}"], rec
+    return writes
 
 
 def make_graph_entry(cap: Capture, fn: Any, code: types.CodeType, ret: Any,

@@ -23,7 +23,7 @@ from typing import Any, Callable
 from ..graph import Proxy
 from ..ops.registry import aliases
 from .entry import Reconstructor, _entry_source, _checks_source, _exec, _fix_setitem_nodes, \
-    _guard_mutated_aliasing, parameters
+    _guard_mutated_aliasing, parameters, side_effect_writes
 from .errors import GraphBreak
 from .frame import _BINARY_BY_ARG, _COMPARE, NULL, Frame
 from .resume import NotResumable, check_resumable, live_locals, resume_code
@@ -192,7 +192,7 @@ def make_break_entry(cap: Capture, fn: Any, code: types.CodeType, frame: Frame, 
         for n in names:
             if n not in local_temps:
                 local_temps[n] = temp(rec.value(frame.locals[n]))
-    writes = _side_effects(cap, rec, temp)
+    writes = side_effect_writes(cap, rec, temp)
     if not getattr(compile_graph, "keeps_views", False):
         _check_no_live_views(cap, frame, local_temps)
     body = temps + writes + native
@@ -235,21 +235,3 @@ def _check_no_live_views(cap: Capture, frame: Frame, local_names: dict[str, str]
         if id(v) not in cap.proxy_sources and (v in al.base or v in al.has_views):
             raise NotResumable(f"tensor {v.node.name} lives past the break as a view (or base) of another "
                                "tensor, and this backend may return it as a copy")
-
-
-def _side_effects(cap: Capture, rec: Reconstructor, temp: Callable[[str], str]) -> list[str]:
-    writes = []
-    for obj, source, name, value in cap.attr_writes.values():
-        writes.append(f"setattr({source.expr}, {name!r}, {temp(rec.value(value))})")
-    for gdict, source, value in cap.global_writes.values():
-        writes.append(f"{source.expr} = {temp(rec.value(value))}")
-    for cell, source, value in cap.cell_writes.values():
-        writes.append(f"{source.expr} = {temp(rec.value(value))}")
-    for copy, source in cap.changed_mirrors():
-        if isinstance(copy, list):
-            writes.append(f"{source.expr}[:] = {temp('[' + ', '.join(rec.value(x) for x in copy) + ']')}")
-        else:
-            items = "{" + ", ".join(f"{rec.key(k)}: {rec.value(x)}" for k, x in copy.items()) + "}"
-            tmp = temp(items)
-            writes.append(f"{source.expr}.clear(); {source.expr}.update({tmp})")
-    return writes
