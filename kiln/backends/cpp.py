@@ -9,6 +9,7 @@ examples run on the fallback too: the kernels bake the examples' layouts into th
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import time
 import warnings
@@ -74,7 +75,10 @@ def compile_graph(graph: Graph, example_inputs: list) -> CompiledGraph:
             raise NotImplementedError(f"cpp backend: input on {t.device}")
     prim_graph = to_prims(graph)
     loop = lower(prim_graph)
-    before = loop.describe(f"loop IR of {graph.name} before fusion")
+    # Printing loop IR is slow (sympy): only for a debug dump or the fusion log.
+    dump = bool(config.get("debug_dir"))
+    explain = fusion_log.isEnabledFor(logging.DEBUG)
+    before = loop.describe(f"loop IR of {graph.name} before fusion") if dump else ""
     schedule = fuse(loop)
     memory = plan(loop, schedule)
     parts = [HEADER]
@@ -96,14 +100,16 @@ def compile_graph(graph: Graph, example_inputs: list) -> CompiledGraph:
     code = compile(wrapper, f"<kiln cpp wrapper {graph.name}>", "exec")
     exec(code, env)
     call = env["kiln_call"]
-    after = "\n".join([f"# loop IR of {graph.name} after fusion"] +
-                      [s.describe() for s in schedule])
-    fusion_log.debug("%s: %d kernels, %d externs/fallbacks\n%s", graph.name,
-                     sum(isinstance(s, FusedGroup) for s in schedule),
-                     sum(not isinstance(s, FusedGroup) for s in schedule), after)
+    if dump or explain:
+        after = "\n".join([f"# loop IR of {graph.name} after fusion"] +
+                          [s.describe() for s in schedule])
+        fusion_log.debug("%s: %d kernels, %d externs/fallbacks\n%s", graph.name,
+                         sum(isinstance(s, FusedGroup) for s in schedule),
+                         sum(not isinstance(s, FusedGroup) for s in schedule), after)
     log.debug("compiled %s in %.3f s", graph.name, time.perf_counter() - start)
-    _dump(graph, {"loop_ir_before_fusion.py": before, "loop_ir_after_fusion.py": after + "\n\n" +
-                  loop.describe(), "kernels.cpp": source, "wrapper.py": wrapper})
+    if dump:
+        _dump(graph, {"loop_ir_before_fusion.py": before, "loop_ir_after_fusion.py": after + "\n\n" +
+                      loop.describe(), "kernels.cpp": source, "wrapper.py": wrapper})
     counters["cpp"]["graphs compiled"] += 1
     return CompiledGraph(graph, loop, schedule, memory, source, wrapper, call)
 
