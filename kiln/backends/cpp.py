@@ -85,7 +85,7 @@ def compile_graph(graph: Graph, example_inputs: list) -> CompiledGraph:
     for step in memory.steps:
         if isinstance(step.node, Segment):
             parts.append(segment_source(f"kiln_{step.node.name}", step.node.groups, step.node.args,
-                                        loop.buffers))
+                                        loop.buffers, step.node.aliases))
     source = "\n".join(parts) + "\n"
     lib = build(source) if len(parts) > 1 else None
     entries = {}

@@ -747,9 +747,14 @@ def _row_major(shape: tuple) -> list[int]:
     return strides[::-1]
 
 
-def segment_source(entry: str, groups: list[FusedGroup], args: list[str], buffers: dict[str, Buffer]) -> str:
-    """The C++ of one `extern "C"` entry running `groups` in order; `args` name its pointer parameters."""
+def segment_source(entry: str, groups: list[FusedGroup], args: list[str], buffers: dict[str, Buffer],
+                   aliases: dict[str, str] | None = None) -> str:
+    """The C++ of one `extern "C"` entry running `groups` in order; `args` name its pointer parameters.
+
+    `aliases` maps a buffer written in place to the parameter (of the same dtype) it is stored through.
+    """
     pointers = {name: f"p_{name}" for name in args}
+    pointers.update({name: f"p_{target}" for name, target in (aliases or {}).items()})
     writer = KernelWriter(buffers, pointers)
     params = ", ".join(f"{CTYPES[buffers[n].dtype]}* __restrict__ p_{n}" for n in args)
     writer.lines.append(f'extern "C" int {entry}({params}) {{')

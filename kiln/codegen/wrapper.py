@@ -150,7 +150,11 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any],
         node = step.node
         for name, reuse in step.allocs:
             buf = graph.buffers[name]
-            if reuse is not None:
+            if reuse is not None and name in step.inplace:
+                # written in place by this step's kernels: `reuse` is still passed to them, freed after
+                lines.append(f"    {name} = {reuse}.as_strided({tuple(buf.shape)}, "
+                             f"{tuple(buf.layout.strides)})")
+            elif reuse is not None:
                 lines.append(f"    {name} = {reuse}.as_strided({tuple(buf.shape)}, "
                              f"{tuple(buf.layout.strides)}); del {reuse}")
             else:
@@ -173,7 +177,7 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any],
         for name in step.frees:
             if name in recyclable:
                 lines.append(f"    _pool[{name!r}] = {name}; del {name}")
-            elif name not in pooled:
+            elif name not in pooled or name in step.inplace.values():
                 lines.append(f"    del {name}")
     for position, value in graph.mutations:
         lines.append(f"    {params[position]}.copy_({_render(src, value)})")

@@ -5,17 +5,23 @@ buffers a segment writes are allocated just before it; a buffer is released afte
 last, unless it is an output (or the base of an output view, or the final value of a mutated input).
 A buffer allocated later reuses released memory of the same dtype and storage size (never within one
 segment: its pointers are `__restrict__`).
+A buffer may also be written in place of one its kernel reads last (`_in_place`): then it is no pointer
+parameter of its own, the kernel stores through the source's pointer.
 """
 from __future__ import annotations
 
 import dataclasses
 
+import sympy
+
 from .. import config
 from ..graph import flatten
-from ..lower.ir import BufferRef, ComputedBuffer, ExternNode, InputBuffer, LoopGraph, OutputView
+from ..lower.index import simplify_index
+from ..lower.ir import BufferRef, ComputedBuffer, ExternNode, InputBuffer, LoopGraph, OutputView, Pointwise
 from .fusion import FusedGroup
 
 log = config.channel("fusion")
+
 
 
 @dataclasses.dataclass
@@ -24,6 +30,7 @@ class Segment:
     groups: list[FusedGroup]
     writes: list[str]
     args: list[str] = dataclasses.field(default_factory=list)  # pointer parameters, in order
+    aliases: dict[str, str] = dataclasses.field(default_factory=dict)  # in-place buffer -> pointer param
 
 
 @dataclasses.dataclass
@@ -31,6 +38,7 @@ class Step:
     node: Segment | ExternNode
     allocs: list[tuple[str, str | None]]  # (buffer, buffer whose memory it reuses, or None)
     frees: list[str]
+    inplace: dict[str, str] = dataclasses.field(default_factory=dict)  # buffer -> source it overwrites
 
 
 @dataclasses.dataclass
@@ -75,6 +83,51 @@ def _localize(nodes: list, kept: set[str]) -> None:
                 log.debug("%s stays inside %s (%s)", name, group.name, group.local[name])
 
 
+def _dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Each element at its own address, no gaps (a permutation of a contiguous layout), not empty."""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(shape, strides) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return expected > 0 and all(s > 0 for s in shape)
+
+
+def _in_place(graph: LoopGraph, seg: Segment, name: str, candidates: set[str]) -> str | None:
+    """A buffer of `candidates` that `name` may overwrite in place, or None.
+
+    `candidates` are dead after this segment, kiln-allocated intermediates (no input, output, view base,
+    extern argument). Conservative: `name` is a pointwise member of a kernel whose members are all
+    pointwise; it is the only reader of the source in the rest of the segment (its own kernel included),
+    and every load of the source uses exactly the store index over the same layout and dtype.
+    """
+    buf = graph.buffers[name]
+    at = next(k for k, g in enumerate(seg.groups) if name in g.buffer_names())
+    group = seg.groups[at]
+    member = next(m for m in group.members if m.buffer.name == name)
+    if name in group.local or not all(isinstance(m.buffer.data, Pointwise) for m in group.members):
+        return None
+    if member.role not in ("inner", "outer") or any(m.role == "scan" for m in group.members):
+        return None
+    loads = group.member_loads(member)
+    store = simplify_index(sympy.expand(group.store_index(member)), group.var_ranges())
+    for source in dict.fromkeys(n for n, _ in loads):
+        if source not in candidates or source in group.buffer_names():
+            continue
+        src = graph.buffers[source]
+        if src.dtype != buf.dtype or src.layout != buf.layout or not _dense(src.layout.shape,
+                                                                           src.layout.strides):
+            continue
+        if any(n == source and sympy.expand(e - store) != 0 for n, e in loads):
+            continue
+        others = [m for m in group.members if m is not member] + \
+            [m for g in seg.groups[at + 1:] for m in g.members]
+        if any(n == source for m in others for n, _ in m.buffer.reads()):
+            continue
+        return source
+    return None
+
+
 def plan(graph: LoopGraph, schedule: list[FusedGroup | ExternNode]) -> Plan:
     """Steps with allocations and frees for the scheduled kernels of `graph`."""
     nodes: list[Segment | ExternNode] = []
@@ -115,13 +168,28 @@ def plan(graph: LoopGraph, schedule: list[FusedGroup | ExternNode]) -> Plan:
 
     extern_inputs = {name for node in nodes if isinstance(node, ExternNode) and node.kind == "fallback"
                      for name in node.reads()}
+    extern_reads = {name for node in nodes if isinstance(node, ExternNode) for name in node.reads()}
+    kernel_written = {name for node in nodes if isinstance(node, Segment) for name in node.writes}
     free_pool: dict[tuple, list[str]] = {}
     steps: list[Step] = []
     for i, node in enumerate(nodes):
         allocs: list[tuple[str, str | None]] = []
+        inplace: dict[str, str] = {}
         if isinstance(node, Segment):
+            dead = {n for n in reads[i] if last_use.get(n) == i and n in kernel_written and n not in kept
+                    and n not in local_all and n not in extern_reads and n in graph.buffers
+                    and isinstance(graph.buffers[n], ComputedBuffer) and graph.buffers[n].data is not None}
             for name in node.writes:
                 buf = graph.buffers[name]
+                source = None
+                if config.get("cpp_in_place"):  # over an intermediate it reads last at the same index
+                    source = _in_place(graph, node, name, dead - set(inplace.values()))
+                if source is not None:
+                    inplace[name] = source
+                    node.aliases[name] = node.aliases.get(source, source)
+                    allocs.append((name, source))
+                    log.debug("%s is written in place of %s", name, source)
+                    continue
                 key = (buf.dtype, buf.layout.storage_size())
                 pool = free_pool.get(key)
                 reuse = pool.pop() if pool else None
@@ -140,7 +208,9 @@ def plan(graph: LoopGraph, schedule: list[FusedGroup | ExternNode]) -> Plan:
                 frees.append(name)
                 # a fallback's result may alias its inputs (a view op run by torch): never reuse them
                 if isinstance(buf, ComputedBuffer) and buf.layout.storage_size() > 0 and \
-                        name not in extern_inputs:
+                        name not in extern_inputs and name not in inplace.values():
                     free_pool.setdefault((buf.dtype, buf.layout.storage_size()), []).append(name)
-        steps.append(Step(node, allocs, frees))
+        if inplace:
+            node.args = [n for n in node.args if n not in node.aliases]
+        steps.append(Step(node, allocs, frees, inplace))
     return Plan(steps, kept)

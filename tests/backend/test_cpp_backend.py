@@ -351,3 +351,82 @@ def test_fresh_large_buffers_kept_by_the_caller():
     assert first.data_ptr() != second.data_ptr()
     torch.testing.assert_close(first, torch.softmax(x * 2, -1))
     torch.testing.assert_close(second, torch.softmax((x + 1) * 2, -1))
+
+
+def _in_place_pairs(c):
+    return [(name, src) for s in c.plan.steps for name, src in s.inplace.items()]
+
+
+def _without_in_place(fn, *inputs):
+    with config.patch(cpp_in_place=False):
+        return compiled(fn, *inputs)
+
+
+def test_pointwise_written_in_place_of_its_last_input():
+    torch.manual_seed(0)
+    x = torch.randn(64, 48)
+
+    def fn(x):
+        a = torch.sigmoid(x) * 2  # materialized: the column sums read it across rows
+        s = a.sum(0)
+        b = torch.exp(a) / s  # last reader of `a`, same index: overwrites it
+        t = b.sum(0)
+        return torch.tanh(b) + t  # last reader of `b`: overwrites it (so `a`'s memory) again
+    c = check(fn, x)
+    plain = _without_in_place(fn, x)
+    assert _in_place_pairs(c) and not _in_place_pairs(plain), c.wrapper_source
+    assert c.allocations < plain.allocations, (c.wrapper_source, plain.wrapper_source)
+    assert torch.equal(c(x), plain(x))
+    torch.testing.assert_close(c(x + 1), fn(x + 1))  # a second call with other values
+
+
+def test_no_in_place_for_a_transposed_read():
+    torch.manual_seed(0)
+    x = torch.randn(48, 48)
+
+    def fn(x):
+        a = torch.sigmoid(x) * 2
+        s = a.sum(0)
+        return a.t() / s  # same size and layout, but element (i, j) reads a[j, i]
+    c = check(fn, x)
+    assert not _in_place_pairs(c), c.wrapper_source
+
+
+def test_no_in_place_when_read_again_later():
+    torch.manual_seed(0)
+    x, w = torch.randn(48, 48), torch.randn(48, 48)
+
+    def later_kernel(x):
+        a = torch.sigmoid(x) * 2
+        s = a.sum(0)
+        b = torch.exp(a) / s
+        return b, (a * b).amax(0)  # `a` is read again (by a reduction) after `b` is written
+    c = check(later_kernel, x)
+    assert not _in_place_pairs(c), c.wrapper_source
+
+    def later_extern(x, w):
+        a = torch.sigmoid(x) * 2
+        s = a.sum(0)
+        return torch.exp(a) / s, a @ w  # the matmul reads `a` after the pointwise
+    c = check(later_extern, x, w, atol=1e-5, rtol=1e-5)
+    assert not _in_place_pairs(c), c.wrapper_source
+
+
+def test_no_in_place_over_outputs_and_inputs():
+    torch.manual_seed(0)
+    x = torch.randn(64, 48)
+
+    def output(x):
+        a = torch.sigmoid(x) * 2
+        s = a.sum(0)
+        return a, torch.exp(a) / s  # `a` is returned: never overwritten
+    c = check(output, x)
+    assert not _in_place_pairs(c), c.wrapper_source
+    a, b = c(x)
+    torch.testing.assert_close(a, output(x)[0])
+
+    def over_input(x):
+        return torch.exp(x) / (x * x).sum(0)  # `x` is the caller's: never overwritten
+    x0 = x.clone()
+    c = check(over_input, x)
+    assert not _in_place_pairs(c) and torch.equal(x, x0), c.wrapper_source
