@@ -5,28 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from kiln import prims
-from kiln.graph import TensorMeta
-
-
-def as_meta(v):
-    return TensorMeta.of(v) if isinstance(v, torch.Tensor) else v
-
-
-def check_prim(p, *args):
-    out = p(*args)
-    meta = p.meta(*[as_meta(a) for a in args])
-    outs = out if isinstance(out, tuple) else (out,)
-    metas = meta if isinstance(meta, tuple) else (meta,)
-    assert len(outs) == len(metas)
-    for o, m in zip(outs, metas):
-        assert tuple(m.shape) == tuple(o.shape), (p.name, m.shape, o.shape)
-        assert m.dtype == o.dtype, (p.name, m.dtype, o.dtype)
-    return out
-
-
-def meta_raises(exc, p, *args, match=None):
-    with pytest.raises(exc, match=match):
-        p.meta(*[as_meta(a) for a in args])
+from prims_helpers import check_prim, meta_raises
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.complex64])
