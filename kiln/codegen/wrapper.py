@@ -27,6 +27,12 @@ def _restride(t: torch.Tensor, strides: tuple) -> torch.Tensor:
     return out
 
 
+def _view(t: torch.Tensor, shape: tuple, strides: tuple, offset: int) -> torch.Tensor:
+    """A strided view of `t`'s memory: `offset` counts from `t`'s first element (as the kernels' pointers
+    do), not from the start of its storage — an input or constant may itself be a view into a larger one."""
+    return t.as_strided(shape, strides, t.storage_offset() + offset)
+
+
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 # Fresh buffers of at least HUGE_BYTES ask the kernel for transparent huge pages before their first touch:
@@ -85,7 +91,7 @@ class _Source:
     def __init__(self) -> None:
         self.lines: list[str] = []
         self.globals: dict[str, Any] = {"torch": torch, "_restride": _restride, "_recycle": _recycle,
-                                        "_fresh": _fresh, "_pool": {}}
+                                        "_fresh": _fresh, "_view": _view, "_pool": {}}
         self.count = 0
 
     def const(self, value: Any, hint: str = "c") -> str:
@@ -100,7 +106,7 @@ def _render(src: _Source, value: Any) -> str:
     if isinstance(value, BufferRef):
         return value.name
     if isinstance(value, OutputView):
-        return f"{value.name}.as_strided({tuple(value.shape)}, {tuple(value.strides)}, {value.offset})"
+        return f"_view({value.name}, {tuple(value.shape)}, {tuple(value.strides)}, {value.offset})"
     if isinstance(value, tuple) and type(value) is tuple:
         inner = ", ".join(_render(src, v) for v in value)
         return f"({inner},)" if value else "()"
@@ -194,7 +200,7 @@ def _extern_lines(src: _Source, node: ExternNode) -> list[str]:
         if isinstance(v, BufferRef):
             refs.append(v.name)
         elif isinstance(v, ViewRef):
-            refs.append(f"{v.name}.as_strided({tuple(v.shape)}, {tuple(v.strides)}, {v.offset})")
+            refs.append(f"_view({v.name}, {tuple(v.shape)}, {tuple(v.strides)}, {v.offset})")
     map_structure(ref, (node.args, node.kwargs))
     template = (node.args, node.kwargs)
     target = node.target

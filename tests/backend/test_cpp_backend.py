@@ -257,8 +257,53 @@ def test_linear_and_attention_pass_views_to_externs():
     with torch.no_grad():
         c = check(attention, x, atol=1e-5, rtol=1e-5)
     if not c.graph.fallbacks():
-        # the weight's transpose and q, k, v reach the externs as views: one kernel (the bias add)
-        assert c.kernel_count == 1, c.loop.describe()
+        # the weight's transpose and q, k, v reach the externs as views; the bias joins the matmul (addmm)
+        assert c.kernel_count == 0, c.loop.describe()
+        assert [e.target_name for e in c.externs] == ["torch.addmm", "prims.sdpa"]
+
+
+def test_bias_add_folds_into_addmm_only_when_materialized():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(32, 24)
+    x = torch.randn(3, 5, 32)
+    with torch.no_grad():
+        c = compiled(lin, x)
+        # eager's F.linear calls addmm: the same call gives the same bits
+        assert torch.equal(c(x), lin(x))
+        assert c.kernel_count == 0 and [e.target_name for e in c.externs] == ["torch.addmm"]
+        # a pointwise op after the bias add: the add stays inlined in that op's kernel
+        c = check(lambda x: torch.relu(lin(x)), x, atol=1e-5, rtol=1e-5)
+        assert c.kernel_count == 1 and [e.target_name for e in c.externs] == ["prims.mm"]
+        # the product read twice (no single reader): no fold
+        c = check(lambda x: (lambda m: (m + lin.bias, m * 2))(x @ lin.weight.t()), x, atol=1e-5, rtol=1e-5)
+        assert [e.target_name for e in c.externs] == ["prims.mm"]
+        # a bias that is not a row vector over the last dim: no fold
+        col = torch.randn(3, 5, 1)
+        c = check(lambda x, col: x @ lin.weight.t() + col, x, col, atol=1e-5, rtol=1e-5)
+        assert [e.target_name for e in c.externs] == ["prims.mm"]
+        # float64 and a bias that is a slice of a larger tensor
+        big = torch.randn(40, dtype=torch.float64)
+        w = torch.randn(24, 32, dtype=torch.float64)
+        x64 = x.double()
+        c = check(lambda x: torch.nn.functional.linear(x, w, big[7:31]), x64)
+        assert [e.target_name for e in c.externs] == ["torch.addmm"]
+
+
+def test_inputs_and_constants_that_are_views_with_a_storage_offset():
+    # extern arguments and output views are strided views counted from the tensor's first element
+    torch.manual_seed(0)
+    weights, biases = torch.randn(10, 8), torch.randn(10)
+    w, b = weights[2:8], biases[3:9]
+    x = torch.randn(4, 8)
+    offset_x = torch.randn(5, 8)[1:]
+    assert offset_x.storage_offset() == 8
+    fns = [lambda x: torch.nn.functional.linear(x, w, b), lambda x: torch.nn.functional.linear(x, w).relu(),
+           lambda x: x.t() @ x, lambda x: x[1:], lambda x: x.t(), lambda x: (x[1:] @ w.t()).sum(0)]
+    with torch.no_grad():
+        for fn in fns:
+            c = compiled(fn, x)
+            for inp in (x, offset_x):
+                torch.testing.assert_close(c(inp), fn(inp), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
