@@ -18,7 +18,7 @@ import torch
 from .. import config
 from ..counters import counters
 from ..graph import Graph, Node, TensorMeta, flatten, map_structure
-from .index import contiguous_strides, linear_index, unravel
+from .index import contiguous_strides, linear_index, simplify_index, unravel
 from .ir import (BufferRef, ComputedBuffer, ExternNode, InputBuffer, Layout, LoopGraph, OutputView,
                  Pointwise, Reduction, Scan, ViewRef)
 from .ops import BINARY_OPS, UNARY_OPS, CountHandler
@@ -376,9 +376,17 @@ def lower_view(ctx: Lowering, node: Node, a: Box, *args: Any, **kwargs: Any) -> 
         raise Unlowerable(f"prims.{node.target.name} did not give a view")
     out_strides, out_offset, in_shape = tuple(out.stride()), out.storage_offset(), a.shape
     loader = a.loader
+    # The view's index map, simplified once over placeholders bounded by the view's shape: chains of
+    # reshapes then stay linear in size (composing raw unravels nests every dim's expression in each
+    # of the next view's dims, and sympy time grows exponentially with the chain).
+    places = [sympy.Dummy(f"v{d}", integer=True, nonnegative=True) for d in range(len(out.shape))]
+    template = unravel(linear_index(places, out_strides, out_offset), in_shape)
+    if all(int(s) > 0 for s in out.shape):
+        template = [simplify_index(e, dict(zip(places, (int(s) for s in out.shape)))) for e in template]
 
     def load(h: Any, index: list) -> Any:
-        return loader(h, unravel(linear_index(index, out_strides, out_offset), in_shape))
+        sub = dict(zip(places, index))
+        return loader(h, [e if e.is_Integer else e.xreplace(sub) for e in template])
     return Box(tuple(out.shape), a.dtype, load)
 
 
