@@ -22,6 +22,7 @@ from ..counters import counters
 from ..graph import Graph, flatten, run, to_prims
 from ..lower import lower
 from ..lower.ir import LoopGraph
+from ..lower.patterns import fold_bias_into_mm
 from ..schedule.fusion import FusedGroup, fuse
 from ..schedule.memory import Plan, Segment, plan
 from . import register_backend
@@ -75,6 +76,7 @@ def compile_graph(graph: Graph, example_inputs: list) -> CompiledGraph:
             raise NotImplementedError(f"cpp backend: input on {t.device}")
     prim_graph = to_prims(graph)
     loop = lower(prim_graph)
+    fold_bias_into_mm(loop)
     # Printing loop IR is slow (sympy): only for a debug dump or the fusion log.
     dump = bool(config.get("debug_dir"))
     explain = fusion_log.isEnabledFor(logging.DEBUG)
