@@ -125,6 +125,8 @@ def _has_inner(group: FusedGroup) -> bool:
 def _reads_are_local(group: FusedGroup, member: Member) -> bool:
     """Every read of a buffer of `group` hits the element written for the current outer index."""
     written = {m.buffer.name: m for m in group.members}
+    # a size-1 loop variable is always 0, whether or not an index expression mentions it
+    ones = {v: 0 for v, size in group.var_ranges().items() if size == 1}
     for name, expr in group.member_loads(member):
         producer = written.get(name)
         if producer is None:
@@ -132,7 +134,7 @@ def _reads_are_local(group: FusedGroup, member: Member) -> bool:
         if producer.role == "inner" and member.role == "outer":
             return False  # an inner loop's buffer is complete, but read at a single point: keep it simple
         want = simplify_index(sympy.expand(group.store_index(producer)), group.var_ranges())
-        if sympy.expand(expr - want) != 0:
+        if sympy.expand(expr - want).xreplace(ones) != 0:
             return False
     return True
 

@@ -75,6 +75,15 @@ def test_layer_norm_is_one_kernel():
     check(lambda x, w, b: torch.nn.functional.layer_norm(x, (100,), w, b), x, w, b, kernels=1)
 
 
+@pytest.mark.parametrize("shape", [(1, 17, 100), (17, 1, 100), (1, 1, 100)])
+def test_size_one_dims_do_not_split_kernels(shape):
+    # a batch of 1: the size-1 loop variable is 0 whether or not an index mentions it
+    x = torch.randn(shape)
+    w, b = torch.randn(100), torch.randn(100)
+    check(lambda x, w, b: torch.nn.functional.layer_norm(x, (100,), w, b), x, w, b, kernels=1)
+    check(lambda x: torch.softmax(x, -1), x, kernels=1)
+
+
 def test_gelu_mul_add_sum():
     a, b = torch.randn(64, 301), torch.randn(64, 301)
     check(lambda a, b: torch.nn.functional.gelu(a * b + 1).sum(-1), a, b, kernels=1)
