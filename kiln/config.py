@@ -120,6 +120,7 @@ define("strict_decompositions", False,
        "raise when a decomposition disagrees with eager instead of falling back to the torch op")
 define("fuel", -1, "optimization fuel: stop fusing after this many fusions (-1: unlimited)")
 define("cxx", "g++", "C++ compiler used by the cpp backend", type=str)
+define("memory_order", True, "cpp backend: order kernels to keep peak memory low")
 define("cpp_in_place", True, "cpp backend: a pointwise kernel may write over the buffer it last reads")
 
 

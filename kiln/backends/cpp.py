@@ -25,6 +25,7 @@ from ..lower.ir import LoopGraph
 from ..lower.patterns import fold_bias_into_mm
 from ..schedule.fusion import FusedGroup, fuse
 from ..schedule.memory import Plan, Segment, plan
+from ..schedule.order import order
 from . import register_backend
 
 log = config.channel("kernels")
@@ -81,7 +82,7 @@ def compile_graph(graph: Graph, example_inputs: list) -> CompiledGraph:
     dump = bool(config.get("debug_dir"))
     explain = fusion_log.isEnabledFor(logging.DEBUG)
     before = loop.describe(f"loop IR of {graph.name} before fusion") if dump else ""
-    schedule = fuse(loop)
+    schedule = order(loop, fuse(loop))
     memory = plan(loop, schedule)
     parts = [HEADER]
     for step in memory.steps:

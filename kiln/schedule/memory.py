@@ -49,6 +49,57 @@ class Plan:
     def allocations(self) -> int:
         return sum(1 for s in self.steps for _, reuse in s.allocs if reuse is None)
 
+    def peak_bytes(self, graph: LoopGraph) -> int:
+        """The most bytes of kiln-allocated buffers (intermediates, outputs, extern results) held at once."""
+        return peak_bytes(graph, self.steps)
+
+
+def peak_bytes(graph: LoopGraph, steps: list[Step]) -> int:
+    """The peak of the bytes the steps hold: what `Plan.peak_bytes` reports.
+
+    Memory is counted in blocks. A fresh allocation (before its segment) and each extern result (made by
+    torch while the extern's arguments are alive) is a new block. A buffer carved from a freed one
+    (`allocs` with a reuse) takes over its block: the freed buffer keeps the block until then, so its free
+    releases nothing. A buffer written in place (`inplace`) shares its source's block, which the source's
+    free (after the same step) leaves to it. A block is released when its last buffer is freed. Graph
+    inputs and constants are not counted; the peak is taken after each step's allocations, before its frees.
+    (The wrapper's cross-call recycling of fresh buffers is not modelled: this is the plan's memory.)
+    """
+    handed_on = {reuse for s in steps for name, reuse in s.allocs
+                 if reuse is not None and name not in s.inplace}
+    block: dict[str, int] = {}
+    size: list[int] = []
+    refs: list[int] = []
+    live = peak = 0
+
+    def fresh(name: str, nbytes: int) -> None:
+        nonlocal live
+        block[name] = len(size)
+        size.append(nbytes)
+        refs.append(1)
+        live += nbytes
+
+    for step in steps:
+        for name, reuse in step.allocs:
+            if reuse is None:
+                fresh(name, graph.buffers[name].nbytes())
+            else:
+                block[name] = block[reuse]
+                if name in step.inplace:
+                    refs[block[name]] += 1
+        if isinstance(step.node, ExternNode):
+            for out in step.node.outputs:
+                fresh(out.name, out.nbytes())
+        peak = max(peak, live)
+        for name in step.frees:
+            b = block.get(name)
+            if b is None or name in handed_on:
+                continue
+            refs[b] -= 1
+            if refs[b] == 0:
+                live -= size[b]
+    return peak
+
 
 def _segment_reads(seg: Segment) -> list[str]:
     names: dict[str, None] = {}

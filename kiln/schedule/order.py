@@ -1,0 +1,274 @@
+"""Kernel order: run the fused schedule in a dependency-respecting order that keeps peak memory low.
+
+Program order can hold many large buffers at once: `m1 = x @ w1; m2 = x @ w2; m3 = x @ w3` followed by one
+reduction of each keeps all three products alive, where computing each product just before its reduction
+keeps one. Two candidate orders are tried: greedy list scheduling (among the items whose inputs are
+ready, run the one that allocates least net of what it frees: its results' bytes, less the bytes of the
+buffers it reads last; ties go to program order) and a depth-first post-order that runs each item right
+after its dependencies, the heavier ones first. A kernel (`FusedGroup`) is atomic: its members run together.
+
+Constraints besides read-after-write: fallbacks keep their relative order (random ops draw from torch's
+generator in program order; others may have side effects), and an item reading a buffer a fallback may
+touch stays on its side of that fallback (an in-place torch op run as a fallback writes its argument, and
+a fallback's result may be a view of its argument, so the fallback's arguments and results count as one
+buffer).
+
+A candidate is taken only when a simulation of `memory.plan` (segments, frees after last use, reuse of
+freed memory; not in-place writes) gives it a strictly lower peak than program order: an order that is
+already good comes back unchanged, the same list object. Without extern calls the schedule is one segment,
+whose buffers the plan allocates together and frees together: no order is tried.
+"""
+from __future__ import annotations
+
+import heapq
+import time
+
+from .. import config
+from ..graph import flatten
+from ..lower.ir import BufferRef, ComputedBuffer, ExternNode, InputBuffer, LoopGraph, OutputView
+from .fusion import FusedGroup
+from .memory import Step, peak_bytes
+
+log = config.channel("fusion")
+
+
+class _Items:
+    """What the scheduler needs of each item of the schedule, by index."""
+
+    def __init__(self, graph: LoopGraph, schedule: list[FusedGroup | ExternNode]):
+        self.graph = graph
+        self.schedule = schedule
+        self.kept: set[str] = set()
+        for value in flatten((graph.output, [m[1] for m in graph.mutations])):
+            if isinstance(value, (BufferRef, OutputView)):
+                self.kept.add(value.name)
+        n = len(schedule)
+        self.writes: list[list[str]] = []  # every buffer the item produces
+        self.reads: list[list[str]] = []  # every buffer it loads, its own included (as plan counts them)
+        self.readers: dict[str, set[int]] = {}
+        for i, item in enumerate(schedule):
+            if isinstance(item, FusedGroup):
+                self.writes.append([m.buffer.name for m in item.members])
+                names = [name for m in item.members for name, _ in m.buffer.reads()]
+            else:
+                self.writes.append([o.name for o in item.outputs])
+                names = item.reads()
+            self.reads.append(list(dict.fromkeys(names)))
+            for name in self.reads[i]:
+                self.readers.setdefault(name, set()).add(i)
+        # buffers living inside one kernel (memory._localize decides the same way): never allocated
+        self.local: set[str] = set()
+        for i, item in enumerate(schedule):
+            if isinstance(item, FusedGroup) and not item.threads_split_inner():
+                for name in self.writes[i]:
+                    readers = self.readers.get(name)
+                    if name not in self.kept and readers and readers <= {i}:
+                        self.local.add(name)
+        self.allocated = [[w for w in ws if w not in self.local] for ws in self.writes]
+        self.nbytes = {name: graph.buffers[name].nbytes() for ws in self.allocated for name in ws}
+        self.is_group = [isinstance(item, FusedGroup) for item in schedule]
+        self.fallback_reads = {name for item in schedule if isinstance(item, ExternNode)
+                               and item.kind == "fallback" for name in item.reads()}
+        self.n = n
+
+    def dependencies(self) -> list[set[int]]:
+        """For each item, the items that must run before it."""
+        producer = {name: i for i, ws in enumerate(self.writes) for name in ws}
+        before: list[set[int]] = [set() for _ in range(self.n)]
+        for i, names in enumerate(self.reads):
+            for name in names:
+                j = producer.get(name)
+                if j is not None and j != i:
+                    before[i].add(j)
+        # fallbacks in program order, and each reader of what a fallback touches on its side of it
+        alias: dict[str, str] = {}
+
+        def root(name: str) -> str:
+            while alias.get(name, name) != name:
+                alias[name] = alias.get(alias[name], alias[name])  # path halving
+                name = alias[name]
+            return name
+        fallbacks = [i for i in range(self.n) if self.is_fallback(i)]
+        for i in fallbacks:
+            names = self.reads[i] + self.writes[i]
+            for name in names[1:]:
+                a, b = root(names[0]), root(name)
+                if a != b:
+                    alias[b] = a
+        touched = {root(name) for i in fallbacks for name in self.reads[i] + self.writes[i]}
+        last_fallback: dict[str, int] = {}  # alias class -> the latest fallback touching it
+        readers_since: dict[str, list[int]] = {}  # alias class -> its readers since that fallback
+        for previous, i in zip(fallbacks, fallbacks[1:]):
+            before[i].add(previous)
+        for i in range(self.n):
+            classes = {root(name) for name in self.reads[i]} & touched
+            for c in classes:
+                if c in last_fallback:
+                    before[i].add(last_fallback[c])
+            if self.is_fallback(i):
+                for c in classes | {root(name) for name in self.writes[i]}:
+                    before[i].update(readers_since.pop(c, ()))
+                    last_fallback[c] = i
+            else:
+                for c in classes:
+                    readers_since.setdefault(c, []).append(i)
+        for i in range(self.n):
+            before[i].discard(i)
+        return before
+
+    def is_fallback(self, i: int) -> bool:
+        item = self.schedule[i]
+        return isinstance(item, ExternNode) and item.kind == "fallback"
+
+    def freeable(self, name: str) -> bool:
+        return name in self.nbytes and name not in self.kept
+
+
+def _greedy(items: _Items, before: list[set[int]]) -> list[int]:
+    """Items in a dependency order; among the ready ones, the least net allocation first."""
+    n = items.n
+    after: list[list[int]] = [[] for _ in range(n)]
+    waiting = [len(b) for b in before]
+    for i, deps in enumerate(before):
+        for j in deps:
+            after[j].append(i)
+    # bytes an item frees for good whatever the order: what it writes and no other item reads
+    own: list[int] = []
+    loads: list[list[str]] = []  # freeable buffers of other items it reads
+    for i in range(n):
+        written = set(items.writes[i])
+        own.append(sum(items.nbytes[w] for w in items.allocated[i]
+                       if items.freeable(w) and items.readers.get(w, set()) <= {i}))
+        loads.append([r for r in items.reads[i] if r not in written and items.freeable(r)])
+    left = {name: set(readers) for name, readers in items.readers.items() if items.freeable(name)}
+
+    def score(i: int) -> int:
+        alloc = sum(items.nbytes[w] for w in items.allocated[i])
+        return alloc - own[i] - sum(items.nbytes[r] for r in loads[i] if len(left[r]) == 1)
+    current: dict[int, int] = {}
+    heap: list[tuple[int, int]] = []
+    for i in range(n):
+        if waiting[i] == 0:
+            current[i] = score(i)
+            heap.append((current[i], i))
+    heapq.heapify(heap)
+    result: list[int] = []
+    while heap:
+        s, i = heapq.heappop(heap)
+        if current.get(i) != s:
+            continue  # a stale entry: the item ran, or its score dropped since
+        del current[i]
+        result.append(i)
+        for name in loads[i]:
+            readers = left[name]
+            readers.discard(i)
+            if len(readers) == 1:  # its last reader now frees it
+                (j,) = readers
+                if j in current:
+                    current[j] = score(j)
+                    heapq.heappush(heap, (current[j], j))
+        for j in after[i]:
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                current[j] = score(j)
+                heapq.heappush(heap, (current[j], j))
+    if len(result) != n:
+        raise AssertionError(f"memory order: a dependency cycle among {n - len(result)} kernels")
+    return result
+
+
+def _depth_first(items: _Items, before: list[set[int]]) -> list[int]:
+    """Depth-first post-order from the sinks (in program order): each item right after its dependencies,
+    the heavier dependency subgraphs first (Sethi-Ullman's rule: what it leaves alive is then held while
+    less is in flight). The weight of an item is its bytes plus its dependencies' weights."""
+    weight: list[int] = []
+    for i in range(items.n):  # program order is a dependency order
+        weight.append(sum(items.nbytes[w] for w in items.allocated[i]) + sum(weight[j] for j in before[i]))
+    has_successor = [False] * items.n
+    for deps in before:
+        for j in deps:
+            has_successor[j] = True
+    done = [False] * items.n
+    result: list[int] = []
+    for sink in range(items.n):
+        if has_successor[sink] or done[sink]:
+            continue
+        stack = [(sink, iter(sorted(before[sink], key=lambda j: (-weight[j], j))))]
+        while stack:
+            i, deps = stack[-1]
+            j = next(deps, None)
+            if j is None:
+                stack.pop()
+                done[i] = True
+                result.append(i)
+            elif not done[j]:
+                done[j] = True  # (on the stack: a DAG has no path back to it)
+                stack.append((j, iter(sorted(before[j], key=lambda k: (-weight[k], k)))))
+    return result
+
+
+def _simulated_peak(items: _Items, sequence: list[int]) -> int:
+    """Peak bytes of the plan `memory.plan` would make for this order (without its in-place writes)."""
+    nodes: list[list[int]] = []  # runs of kernels (segments) and single externs
+    for i in sequence:
+        if items.is_group[i] and nodes and items.is_group[nodes[-1][0]]:
+            nodes[-1].append(i)
+        else:
+            nodes.append([i])
+    last_use: dict[str, int] = {}
+    for k, node in enumerate(nodes):
+        for i in node:
+            for name in items.reads[i]:
+                last_use[name] = k
+    buffers = items.graph.buffers
+    pool: dict[tuple, list[str]] = {}
+    steps: list[Step] = []
+    for k, node in enumerate(nodes):
+        allocs: list[tuple[str, str | None]] = []
+        if items.is_group[node[0]]:
+            for i in node:
+                for name in items.allocated[i]:
+                    buf = buffers[name]
+                    free = pool.get((buf.dtype, buf.layout.storage_size()))
+                    allocs.append((name, free.pop() if free else None))
+        frees = []
+        for name in sorted({name for i in node for name in items.reads[i] + items.allocated[i]}):
+            buf = buffers[name]
+            if name in items.kept or name in items.local or last_use.get(name, -1) > k:
+                continue
+            if isinstance(buf, InputBuffer) and (buf.position >= 0 or buf.constant is not None):
+                continue
+            frees.append(name)
+            if isinstance(buf, ComputedBuffer) and buf.layout.storage_size() > 0 and \
+                    name not in items.fallback_reads:
+                pool.setdefault((buf.dtype, buf.layout.storage_size()), []).append(name)
+        steps.append(Step(items.schedule[node[0]] if len(node) == 1 else None, allocs, frees))
+    return peak_bytes(items.graph, steps)
+
+
+def order(graph: LoopGraph, schedule: list[FusedGroup | ExternNode]) -> list[FusedGroup | ExternNode]:
+    """The schedule's items in an order that keeps the peak of live buffer bytes low.
+
+    Returns `schedule` itself when the flag `memory_order` is off or no order found beats program order.
+    """
+    if not config.get("memory_order") or len(schedule) < 3 or \
+            not any(isinstance(item, ExternNode) for item in schedule):
+        return schedule
+    start = time.perf_counter()
+    items = _Items(graph, schedule)
+    deps = items.dependencies()
+    program = list(range(items.n))
+    best, best_peak, program_peak = program, 0, None
+    for sequence in (_greedy(items, deps), _depth_first(items, deps)):
+        if sequence == program:
+            continue
+        if program_peak is None:
+            program_peak = best_peak = _simulated_peak(items, program)
+        peak = _simulated_peak(items, sequence)
+        if peak < best_peak:
+            best, best_peak = sequence, peak
+    if best is program:
+        return schedule
+    log.debug("memory order: peak %d -> %d bytes (%d items, %.1f ms)", program_peak, best_peak, items.n,
+              (time.perf_counter() - start) * 1e3)
+    return [schedule[i] for i in best]
