@@ -14,6 +14,7 @@ decompositions. Torch calls on proxies reach `call`:
 """
 from __future__ import annotations
 
+import inspect
 import itertools
 import weakref
 from typing import Any, Callable
@@ -118,8 +119,20 @@ def mark_inplace_flag(*targets: Any) -> None:
     INPLACE_FLAG_OPS.update(t for t in targets if t is not None)
 
 
+# Trailing-underscore names that change only a tensor's autograd or sharing state, not its values.
+_METADATA_ONLY = frozenset(["requires_grad_", "share_memory_", "detach_", "pin_memory_"])
+
+
+def _named_inplace(func: Any) -> bool:
+    """torch's naming rule: `name_` updates its first argument (`Tensor.cauchy_`, `nn.init.uniform_`)."""
+    name = getattr(func, "__name__", "")
+    return isinstance(name, str) and name.endswith("_") and not name.endswith("__") and \
+        not name.startswith("_") and name not in _METADATA_ONLY
+
+
 def is_inplace(func: Any, kwargs: dict) -> bool:
-    return func in INPLACE_OPS or (func in INPLACE_FLAG_OPS and kwargs.get("inplace") is True)
+    return func in INPLACE_OPS or (func in INPLACE_FLAG_OPS and kwargs.get("inplace") is True) or \
+        _named_inplace(func)
 
 
 # ---- the torch-call handler ------------------------------------------------------------------------------
@@ -222,9 +235,13 @@ def _lift(graph: Graph, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 
 def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     graph = tracer.graph
+    if kwargs.get("out") is not None:
+        return _record_out(tracer, func, args, kwargs)
     args, kwargs = _lift(graph, args, kwargs)
     name = _op_name(func)
     inplace = is_inplace(func, kwargs)
+    if inplace and not (args and isinstance(args[0], Proxy)):
+        args, kwargs = _target_first(func, args, kwargs)
     if inplace:
         _check_inplace(graph, func, args)
     outer = [v for v in flatten((args, kwargs)) if isinstance(v, Proxy)]
@@ -309,6 +326,10 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     node_kwargs = map_structure(lambda v: v.node if isinstance(v, Proxy) else v, kwargs)
     single = isinstance(structure, (Proxy, torch.Tensor))
     target = func
+    if inplace and decomposition is None:
+        # the graph is functional: the op updates a copy, which stands for the tensor from here on (and is
+        # written back at the end when the tensor is a graph input); reads before it see the old values
+        target = OnCopy(func)
     if not single and not _flat_tensor_sequence(structure):
         # A nested result such as (hist, [edges, ...]): the node's value is the flat tuple of its tensors,
         # which is how getitem numbers them, in the decomposition and in the torch op alike.
@@ -354,6 +375,24 @@ class TensorLeaves:
 
     def __call__(self, *args: Any, **kwargs: Any) -> tuple:
         return tuple(v for v in flatten(self.fn(*args, **kwargs)) if isinstance(v, torch.Tensor))
+
+    def __repr__(self) -> str:
+        return self.__qualname__
+
+
+class OnCopy:
+    """Runs an in-place torch op on a copy of its first argument and returns the updated copy."""
+
+    def __init__(self, fn: Any):
+        self.fn = fn
+        self.__name__ = getattr(fn, "__name__", "op")
+        self.__qualname__ = f"on_copy({torch_name(fn)})"
+        self.__module__ = "kiln.ops.registry"
+
+    def __call__(self, target: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        copy = target.clone()
+        out = self.fn(copy, *args, **kwargs)
+        return copy if out is target else out
 
     def __repr__(self) -> str:
         return self.__qualname__
@@ -415,6 +454,57 @@ def _raise_eager_error(func: Any, name: str, args: tuple, kwargs: dict, failure:
         raise _named(eager_error, name, args, kwargs) from None
 
 
+def _record_out(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
+    """`op(..., out=t)`: the op's functional result, then an in-place update of `t` (rebound and, for a
+    graph input, written back at the end), so reads of `t` before the call keep its old values."""
+    kwargs = dict(kwargs)
+    targets = kwargs.pop("out")
+    name = _op_name(func)
+    flat = list(targets) if isinstance(targets, (tuple, list)) else [targets]
+    if not all(isinstance(t, Proxy) for t in flat):
+        raise UnsupportedError(f"{name}(out=...) writes a tensor that is not traced (a constant)")
+    for t in flat:
+        _check_inplace(tracer.graph, func, (t,))
+    result = _record(tracer, func, args, kwargs)
+    values = list(result) if isinstance(result, (tuple, list)) else [result]
+    if len(values) != len(flat) or not all(isinstance(v, Proxy) for v in values):
+        raise UnsupportedError(f"{name}(out=...): the result does not match the out tensors")
+    for t, v in zip(flat, values):
+        if tuple(v.meta.shape) != tuple(t.meta.shape) or v.meta.dtype != t.meta.dtype:
+            raise UnsupportedError(f"{name}(out=...) resizes or casts into its out tensor "
+                                   f"({v.meta.short()} into {t.meta.short()})")
+        _apply_inplace(tracer.graph, t, v)
+    return targets
+
+
+def _target_first(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """An in-place function called with its target as a keyword (`nn.init.uniform_(tensor=w)`, as torch's
+    own dispatch does): the target becomes the first positional argument."""
+    try:
+        bound = inspect.signature(func).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return args, kwargs
+    items = list(bound.arguments.items())
+    if not items:
+        return args, kwargs
+    first_name, first = items[0]
+    rest = dict(items[1:])
+    params = inspect.signature(func).parameters
+    positional: list = []
+    keywords: dict = {}
+    for k, v in rest.items():
+        kind = params[k].kind
+        if kind is inspect.Parameter.POSITIONAL_ONLY:
+            positional.append(v)
+        elif kind is inspect.Parameter.VAR_POSITIONAL:
+            return args, kwargs  # f(target, *rest): nothing to reorder safely
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            keywords.update(v)
+        else:
+            keywords[k] = v
+    return (first, *positional), keywords
+
+
 def _check_inplace(graph: Graph, func: Any, args: tuple) -> None:
     target = args[0] if args else None
     if not isinstance(target, Proxy):
@@ -465,7 +555,7 @@ def _apply_inplace(graph: Graph, target: Proxy, result: Any) -> Proxy:
     new = result if isinstance(result, Proxy) else next(v for v in flatten(result) if isinstance(v, Proxy))
     check_same = new.meta
     if tuple(check_same.shape) != tuple(target.meta.shape) or check_same.dtype != target.meta.dtype:
-        raise RuntimeError(f"in-place result {check_same.short()} does not match the updated tensor "
+        raise UnsupportedError(f"in-place result {check_same.short()} does not match the updated tensor "
                            f"{target.meta.short()}")
     target.node = new.node
     target.example = new.example
