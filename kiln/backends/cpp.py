@@ -67,7 +67,7 @@ class CompiledGraph:
 
 def compile_graph(graph: Graph, example_inputs: list) -> CompiledGraph:
     """Compile a torch-level (or prim) graph for CPU tensors; raises on anything it cannot handle."""
-    from ..codegen.cpp import HEADER, segment_source
+    from ..codegen.cpp import header_for, segment_source
     from ..codegen.wrapper import load_entry, wrapper_source
     from ..runtime import build
 
@@ -84,13 +84,13 @@ def compile_graph(graph: Graph, example_inputs: list) -> CompiledGraph:
     before = loop.describe(f"loop IR of {graph.name} before fusion") if dump else ""
     schedule = order(loop, fuse(loop))
     memory = plan(loop, schedule)
-    parts = [HEADER]
+    parts = []
     for step in memory.steps:
         if isinstance(step.node, Segment):
             parts.append(segment_source(f"kiln_{step.node.name}", step.node.groups, step.node.args,
                                         loop.buffers, step.node.aliases))
-    source = "\n".join(parts) + "\n"
-    lib = build(source) if len(parts) > 1 else None
+    source = "\n".join([header_for("\n".join(parts))] + parts) + "\n"
+    lib = build(source) if parts else None
     entries = {}
     for step in memory.steps:
         if isinstance(step.node, Segment):

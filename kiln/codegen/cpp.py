@@ -10,6 +10,7 @@ out with non-temporal stores: no read-for-ownership of lines that are about to b
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import sympy
@@ -24,29 +25,16 @@ CTYPES = {torch.bfloat16: "kiln_bf16", torch.float16: "kiln_fp16", torch.float32
           torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t", torch.int16: "int16_t",
           torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool"}
 
-HEADER = r"""
-#include <algorithm>
-#include <cmath>
+# The header is assembled per source from the parts it uses: <cmath> alone costs g++ ~0.2 s, <immintrin.h>
+# ~0.6 s, so a graph whose kernels only copy or add builds in a fraction of the time.
+HEADER_BASE = r"""
 #include <cstdint>
-#include <limits>
 #include <cstring>
-#include <memory>
-#include <vector>
+#include <limits>
+#include <type_traits>
 #include <omp.h>
 
-#ifdef KILN_MVEC
-// glibc's libmvec has SIMD versions of these: declaring them lets the compiler vectorize loops calling them
-extern "C" {
-#define KILN_SIMD(name) \
-  __attribute__((simd("notinbranch"))) float name##f(float); \
-  __attribute__((simd("notinbranch"))) double name(double);
-KILN_SIMD(exp) KILN_SIMD(exp2) KILN_SIMD(expm1) KILN_SIMD(log) KILN_SIMD(log2) KILN_SIMD(log10)
-KILN_SIMD(log1p) KILN_SIMD(sin) KILN_SIMD(cos) KILN_SIMD(tan) KILN_SIMD(asin) KILN_SIMD(acos) KILN_SIMD(atan)
-KILN_SIMD(sinh) KILN_SIMD(cosh) KILN_SIMD(tanh) KILN_SIMD(asinh) KILN_SIMD(acosh) KILN_SIMD(atanh)
-KILN_SIMD(erf) KILN_SIMD(erfc)
-#undef KILN_SIMD
-}
-#endif
+static inline int64_t kiln_imin(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // bfloat16 and float16 values are stored as such and computed in float, rounded after every op (as eager)
 struct kiln_bf16 {
@@ -80,8 +68,9 @@ struct kiln_fp16 {
 
 // Non-temporal copy of a computed tile to its (large) output: no read-for-ownership of the destination
 // lines and no eviction of the inputs; the caller fences (kiln_stream_fence) before others read it.
+// (GCC's builtins rather than <immintrin.h>, which alone costs more to parse than most kernels.)
 #ifdef __AVX512F__
-#include <immintrin.h>
+typedef long long kiln_v8di __attribute__((vector_size(64)));
 static inline void kiln_stream_store(void* dst, const void* src, int64_t bytes) {
   char* d = static_cast<char*>(dst);
   const char* s = static_cast<const char*>(src);
@@ -89,11 +78,14 @@ static inline void kiln_stream_store(void* dst, const void* src, int64_t bytes) 
   if (head > bytes) head = bytes;
   std::memcpy(d, s, head);
   int64_t i = head;
-  for (; i + 64 <= bytes; i += 64)
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + i), _mm512_loadu_si512(s + i));
+  for (; i + 64 <= bytes; i += 64) {
+    kiln_v8di v;
+    std::memcpy(&v, s + i, 64);
+    __builtin_ia32_movntdq512(reinterpret_cast<kiln_v8di*>(d + i), v);
+  }
   std::memcpy(d + i, s + i, bytes - i);
 }
-static inline void kiln_stream_fence() { _mm_sfence(); }
+static inline void kiln_stream_fence() { __builtin_ia32_sfence(); }
 #else
 static inline void kiln_stream_store(void* dst, const void* src, int64_t bytes) {
   std::memcpy(dst, src, bytes);
@@ -108,11 +100,6 @@ template <typename T> static inline T kiln_max(T a, T b) {
 template <typename T> static inline T kiln_min(T a, T b) {
   return (a != a) ? a : ((b != b) ? b : (a < b ? a : b));
 }
-template <typename T> static inline T kiln_remainder(T a, T b) {
-  T r = std::fmod(a, b);
-  if (r != 0 && ((b < 0) != (r < 0))) r += b;
-  return r;
-}
 template <typename T> static inline T kiln_shl(T a, T b) {
   return (b < 0 || b >= (T)(sizeof(T) * 8)) ? T(0) : (T)((typename std::make_unsigned<T>::type)a << b);
 }
@@ -120,7 +107,6 @@ template <typename T> static inline T kiln_shr(T a, T b) {
   return (b < 0 || b >= (T)(sizeof(T) * 8)) ? (a < 0 ? T(-1) : T(0)) : (T)(a >> b);
 }
 template <typename T> static inline T kiln_sign(T a) { return (a != a) ? a : (T)((T(0) < a) - (a < T(0))); }
-template <typename T> static inline bool kiln_signbit(T a) { return std::signbit((double)a); }
 // argmax/argmin step: NaN counts as the extreme; ties keep the first index.
 template <typename T> static inline void kiln_argmax(T& v, int64_t& i, T nv, int64_t ni) {
   if (v != v) return;
@@ -131,6 +117,46 @@ template <typename T> static inline void kiln_argmin(T& v, int64_t& i, T nv, int
   if (nv != nv || nv < v) { v = nv; i = ni; }
 }
 """
+
+HEADER_MATH = r"""
+#include <cmath>
+
+#ifdef KILN_MVEC
+// glibc's libmvec has SIMD versions of these: declaring them lets the compiler vectorize loops calling them
+extern "C" {
+#define KILN_SIMD(name) \
+  __attribute__((simd("notinbranch"))) float name##f(float); \
+  __attribute__((simd("notinbranch"))) double name(double);
+KILN_SIMD(exp) KILN_SIMD(exp2) KILN_SIMD(expm1) KILN_SIMD(log) KILN_SIMD(log2) KILN_SIMD(log10)
+KILN_SIMD(log1p) KILN_SIMD(sin) KILN_SIMD(cos) KILN_SIMD(tan) KILN_SIMD(asin) KILN_SIMD(acos) KILN_SIMD(atan)
+KILN_SIMD(sinh) KILN_SIMD(cosh) KILN_SIMD(tanh) KILN_SIMD(asinh) KILN_SIMD(acosh) KILN_SIMD(atanh)
+KILN_SIMD(erf) KILN_SIMD(erfc)
+#undef KILN_SIMD
+}
+#endif
+
+template <typename T> static inline T kiln_remainder(T a, T b) {
+  T r = std::fmod(a, b);
+  if (r != 0 && ((b < 0) != (r < 0))) r += b;
+  return r;
+}
+template <typename T> static inline bool kiln_signbit(T a) { return std::signbit((double)a); }
+"""
+
+HEADER_MEMORY = "\n#include <memory>\n"
+
+_MATH_MARKERS = re.compile(r"std::(?!numeric_limits|memcpy|unique_ptr|make_unsigned)\w+|kiln_remainder|kiln_signbit")
+
+
+def header_for(body: str) -> str:
+    """The header a source with these kernels needs (the math and memory parts only where used)."""
+    parts = [HEADER_BASE]
+    if _MATH_MARKERS.search(body):
+        parts.append(HEADER_MATH)
+    if "std::unique_ptr" in body:
+        parts.append(HEADER_MEMORY)
+    parts.append(HEADER_REDUCTIONS)
+    return "".join(parts)
 
 
 
@@ -345,7 +371,7 @@ class CppHandler(Handler):
         raise NotImplementedError(f"cpp codegen: {name} on {dtype}")
 
 
-HEADER += "".join(
+HEADER_REDUCTIONS = "".join(
     f"#pragma omp declare reduction(k{op} : {t} : omp_out = kiln_{op}<{t}>(omp_out, omp_in)) "
     f"initializer(omp_priv = omp_orig)\n"
     for t in ("float", "double", "int64_t", "int32_t", "int16_t", "int8_t", "uint8_t", "bool")
@@ -520,8 +546,8 @@ class KernelWriter:
             size = inner[0]
             self.emit("const int64_t kiln_chunk = "
                       f"({size} + omp_get_num_threads() - 1) / omp_get_num_threads();", depth)
-            self.emit(f"const int64_t kiln_lo = std::min<int64_t>({size}, kiln_tid * kiln_chunk);", depth)
-            self.emit(f"const int64_t kiln_hi = std::min<int64_t>({size}, kiln_lo + kiln_chunk);", depth)
+            self.emit(f"const int64_t kiln_lo = kiln_imin({size}, kiln_tid * kiln_chunk);", depth)
+            self.emit(f"const int64_t kiln_hi = kiln_imin({size}, kiln_lo + kiln_chunk);", depth)
             return self._innermost(0, "kiln_lo", "kiln_hi", pragma, block, depth)
         for d, size in enumerate(inner):
             if split and d == 0:
@@ -536,7 +562,7 @@ class KernelWriter:
         if block is not None:
             self.emit(f"for (int64_t rb{d} = {lo}; rb{d} < {hi}; rb{d} += {BLOCK}) {{", depth)
             self.emit(f"{block} accb = {block}(0);", depth + 1)
-            self.emit(f"const int64_t re{d} = std::min<int64_t>({hi}, rb{d} + {BLOCK});", depth + 1)
+            self.emit(f"const int64_t re{d} = kiln_imin({hi}, rb{d} + {BLOCK});", depth + 1)
             depth += 1
             lo, hi = f"rb{d}", f"re{d}"
         if pragma:
@@ -616,7 +642,7 @@ class KernelWriter:
         lo, hi = self._innermost_bounds
         tile_depth = loop_depth - 1
         self.emit(f"for (int64_t rt = {lo}; rt < {hi}; rt += {STREAM_TILE}) {{", tile_depth)
-        self.emit(f"const int64_t rte = std::min<int64_t>({hi}, rt + {STREAM_TILE});", loop_depth)
+        self.emit(f"const int64_t rte = kiln_imin({hi}, rt + {STREAM_TILE});", loop_depth)
         self.emit(f"alignas(64) {ctype} kiln_tile[{STREAM_TILE}];", loop_depth)
         self.emit("#pragma omp simd", loop_depth)
         self.emit(f"for (int64_t r{d} = rt; r{d} < rte; ++r{d}) {{", loop_depth)
@@ -763,3 +789,7 @@ def segment_source(entry: str, groups: list[FusedGroup], args: list[str], buffer
     writer.lines.append("  return 0;")
     writer.lines.append("}")
     return "\n".join(writer.lines)
+
+
+# The whole header (every part), for tools that want one text.
+HEADER = HEADER_BASE + HEADER_MATH + HEADER_MEMORY + HEADER_REDUCTIONS
