@@ -94,17 +94,27 @@ static inline void kiln_stream_fence() {}
 #endif
 
 // maximum/minimum propagate NaN, as torch.maximum / amax
+// (on a tie the first operand, as eager: maximum(0., -0.) is 0.)
 template <typename T> static inline T kiln_max(T a, T b) {
-  return (a != a) ? a : ((b != b) ? b : (a > b ? a : b));
+  return (a != a) ? a : ((b != b) ? b : (b > a ? b : a));
 }
 template <typename T> static inline T kiln_min(T a, T b) {
-  return (a != a) ? a : ((b != b) ? b : (a < b ? a : b));
+  return (a != a) ? a : ((b != b) ? b : (b < a ? b : a));
 }
 template <typename T> static inline T kiln_shl(T a, T b) {
   return (b < 0 || b >= (T)(sizeof(T) * 8)) ? T(0) : (T)((typename std::make_unsigned<T>::type)a << b);
 }
 template <typename T> static inline T kiln_shr(T a, T b) {
   return (b < 0 || b >= (T)(sizeof(T) * 8)) ? (a < 0 ? T(-1) : T(0)) : (T)(a >> b);
+}
+// Integer division and C-style remainder as torch computes them: x / -1 wraps for the minimum value (the
+// hardware traps), x / 0 never reaches here (eager raises first, and kiln checks values the same way).
+template <typename T> static inline T kiln_idiv(T a, T b) {
+  if (b == T(-1)) return (T)(T(0) - (typename std::make_unsigned<T>::type)a);
+  return b == T(0) ? T(0) : (T)(a / b);
+}
+template <typename T> static inline T kiln_ifmod(T a, T b) {
+  return (b == T(-1) || b == T(0)) ? T(0) : (T)(a % b);
 }
 template <typename T> static inline T kiln_sign(T a) { return (a != a) ? a : (T)((T(0) < a) - (a < T(0))); }
 // argmax/argmin step: NaN counts as the extreme; ties keep the first index.
@@ -136,7 +146,9 @@ KILN_SIMD(erf) KILN_SIMD(erfc)
 #endif
 
 template <typename T> static inline T kiln_remainder(T a, T b) {
-  T r = std::fmod(a, b);
+  T r;
+  if constexpr (std::is_integral<T>::value) r = kiln_ifmod<T>(a, b);
+  else r = std::fmod(a, b);
   if (r != 0 && ((b < 0) != (r < 0))) r += b;
   return r;
 }
@@ -308,6 +320,8 @@ class CppHandler(Handler):
                     return self.tmp(f"{a} || {b}", out)
                 if is_bool and name == "mul":
                     return self.tmp(f"{a} && {b}", out)
+                if name == "div" and not is_float and not is_bool:
+                    return self.tmp(f"kiln_idiv<{ctype}>({a}, {b})", out)
                 symbol = {"add": "+", "sub": "-", "mul": "*", "div": "/"}[name]
                 return self.tmp(f"{a} {symbol} {b}", out)
             if name in ("maximum", "minimum"):
@@ -335,6 +349,8 @@ class CppHandler(Handler):
                 return self.tmp(f"{fn}<{ctype}>({a}, {b})", out)
             if name in _STD_FLOAT and is_float:
                 return self.tmp(f"std::{name}({a}, {b})", out)
+            if name == "fmod" and not is_bool:
+                return self.tmp(f"kiln_ifmod<{ctype}>({a}, {b})", out)
             raise NotImplementedError(f"cpp codegen: {name} on {dtype}")
         if name == "neg":
             return self.tmp(f"-{a}", out)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -71,18 +72,30 @@ def _fresh(shape: tuple, strides: tuple, dtype: torch.dtype) -> torch.Tensor:
     return t
 
 
+def _storage_refs(t: torch.Tensor) -> int:
+    """Python references to `t`'s storage object, as seen from here (torch keeps one object per storage)."""
+    storage = t.untyped_storage()
+    return sys.getrefcount(storage)
+
+
+# What `_storage_refs` gives for a tensor nobody else touches (depends on how torch preserves the object).
+_FREE_STORAGE_REFS = _storage_refs(torch.empty(1))
+
+
 def _recycle(pool: dict, name: str) -> torch.Tensor | None:
     """The tensor this graph made for `name` last call, if nothing else references it or its memory.
 
     Freshly mapped memory page-faults on first touch, which costs more than a memory-bound kernel's
     arithmetic; reusing a buffer the caller has dropped avoids that. Safe: the Python object has no other
-    reference (getrefcount: our local and the call's argument) and its storage no other tensor (views,
-    numpy arrays: use count is this tensor and the temporary storage object).
+    reference (getrefcount: our local and the call's argument) and no weak reference; its storage no other
+    tensor (views, numpy arrays: use count is this tensor and the storage object) and its storage object no
+    other holder (`out.untyped_storage()` kept by the caller).
     """
     t = pool.pop(name, None)
     if t is None or _use_count is None:
         return None
-    if sys.getrefcount(t) == 2 and _use_count(t.untyped_storage()._cdata) == 2:
+    if sys.getrefcount(t) == 2 and weakref.getweakrefcount(t) == 0 and \
+            _use_count(t.untyped_storage()._cdata) == 2 and _storage_refs(t) == _FREE_STORAGE_REFS:
         return t
     return None
 
@@ -93,6 +106,9 @@ class _Source:
         self.globals: dict[str, Any] = {"torch": torch, "_restride": _restride, "_recycle": _recycle,
                                         "_fresh": _fresh, "_view": _view, "_pool": {}}
         self.count = 0
+        # buffer -> the input it was copied back into: outputs of that value are the input (or its views),
+        # as in eager, where `x.add_(1); return x[1]` returns a view of x itself
+        self.written_back: dict[str, str] = {}
 
     def const(self, value: Any, hint: str = "c") -> str:
         self.count += 1
@@ -104,9 +120,10 @@ class _Source:
 def _render(src: _Source, value: Any) -> str:
     """Python text building the output structure."""
     if isinstance(value, BufferRef):
-        return value.name
+        return src.written_back.get(value.name, value.name)
     if isinstance(value, OutputView):
-        return f"_view({value.name}, {tuple(value.shape)}, {tuple(value.strides)}, {value.offset})"
+        base = src.written_back.get(value.name, value.name)
+        return f"_view({base}, {tuple(value.shape)}, {tuple(value.strides)}, {value.offset})"
     if isinstance(value, tuple) and type(value) is tuple:
         inner = ", ".join(_render(src, v) for v in value)
         return f"({inner},)" if value else "()"
@@ -187,6 +204,8 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any],
                 lines.append(f"    del {name}")
     for position, value in graph.mutations:
         lines.append(f"    {params[position]}.copy_({_render(src, value)})")
+        if isinstance(value, BufferRef) and value.name not in src.written_back:
+            src.written_back[value.name] = params[position]
     for name in sorted(recyclable & plan.kept):
         lines.append(f"    _pool[{name!r}] = {name}")
     lines.append(f"    return {_render(src, graph.output)}")

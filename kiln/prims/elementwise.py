@@ -185,7 +185,16 @@ def _div_ref(a: Any, b: Any) -> Any:
     dtype = a.dtype if isinstance(a, torch.Tensor) else b.dtype
     if _is_float(dtype):
         return torch.true_divide(a, b)
-    return torch.div(a, b, rounding_mode="trunc")
+    # torch's truncating division traps on min // -1 (SIGFPE) where floor_divide wraps: divide by -1 as a
+    # negation (which wraps) and leave the hardware only the other divisors
+    minus_one = torch.eq(torch.as_tensor(b), -1) if isinstance(b, torch.Tensor) else b == -1
+    if isinstance(minus_one, bool):
+        return torch.neg(torch.as_tensor(a)) if minus_one and isinstance(a, torch.Tensor) else \
+            torch.div(a, b, rounding_mode="trunc")
+    if minus_one.device.type == "meta" or not bool(minus_one.any()):
+        return torch.div(a, b, rounding_mode="trunc")
+    safe = torch.where(minus_one, torch.ones_like(torch.as_tensor(b)), b)
+    return torch.where(minus_one, torch.neg(torch.as_tensor(a)), torch.div(a, safe, rounding_mode="trunc"))
 
 
 add = _binary("add", torch.add, lambda d: True)

@@ -391,8 +391,6 @@ def test_setitem_with_2d_mask_in_one_graph():
     check(_setitem_2d_mask, _randn(5, 7))
 
 
-@pytest.mark.xfail(strict=True, reason="codegen/wrapper.py _recycle: a held out.untyped_storage() is the "
-                   "same Python object the check creates, so the use count stays 2 and the buffer is reused")
 def test_recycled_output_held_by_its_storage():
     compiled = cpp(lambda x: x * 2)
     out = compiled(torch.ones(4))
@@ -403,8 +401,6 @@ def test_recycled_output_held_by_its_storage():
     _close(kept, torch.full((4,), 2.0), "output kept through its storage")
 
 
-@pytest.mark.xfail(strict=True, reason="codegen/wrapper.py _recycle ignores weak references: a weakref to a "
-                   "dropped output comes back alive holding the next call's values")
 def test_recycled_output_held_by_weakref():
     compiled = cpp(lambda x: x * 2)
     out = compiled(torch.ones(4))
@@ -414,8 +410,6 @@ def test_recycled_output_held_by_weakref():
     assert ref() is None or torch.equal(ref(), torch.full((4,), 2.0))
 
 
-@pytest.mark.xfail(strict=True, reason="floor division of int64 min by -1: eager wraps to int64 min, the C++ "
-                   "kernel's `a / b` traps (SIGFPE kills the process); run in a subprocess")
 def test_int_min_floor_divide_by_minus_one(tmp_path):
     import subprocess
     import sys
@@ -449,8 +443,6 @@ def test_resume_of_a_resume_with_a_stack_value():
         raise AssertionError(f"UnboundLocalError: {e}") from None
 
 
-@pytest.mark.xfail(strict=True, reason="kiln_max/kiln_min (codegen/cpp.py) return the second operand on a "
-                   "tie; eager's maximum/minimum return the first, so the sign of a zero differs")
 def test_maximum_of_signed_zeros():
     check(lambda x, y: (1 / torch.maximum(x, y), 1 / torch.minimum(x, y)), T([0.0, -0.0]), T([-0.0, 0.0]))
 
@@ -460,9 +452,6 @@ def _view_of_updated_input(x):
     return x[1]
 
 
-@pytest.mark.xfail(strict=True, reason="a returned view of an input updated in place is a view of the "
-                   "graph's buffer holding the new value (codegen/wrapper.py writes it back with copy_ and "
-                   "returns _view(buf, ...)), not of the input: writes through it miss the input")
 def test_view_of_updated_input_aliases_the_input():
     x = _randn(2, 3)
     eager_x, kiln_x = x.clone(), x.clone()
