@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 
 from ..graph import map_structure
+from ..graph.interpreter import write_back
 from ..lower.ir import BufferRef, ExternNode, LoopGraph, OutputView, ViewRef
 from ..schedule.memory import Plan, Segment
 
@@ -104,7 +105,7 @@ class _Source:
     def __init__(self) -> None:
         self.lines: list[str] = []
         self.globals: dict[str, Any] = {"torch": torch, "_restride": _restride, "_recycle": _recycle,
-                                        "_fresh": _fresh, "_view": _view, "_pool": {}}
+                                        "_fresh": _fresh, "_view": _view, "_write_back": write_back, "_pool": {}}
         self.count = 0
         # buffer -> the input it was copied back into: outputs of that value are the input (or its views),
         # as in eager, where `x.add_(1); return x[1]` returns a view of x itself
@@ -203,7 +204,7 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any],
             elif name not in pooled or name in step.inplace.values():
                 lines.append(f"    del {name}")
     for position, value in graph.mutations:
-        lines.append(f"    {params[position]}.copy_({_render(src, value)})")
+        lines.append(f"    _write_back({params[position]}, {_render(src, value)})")
         if isinstance(value, BufferRef) and value.name not in src.written_back:
             src.written_back[value.name] = params[position]
     for name in sorted(recyclable & plan.kept):

@@ -54,5 +54,18 @@ def run(graph: Graph, inputs: Sequence[Any], torch_level: bool = False) -> Any:
         env[id(node)] = value
     for name, node in graph.mutated_inputs.items():
         target = next(v for ph, v in zip(placeholders, inputs) if ph.name == name)
-        target.copy_(env[id(node)])
+        write_back(target, env[id(node)])
     return result
+
+
+def write_back(target: torch.Tensor, value: torch.Tensor) -> None:
+    """`target.copy_(value)`; an expanded target (a stride-0 dim) gets the last value written to each of
+    its elements in order, as eager's own in-place op leaves it (copy_ refuses overlapping destinations)."""
+    overlap = [d for d, (size, stride) in enumerate(zip(target.shape, target.stride())) if stride == 0 and size > 1]
+    if not overlap:
+        target.copy_(value)
+        return
+    for d in overlap:
+        target = target.narrow(d, target.shape[d] - 1, 1)
+        value = value.narrow(d, value.shape[d] - 1, 1)
+    target.copy_(value)

@@ -369,9 +369,6 @@ def test_kept_outputs_survive_later_calls():
 # Known miscompiles and internal errors, minimized (strict: a fix makes them pass, then drop the mark)
 
 
-@pytest.mark.xfail(strict=True, reason="an in-place fill (zero_, fill_, index_fill_, index_put_) of an "
-                   "expanded input is written back with Tensor.copy_, which refuses a destination with "
-                   "internal overlap (eager's fill_ accepts it): RuntimeError at call time")
 def test_fill_of_expanded_input():
     def fn(x):
         x.zero_()
