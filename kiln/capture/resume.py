@@ -11,7 +11,8 @@ A resume code object is the original code with a short prologue in front of it:
 Its parameters are the locals live at that point followed by the stack values (`__stack_0`, ...). Locals
 are renumbered so the parameters come first; jumps in 3.11 are relative, so the original bytecode keeps
 working behind the prologue; the exception table is shifted by the prologue's length and the line table
-gets "no location" entries for it. Tracebacks inside a resume function point at the user's lines.
+gets entries for it at the function's first line. Tracebacks inside a resume function point at the user's
+lines. Stack parameters get names unused by the code (a resume of a resume code already has `__stack_i`).
 """
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def _build(code: types.CodeType, target: int, local_names: tuple[str, ...],
     if code.co_cellvars:
         raise NotResumable("the frame has cell variables")
     old_names = code.co_varnames
-    stack_names = tuple(f"__stack_{i}" for i, is_value in enumerate(stack) if is_value)
+    stack_names = _fresh_names(sum(stack), set(old_names) | set(local_names))
     rest = tuple(n for n in old_names if n not in local_names)
     new_names = tuple(local_names) + stack_names + rest
     index = {name: i for i, name in enumerate(new_names)}
@@ -141,15 +142,30 @@ def _build(code: types.CodeType, target: int, local_names: tuple[str, ...],
         co_stacksize=code.co_stacksize + 1,
         co_name=f"__resume_{code.co_name}_at_{target}",
         co_qualname=f"{code.co_qualname}.<resume at {target}>",
-        co_linetable=_no_location(units) + code.co_linetable,
+        co_linetable=_prologue_location(units) + code.co_linetable,
         co_exceptiontable=_shift_exception_table(code.co_exceptiontable, units))
 
 
-def _no_location(units: int) -> bytes:
+def _fresh_names(count: int, used: set[str]) -> tuple[str, ...]:
+    """`count` names `__stack_i` not in `used` (a resume of a resume code still has the old ones)."""
+    names: list[str] = []
+    i = 0
+    while len(names) < count:
+        name = f"__stack_{i}"
+        if name not in used:
+            names.append(name)
+        i += 1
+    return tuple(names)
+
+
+def _prologue_location(units: int) -> bytes:
+    """Line table entries for the prologue: the function's first line, no columns (a line delta of 0, so
+    the original table that follows keeps its meaning). A frame stopped in the prologue has a line number,
+    which traceback printers need."""
     out = bytearray()
     while units > 0:
         n = min(units, 8)
-        out.append(0x80 | (15 << 3) | (n - 1))
+        out += bytes((0x80 | (13 << 3) | (n - 1), 0))
         units -= n
     return bytes(out)
 

@@ -194,7 +194,7 @@ def make_break_entry(cap: Capture, fn: Any, code: types.CodeType, frame: Frame, 
                 local_temps[n] = temp(rec.value(frame.locals[n]))
     writes = side_effect_writes(cap, rec, temp)
     if not getattr(compile_graph, "keeps_views", False):
-        _check_no_live_views(cap, frame, local_temps)
+        _check_no_live_views(cap, rec)
     body = temps + writes + native
     resumes = []
     for cond, cont in conts:
@@ -225,13 +225,16 @@ def make_break_entry(cap: Capture, fn: Any, code: types.CodeType, frame: Frame, 
     return env["__entry"], env["__checks"], source, resumes
 
 
-def _check_no_live_views(cap: Capture, frame: Frame, local_names: dict[str, str]) -> None:
+def _check_no_live_views(cap: Capture, rec: Reconstructor) -> None:
     """Tensors that are views of each other leave the graph as separate outputs; a backend that does not
-    return them as views would lose an in-place update made through one of them after the break."""
+    return them as views would lose an in-place update made through one of them after the break (or read
+    through a view an update made after it). Every tensor leaving the graph is checked, wherever it lives
+    past the break: a local, a stack value, inside a container or a bound method (`y.mul_` on the stack
+    holds y), or an object attribute written back."""
     al = aliases(cap.graph)
-    live = [v for v in frame.stack if isinstance(v, Proxy)]
-    live += [frame.locals[n] for n in local_names if isinstance(frame.locals[n], Proxy)]
-    for v in live:
-        if id(v) not in cap.proxy_sources and (v in al.base or v in al.has_views):
-            raise NotResumable(f"tensor {v.node.name} lives past the break as a view (or base) of another "
+    aliased = {id(p.node) for p in al.base.keys() + al.has_views.keys()
+               if isinstance(p, Proxy) and id(p) not in cap.proxy_sources}
+    for node in rec.outputs:  # alive (the graph holds them), so their ids are theirs
+        if id(node) in aliased:
+            raise NotResumable(f"tensor {node.name} lives past the break as a view (or base) of another "
                                "tensor, and this backend may return it as a copy")

@@ -109,9 +109,13 @@ class ComputedBuffer(Buffer):
         return isinstance(self.data, Reduction)
 
     def reads(self) -> list[tuple[str, sympy.Expr]]:
-        deps = DepsHandler()
-        self.data.body(deps)
-        return deps.loads
+        """(buffer, index) of every load of the body (computed once: bodies never change after lowering)."""
+        cached = self.__dict__.get("_reads")
+        if cached is None:
+            deps = DepsHandler()
+            self.data.body(deps)
+            cached = self.__dict__["_reads"] = deps.loads
+        return list(cached)
 
     def describe(self) -> str:
         text = self.data.body(PrintHandler())

@@ -80,6 +80,10 @@ class _WeakIdentityDict:
     def add(self, key: Any) -> None:
         self[key] = True
 
+    def keys(self) -> list[Any]:
+        """The keys still alive."""
+        return [k for k in (ref() for ref, _ in list(self._data.values())) if k is not None]
+
 
 class _Aliases:
     """Which proxies are views of which base, so in-place updates that would reach an alias are refused."""
@@ -198,9 +202,13 @@ def _eager(func: Any, args: tuple, kwargs: dict, on: str) -> Any:
 def _eager_run(func: Any, args: tuple, kwargs: dict, on: str) -> Any:
     convert = {"meta": _meta_value, "example": _example_value, "zeros": _zeros_value}[on]
     args = map_structure(convert, args)
-    if is_inplace(func, kwargs) and args and isinstance(args[0], torch.Tensor) and on != "meta":
+    inplace = bool(args) and isinstance(args[0], torch.Tensor) and is_inplace(func, kwargs)
+    if inplace and on != "meta":
         args = (args[0].clone(), *args[1:])  # an in-place op must not mutate the example (a user's tensor)
-    return func(*args, **map_structure(convert, kwargs))
+    out = func(*args, **map_structure(convert, kwargs))
+    if inplace and out is None:
+        return args[0]  # Tensor.__setitem__: the value is the updated tensor (as OnCopy returns it)
+    return out
 
 
 def _has_examples(args: tuple, kwargs: dict) -> bool:
@@ -381,7 +389,8 @@ class TensorLeaves:
 
 
 class OnCopy:
-    """Runs an in-place torch op on a copy of its first argument and returns the updated copy."""
+    """Runs an in-place torch op on a copy of its first argument and returns the updated copy (also when
+    the op returns None, like Tensor.__setitem__)."""
 
     def __init__(self, fn: Any):
         self.fn = fn
@@ -392,7 +401,7 @@ class OnCopy:
     def __call__(self, target: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         copy = target.clone()
         out = self.fn(copy, *args, **kwargs)
-        return copy if out is target else out
+        return copy if out is None or out is target else out  # None: Tensor.__setitem__
 
     def __repr__(self) -> str:
         return self.__qualname__

@@ -381,9 +381,6 @@ def _setitem_2d_mask(x):
     return x
 
 
-@pytest.mark.xfail(strict=True, reason="x[mask2d] = v has no decomposition; the opaque record returns None "
-                   "and ops/registry.py _apply_inplace's next(...) raises StopIteration (a graph break "
-                   "without fullgraph, an internal error with it)")
 def test_setitem_with_2d_mask_in_one_graph():
     check(_setitem_2d_mask, _randn(5, 7))
 
@@ -427,10 +424,6 @@ def _item_then_data_then_update(x):
     return x
 
 
-@pytest.mark.xfail(strict=True, reason="capture/resume.py _build: resuming a resume function names its stack "
-                   "value __stack_0 again; `rest` keeps the old __stack_0 too, the duplicate name maps to "
-                   "the "
-                   "unbound slot and the prologue raises UnboundLocalError")
 def test_resume_of_a_resume_with_a_stack_value():
     try:
         check(_item_then_data_then_update, _randn(3), fullgraph=False)
@@ -464,9 +457,6 @@ def _update_view_after_break(x):
     y.mul_(0)  # breaks: an in-place update of an aliased tensor
 
 
-@pytest.mark.xfail(strict=True, reason="same cause across a graph break: the resumed code gets y as a "
-                   "view of the first graph's buffer, so y.mul_(0) never reaches x (the 'lives past the "
-                   "break as a view' refusal in capture misses a view of an updated input)")
 def test_update_through_view_of_updated_input_after_break():
     check(_update_view_after_break, _randn(2, 3), fullgraph=False)
 
