@@ -133,8 +133,15 @@ def test_harness_classifies_eager_errors_and_kiln_errors(monkeypatch):
     monkeypatch.setitem(kiln.ops.DECOMPOSITIONS, torch.sinh, broken)
     monkeypatch.setattr(kiln.ops.registry, "_eager", lambda *a, **k: (_ for _ in ()).throw(
         kiln.ops.UnsupportedError("no eager either")))
+    # a clean refusal to trace is a graph break under kiln.compile (eager runs the call): a fallback
+    brk = opinfo.run_sample(_FakeOpInfo("sinh", torch.sinh), _sample(torch.randn(3)))
+    assert brk.status == "ok" and any(f.startswith("graph break: ") for f in brk.fallbacks), brk
+
+    def internal(*args, **kwargs):
+        raise KeyError("kiln bug")
+    monkeypatch.setattr(opinfo, "_kiln_call", internal)
     err = opinfo.run_sample(_FakeOpInfo("sinh", torch.sinh), _sample(torch.randn(3)))
-    assert err.status == "error" and "UnsupportedError" in err.message
+    assert err.status == "error" and "KeyError" in err.message
 
 
 def test_harness_summary_line():
