@@ -58,10 +58,11 @@ def run(graph: Graph, inputs: Sequence[Any], torch_level: bool = False) -> Any:
     return result
 
 
-def write_back(target: torch.Tensor, value: torch.Tensor) -> None:
+def write_back(target: Any, value: Any) -> None:
     """`target.copy_(value)`; an expanded target (a stride-0 dim) gets the last value written to each of
     its elements in order, as eager's own in-place op leaves it (copy_ refuses overlapping destinations)."""
-    overlap = [d for d, (size, stride) in enumerate(zip(target.shape, target.stride())) if stride == 0 and size > 1]
+    overlap = [d for d, (size, stride) in enumerate(zip(target.shape, target.stride()))
+               if stride == 0 and size > 1]
     if not overlap:
         target.copy_(value)
         return

@@ -194,6 +194,12 @@ class LoopGraph:
     mutations: list[tuple[int, Any]]  # (input position, BufferRef or OutputView of the final value)
     buffers: dict[str, Buffer] = dataclasses.field(default_factory=dict)
 
+    def kept_buffers(self) -> set[str]:
+        """Buffers alive at the end: outputs, bases of output views, final values of mutated inputs."""
+        from ..graph import flatten
+        return {v.name for v in flatten((self.output, [m[1] for m in self.mutations]))
+                if isinstance(v, (BufferRef, OutputView))}
+
     def describe(self, header: str = "") -> str:
         lines = [f"# {header}"] if header else []
         for b in self.inputs:

@@ -17,7 +17,7 @@ import torch
 
 from .. import config
 from .index import linear_index, simplify_index
-from .ir import BufferRef, ComputedBuffer, ExternNode, InputBuffer, LoopGraph, OutputView, Pointwise, ViewRef
+from .ir import ComputedBuffer, ExternNode, InputBuffer, LoopGraph, Pointwise, ViewRef
 from .ops import Handler
 
 log = config.channel("fusion")
@@ -90,8 +90,10 @@ def _bias_operand(graph: LoopGraph, load: Any, index: list, n: int) -> Any:
 
 def fold_bias_into_mm(graph: LoopGraph) -> int:
     """Rewrite mm-then-bias-add pairs into addmm calls in place; returns how many it rewrote."""
+    if not any(isinstance(n, ExternNode) and n.target_name == "prims.mm" for n in graph.nodes):
+        return 0
     readers = _readers(graph)
-    kept = {v.name for v in _flatten_refs((graph.output, [m[1] for m in graph.mutations]))}
+    kept = graph.kept_buffers()
     producers = {o.name: node for node in graph.nodes if isinstance(node, ExternNode) for o in node.outputs}
     folded = 0
     for node in list(graph.nodes):
@@ -134,7 +136,3 @@ def fold_bias_into_mm(graph: LoopGraph) -> int:
             break
     return folded
 
-
-def _flatten_refs(value: Any) -> list:
-    from ..graph import flatten
-    return [v for v in flatten(value) if isinstance(v, (BufferRef, OutputView))]

@@ -15,9 +15,8 @@ import dataclasses
 import sympy
 
 from .. import config
-from ..graph import flatten
 from ..lower.index import simplify_index
-from ..lower.ir import BufferRef, ComputedBuffer, ExternNode, InputBuffer, LoopGraph, OutputView, Pointwise
+from ..lower.ir import ComputedBuffer, ExternNode, InputBuffer, LoopGraph, Pointwise
 from .fusion import FusedGroup
 
 log = config.channel("fusion")
@@ -191,10 +190,7 @@ def plan(graph: LoopGraph, schedule: list[FusedGroup | ExternNode]) -> Plan:
         nodes[-1].groups.append(item)
         nodes[-1].writes.extend(m.buffer.name for m in item.members)
 
-    kept: set[str] = set()
-    for value in flatten((graph.output, [m[1] for m in graph.mutations])):
-        if isinstance(value, (BufferRef, OutputView)):
-            kept.add(value.name)
+    kept = graph.kept_buffers()
 
     reads: list[list[str]] = []
     for node in nodes:

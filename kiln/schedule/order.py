@@ -13,8 +13,8 @@ touch stays on its side of that fallback (an in-place torch op run as a fallback
 a fallback's result may be a view of its argument, so the fallback's arguments and results count as one
 buffer).
 
-A candidate is taken only when a simulation of `memory.plan` (segments, frees after last use, reuse of
-freed memory; not in-place writes) gives it a strictly lower peak than program order: an order that is
+A candidate is taken only when the plan `memory.plan` makes for it (segments, frees after last use,
+reuse of freed memory, in-place writes) has a strictly lower peak than program order's: an order that is
 already good comes back unchanged, the same list object. Without extern calls the schedule is one segment,
 whose buffers the plan allocates together and frees together: no order is tried.
 """
@@ -24,10 +24,9 @@ import heapq
 import time
 
 from .. import config
-from ..graph import flatten
-from ..lower.ir import BufferRef, ComputedBuffer, ExternNode, InputBuffer, LoopGraph, OutputView
+from ..lower.ir import ExternNode, LoopGraph
 from .fusion import FusedGroup
-from .memory import Step, peak_bytes
+from .memory import plan
 
 log = config.channel("fusion")
 
@@ -38,10 +37,7 @@ class _Items:
     def __init__(self, graph: LoopGraph, schedule: list[FusedGroup | ExternNode]):
         self.graph = graph
         self.schedule = schedule
-        self.kept: set[str] = set()
-        for value in flatten((graph.output, [m[1] for m in graph.mutations])):
-            if isinstance(value, (BufferRef, OutputView)):
-                self.kept.add(value.name)
+        self.kept = graph.kept_buffers()
         n = len(schedule)
         self.writes: list[list[str]] = []  # every buffer the item produces
         self.reads: list[list[str]] = []  # every buffer it loads, its own included (as plan counts them)
@@ -66,9 +62,6 @@ class _Items:
                         self.local.add(name)
         self.allocated = [[w for w in ws if w not in self.local] for ws in self.writes]
         self.nbytes = {name: graph.buffers[name].nbytes() for ws in self.allocated for name in ws}
-        self.is_group = [isinstance(item, FusedGroup) for item in schedule]
-        self.fallback_reads = {name for item in schedule if isinstance(item, ExternNode)
-                               and item.kind == "fallback" for name in item.reads()}
         self.n = n
 
     def dependencies(self) -> list[set[int]]:
@@ -208,42 +201,8 @@ def _depth_first(items: _Items, before: list[set[int]]) -> list[int]:
 
 
 def _simulated_peak(items: _Items, sequence: list[int]) -> int:
-    """Peak bytes of the plan `memory.plan` would make for this order (without its in-place writes)."""
-    nodes: list[list[int]] = []  # runs of kernels (segments) and single externs
-    for i in sequence:
-        if items.is_group[i] and nodes and items.is_group[nodes[-1][0]]:
-            nodes[-1].append(i)
-        else:
-            nodes.append([i])
-    last_use: dict[str, int] = {}
-    for k, node in enumerate(nodes):
-        for i in node:
-            for name in items.reads[i]:
-                last_use[name] = k
-    buffers = items.graph.buffers
-    pool: dict[tuple, list[str]] = {}
-    steps: list[Step] = []
-    for k, node in enumerate(nodes):
-        allocs: list[tuple[str, str | None]] = []
-        if items.is_group[node[0]]:
-            for i in node:
-                for name in items.allocated[i]:
-                    buf = buffers[name]
-                    free = pool.get((buf.dtype, buf.layout.storage_size()))
-                    allocs.append((name, free.pop() if free else None))
-        frees = []
-        for name in sorted({name for i in node for name in items.reads[i] + items.allocated[i]}):
-            buf = buffers[name]
-            if name in items.kept or name in items.local or last_use.get(name, -1) > k:
-                continue
-            if isinstance(buf, InputBuffer) and (buf.position >= 0 or buf.constant is not None):
-                continue
-            frees.append(name)
-            if isinstance(buf, ComputedBuffer) and buf.layout.storage_size() > 0 and \
-                    name not in items.fallback_reads:
-                pool.setdefault((buf.dtype, buf.layout.storage_size()), []).append(name)
-        steps.append(Step(items.schedule[node[0]] if len(node) == 1 else None, allocs, frees))
-    return peak_bytes(items.graph, steps)
+    """Peak bytes of the plan `memory.plan` makes for this order."""
+    return plan(items.graph, [items.schedule[i] for i in sequence]).peak_bytes(items.graph)
 
 
 def order(graph: LoopGraph, schedule: list[FusedGroup | ExternNode]) -> list[FusedGroup | ExternNode]:
