@@ -67,7 +67,8 @@ class CompiledGraph:
 
 def compile_graph(graph: Graph, example_inputs: list) -> CompiledGraph:
     """Compile a torch-level (or prim) graph for CPU tensors; raises on anything it cannot handle."""
-    from ..codegen.cpp import header_for, segment_source
+    from ..codegen.cpp import segment_source
+    from ..codegen.header import header_for
     from ..codegen.wrapper import load_entry, wrapper_source
     from ..runtime import build
 
