@@ -365,6 +365,8 @@ class CalleeCaller:
             return None, NO_SELF
         if (fn.__module__ or "").startswith("kiln."):
             return None, NO_SELF
+        if not all(name.isidentifier() for name in fn.__code__.co_varnames[:fn.__code__.co_argcount]):
+            return None, NO_SELF  # a comprehension's `.0`: no entry function can take it
         defaults = fn.__defaults__ or ()
         kwdefaults = tuple((fn.__kwdefaults__ or {}).items())
         same = (defaults, kwdefaults) if all(_hashable_constant(v) for v in defaults) and all(

@@ -3,8 +3,11 @@ graph, builtins on symbolic values, and graph breaks on everything kiln cannot s
 from __future__ import annotations
 
 import builtins
+import copy
 import dis
 import functools
+import itertools
+import os
 import types
 from typing import Any, Callable
 
@@ -14,12 +17,14 @@ from ..graph import DataDependentError, Proxy, flatten, tracing
 from ..ops import UnsupportedError
 from ..ops import call as ops_call
 from ..ops.trace import _RecordMode
-from .errors import HINTS, GraphBreak
+from .errors import HINTS, GraphBreak, RaisedError
 from .entry import NO_SELF
 from .guards import is_constant
 from .sources import Source
 from .frame import NATIVE_OPERAND_TYPES, NULL, Frame, has_proxy, symbolic_break
 from .values import NativeCall, NoAttribute, class_lookup
+from .iterators import EAGER_ITERTOOLS, LAZY_TYPES, GeneratorValue, OutsideIterator, SymIter, \
+    chain_from_iterable, drain, eager_itertool, is_outside_iterator, make_lazy, stop_iteration, _STOP
 
 _BUILTIN_TYPES = (builtin_function := type(len), type([].append), type(str.join), type(object.__init__),
                   type((1).__add__), type(dict.fromkeys))
@@ -154,6 +159,8 @@ class CallOps:
         if isinstance(fn, types.FunctionType):
             if fn in _SPECIAL_FUNCTIONS:
                 return _SPECIAL_FUNCTIONS[fn](self, args, kwargs)
+            if args and args[0] is os.environ and fn.__name__ in _ENVIRON_READS:
+                return self.environ_read(fn.__name__, args[1:], kwargs)
             module = fn.__module__ or ""
             if module.startswith("kiln.graph") or module.startswith("kiln.ops"):
                 return self.native(fn, args, kwargs, fn.__qualname__)
@@ -185,6 +192,15 @@ class CallOps:
         handler = _BUILTIN_HANDLERS.get(fn)
         if handler is not None:
             return handler(self, args, kwargs)
+        owner = getattr(fn, "__self__", None)
+        name = getattr(fn, "__name__", "")
+        if owner is itertools.chain and name == "from_iterable":
+            return chain_from_iterable(self, args, kwargs)
+        if name == "sort" and type(owner) is list and (cap.is_local(owner) or id(owner) in cap.mirrors):
+            if args:
+                raise GraphBreak("list.sort() takes no positional arguments")
+            owner[:] = sort_items(self, list(owner), kwargs.get("key"), kwargs.get("reverse", False))
+            return None
         if fn in _PRINTING:
             raise GraphBreak(f"call to {fn.__name__}()", HINTS["print"] if fn is print else HINTS["call"])
         owner = getattr(fn, "__self__", None)
@@ -216,6 +232,24 @@ class CallOps:
             return self.native(fn, args, kwargs, _name(fn))
         raise GraphBreak(f"call to C function {_name(fn)}", HINTS["call"])
 
+    def environ_read(self, method: str, args: list, kwargs: dict) -> Any:
+        """os.environ.get / [] / in: the value read now, guarded (a changed variable recaptures)."""
+        if kwargs or not args or not all(is_constant(a) for a in args):
+            raise GraphBreak(f"os.environ.{method} with arguments kiln does not guard")
+        key = args[0]
+        value = os.environ.get(key) if isinstance(key, str) else None
+        env = self.cap.ns.hold(os.environ, "environ")
+        literal = "None" if value is None else self.cap.ns.literal(value)
+        self.cap.guards.add(f"{env}.get({self.cap.ns.literal(key)}) == {literal}",
+                            f"os.environ[{key!r}] is {'unset' if value is None else repr(value)}", "environ")
+        if method == "__contains__":
+            return value is not None
+        if value is not None:
+            return value
+        if method == "get":
+            return args[1] if len(args) > 1 else None
+        raise RaisedError(KeyError(key), f"os.environ[{key!r}] is not set")
+
     def read_only_method(self, fn: Any, owner: Any, src: Any, args: list) -> Any:
         """A builtin read of an outside container (dict.get on a dict subclass): guarded like a read."""
         name = fn.__name__
@@ -231,6 +265,13 @@ class CallOps:
 
     def native(self, fn: Callable[..., Any], args: list, kwargs: dict, name: str) -> Any:
         """Run fn directly on the symbolic values (torch calls on proxies record into the graph)."""
+        for a in list(args) + list(kwargs.values()):
+            if self.outside_iterator(a):
+                raise OutsideIterator(f"{name} would advance a {type(a).__name__} created outside the "
+                                      "compiled code")
+        if any(isinstance(a, SymIter) for a in args):
+            # C code consumes an iterator through its own protocol: hand it the items
+            args = [iter(drain(self, a)) if isinstance(a, SymIter) else a for a in args]
         try:
             with tracing(self.cap.tracer):
                 result = fn(*args, **kwargs)
@@ -238,8 +279,10 @@ class CallOps:
             genuine = not (has_proxy(args) or has_proxy(kwargs) or isinstance(getattr(fn, "__self__", None),
                                                                                Proxy))
             raise symbolic_break(e, name, genuine) from None
-        if type(result) in (list, dict, set):
-            self.cap.new_local(result)
+        if type(result) in (list, dict, set) or is_outside_iterator(result):
+            self.cap.new_local(result)  # an iterator a native call made here is the capture's own
+        if fn is copy.deepcopy:
+            _register_fresh(self.cap, result, 0)  # every container inside a deep copy is new
         return result
 
     def torch_call(self, fn: Any, args: list, kwargs: dict) -> Any:
@@ -299,10 +342,18 @@ class CallOps:
             return GradModeContext(mode, prev)
         if cls is super:
             return self.make_super(args)
+        if cls in LAZY_TYPES:
+            lazy = make_lazy(self, cls, args, kwargs)
+            if lazy is not None:
+                return lazy
+        if cls in EAGER_ITERTOOLS:
+            return eager_itertool(self, cls, args, kwargs)
         if cls is type:
             return _type(self, args, kwargs)
         if issubclass(cls, torch.nn.Module):
             raise GraphBreak(f"creating module {cls.__name__} inside compiled code", HINTS["call"])
+        if cls is GeneratorExit or cls is StopIteration:
+            return cls(*args)
         if cls is functools.partial:
             return cap.new_local(functools.partial(*args, **kwargs))
         if cls.__module__ == "builtins" or cls in (torch.Size, torch.device, torch.dtype) or \
@@ -315,8 +366,6 @@ class CallOps:
                                                                     reversed) else args
                 if cls is bool and len(args) == 1:
                     return self.truth(args[0])
-            if cls is map or cls is filter:
-                return _map_filter(self, cls, args)
             return self.native(cls, args, kwargs, cls.__name__)
         if is_torch_callable(cls):
             return self.torch_call(cls, args, kwargs)
@@ -352,7 +401,9 @@ class CallOps:
         """Arguments of list()/tuple()/zip()/enumerate(): iterables become lists of symbolic items."""
         out = []
         for a in args:
-            if isinstance(a, (Proxy, torch.nn.Module)) or self.cap.is_local(a) or id(a) in self.cap.mirrors \
+            if isinstance(a, SymIter) or self.outside_iterator(a):
+                out.append(self.iterate(a))
+            elif isinstance(a, (Proxy, torch.nn.Module)) or self.cap.is_local(a) or id(a) in self.cap.mirrors \
                     or isinstance(a, (list, tuple, dict, range, str, set, frozenset)) or \
                     isinstance(class_lookup(type(a), "__iter__"), types.FunctionType) or \
                     type(a).__module__ == "builtins":
@@ -383,7 +434,30 @@ class CallOps:
             if isinstance(bound.get(name), dict):
                 cap.new_local(bound[name])
         frame = Interpreter(cap, code, fn, bound, fn.__globals__, parent=self)
+        if frame.is_generator:
+            return GeneratorValue(frame, fn, args, kwargs)  # runs as its consumer advances it
         return frame.run()
+
+
+def _register_fresh(cap: Any, value: Any, depth: int) -> None:
+    if depth > 8 or isinstance(value, (torch.Tensor, types.ModuleType, type, types.FunctionType)) or \
+            is_constant(value):
+        return
+    if isinstance(value, (list, tuple, set, frozenset)):
+        if not isinstance(value, (tuple, frozenset)):
+            cap.new_local(value)
+        for item in value:
+            _register_fresh(cap, item, depth + 1)
+        return
+    if isinstance(value, dict):
+        cap.new_local(value)
+        for item in value.values():
+            _register_fresh(cap, item, depth + 1)
+    attrs = getattr(value, "__dict__", None)
+    if isinstance(attrs, dict) and not isinstance(value, torch.nn.Module):
+        cap.new_local(value)
+        for item in attrs.values():
+            _register_fresh(cap, item, depth + 1)
 
 
 def bind_arguments(fn: types.FunctionType, args: list | tuple, kwargs: dict) -> dict[str, Any]:
@@ -432,6 +506,7 @@ def bind_arguments(fn: types.FunctionType, args: list | tuple, kwargs: dict) -> 
     return bound
 
 
+_ENVIRON_READS = ("get", "__getitem__", "__contains__")
 _READ_ONLY_METHODS = {"get", "__getitem__", "__contains__", "__len__", "keys", "values", "items", "copy",
                       "index", "count"}
 _MODULE_CALLS = {torch.nn.Module.__call__, getattr(torch.nn.Module, "_call_impl", None),
@@ -512,28 +587,73 @@ def _setattr(frame: Frame, args: list, kwargs: dict) -> None:
 def _iter(frame: Frame, args: list, kwargs: dict) -> Any:
     if len(args) != 1:
         raise GraphBreak("iter() with a sentinel")
-    return iter(frame.iterate(args[0]))
+    return frame.get_iterator(args[0])
 
 
 def _next(frame: Frame, args: list, kwargs: dict) -> Any:
     it = args[0]
-    if not isinstance(it, type(iter([]))) and not frame.cap.is_local(it):
-        if type(it).__module__ != "builtins":
-            raise GraphBreak(f"next() on a {type(it).__name__}")
-    try:
-        return next(it, *args[1:])
-    except StopIteration:
-        raise GraphBreak("StopIteration from next()") from None
+    if not isinstance(it, SymIter):
+        if not hasattr(type(it), "__next__") or isinstance(it, (type, Proxy)):
+            raise RaisedError(TypeError(f"'{type(it).__name__}' object is not an iterator"), "next()")
+        it = frame.user_iterator(it)  # a user iterator, one a native call made here, or a break
+    item = it.advance(frame)
+    if item is _STOP:
+        if len(args) > 1:
+            return args[1]
+        raise stop_iteration(getattr(it, "returned", None))
+    return item
+
+
+def sort_items(frame: Frame, items: list, key: Any, reverse: Any) -> list:
+    """sorted(items, key=key, reverse=reverse) with the key function traced like any call."""
+    if key is None:
+        return frame.native(sorted, [items], {"reverse": reverse}, "sorted")
+    keys = [frame.call(key, [item], {}) for item in items]
+    order = frame.native(sorted, [list(range(len(items)))], {"key": keys.__getitem__, "reverse": reverse},
+                         "sorted")
+    return [items[i] for i in order]
 
 
 def _reducer(fn: Any) -> Callable[..., Any]:
     def handle(frame: Frame, args: list, kwargs: dict) -> Any:
         if len(args) == 1:
             args = [frame.iterate(args[0])]
-        if "key" in kwargs and not isinstance(kwargs["key"], _BUILTIN_TYPES):
+        key = kwargs.get("key")
+        if fn is sorted:
+            if len(args) != 1 or set(kwargs) - {"key", "reverse"}:
+                raise GraphBreak("sorted() with unexpected arguments")
+            return frame.cap.new_local(sort_items(frame, list(args[0]), key, kwargs.get("reverse", False)))
+        if key is not None and fn in (min, max) and len(args) == 1:
+            items = list(args[0])
+            if not items:
+                if "default" in kwargs:
+                    return kwargs["default"]
+                raise RaisedError(ValueError(f"{fn.__name__}() iterable argument is empty"), fn.__name__)
+            keys = [frame.call(key, [item], {}) for item in items]
+            best = frame.native(fn, [list(range(len(items)))], {"key": keys.__getitem__}, fn.__name__)
+            return items[best]
+        if key is not None and not isinstance(key, _BUILTIN_TYPES):
             raise GraphBreak(f"{fn.__name__}() with a Python key function")
         return frame.native(fn, args, kwargs, fn.__name__)
     return handle
+
+
+def _reduce(frame: Frame, args: list, kwargs: dict) -> Any:
+    """functools.reduce with the function traced."""
+    if kwargs or len(args) not in (2, 3):
+        raise GraphBreak("functools.reduce with unexpected arguments")
+    it = frame.get_iterator(args[1])
+    if len(args) == 3:
+        acc = args[2]
+    else:
+        acc = it.advance(frame)
+        if acc is _STOP:
+            raise RaisedError(TypeError("reduce() of empty iterable with no initial value"), "reduce")
+    while True:
+        item = it.advance(frame)
+        if item is _STOP:
+            return acc
+        acc = frame.call(args[0], [acc, item], {})
 
 
 def _truth_reducer(want: bool) -> Callable[..., Any]:
@@ -548,17 +668,6 @@ def _truth_reducer(want: bool) -> Callable[..., Any]:
 def _callable(frame: Frame, args: list, kwargs: dict) -> bool:
     obj = args[0]
     return isinstance(obj, NativeCall) or (not isinstance(obj, Proxy) and callable(obj))
-
-
-def _map_filter(frame: Frame, cls: type, args: list) -> Any:
-    fn, iterables = args[0], [frame.iterate(a) for a in args[1:]]
-    if cls is map:
-        return iter([frame.call(fn, list(items), {}) for items in zip(*iterables)])
-    keep = []
-    for item in iterables[0]:
-        if frame.truth(item if fn is None else frame.call(fn, [item], {})):
-            keep.append(item)
-    return iter(keep)
 
 
 def _id(frame: Frame, args: list, kwargs: dict) -> Any:
@@ -589,6 +698,7 @@ def _issubclass(frame: Frame, args: list, kwargs: dict) -> bool:
 
 
 _BUILTIN_HANDLERS[builtins.issubclass] = _issubclass
+_BUILTIN_HANDLERS[functools.reduce] = _reduce
 
 
 def _torch_is_tensor(frame: Frame, args: list, kwargs: dict) -> bool:

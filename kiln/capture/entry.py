@@ -28,6 +28,7 @@ from .guards import check_expr, is_constant
 from .segments import compile_segmented
 from .state import Capture
 from .values import NativeCall
+from .iterators import SymIter
 
 
 class _Miss:
@@ -178,6 +179,13 @@ class Reconstructor:
             return self._once(v, f"{build}({ns.hold(typ, typ.__name__)}, {attr_src}, {items_src})")
         if isinstance(v, torch.Tensor):
             raise GraphBreak("returning a tensor kiln did not capture")
+        owner = getattr(v, "__self__", None)
+        if isinstance(v, (types.BuiltinMethodType, types.MethodWrapperType)) and owner is not None and \
+                not isinstance(owner, (types.ModuleType, type)):
+            # `lst.append` bound to an object rebuilt here (a list made in compiled code): bind it again
+            return f"getattr({self.value(owner)}, {v.__name__!r})"
+        if isinstance(v, SymIter):
+            return self._once(v, v.rebuild(self))
         if isinstance(v, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)):
             return ns.hold(v, "obj")
         if isinstance(v, torch.nn.Module):

@@ -19,6 +19,7 @@ from ..graph import DataDependentError, Proxy
 from ..ops import UnsupportedError
 from . import sources as S
 from .errors import HINTS, GraphBreak, RaisedError
+from .iterators import _STOP as STOP, GeneratorValue, SymIter
 from .state import Capture
 
 CO_GENERATOR = 0x20
@@ -113,6 +114,34 @@ def symbolic_break(e: BaseException, what: str, genuine: bool = True) -> GraphBr
     return brk
 
 
+_DUNDERS_OF = {
+    operator.eq: ("__eq__",), operator.ne: ("__ne__", "__eq__"), operator.contains: ("__eq__", "__hash__"),
+    operator.lt: ("__lt__", "__gt__"), operator.le: ("__le__", "__ge__"), operator.gt: ("__gt__", "__lt__"),
+    operator.ge: ("__ge__", "__le__"),
+}
+_ANY_DUNDER = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__hash__", "__bool__", "__len__",
+               "__contains__", "__iter__", "__getitem__", "__setitem__", "__delitem__", "__index__",
+               "__int__", "__float__", "__add__", "__radd__", "__iadd__", "__sub__", "__rsub__", "__isub__",
+               "__mul__", "__rmul__", "__imul__", "__matmul__", "__rmatmul__", "__truediv__",
+               "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__pow__",
+               "__rpow__", "__or__", "__ror__", "__ior__", "__and__", "__rand__", "__iand__", "__xor__",
+               "__rxor__", "__lshift__", "__rshift__", "__neg__", "__pos__", "__invert__", "__abs__")
+_PLAIN_TYPES: dict[tuple[type, Any], bool] = {}
+
+
+def plain_type(cls: type, op: Any = None) -> bool:
+    """No Python-level dunder that operator `op` could call, anywhere in the class's MRO (the operator
+    then acts on identity, or raises TypeError exactly as eager does)."""
+    key = (cls, op)
+    known = _PLAIN_TYPES.get(key)
+    if known is None:
+        names = _DUNDERS_OF.get(op, _ANY_DUNDER)
+        known = not any(isinstance(klass.__dict__.get(name), types.FunctionType)
+                        for klass in cls.__mro__ for name in names)
+        _PLAIN_TYPES[key] = known
+    return known
+
+
 def has_proxy(value: Any, depth: int = 0) -> bool:
     """Whether a tensor proxy is among `value` (looking into lists, tuples and dicts a few levels)."""
     if isinstance(value, Proxy):
@@ -144,7 +173,7 @@ class Frame:
         self.cells: dict[str, Any] = {}
         self.stack: list[Any] = []
         self.kw_names: tuple = ()
-        self.yielded: list[Any] | None = [] if code.co_flags & CO_GENERATOR else None
+        self.is_generator = bool(code.co_flags & CO_GENERATOR)
         decoded = _Instructions.of(code)
         self.handlers = decoded.handlers
         self.handled: BaseException | None = None  # the exception an `except` block is handling
@@ -164,10 +193,14 @@ class Frame:
         return _Instructions.of(code).insts
 
     # ---- running ----
-    def run(self) -> Any:
-        """Interpret the code until RETURN_VALUE; return the symbolic return value."""
+    def run(self, throw: BaseException | None = None) -> Any:
+        """Interpret the code until RETURN_VALUE; return the symbolic return value. A generator's frame
+        also returns at each YIELD_VALUE, with a `Suspend`; `throw` raises an exception where the frame
+        was suspended (generator.throw and close)."""
         steps = 0
         insts = self.insts
+        if throw is not None and not self.unwind(throw):
+            raise self.located(RaisedError(throw, f"the code raises {type(throw).__name__}: {throw}"))
         while True:
             if self.pc == self.stop_at:
                 raise StopCapture(self)
@@ -187,6 +220,8 @@ class Frame:
                 result = handler(inst)
             except _Return as r:
                 return r.value
+            except Suspend as y:
+                return y
             except RaisedError as e:
                 if not self.unwind(e.exc):
                     raise self.located(e)
@@ -273,10 +308,7 @@ class Frame:
         self.locals.pop(inst.argval, None)
 
     def op_RETURN_VALUE(self, inst: dis.Instruction) -> None:
-        value = self.pop()
-        if self.yielded is not None:
-            value = iter(self.yielded)
-        raise _Return(value)
+        raise _Return(self.pop())
 
     # ---- globals ----
     def op_LOAD_GLOBAL(self, inst: dis.Instruction) -> None:
@@ -433,15 +465,27 @@ class Frame:
 
     # ---- operators ----
     def native_op(self, fn: Any, *args: Any) -> Any:
+        cap = self.cap
         for a in args:
-            if not isinstance(a, NATIVE_OPERAND_TYPES) and not self.cap.is_local(a):
+            if not isinstance(a, NATIVE_OPERAND_TYPES) and not cap.is_local(a) and id(a) not in cap.mirrors:
                 if isinstance(a, torch.Tensor):  # a Parameter or tensor reached from an object without source
                     raise GraphBreak(f"operator {fn.__name__} on a {type(a).__name__} kiln does not track "
                                      "(its value would be baked in unguarded)", HINTS["call"])
-                raise GraphBreak(f"operator {fn.__name__} on a {type(a).__name__} (user-defined operators "
-                                 "are not followed)", HINTS["call"])
+                if isinstance(a, SymIter) or not plain_type(type(a), fn):
+                    raise GraphBreak(f"operator {fn.__name__} on a {type(a).__name__} (user-defined "
+                                     "operators are not followed)", HINTS["call"])
+                # no Python dunder: the operator compares it by identity, so its identity is guarded
+                src = cap.source_of(a)
+                if src is not None:
+                    cap.guards.identity(src, a)
+                elif not isinstance(a, torch.nn.Module):
+                    raise GraphBreak(f"operator {fn.__name__} on a {type(a).__name__} kiln cannot guard",
+                                     HINTS["call"])
         try:
-            return fn(*args)
+            result = fn(*args)
+            if type(result) in (list, dict, set) and not any(result is a for a in args):
+                cap.new_local(result)
+            return result
         except (GraphBreak, DataDependentError, UnsupportedError):
             raise
         except Exception as e:
@@ -512,14 +556,32 @@ class Frame:
         index = self.pop()
         container = self.pop()
         value = self.pop()
+        method = self.python_dunder(container, "__setitem__")
+        if method is not None:
+            self.call(method, [container, index, value], {})
+            return
         self.check_mutable(container)
         self.native_op(operator.setitem, container, index, value)
 
     def op_DELETE_SUBSCR(self, inst: dis.Instruction) -> None:
         index = self.pop()
         container = self.pop()
+        method = self.python_dunder(container, "__delitem__")
+        if method is not None:
+            self.call(method, [container, index], {})
+            return
         self.check_mutable(container)
         self.native_op(operator.delitem, container, index)
+
+    def python_dunder(self, obj: Any, name: str) -> Any:
+        """The Python function implementing `name` for obj's class (it is inlined), or None."""
+        if isinstance(obj, (Proxy, torch.nn.Module)) or type(obj).__module__ == "builtins":
+            return None
+        for klass in type(obj).__mro__:
+            if name in klass.__dict__:
+                found = klass.__dict__[name]
+                return found if isinstance(found, types.FunctionType) else None
+        return None
 
     def check_mutable(self, container: Any) -> None:
         cap = self.cap
@@ -569,31 +631,50 @@ class Frame:
 
     # ---- iteration ----
     def op_GET_ITER(self, inst: dis.Instruction) -> None:
-        self.push(iter(self.iterate(self.pop())))
+        self.push(self.get_iterator(self.pop()))
+
+    op_GET_YIELD_FROM_ITER = op_GET_ITER
 
     def op_FOR_ITER(self, inst: dis.Instruction) -> int | None:
         it = self.stack[-1]
-        try:
-            value = next(it)
-        except StopIteration:
+        if not isinstance(it, SymIter):
+            it = self.get_iterator(it)  # a resume function's stack: an iterator from outside breaks
+        value = it.advance(self)
+        if value is STOP:
             self.pop()
             return inst.argval
-        except (GraphBreak, DataDependentError, UnsupportedError):
-            raise
-        except Exception as e:
-            raise symbolic_break(e, "iteration") from None
         self.push(value)
         return None
 
-    # ---- generators (consumed in place) ----
+    # ---- generators: a frame suspended at each yield (iterators.GeneratorValue) ----
     def op_RETURN_GENERATOR(self, inst: dis.Instruction) -> None:
         self.push(None)
 
     def op_YIELD_VALUE(self, inst: dis.Instruction) -> None:
-        if self.yielded is None:
-            raise GraphBreak("yield outside a generator kiln consumes")
-        self.yielded.append(self.pop())
-        self.push(None)
+        if not self.is_generator:
+            raise GraphBreak("yield outside a generator kiln runs")
+        raise Suspend(self.pop())
+
+    def op_SEND(self, inst: dis.Instruction) -> int | None:
+        """`yield from` / await: send the value on top into the iterator below it."""
+        value = self.pop()
+        it = self.stack[-1]
+        if isinstance(it, GeneratorValue):
+            item = it.resume(value, None)
+            if item is STOP:
+                self.stack[-1] = it.returned
+                return inst.argval
+        elif isinstance(it, SymIter):
+            if value is not None:
+                raise GraphBreak(f"send() of a value into a {it.describe()}")
+            item = it.advance(self)
+            if item is STOP:
+                self.stack[-1] = None
+                return inst.argval
+        else:
+            raise GraphBreak(f"yield from a {type(it).__name__}")
+        self.push(item)
+        return None
 
     # ---- formatting ----
     def op_FORMAT_VALUE(self, inst: dis.Instruction) -> None:
@@ -617,12 +698,23 @@ class Frame:
     def op_RAISE_VARARGS(self, inst: dis.Instruction) -> None:
         args = self.popn(inst.arg)
         exc = self.handled if inst.arg == 0 else args[0]
-        if isinstance(exc, type) and issubclass(exc, Exception) and exc.__module__ == "builtins":
-            exc = exc()
-        if not isinstance(exc, Exception) or inst.arg == 2:
-            brk = GraphBreak("the code raises an exception", HINTS["raise"])
+        if inst.arg == 0 and exc is None:
+            exc = RuntimeError("No active exception to reraise")
+        if isinstance(exc, type) and issubclass(exc, BaseException):
+            exc = exc() if exc.__module__ == "builtins" else self.call(exc, [], {})
+        if not isinstance(exc, (Exception, GeneratorExit)):
+            brk = GraphBreak(f"the code raises a {type(exc).__name__}", HINTS["raise"])
             brk.resumable = False  # the exception's traceback must show the user's frame
             raise brk
+        if inst.arg == 2:  # raise exc from cause
+            cause = args[1]
+            if isinstance(cause, type) and issubclass(cause, BaseException):
+                cause = cause() if cause.__module__ == "builtins" else self.call(cause, [], {})
+            if cause is not None and not isinstance(cause, BaseException):
+                raise RaisedError(TypeError("exception causes must derive from BaseException"), "raise from")
+            exc.__cause__ = cause
+        if self.handled is not None and exc is not self.handled and isinstance(self.handled, BaseException):
+            exc.__context__ = self.handled
         raise RaisedError(exc, f"the code raises {type(exc).__name__}: {exc}", HINTS["raise"])
 
     def op_PUSH_EXC_INFO(self, inst: dis.Instruction) -> None:
@@ -643,7 +735,7 @@ class Frame:
 
     def op_RERAISE(self, inst: dis.Instruction) -> None:
         exc = self.pop()
-        if not isinstance(exc, Exception):
+        if not isinstance(exc, (Exception, GeneratorExit)):
             raise GraphBreak("re-raising a value kiln did not see raised")
         raise RaisedError(exc, f"the code raises {type(exc).__name__}: {exc}", HINTS["raise"])
 
@@ -668,6 +760,9 @@ class Frame:
     def iterate(self, value: Any) -> list:  # pragma: no cover - replaced below
         raise NotImplementedError
 
+    def get_iterator(self, value: Any) -> SymIter:  # pragma: no cover
+        raise NotImplementedError
+
     def subscript(self, container: Any, index: Any) -> Any:  # pragma: no cover
         raise NotImplementedError
 
@@ -681,6 +776,13 @@ class StopCapture(Exception):
     def __init__(self, frame: Frame):
         super().__init__("stop")
         self.frame = frame
+
+
+class Suspend(Exception):
+    """A generator's frame yielded `value` (and stays suspended after the YIELD_VALUE)."""
+
+    def __init__(self, value: Any):
+        self.value = value
 
 
 class _Return(Exception):

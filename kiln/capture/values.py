@@ -10,6 +10,8 @@ import torch
 from ..graph import Proxy
 from .errors import GraphBreak
 from .frame import NATIVE_OPERAND_TYPES, NULL, symbolic_break
+from .iterators import GeneratorValue, ListIter, NativeIter, OutsideIterator, SymIter, UserIter, drain, \
+    is_outside_iterator, stop_iteration, _STOP
 from .state import MISSING, trusted_module
 
 _NO_TENSOR_ATTRS = {"grad", "grad_fn", "data", "is_leaf", "_version", "storage", "untyped_storage",
@@ -66,6 +68,8 @@ class ValueOps:
         cap = self.cap
         if isinstance(obj, Proxy):
             return self.proxy_attr(obj, name)
+        if isinstance(obj, SymIter):
+            return self.iterator_attr(obj, name)
         if isinstance(obj, (types.ModuleType, type, super)) or obj is NULL:
             try:
                 value = getattr(obj, name)
@@ -141,6 +145,32 @@ class ValueOps:
         if callable(value) and not isinstance(value, (torch.dtype, torch.device, type)):
             return NativeCall(value, f"Tensor.{name}", proxy, name)
         return value
+
+    def iterator_attr(self, it: SymIter, name: str) -> Any:
+        """Methods of a symbolic iterator: next, and send/throw/close of a generator."""
+        def next_item() -> Any:
+            item = it.advance(self)
+            if item is _STOP:
+                raise stop_iteration()
+            return item
+        if name == "__next__":
+            return NativeCall(next_item, "__next__", it, name)
+        if name == "__iter__":
+            return NativeCall(lambda: it, "__iter__", it, name)
+        if isinstance(it, GeneratorValue):
+            if name == "send":
+                return NativeCall(it.send, "generator.send", it, name)
+            if name == "close":
+                return NativeCall(it.close, "generator.close", it, name)
+            if name == "throw":
+                def throw(exc: Any, *rest: Any) -> Any:
+                    if isinstance(exc, type):
+                        exc = exc(*rest[:1])
+                    return it.throw(exc)
+                return NativeCall(throw, "generator.throw", it, name)
+            if name in ("__name__", "__qualname__"):
+                return getattr(it.fn, name)
+        raise NoAttribute(f"'{it.describe()}' object has no attribute {name!r} (as kiln models it)")
 
     def store_attr(self, obj: Any, name: str, value: Any) -> None:
         cap = self.cap
@@ -220,9 +250,41 @@ class ValueOps:
         return value
 
     # ---- iteration ----
+    def get_iterator(self, value: Any) -> SymIter:
+        """iter(value) as a symbolic iterator: generators and user iterators stay lazy, everything else
+        iterates a list of its symbolic items."""
+        if isinstance(value, SymIter):
+            return value
+        if not isinstance(value, (Proxy, torch.nn.Module)) and not isinstance(value, NATIVE_OPERAND_TYPES):
+            method = class_lookup(type(value), "__iter__")
+            if isinstance(method, types.FunctionType):
+                result = self.call(method, [value], {})
+                if result is value:
+                    return self.user_iterator(value)
+                return self.get_iterator(result)
+            if is_outside_iterator(value):
+                return self.user_iterator(value)
+        return ListIter(self.iterate(value), type(value).__name__ + " iterator")
+
+    def outside_iterator(self, value: Any) -> bool:
+        """A real iterator that does not belong to this capture (advancing it would change the world)."""
+        return is_outside_iterator(value) and not self.cap.is_local(value)
+
+    def user_iterator(self, value: Any) -> SymIter:
+        nxt = class_lookup(type(value), "__next__")
+        if isinstance(nxt, types.FunctionType):
+            return UserIter(value, nxt)
+        if self.cap.is_local(value):
+            return NativeIter(value, type(value).__name__)
+        raise OutsideIterator(f"advancing a {type(value).__name__} created outside the compiled code (kiln "
+                              "never advances a real iterator while tracing)",
+                              "create the iterator inside the compiled function, or pass a list")
+
     def iterate(self, value: Any) -> list:
         """The items of an iterable as a list of symbolic values (loops over them are unrolled)."""
         cap = self.cap
+        if isinstance(value, SymIter):
+            return drain(self, value)
         if isinstance(value, Proxy):
             try:
                 return list(value)
@@ -249,6 +311,8 @@ class ValueOps:
             return list(inner)
         if isinstance(value, torch.nn.Module):
             raise GraphBreak(f"iterating a {type(value).__name__} module")
+        if is_outside_iterator(value):
+            return drain(self, self.user_iterator(value))
         if isinstance(value, (list, tuple, dict, str, range, set, frozenset, torch.Size, bytes)) \
                 or type(value).__module__ == "builtins" or cap.is_local(value) or id(value) in cap.mirrors:
             if isinstance(value, dict) and type(value) not in (dict,) and not cap.is_local(value) and \
@@ -262,7 +326,7 @@ class ValueOps:
                 raise symbolic_break(e, "iteration") from None
         method = class_lookup(type(value), "__iter__")
         if isinstance(method, types.FunctionType):
-            return self.iterate(self.call(method, [value], {}))
+            return drain(self, self.get_iterator(value))
         raise GraphBreak(f"iterating a {type(value).__name__}")
 
     # ---- with blocks ----
