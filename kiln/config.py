@@ -162,3 +162,9 @@ def refresh_channels() -> None:
 def _short_name(record: logging.LogRecord) -> bool:
     record.name_short = record.name.removeprefix("kiln.")
     return True
+
+
+def process_environment() -> Any:
+    """The process's environment mapping itself, for the capture frontend: a user program that reads
+    `os.environ` is modelled (the value read is guarded), never used to configure kiln."""
+    return os.environ

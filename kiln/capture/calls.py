@@ -7,12 +7,12 @@ import copy
 import dis
 import functools
 import itertools
-import os
 import types
 from typing import Any, Callable
 
 import torch
 
+from .. import config
 from ..graph import DataDependentError, Proxy, flatten, tracing
 from ..ops import UnsupportedError
 from ..ops import call as ops_call
@@ -159,7 +159,7 @@ class CallOps:
         if isinstance(fn, types.FunctionType):
             if fn in _SPECIAL_FUNCTIONS:
                 return _SPECIAL_FUNCTIONS[fn](self, args, kwargs)
-            if args and args[0] is os.environ and fn.__name__ in _ENVIRON_READS:
+            if args and args[0] is _ENVIRON and fn.__name__ in _ENVIRON_READS:
                 return self.environ_read(fn.__name__, args[1:], kwargs)
             module = fn.__module__ or ""
             if module.startswith("kiln.graph") or module.startswith("kiln.ops"):
@@ -233,22 +233,23 @@ class CallOps:
         raise GraphBreak(f"call to C function {_name(fn)}", HINTS["call"])
 
     def environ_read(self, method: str, args: list, kwargs: dict) -> Any:
-        """os.environ.get / [] / in: the value read now, guarded (a changed variable recaptures)."""
+        """A read of the process environment (get, [], in): the value read now, guarded (a changed
+        variable recaptures)."""
         if kwargs or not args or not all(is_constant(a) for a in args):
-            raise GraphBreak(f"os.environ.{method} with arguments kiln does not guard")
+            raise GraphBreak(f"environment read {method} with arguments kiln does not guard")
         key = args[0]
-        value = os.environ.get(key) if isinstance(key, str) else None
-        env = self.cap.ns.hold(os.environ, "environ")
+        value = _ENVIRON.get(key) if isinstance(key, str) else None
+        env = self.cap.ns.hold(_ENVIRON, "environ")
         literal = "None" if value is None else self.cap.ns.literal(value)
         self.cap.guards.add(f"{env}.get({self.cap.ns.literal(key)}) == {literal}",
-                            f"os.environ[{key!r}] is {'unset' if value is None else repr(value)}", "environ")
+                            f"environment variable {key!r} is {'unset' if value is None else repr(value)}", "environ")
         if method == "__contains__":
             return value is not None
         if value is not None:
             return value
         if method == "get":
             return args[1] if len(args) > 1 else None
-        raise RaisedError(KeyError(key), f"os.environ[{key!r}] is not set")
+        raise RaisedError(KeyError(key), f"environment variable {key!r} is not set")
 
     def read_only_method(self, fn: Any, owner: Any, src: Any, args: list) -> Any:
         """A builtin read of an outside container (dict.get on a dict subclass): guarded like a read."""
@@ -506,6 +507,7 @@ def bind_arguments(fn: types.FunctionType, args: list | tuple, kwargs: dict) -> 
     return bound
 
 
+_ENVIRON = config.process_environment()
 _ENVIRON_READS = ("get", "__getitem__", "__contains__")
 _READ_ONLY_METHODS = {"get", "__getitem__", "__contains__", "__len__", "keys", "values", "items", "copy",
                       "index", "count"}
