@@ -1,7 +1,9 @@
 """The `kiln` command.
 
-    kiln bench [--suite quick|full] [--models NAMES] [--backends eager,torch.compile,kiln]
+    kiln bench [--suite quick|full|hf] [--models NAMES] [--backends eager,torch.compile,kiln]
                [--mode inference|training] [--batch N] [--out DIR] [--kiln-backend NAME]
+    kiln explain [--models NAMES|all] [--suite quick|full|hf] [--json PATH] [--isolate] [--batch N]
+                 [--threads N]
 """
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="benchmark the model zoo: eager, torch.compile and kiln side by side",
         description="Per model and compiler: accuracy (fp64 reference), speedup over eager, compile time "
                     "cold and warm, peak memory. Writes a table, results.json, results.md and plots.")
-    bench.add_argument("--suite", choices=("quick", "full"), default="quick",
-                       help="quick: a few tiny models (minutes); full: the whole zoo (default: quick)")
+    bench.add_argument("--suite", choices=("quick", "full", "hf"), default="quick",
+                       help="quick: a few tiny models (minutes); full: the hand-written zoo and five Hugging "
+                            "Face models; hf: the 21 Hugging Face models (default: quick)")
     bench.add_argument("--models", type=_names, default=None,
                        help="comma-separated zoo names (overrides --suite); --list shows them")
     bench.add_argument("--backends", type=_names, default=["eager", "torch.compile", "kiln"],
@@ -43,6 +46,25 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-warm", action="store_true", help="skip the warm compile measurement")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--list", action="store_true", help="list the model zoo and exit")
+
+    explain = commands.add_parser(
+        "explain", help="graph-break census: kiln.explain on zoo models, breaks grouped by reason",
+        description="Per model: graphs, graph breaks, frames run natively, capture time (the explain call "
+                    "minus an eager call); then each model's breaks grouped by reason, with counts, where "
+                    "they happen and a hint. A model that fails is an error row; the census goes on.")
+    explain.add_argument("--models", type=_names, default=None,
+                         help="comma-separated zoo names, or 'all' for the whole zoo (default: --suite)")
+    explain.add_argument("--suite", choices=("quick", "full", "hf"), default="hf",
+                         help="the zoo suite to explain when --models is not given (default: hf)")
+    explain.add_argument("--json", default=None, metavar="PATH", help="also write the rows as JSON to PATH")
+    explain.add_argument("--batch", type=int, default=None, help="batch size (default: each model's own)")
+    explain.add_argument("--isolate", action="store_true",
+                         help="one fresh process per model (a crash or hang is a row; slower)")
+    explain.add_argument("--timeout", type=float, default=600.0,
+                         help="seconds per model with --isolate (default: 600)")
+    explain.add_argument("--threads", type=int, default=1,
+                         help="torch threads (default: 1, steadier eager times on a busy machine; 0: "
+                              "torch's own)")
     return parser
 
 
@@ -53,7 +75,7 @@ def bench_main(args: argparse.Namespace) -> int:
     if args.list:
         for name, spec in zoo.ZOO.items():
             extra = "" if spec.available() else f"  (needs {', '.join(spec.requires)})"
-            print(f"{name:14s} batch {spec.batch:3d}  {'/'.join(spec.suites):10s}  {spec.description}{extra}")
+            print(f"{name:16s} batch {spec.batch:3d}  {'/'.join(spec.suites):10s}  {spec.description}{extra}")
         return 0
     try:
         options = runner.Options(suite=args.suite, models=args.models, backends=tuple(args.backends),
@@ -79,11 +101,30 @@ def bench_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def explain_main(args: argparse.Namespace) -> int:
+    from .bench import census
+
+    try:
+        names = census.select(args.models, args.suite)
+    except (KeyError, ValueError) as e:
+        print(f"kiln explain: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 2
+    rows = census.run(names, batch=args.batch, isolate=args.isolate, timeout_s=args.timeout,
+                      threads=args.threads or None, progress=lambda label: print(label, file=sys.stderr, flush=True))
+    print(census.table(rows))
+    if args.json:
+        census.write_json(rows, args.json)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `kiln` console script."""
     args = build_parser().parse_args(argv)
     if args.command == "bench":
         return bench_main(args)
+    if args.command == "explain":
+        return explain_main(args)
     return 2
 
 

@@ -6,6 +6,7 @@
 job names a cache directory, empty for a cold compile and reused for the warm one. Phases:
   measure  compile (cold), accuracy against eager and fp64, interleaved eager/compiled timing, peak memory
   compile  the first call only (warm compile time), and one steady call to subtract
+  census   kiln.explain on the model: graphs, breaks grouped by reason, frames run natively (census.py)
 The result is written as JSON to RESULT_FILE; errors become {"status": "error", ...}, never a crash.
 """
 from __future__ import annotations
@@ -188,7 +189,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             return measure(job)
         if job["phase"] == "compile":
             return compile_only(job)
-        raise ValueError(f"unknown phase {job['phase']!r} (measure, compile)")
+        if job["phase"] == "census":   # kiln explain --isolate: one model's graph-break census
+            from . import census
+            return census.census_one(job["model"], job.get("batch"))
+        raise ValueError(f"unknown phase {job['phase']!r} (measure, compile, census)")
     except adapters.Unavailable as e:
         return {"status": "unavailable", "error": str(e)}
     except Exception as e:

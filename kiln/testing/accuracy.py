@@ -41,7 +41,8 @@ class Verdict:
 def flatten(value: Any, path: str = "out") -> list[tuple[str, Any]]:
     """The leaves of a model output (tensors, numbers, None) with their paths, in a stable order.
 
-    Handles tensors, tuples, lists, dicts (and so Hugging Face ModelOutput) and dataclasses."""
+    Handles tensors, tuples, lists, dicts (and so Hugging Face ModelOutput), dataclasses and Hugging Face
+    KV caches (the keys and values of each layer)."""
     if isinstance(value, torch.Tensor) or value is None or isinstance(value, (bool, int, float, str)):
         return [(path, value)]
     if isinstance(value, dict):
@@ -59,7 +60,24 @@ def flatten(value: Any, path: str = "out") -> list[tuple[str, Any]]:
         for field in dataclasses.fields(value):
             leaves += flatten(getattr(value, field.name), f"{path}.{field.name}")
         return leaves
+    if _is_kv_cache(value):   # a Hugging Face Cache (decoders return one by default): its keys and values
+        if hasattr(value, "self_attention_cache"):   # EncoderDecoderCache
+            return (flatten(value.self_attention_cache, f"{path}.self_attention_cache")
+                    + flatten(value.cross_attention_cache, f"{path}.cross_attention_cache"))
+        leaves = []
+        for i, layer in enumerate(value.layers):
+            leaves += [(f"{path}.layers[{i}].keys", getattr(layer, "keys", None)),
+                       (f"{path}.layers[{i}].values", getattr(layer, "values", None))]
+        return leaves
     raise TypeError(f"cannot compare outputs of type {type(value).__qualname__} at {path}")
+
+
+def _is_kv_cache(value: Any) -> bool:
+    """Whether `value` is a transformers `Cache` (by class name, so that transformers is not imported)."""
+    if not any(cls.__name__ == "Cache" and cls.__module__.startswith("transformers")
+               for cls in type(value).__mro__):
+        return False
+    return hasattr(value, "self_attention_cache") or isinstance(getattr(value, "layers", None), list)
 
 
 def to_fp64(value: Any) -> Any:

@@ -2,8 +2,9 @@
 
 Hand-written models need nothing beyond torch: MLP, a ResNet-18-style CNN, a MobileNet-style depthwise CNN,
 a BERT-style encoder, a nanoGPT-style decoder and a LLaMA-style stack (RMSNorm, rotary embedding, SwiGLU,
-grouped-query attention). When `transformers` is installed (extra `models`), Hugging Face GPT-2, BERT,
-LLaMA, T5 and ViT are built from small configs with `AutoModel.from_config` (nothing is downloaded).
+grouped-query attention). When `transformers` is installed (extra `models`), 21 Hugging Face architectures
+(hf_models.py, suite `hf`) are built from small configs with `AutoModel.from_config` (nothing is
+downloaded), at transformers' defaults for everything but sizes.
 
 Every entry is a `ModelSpec`: a factory, example inputs at a batch size, a seed and the suites it belongs
 to. `build(name)` returns the model (in eval mode) and its example inputs, both seeded, so two processes
@@ -14,33 +15,15 @@ building the same entry get the same weights and inputs:
 """
 from __future__ import annotations
 
-import dataclasses
-import importlib.util
 import math
-from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-Example = tuple[tuple, dict]   # positional and keyword arguments of the model's forward
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
-    """One zoo entry. `make_inputs(batch, generator)` returns the forward's (args, kwargs)."""
-    name: str
-    factory: Callable[[], nn.Module]
-    make_inputs: Callable[[int, torch.Generator], Example]
-    batch: int
-    seed: int = 0
-    suites: tuple[str, ...] = ("full",)
-    requires: tuple[str, ...] = ()   # importable modules the entry needs, e.g. ("transformers",)
-    description: str = ""
-
-    def available(self) -> bool:
-        """Whether every module this entry needs can be imported."""
-        return all(importlib.util.find_spec(module) is not None for module in self.requires)
+from . import hf_models as _hf_models
+from .modelspec import (Example, ModelSpec, _encoder_decoder, _features, _images, _tokens,  # noqa: F401
+                        _tokens_with_mask)
 
 
 # ---- hand-written models ---------------------------------------------------------------------------------
@@ -317,54 +300,6 @@ class Llama(nn.Module):
         return self.lm_head(self.norm(x))
 
 
-# ---- inputs ----------------------------------------------------------------------------------------------
-def _features(dim: int) -> Callable[[int, torch.Generator], Example]:
-    return lambda batch, gen: ((torch.randn(batch, dim, generator=gen),), {})
-
-
-def _images(channels: int, size: int, key: str | None = None) -> Callable[[int, torch.Generator], Example]:
-    def make(batch: int, gen: torch.Generator) -> Example:
-        x = torch.randn(batch, channels, size, size, generator=gen)
-        return ((), {key: x}) if key else ((x,), {})
-    return make
-
-
-def _tokens(vocab: int, length: int) -> Callable[[int, torch.Generator], Example]:
-    return lambda batch, gen: ((torch.randint(0, vocab, (batch, length), generator=gen),), {})
-
-
-def _tokens_with_mask(vocab: int, length: int, keywords: bool = False) -> Callable[[int, torch.Generator],
-                                                                                   Example]:
-    def make(batch: int, gen: torch.Generator) -> Example:
-        ids = torch.randint(0, vocab, (batch, length), generator=gen)
-        mask = torch.ones(batch, length, dtype=torch.long)
-        mask[1::2, length - length // 4:] = 0   # odd rows end with padding
-        if keywords:
-            return (), {"input_ids": ids, "attention_mask": mask}
-        return (ids, mask), {}
-    return make
-
-
-def _encoder_decoder(vocab: int, length: int) -> Callable[[int, torch.Generator], Example]:
-    def make(batch: int, gen: torch.Generator) -> Example:
-        ids = torch.randint(0, vocab, (batch, length), generator=gen)
-        decoder_ids = torch.randint(0, vocab, (batch, length // 2), generator=gen)
-        return (), {"input_ids": ids, "decoder_input_ids": decoder_ids}
-    return make
-
-
-# ---- Hugging Face models from small configs (nothing downloaded) -----------------------------------------
-def _hf_model(config_name: str, **config: Any) -> Callable[[], nn.Module]:
-    def factory() -> nn.Module:
-        import transformers
-        cfg = getattr(transformers, config_name)(use_cache=False, **config)
-        return transformers.AutoModel.from_config(cfg, attn_implementation="eager")
-    return factory
-
-
-_HF_VOCAB = 1000
-_NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
-
 # ---- the zoo ---------------------------------------------------------------------------------------------
 ZOO: dict[str, ModelSpec] = {}
 
@@ -395,38 +330,17 @@ register(ModelSpec("nanogpt", NanoGPT, _tokens(512, 64), batch=4,
 register(ModelSpec("llama", Llama, _tokens(512, 64), batch=4,
                    description="2 blocks: RMSNorm, rotary, SwiGLU, GQA 4q/2kv heads"))
 
-register(ModelSpec(
-    "hf_gpt2", _hf_model("GPT2Config", vocab_size=_HF_VOCAB, n_positions=128, n_embd=64, n_layer=2, n_head=2,
-                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
-                         eos_token_id=0),
-    _tokens(_HF_VOCAB, 32), batch=2, requires=("transformers",), description="GPT2Model, 2 layers, dim 64"))
-register(ModelSpec(
-    "hf_bert", _hf_model("BertConfig", vocab_size=_HF_VOCAB, hidden_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, intermediate_size=128, max_position_embeddings=128,
-                         **_NO_DROPOUT),
-    _tokens_with_mask(_HF_VOCAB, 32, keywords=True), batch=2, requires=("transformers",),
-    description="BertModel, 2 layers, dim 64"))
-register(ModelSpec(
-    "hf_llama", _hf_model("LlamaConfig", vocab_size=_HF_VOCAB, hidden_size=64, intermediate_size=128,
-                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                          max_position_embeddings=128),
-    _tokens(_HF_VOCAB, 32), batch=2, requires=("transformers",), description="LlamaModel, 2 layers, GQA"))
-register(ModelSpec(
-    "hf_t5", _hf_model("T5Config", vocab_size=_HF_VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2,
-                       num_decoder_layers=2, num_heads=2, dropout_rate=0.0, decoder_start_token_id=0),
-    _encoder_decoder(_HF_VOCAB, 32), batch=2, requires=("transformers",),
-    description="T5Model, 2+2 layers, dim 64"))
-register(ModelSpec(
-    "hf_vit", _hf_model("ViTConfig", image_size=32, patch_size=8, num_channels=3, hidden_size=64,
-                        num_hidden_layers=2, num_attention_heads=2, intermediate_size=128, **_NO_DROPOUT),
-    _images(3, 32, key="pixel_values"), batch=2, requires=("transformers",),
-    description="ViTModel, 32x32 images, patch 8"))
+# the Hugging Face entries (suite "hf"; a few also in "full") are built in hf_models.py
+for _spec in _hf_models.SPECS:
+    register(_spec)
+
+SUITES = ("quick", "full", "hf")
 
 
 def names(suite: str | None = None, include_unavailable: bool = False) -> list[str]:
-    """Zoo entries in registration order, of one suite ('quick' or 'full') or all."""
-    if suite is not None and suite not in ("quick", "full"):
-        raise ValueError(f"unknown suite {suite!r}; suites: quick, full")
+    """Zoo entries in registration order, of one suite ('quick', 'full' or 'hf') or all."""
+    if suite is not None and suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r}; suites: {', '.join(SUITES)}")
     return [name for name, spec in ZOO.items()
             if (suite is None or suite in spec.suites) and (include_unavailable or spec.available())]
 

@@ -217,8 +217,9 @@ def _assert_outputs_equal(actual, expected):
 @pytest.mark.parametrize("backend", ["eager", "prims"])
 @pytest.mark.parametrize("name", ZOO_HF)
 def test_zoo_huggingface_model_one_graph(name, backend):
-    """The benchmark zoo's Hugging Face models (attn_implementation="eager": the attention function is
-    looked up with a try/except KeyError in Mapping.get) capture whole, and compute eager's outputs."""
+    """The benchmark zoo's Hugging Face models (transformers' defaults: sdpa attention, whose GQA check reads
+    os.environ through Mapping.get's try/except KeyError; the KV cache on) capture whole, and compute
+    eager's outputs."""
     pytest.importorskip("transformers")
     from kiln.testing import models
     with warnings.catch_warnings():
