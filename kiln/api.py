@@ -210,6 +210,11 @@ class ExplainReport:
     def graph_break_count(self) -> int:
         return len(self.breaks)
 
+    @property
+    def frames_run_natively(self) -> list[str]:
+        """Frames that run natively (a break kiln could not resume); their callees are still captured."""
+        return [b.native_frame for b in self.breaks if getattr(b, "native_frame", None)]
+
     def __str__(self) -> str:
         lines = [f"kiln.explain: {self.graph_count} graph(s), {self.graph_break_count} graph break(s)"]
         for i, brk in enumerate(self.breaks):
@@ -218,6 +223,8 @@ class ExplainReport:
                 lines.append(f"      {brk.source_line}")
             if brk.hint:
                 lines.append(f"      hint: {brk.hint}")
+        for frame in self.frames_run_natively:
+            lines.append(f"  frame run natively (its calls are still captured): {frame}")
         for i, ops in enumerate(self.ops_per_graph):
             total = sum(ops.values())
             detail = ", ".join(f"{k} x{v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])[:8])

@@ -25,6 +25,7 @@ from .calls import bind_arguments
 from .frame import StopCapture
 from .guards import is_constant
 from .interpreter import Interpreter
+from .native import routed_function
 from .resume import NotResumable, check_resumable, make_resume_function
 from .stitch import make_break_entry
 from .sources import local
@@ -253,8 +254,10 @@ class CompiledFunction:
             if resumed is not None:
                 cap, entry_fn, checks, source, record = resumed
             else:
-                entry_fn, checks, source = make_eager_entry(cap, fn, code)
+                entry_fn, checks, source = make_eager_entry(cap, self._native_frame(children), code)
                 record = BreakRecord(brk, resumed=False)
+                record.native_frame = f"{self.name} ({code.co_filename}:{code.co_firstlineno})"
+                counters["frames_run_natively"][record.native_frame] += 1
             counters["graph_breaks"][f"{record.location}: {record.reason}"] += 1
             log_breaks.info("graph break in %s at %s", self.name, brk.describe())
         guards = cap.guards.describe()
@@ -273,6 +276,15 @@ class CompiledFunction:
         for recording in _RECORDING:
             recording.append(entry)
         return entry
+
+    def _native_frame(self, children: list) -> Callable[..., Any]:
+        """The function an entry runs when the frame runs natively: a copy whose calls go through the
+        capture wrapper, so the frame's callees are still captured (invariant 6)."""
+        try:
+            return routed_function(self.fn, CalleeCaller(self.backend, self.raise_on_error, children))
+        except Exception as e:  # an unusual code object: the frame and its callees run natively
+            counters["capture_errors"][f"{self.name}: routing calls: {type(e).__name__}: {e}"] += 1
+            return self.fn
 
     def _capture_until(self, args: tuple, kwargs: dict, brk: GraphBreak, children: list) -> tuple | None:
         """Capture the frame again, stopping before the instruction that broke, and build an entry that

@@ -69,6 +69,8 @@ class BreakRecord:
         self.source_line = brk.source_line()
         self.stack = list(brk.where)
         self.resumed = resumed
+        # the frame that runs natively because of this break (its callees are still captured)
+        self.native_frame: str | None = None
 
     @property
     def location(self) -> str:

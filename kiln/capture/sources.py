@@ -57,8 +57,10 @@ class Source:
             return Source(f"{self.expr}.{attr}", f"{self.name}.{attr}", self, "attr")
         return Source(f"getattr({self.expr}, {attr!r})", f"getattr({self.name}, {attr!r})", self, "attr")
 
-    def item(self, key: Any) -> "Source":
-        return Source(f"{self.expr}[{key!r}]", f"{self.name}[{key!r}]", self, "item")
+    def item(self, key: Any, ns: "Namespace | None" = None) -> "Source":
+        """self[key]; a key without a literal spelling (a class, a typing form) is held by `ns`."""
+        spelled = repr(key) if ns is None else ns.literal(key)
+        return Source(f"{self.expr}[{spelled}]", f"{self.name}[{key!r}]", self, "item")
 
     def call(self, method: str) -> "Source":
         return Source(f"{self.expr}.{method}()", f"{self.name}.{method}()", self, "call")

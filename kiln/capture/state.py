@@ -86,12 +86,13 @@ class Capture:
             self.mirrors[id(copy)] = (copy, source, list(copy))
             return copy
         if typ is dict or (isinstance(value, dict) and typ.__module__ == "collections"):
-            if not all(is_constant(k) for k in value):
+            if not all(is_constant(k) or _fixed_key(k) for k in value):
                 raise GraphBreak(f"dict {source.name} has keys kiln does not guard", "")
             self.guards.keys(source, value)
             copy = typ()
             self._mirror(copy, source, value)
-            copy.update((k, self.wrap(v, source.item(k))) for k, v in value.items())
+            copy.update((k, self.wrap(v, source.item(k, None if is_constant(k) else self.ns)))
+                        for k, v in value.items())
             self.mirrors[id(copy)] = (copy, source, list(copy.items()))
             return copy
         if isinstance(value, (set, frozenset)):
@@ -213,6 +214,13 @@ class Capture:
     def read_attr_overlay(self, obj: Any, name: str) -> Any:
         entry = self.attr_writes.get((id(obj), name))
         return _MISSING if entry is None else entry[3]
+
+
+def _fixed_key(key: Any) -> bool:
+    """A dict key that is a class, function or typing form: immutable, compared by identity or structure,
+    so the guard on the dict's keys (a tuple compared with ==) decides lookups exactly."""
+    return isinstance(key, (type, types.FunctionType, types.BuiltinFunctionType, types.UnionType)) or \
+        type(key).__module__ == "typing"
 
 
 def _differs(a: Any, b: Any) -> bool:

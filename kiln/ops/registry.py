@@ -14,6 +14,7 @@ decompositions. Torch calls on proxies reach `call`:
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import itertools
 import weakref
@@ -92,6 +93,7 @@ class _Aliases:
         self.base = _WeakIdentityDict()  # Proxy -> the Proxy it is a view of
         self.has_views = _WeakIdentityDict()  # Proxies that have views (a set)
         self.input_name = _WeakIdentityDict()  # Proxy -> its graph input's name
+        self.chain = _WeakIdentityDict()  # view Proxy -> ViewChain from its base (None: unknown)
 
 
 _ALIASES: weakref.WeakKeyDictionary[Graph, _Aliases] = weakref.WeakKeyDictionary()
@@ -345,6 +347,9 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
         if decomposition is not None:
             decomposition.output_node.args = (tuple(p.node for p in flatten(structure) if isinstance(p, Proxy)),)
             dce(decomposition)
+    if _output_requires_grad(func, args, kwargs):
+        metas = tuple(dataclasses.replace(m, requires_grad=True) if m.dtype.is_floating_point or
+                      m.dtype.is_complex else m for m in metas)
     node = graph.call_torch(target, node_args, node_kwargs, metas[0] if single else metas, decomposition,
                             origin=tracer.origin)
     if single:
@@ -360,12 +365,31 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
             return v
         out = map_structure(rebuild, structure)
     if func in VIEW_OPS and outer:
-        _note_views(graph, outer[0], out)
+        _note_views(graph, outer[0], out, (func, args[1:], kwargs))
     elif real is not None and outer and not inplace:
         _note_shared_storage(graph, outer, out)
     if inplace:
-        return _apply_inplace(graph, args[0], out)
+        updated = _apply_inplace(graph, args[0], out)
+        _propagate_to_aliases(graph, updated)
+        return updated
     return out
+
+
+_NO_GRAD_OUTPUT = frozenset(["detach", "detach_", "requires_grad_"])
+
+
+def _output_requires_grad(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether eager's result requires grad: grad mode on and a differentiable op of an input that
+    requires grad (or a factory asked for it). Code that branches on `.requires_grad` sees eager's
+    answer; dtypes without gradients are excluded by the caller."""
+    if kwargs.get("requires_grad") is True:
+        return True
+    if not torch.is_grad_enabled() or getattr(func, "__name__", "") in _NO_GRAD_OUTPUT:
+        return False
+    for v in flatten((args, kwargs)):
+        if isinstance(v, Proxy) and v.meta.requires_grad or isinstance(v, torch.Tensor) and v.requires_grad:
+            return True
+    return False
 
 
 def _flat_tensor_sequence(structure: Any) -> bool:
@@ -483,6 +507,7 @@ def _record_out(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
             raise UnsupportedError(f"{name}(out=...) resizes or casts into its out tensor "
                                    f"({v.meta.short()} into {t.meta.short()})")
         _apply_inplace(tracer.graph, t, v)
+        _propagate_to_aliases(tracer.graph, t)
     return targets
 
 
@@ -519,19 +544,66 @@ def _check_inplace(graph: Graph, func: Any, args: tuple) -> None:
     if not isinstance(target, Proxy):
         raise TypeError(f"{_op_name(func)}: expected a tensor to update in place")
     al = aliases(graph)
-    if target in al.base or target in al.has_views:
+    if (target in al.base or target in al.has_views) and not _functional_update_ok(al, target):
         raise UnsupportedError(
             f"{_op_name(func)} updates tensor {target.node.name} in place while other tensors share its "
-            f"memory (a view or its base); kiln does not trace in-place updates of aliased tensors")
+            f"memory in a way kiln cannot replay (a view it cannot re-derive, or a view with overlapping "
+            f"elements)")
 
 
-def _note_views(graph: Graph, source: Proxy, out: Any) -> None:
+def _views_of(al: _Aliases, root: Proxy) -> list[Proxy]:
+    return [v for v in al.base.keys() if al.base.get(v) is root]
+
+
+def _functional_update_ok(al: _Aliases, target: Proxy) -> bool:
+    """An update through an alias can be recorded functionally (kiln/ops/views.py): every live view of
+    the base has a known chain, and the target has no overlapping elements (eager refuses those)."""
+    root = al.base.get(target, target)
+    example = target.example
+    if example is None or any(st == 0 and n > 1 for n, st in zip(example.shape, example.stride())):
+        return False
+    return all(al.chain.get(v) is not None for v in _views_of(al, root))
+
+
+def _propagate_to_aliases(graph: Graph, target: Proxy) -> None:
+    """After an in-place update of `target`: update its base (when target is a view) and re-derive every
+    view of the base from the new value, as eager's shared memory would show them."""
+    al = aliases(graph)
+    root = al.base.get(target)
+    views = _views_of(al, target if root is None else root)
+    if root is None and not views:
+        return
+    from .views import view_update
+    if root is not None:
+        new_root = call(view_update, (root, target, al.chain.get(target)), {})
+        _apply_inplace(graph, root, new_root)
+    else:
+        root = target
+    for view in views:
+        fresh = al.chain.get(view).apply(root, call)
+        view.node = fresh.node
+        view.example = fresh.example
+
+
+def _note_views(graph: Graph, source: Proxy, out: Any, step: tuple | None = None) -> None:
+    from .views import ViewChain
     al = aliases(graph)
     base = al.base.get(source, source)
-    for v in flatten(out):
+    chain = al.chain.get(source) if source in al.base else ViewChain(())
+    outputs = out if isinstance(out, (tuple, list)) else None
+    for i, v in enumerate(flatten(out)):
         if isinstance(v, Proxy) and v is not source:
+            mine = _storage_key(v.example) if v.example is not None else None
+            theirs = _storage_key(source.example) if source.example is not None else None
+            if mine is not None and theirs is not None and mine != theirs:
+                continue  # eager made a copy here (a reshape of a non-contiguous tensor): not an alias
             al.base[v] = base
             al.has_views.add(base)
+            shares = step is not None and mine is not None and mine == theirs and \
+                not any(isinstance(a, Proxy) for a in flatten(step[1:]))
+            index = i if outputs is not None else None
+            al.chain[v] = chain.then(step[0], tuple(step[1]), dict(step[2]), index) \
+                if shares and chain is not None else None
 
 
 def _storage_key(t: Any) -> int | None:
@@ -566,9 +638,13 @@ def _apply_inplace(graph: Graph, target: Proxy, result: Any) -> Proxy:
     if tuple(check_same.shape) != tuple(target.meta.shape) or check_same.dtype != target.meta.dtype:
         raise UnsupportedError(f"in-place result {check_same.short()} does not match the updated tensor "
                            f"{target.meta.short()}")
+    name = aliases(graph).input_name.get(target)
+    if name is not None and any(ph.name == name and ph.meta.requires_grad for ph in graph.placeholders):
+        # eager's own checks and autograd history (a leaf refuses it with grad on; under no_grad the
+        # version counter moves) belong to the real tensor: the update runs eagerly
+        raise UnsupportedError(f"in-place update of input {name}, which requires grad")
     target.node = new.node
     target.example = new.example
-    name = aliases(graph).input_name.get(target)
     if name is not None:
         graph.mutated_inputs[name] = new.node
     return target

@@ -1,0 +1,134 @@
+"""A frame that runs natively (a break kiln cannot resume) still has its callees captured: its code is a
+copy whose call sites go through the capture wrapper (kiln/capture/native.py)."""
+from __future__ import annotations
+
+import io
+
+import torch
+import torch.nn as nn
+from capture_helpers import all_entries, check
+
+import kiln
+from kiln.capture.native import Router, routed_function
+
+X = torch.randn(2, 8)
+OUT = io.StringIO()
+
+
+def helper(t, scale=2.0, *, shift=1.0):
+    return torch.relu(t) * scale + shift
+
+
+def star_helper(*args, **kwargs):
+    return helper(*args, **kwargs)
+
+
+class Obj:
+    def method(self, t, k=1):
+        return t * k
+
+
+def native_frame(x, items):
+    out = helper(x) + helper(x, 3.0, shift=0.5) + Obj().method(x, k=4) + star_helper(x, shift=2.0)
+    for i in items:
+        print(i, file=OUT)  # a break inside a loop: this frame runs natively
+        try:
+            out = out + helper(x * i)
+            if i == 2:
+                raise ValueError(i)
+        except ValueError:
+            out = out - helper(x)
+        finally:
+            out = out + 1
+    return out
+
+
+def test_routed_copy_gives_the_same_result_and_routes_user_calls():
+    seen = []
+
+    def caller(fn, *args, **kwargs):
+        seen.append(getattr(fn, "__qualname__", type(fn).__name__))
+        return fn(*args, **kwargs)
+    routed = routed_function(native_frame, caller)
+    torch.testing.assert_close(routed(X, [1, 2, 3]), native_frame(X, [1, 2, 3]))
+    assert seen.count("helper") == 6 and "Obj.method" in seen and "star_helper" in seen
+    assert "print" not in seen  # builtins are called directly
+
+
+def test_routed_copy_keeps_tracebacks_on_user_lines():
+    def bad(x):
+        return helper(x) + undefined_name  # noqa: F821
+    routed = routed_function(bad, lambda fn, *a, **k: fn(*a, **k))
+    try:
+        routed(X)
+    except NameError as e:
+        tb = e.__traceback__
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        assert tb.tb_frame.f_code.co_name == "bad"
+        assert tb.tb_lineno == bad.__code__.co_firstlineno + 1
+    else:
+        raise AssertionError("expected NameError")
+
+
+def test_router_leaves_builtins_classes_and_library_code_alone():
+    router = Router(lambda fn, *a, **k: fn(*a, **k))
+    for fn in (len, torch.relu, dict, torch.nn.functional.gelu, nn.Linear(2, 2), io.StringIO):
+        assert router[fn] is fn
+    assert router[helper] is not helper
+    assert router[nn.Sequential(nn.Linear(2, 2))] is not None
+
+
+def test_native_frame_callees_are_captured():
+    compiled = check(native_frame, X, [1, 2, 3], breaks=1)
+    entries = all_entries(compiled)
+    (native,) = [e for e in entries if e.brk is not None]
+    assert not native.brk.resumed and native.brk.native_frame.startswith("native_frame")
+    assert sum(1 for e in entries if e.graph is not None and e.ops) >= 3  # helper, method, star_helper
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.relu(self.lin(x)) * 2
+
+
+class LoopWithPrint(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block() for _ in range(3)])
+
+    def forward(self, x):
+        for block in self.blocks:
+            print("block", file=OUT)
+            x = block(x)
+        return x
+
+
+def test_module_loop_with_break_still_compiles_each_block():
+    torch.manual_seed(0)
+    model = LoopWithPrint()
+    with torch.no_grad():
+        report = kiln.explain(model, X)
+        assert report.graph_count == 3 and len(report.frames_run_natively) == 1
+        kiln.reset()
+        compiled = kiln.compile(model)
+        for _ in range(2):
+            torch.testing.assert_close(compiled(X), model(X))
+
+
+def test_fresh_closures_stop_being_captured():
+    def f(x):
+        k = 2
+        g = lambda t: t * k  # noqa: E731
+        print("cell", file=OUT)
+        return g(x)
+    kiln.reset()
+    compiled = kiln.compile(f, backend="eager")
+    for _ in range(8):
+        torch.testing.assert_close(compiled(X), f(X))
+    graphs = sum(1 for e in all_entries(compiled) if e.graph is not None and e.ops)
+    assert graphs <= 4
