@@ -3,10 +3,12 @@ graph, builtins on symbolic values, and graph breaks on everything kiln cannot s
 from __future__ import annotations
 
 import builtins
+import collections
 import copy
 import dis
 import functools
 import itertools
+import operator
 import types
 from typing import Any, Callable
 
@@ -33,11 +35,12 @@ _IMPURE_TORCH = {torch.manual_seed, torch.seed, torch.set_rng_state, torch.set_d
                  torch._C._set_grad_enabled, torch.set_printoptions, torch.use_deterministic_algorithms,
                  torch.set_num_threads}
 _PURE_MODULES = ("math", "operator", "_operator", "builtins", "itertools", "functools", "_functools",
-                 "collections", "string", "cmath")
+                 "collections", "_collections", "string", "cmath")
 # Python library code kiln runs directly when no tensor is involved (introspection, logging)
 _NATIVE_PY_MODULES = ("inspect", "typing", "dataclasses", "enum", "abc", "warnings", "logging", "re",
                       "functools", "copy", "string", "textwrap", "importlib")
 _PRINTING = {print, input, breakpoint, open, exec, eval, compile, globals, locals, vars, dir, id, exit}
+_FRAME_READS = {globals, locals, vars, dir, exec, eval, breakpoint}
 
 
 class GradModeContext:
@@ -122,13 +125,15 @@ class CallOps:
         code = self.pop()
         flags = inst.arg
         closure = self.pop() if flags & 0x08 else None
-        if flags & 0x04:
-            self.pop()
+        annotations = self.pop() if flags & 0x04 else None
         kwdefaults = self.pop() if flags & 0x02 else None
         defaults = self.pop() if flags & 0x01 else None
         fn = types.FunctionType(code, self.globals, code.co_name, defaults, closure)
         if kwdefaults:
             fn.__kwdefaults__ = kwdefaults
+        if annotations:  # a tuple of (name, value) pairs in 3.11
+            fn.__annotations__ = dict(zip(annotations[::2], annotations[1::2])) \
+                if isinstance(annotations, tuple) else dict(annotations)
         fn.__qualname__ = code.co_qualname
         self.cap.new_local(fn)
         self.push(fn)
@@ -166,6 +171,8 @@ class CallOps:
                 return self.native(fn, args, kwargs, fn.__qualname__)
             if is_torch_callable(fn):
                 return self.torch_call(fn, args, kwargs)
+            if fn is collections.namedtuple and "module" not in kwargs:
+                kwargs = {**kwargs, "module": self.globals.get("__name__")}  # it would read kiln's frame
             if module.split(".")[0] in _NATIVE_PY_MODULES and not any(
                     isinstance(a, Proxy) for a in flatten((args, kwargs))):
                 return self.native(fn, args, kwargs, _name(fn))
@@ -182,6 +189,8 @@ class CallOps:
             # a kiln-compiled function called from compiled code: inline the function it compiles
             target, bound = self.load_attr(fn, "fn"), self.load_attr(fn, "bound_self")
             return self.call(target, list(args) if bound is NO_SELF else [bound] + list(args), kwargs)
+        if type(fn) in (operator.itemgetter, operator.attrgetter) and len(args) == 1 and not kwargs:
+            return self.call_getter(fn, args[0])
         method = class_lookup(type(fn), "__call__")
         if isinstance(method, types.FunctionType):
             return self.call(method, [fn] + list(args), kwargs)
@@ -201,6 +210,10 @@ class CallOps:
                 raise GraphBreak("list.sort() takes no positional arguments")
             owner[:] = sort_items(self, list(owner), kwargs.get("key"), kwargs.get("reverse", False))
             return None
+        if fn in _FRAME_READS and not (fn in (vars, dir) and args):
+            brk = GraphBreak(f"call to {fn.__name__}() (it reads the calling frame)", HINTS["call"])
+            brk.resumable = False  # it must run in the user's own frame, not in kiln's entry
+            raise brk
         if fn in _PRINTING:
             raise GraphBreak(f"call to {fn.__name__}()", HINTS["print"] if fn is print else HINTS["call"])
         owner = getattr(fn, "__self__", None)
@@ -211,6 +224,8 @@ class CallOps:
         if is_torch_callable(fn) or getattr(fn, "__objclass__", None) is torch._C.TensorBase:
             return self.torch_call(fn, args, kwargs)
         if owner is not None and not isinstance(owner, types.ModuleType):
+            if id(owner) in cap.mirrors and name not in _READ_ONLY_METHODS:
+                cap.check_mirror_write(owner)
             if cap.is_local(owner) or id(owner) in cap.mirrors or isinstance(owner, (str, bytes, tuple,
                                                                                      frozenset, int, float,
                                                                                      torch.Size, type)):
@@ -231,6 +246,20 @@ class CallOps:
         if module.split(".")[0] in _PURE_MODULES:
             return self.native(fn, args, kwargs, _name(fn))
         raise GraphBreak(f"call to C function {_name(fn)}", HINTS["call"])
+
+    def call_getter(self, getter: Any, obj: Any) -> Any:
+        """operator.itemgetter / attrgetter applied to a symbolic value, traced like `obj[k]` / `obj.a`."""
+        keys = getter.__reduce__()[1]
+        if type(getter) is operator.itemgetter:
+            values = [self.subscript(obj, k) for k in keys]
+        else:
+            values = []
+            for dotted in keys:
+                value = obj
+                for part in dotted.split("."):
+                    value = self.load_attr(value, part)
+                values.append(value)
+        return values[0] if len(values) == 1 else tuple(values)
 
     def environ_read(self, method: str, args: list, kwargs: dict) -> Any:
         """A read of the process environment (get, [], in): the value read now, guarded (a changed
@@ -370,6 +399,8 @@ class CallOps:
             return self.native(cls, args, kwargs, cls.__name__)
         if is_torch_callable(cls):
             return self.torch_call(cls, args, kwargs)
+        if cls in (operator.itemgetter, operator.attrgetter):
+            return cap.new_local(self.native(cls, args, kwargs, cls.__name__))
         new = class_lookup(cls, "__new__")
         init = class_lookup(cls, "__init__")
         if isinstance(new, types.FunctionType) or not (isinstance(init, types.FunctionType) or

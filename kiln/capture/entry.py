@@ -54,6 +54,17 @@ def build_object(cls: type, attrs: dict, items: dict | None) -> Any:
     return obj
 
 
+def rebuild_mapping(cls: type, pairs: list, factory: Any) -> Any:
+    """A collections mapping made in compiled code, item by item through the builtin base's __setitem__
+    (Counter(pairs) would count the pairs; a defaultdict keeps its default_factory)."""
+    obj = cls(factory) if issubclass(cls, collections.defaultdict) else cls()
+    setitem = collections.OrderedDict.__setitem__ if isinstance(obj, collections.OrderedDict) \
+        else dict.__setitem__
+    for key, value in pairs:
+        setitem(obj, key, value)
+    return obj
+
+
 def make_function(code: types.CodeType, globals_: dict, defaults: tuple | None,
                   kwdefaults: dict | None) -> types.FunctionType:
     """Rebuild a function defined inside compiled code (one without a closure)."""
@@ -160,7 +171,9 @@ class Reconstructor:
         if cap.is_local(v):
             if isinstance(v, dict) and typ.__module__ == "collections":
                 pairs = ", ".join(f"({self.key(k)}, {self.value(x)})" for k, x in v.items())
-                return f"{ns.hold(typ, typ.__name__)}([{pairs}])"
+                factory = self.value(v.default_factory) if isinstance(v, collections.defaultdict) else "None"
+                return self._once(v, f"{ns.hold(rebuild_mapping, 'mapping')}({ns.hold(typ, typ.__name__)}, "
+                                     f"[{pairs}], {factory})")
             if isinstance(v, types.FunctionType) and not v.__closure__:
                 make = ns.hold(make_function, "make_function")
                 kw = "None" if not v.__kwdefaults__ else self.value(dict(v.__kwdefaults__))

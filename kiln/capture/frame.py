@@ -430,6 +430,8 @@ class Frame:
         values = self.as_mapping(self.pop())
         target = self.stack[-inst.arg]
         for key in values:
+            if not isinstance(key, str):
+                raise RaisedError(TypeError("keywords must be strings"), "** with a non-string key")
             if key in target:
                 raise GraphBreak(f"got multiple values for keyword argument {key!r}")
         target.update(values)
@@ -585,7 +587,10 @@ class Frame:
 
     def check_mutable(self, container: Any) -> None:
         cap = self.cap
-        if isinstance(container, Proxy) or cap.is_local(container) or id(container) in cap.mirrors:
+        if id(container) in cap.mirrors:
+            cap.check_mirror_write(container)
+            return
+        if isinstance(container, Proxy) or cap.is_local(container):
             return
         raise GraphBreak(f"mutating a {type(container).__name__} kiln cannot replay")
 

@@ -67,6 +67,55 @@ class ListIter(SymIter):
         return self.kind
 
 
+def iterator_at(items: Any, pos: int) -> Any:
+    """iter(items) advanced by `pos` items: a list iterator rebuilt after a graph break."""
+    it = iter(items)
+    for _ in range(pos):
+        next(it)
+    return it
+
+
+class LiveListIter(ListIter):
+    """iter() of a list the capture tracks: reads the list as it is at each step, as CPython does, so items
+    appended or removed while a loop runs are seen."""
+
+    def advance(self, frame: Any) -> Any:
+        if self.pos >= len(self.items):
+            self.pos = len(self.items) + 1  # exhausted for good, even if the list grows later
+            return _STOP
+        self.pos += 1
+        return self.items[self.pos - 1]
+
+    def rebuild(self, rec: Any) -> str:
+        return f"{rec.cap.ns.hold(iterator_at, 'iterator_at')}({rec.value(self.items)}, {self.pos})"
+
+
+class DictIter(SymIter):
+    """Iteration over a dict, its keys, values or items, read live; a change of size raises eager's
+    RuntimeError."""
+
+    def __init__(self, mapping: Any, kind: str):
+        self.mapping = mapping
+        self.kind = kind
+        self.size = len(mapping)
+        self.pos = 0
+
+    def advance(self, frame: Any) -> Any:
+        if len(self.mapping) != self.size:
+            self.size = -1
+            what = "dictionary" if isinstance(self.mapping, dict) or self.kind != "set" else "Set"
+            raise RaisedError(RuntimeError(f"{what} changed size during iteration"), "iteration")
+        if self.pos >= self.size:
+            return _STOP
+        key = list(self.mapping)[self.pos]
+        self.pos += 1
+        if self.kind == "values":
+            return self.mapping[key]
+        if self.kind == "items":
+            return (key, self.mapping[key])
+        return key
+
+
 class GeneratorValue(SymIter):
     """A generator made by calling a generator function inside compiled code: a suspended frame."""
 
@@ -376,6 +425,13 @@ def make_lazy(frame: Any, cls: Any, args: list, kwargs: dict) -> SymIter | None:
         step = 1 if step is None else step
         if not all(isinstance(v, int) for v in (start, step)) or not (stop is None or isinstance(stop, int)):
             return None
+        if stop is not None and stop < 0:
+            message = "Stop argument for islice() must be None or an integer: 0 <= x <= sys.maxsize."
+            raise RaisedError(ValueError(message), "islice()")
+        if start < 0 or step <= 0:
+            message = "Indices for islice() must be None or an integer: 0 <= x <= sys.maxsize." if start < 0 \
+                else "Step for islice() must be a positive integer or None."
+            raise RaisedError(ValueError(message), "islice()")
         return IsliceIter(frame.get_iterator(args[0]), start, stop, step)
     if cls is itertools.count:
         start = args[0] if args else kwargs.get("start", 0)

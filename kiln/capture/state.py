@@ -9,6 +9,7 @@ state; the generated entry function replays the changes after the graph runs.
 """
 from __future__ import annotations
 
+import collections
 import types
 from typing import Any
 
@@ -91,8 +92,11 @@ class Capture:
             self.guards.keys(source, value)
             copy = typ()
             self._mirror(copy, source, value)
-            copy.update((k, self.wrap(v, source.item(k, None if is_constant(k) else self.ns)))
-                        for k, v in value.items())
+            # the builtin base's __setitem__: Counter.update would add counts, OrderedDict keeps its order
+            setitem = collections.OrderedDict.__setitem__ if isinstance(copy, collections.OrderedDict) \
+                else dict.__setitem__
+            for k, v in value.items():
+                setitem(copy, k, self.wrap(v, source.item(k, None if is_constant(k) else self.ns)))
             self.mirrors[id(copy)] = (copy, source, list(copy.items()))
             return copy
         if isinstance(value, (set, frozenset)):
@@ -102,8 +106,12 @@ class Capture:
                                 f"{source.name} == {value!r}", "constant")
                 return set(value) if typ is set else value
             raise GraphBreak(f"set {source.name} holds values kiln does not guard")
-        if isinstance(value, (_MODULE_TYPES + (types.FunctionType, types.BuiltinFunctionType, type,
-                                                types.ModuleType))):
+        if isinstance(value, types.BuiltinMethodType) and isinstance(value.__self__, type):
+            # a classmethod of a C type (`chain.from_iterable`): a new bound object on every read
+            self.guards.identity(source.attr("__self__"), value.__self__)
+            self.guards.constant(source.attr("__name__"), value.__name__)
+        elif isinstance(value, (_MODULE_TYPES + (types.FunctionType, types.BuiltinFunctionType, type,
+                                                  types.ModuleType))):
             self.guards.identity(source, value)
         elif isinstance(value, types.MethodType):
             self.guards.identity(source.attr("__func__"), value.__func__)
@@ -184,6 +192,14 @@ class Capture:
         self.mirrors[id(copy)] = (copy, source, [])
         self.mirror_of[id(original)] = copy
         self.keep.extend((copy, original))
+
+    def check_mirror_write(self, copy: Any) -> None:
+        """A module's own parameter, buffer and submodule dicts are read all over the capture from the real
+        module (iteration, len, calls): changing them (ModuleList.append) must happen for real."""
+        source = self.mirrors[id(copy)][1]
+        if source.expr.endswith(("._modules", "._parameters", "._buffers")):
+            raise GraphBreak(f"changing {source.name} (a module's submodules, parameters or buffers) inside "
+                             "compiled code", "build the module structure outside the compiled function")
 
     # ---- objects made during capture ----
     def is_local(self, value: Any) -> bool:

@@ -193,7 +193,8 @@ def make_break_entry(cap: Capture, fn: Any, code: types.CodeType, frame: Frame, 
             if n not in local_temps:
                 local_temps[n] = temp(rec.value(frame.locals[n]))
     writes = side_effect_writes(cap, rec, temp)
-    if not getattr(compile_graph, "keeps_views", False):
+    if not getattr(compile_graph, "keeps_views", False) or cap.graph.mutated_inputs:
+        # (a view kept as a view is still a view of the graph's copy of a mutated input, not of the input)
         _check_no_live_views(cap, rec)
     body = temps + writes + native
     resumes = []

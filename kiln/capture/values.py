@@ -10,7 +10,7 @@ import torch
 from ..graph import Proxy
 from .errors import GraphBreak
 from .frame import NATIVE_OPERAND_TYPES, NULL, symbolic_break
-from .iterators import GeneratorValue, ListIter, NativeIter, OutsideIterator, SymIter, UserIter, drain, \
+from .iterators import DictIter, GeneratorValue, ListIter, LiveListIter, NativeIter, OutsideIterator, SymIter, UserIter, drain, \
     is_outside_iterator, stop_iteration, _STOP
 from .state import MISSING, trusted_module
 
@@ -18,6 +18,7 @@ _NO_TENSOR_ATTRS = {"grad", "grad_fn", "data", "is_leaf", "_version", "storage",
                     "data_ptr", "register_hook", "backward", "retain_grad", "_base", "numpy", "tolist",
                     "item", "__array__", "share_memory_", "pin_memory", "record_stream"}
 _MODULE_DICTS = ("_parameters", "_buffers", "_modules")
+_DICT_VIEWS = {type({}.keys()): "keys", type({}.values()): "values", type({}.items()): "items"}
 
 
 class NoAttribute(GraphBreak):
@@ -71,6 +72,9 @@ class ValueOps:
         if isinstance(obj, SymIter):
             return self.iterator_attr(obj, name)
         if isinstance(obj, (types.ModuleType, type, super)) or obj is NULL:
+            written = cap.read_attr_overlay(obj, name)
+            if written is not MISSING:
+                return written
             try:
                 value = getattr(obj, name)
             except AttributeError:
@@ -100,6 +104,10 @@ class ValueOps:
                 raise NoAttribute(f"{cls.__name__} has no attribute {name!r}") from None
             return cap.wrap(value, src.attr(name)) if src is not None else value
         inst_dict = getattr(obj, "__dict__", None)
+        if isinstance(inst_dict, dict) and id(inst_dict) in cap.mirror_of:
+            inst_dict = cap.mirror_of[id(inst_dict)]  # obj.__dict__ was read (and maybe written) here
+            if name in inst_dict:
+                return inst_dict[name]
         if isinstance(inst_dict, dict) and name in inst_dict:
             value = inst_dict[name]
             return cap.wrap(value, src.attr(name)) if src is not None else value
@@ -264,6 +272,15 @@ class ValueOps:
                 return self.get_iterator(result)
             if is_outside_iterator(value):
                 return self.user_iterator(value)
+        cap = self.cap
+        tracked = cap.is_local(value) or id(value) in cap.mirrors
+        if type(value) is list and tracked:
+            return LiveListIter(value, "list_iterator")
+        if type(value) is dict and tracked:
+            return DictIter(value, "keys")
+        kind = _DICT_VIEWS.get(type(value))
+        if kind is not None:
+            return DictIter(value.mapping, kind)
         return ListIter(self.iterate(value), type(value).__name__ + " iterator")
 
     def outside_iterator(self, value: Any) -> bool:

@@ -249,6 +249,13 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
         return _record_out(tracer, func, args, kwargs)
     args, kwargs = _lift(graph, args, kwargs)
     name = _op_name(func)
+    flag_op = getattr(func, "__name__", "")
+    if flag_op in ("requires_grad_", "detach_") and args and isinstance(args[0], Proxy):
+        want = False if flag_op == "detach_" else (args[1] if len(args) > 1 else
+                                                   kwargs.get("requires_grad", True))
+        if bool(want) != args[0].meta.requires_grad:
+            # the flag belongs to the real tensor (and later reads of it must see the change)
+            raise UnsupportedError(f"{name} changes requires_grad of a traced tensor")
     inplace = is_inplace(func, kwargs)
     if inplace and not (args and isinstance(args[0], Proxy)):
         args, kwargs = _target_first(func, args, kwargs)
