@@ -9,6 +9,7 @@ import dis
 import functools
 import itertools
 import operator
+import sys
 import types
 from typing import Any, Callable
 
@@ -40,7 +41,7 @@ _PURE_MODULES = ("math", "operator", "_operator", "builtins", "itertools", "func
 _NATIVE_PY_MODULES = ("inspect", "typing", "dataclasses", "enum", "abc", "warnings", "logging", "re",
                       "functools", "copy", "string", "textwrap", "importlib")
 _PRINTING = {print, input, breakpoint, open, exec, eval, compile, globals, locals, vars, dir, id, exit}
-_FRAME_READS = {globals, locals, vars, dir, exec, eval, breakpoint}
+_FRAME_READS = {globals, locals, vars, dir, exec, eval, breakpoint, sys._getframe}
 
 
 class GradModeContext:
@@ -401,6 +402,10 @@ class CallOps:
             return self.torch_call(cls, args, kwargs)
         if cls in (operator.itemgetter, operator.attrgetter):
             return cap.new_local(self.native(cls, args, kwargs, cls.__name__))
+        if cls in (collections.deque, collections.OrderedDict, collections.defaultdict):
+            items = self.call_builtin_iterables(args[:1]) + list(args[1:]) if cls is not \
+                collections.defaultdict else list(args)
+            return cap.new_local(self.native(cls, items, kwargs, cls.__name__))
         new = class_lookup(cls, "__new__")
         init = class_lookup(cls, "__init__")
         if isinstance(new, types.FunctionType) or not (isinstance(init, types.FunctionType) or
@@ -731,6 +736,20 @@ def _issubclass(frame: Frame, args: list, kwargs: dict) -> bool:
 
 
 _BUILTIN_HANDLERS[builtins.issubclass] = _issubclass
+
+
+def _exc_info(frame: Frame, args: list, kwargs: dict) -> Any:
+    exc = frame.current_handled()
+    return (None, None, None) if exc is None else (type(exc), exc, getattr(exc, "__traceback__", None))
+
+
+def _exception(frame: Frame, args: list, kwargs: dict) -> Any:
+    return frame.current_handled()
+
+
+_BUILTIN_HANDLERS[sys.exc_info] = _exc_info
+if hasattr(sys, "exception"):
+    _BUILTIN_HANDLERS[sys.exception] = _exception
 _BUILTIN_HANDLERS[functools.reduce] = _reduce
 
 

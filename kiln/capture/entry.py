@@ -179,6 +179,9 @@ class Reconstructor:
                 kw = "None" if not v.__kwdefaults__ else self.value(dict(v.__kwdefaults__))
                 return self._once(v, f"{make}({ns.hold(v.__code__, 'code')}, {ns.hold(v.__globals__, 'G')}, "
                                      f"{self.value(v.__defaults__)}, {kw})")
+            if isinstance(v, collections.deque):
+                items = ", ".join(self.value(x) for x in v)
+                return self._once(v, f"{ns.hold(typ, typ.__name__)}([{items}], {v.maxlen!r})")
             if isinstance(v, (types.FunctionType, set)):
                 raise GraphBreak(f"returning a {typ.__name__} made inside compiled code")
             attrs = getattr(v, "__dict__", None)

@@ -114,34 +114,6 @@ def symbolic_break(e: BaseException, what: str, genuine: bool = True) -> GraphBr
     return brk
 
 
-_DUNDERS_OF = {
-    operator.eq: ("__eq__",), operator.ne: ("__ne__", "__eq__"), operator.contains: ("__eq__", "__hash__"),
-    operator.lt: ("__lt__", "__gt__"), operator.le: ("__le__", "__ge__"), operator.gt: ("__gt__", "__lt__"),
-    operator.ge: ("__ge__", "__le__"),
-}
-_ANY_DUNDER = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__hash__", "__bool__", "__len__",
-               "__contains__", "__iter__", "__getitem__", "__setitem__", "__delitem__", "__index__",
-               "__int__", "__float__", "__add__", "__radd__", "__iadd__", "__sub__", "__rsub__", "__isub__",
-               "__mul__", "__rmul__", "__imul__", "__matmul__", "__rmatmul__", "__truediv__",
-               "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__pow__",
-               "__rpow__", "__or__", "__ror__", "__ior__", "__and__", "__rand__", "__iand__", "__xor__",
-               "__rxor__", "__lshift__", "__rshift__", "__neg__", "__pos__", "__invert__", "__abs__")
-_PLAIN_TYPES: dict[tuple[type, Any], bool] = {}
-
-
-def plain_type(cls: type, op: Any = None) -> bool:
-    """No Python-level dunder that operator `op` could call, anywhere in the class's MRO (the operator
-    then acts on identity, or raises TypeError exactly as eager does)."""
-    key = (cls, op)
-    known = _PLAIN_TYPES.get(key)
-    if known is None:
-        names = _DUNDERS_OF.get(op, _ANY_DUNDER)
-        known = not any(isinstance(klass.__dict__.get(name), types.FunctionType)
-                        for klass in cls.__mro__ for name in names)
-        _PLAIN_TYPES[key] = known
-    return known
-
-
 def has_proxy(value: Any, depth: int = 0) -> bool:
     """Whether a tensor proxy is among `value` (looking into lists, tuples and dicts a few levels)."""
     if isinstance(value, Proxy):
@@ -465,90 +437,6 @@ class Frame:
                 raise GraphBreak("a tensor used as a set element or dict key")
         return items
 
-    # ---- operators ----
-    def native_op(self, fn: Any, *args: Any) -> Any:
-        cap = self.cap
-        for a in args:
-            if not isinstance(a, NATIVE_OPERAND_TYPES) and not cap.is_local(a) and id(a) not in cap.mirrors:
-                if isinstance(a, torch.Tensor):  # a Parameter or tensor reached from an object without source
-                    raise GraphBreak(f"operator {fn.__name__} on a {type(a).__name__} kiln does not track "
-                                     "(its value would be baked in unguarded)", HINTS["call"])
-                if isinstance(a, SymIter) or not plain_type(type(a), fn):
-                    raise GraphBreak(f"operator {fn.__name__} on a {type(a).__name__} (user-defined "
-                                     "operators are not followed)", HINTS["call"])
-                # no Python dunder: the operator compares it by identity, so its identity is guarded
-                src = cap.source_of(a)
-                if src is not None:
-                    cap.guards.identity(src, a)
-                elif not isinstance(a, torch.nn.Module):
-                    raise GraphBreak(f"operator {fn.__name__} on a {type(a).__name__} kiln cannot guard",
-                                     HINTS["call"])
-        try:
-            result = fn(*args)
-            if type(result) in (list, dict, set) and not any(result is a for a in args):
-                cap.new_local(result)
-            return result
-        except (GraphBreak, DataDependentError, UnsupportedError):
-            raise
-        except Exception as e:
-            raise symbolic_break(e, f"operator {fn.__name__}", not has_proxy(args)) from None
-
-    def op_BINARY_OP(self, inst: dis.Instruction) -> None:
-        right = self.pop()
-        left = self.pop()
-        self.push(self.native_op(_BINARY_BY_ARG[inst.arg], left, right))
-
-    def op_COMPARE_OP(self, inst: dis.Instruction) -> None:
-        right = self.pop()
-        left = self.pop()
-        self.push(self.native_op(_COMPARE[inst.argval], left, right))
-
-    def op_IS_OP(self, inst: dis.Instruction) -> None:
-        right = self.pop()
-        left = self.pop()
-        self.push((left is not right) if inst.arg else (left is right))
-
-    def op_CONTAINS_OP(self, inst: dis.Instruction) -> None:
-        container = self.pop()
-        item = self.pop()
-        if isinstance(container, torch.nn.Module):
-            raise GraphBreak("`in` on a module")
-        method = None
-        if not isinstance(container, NATIVE_OPERAND_TYPES) and not self.cap.is_local(container):
-            method = next((k.__dict__["__contains__"] for k in type(container).__mro__
-                           if "__contains__" in k.__dict__), None)
-        if isinstance(method, types.FunctionType):
-            found = self.truth(self.call(method, [container, item], {}))
-        else:
-            found = self.native_op(operator.contains, container, item)
-        self.push((not found) if inst.arg else found)
-
-    def op_UNARY_NEGATIVE(self, inst: dis.Instruction) -> None:
-        self.push(self.native_op(operator.neg, self.pop()))
-
-    def op_UNARY_POSITIVE(self, inst: dis.Instruction) -> None:
-        self.push(self.native_op(operator.pos, self.pop()))
-
-    def op_UNARY_INVERT(self, inst: dis.Instruction) -> None:
-        self.push(self.native_op(operator.invert, self.pop()))
-
-    def op_UNARY_NOT(self, inst: dis.Instruction) -> None:
-        self.push(not self.truth(self.pop()))
-
-    def truth(self, value: Any) -> bool:
-        if isinstance(value, Proxy):
-            raise GraphBreak(f"data-dependent branch on tensor {value.node.name} ({value.meta.short()})",
-                             HINTS["data"])
-        if isinstance(value, NATIVE_OPERAND_TYPES) or self.cap.is_local(value) and type(value) is object:
-            return bool(value)
-        if isinstance(value, torch.nn.Module):
-            return True if type(value).__len__ is torch.nn.Module.__len__ else bool(len(self.iterate(value)))
-        cls = type(value)
-        if getattr(cls, "__bool__", None) is None and getattr(cls, "__len__", None) is None:
-            return True
-        return bool(self.call(getattr(cls, "__bool__", None) or len, [value] if hasattr(cls, "__bool__")
-                              else [value], {}))
-
     def op_BINARY_SUBSCR(self, inst: dis.Instruction) -> None:
         index = self.pop()
         container = self.pop()
@@ -695,54 +583,6 @@ class Frame:
         elif conv == 3:
             value = ascii(value)
         self.push(format(value, spec))
-
-    # ---- errors ----
-    def op_LOAD_ASSERTION_ERROR(self, inst: dis.Instruction) -> None:
-        self.push(AssertionError)
-
-    def op_RAISE_VARARGS(self, inst: dis.Instruction) -> None:
-        args = self.popn(inst.arg)
-        exc = self.handled if inst.arg == 0 else args[0]
-        if inst.arg == 0 and exc is None:
-            exc = RuntimeError("No active exception to reraise")
-        if isinstance(exc, type) and issubclass(exc, BaseException):
-            exc = exc() if exc.__module__ == "builtins" else self.call(exc, [], {})
-        if not isinstance(exc, (Exception, GeneratorExit)):
-            brk = GraphBreak(f"the code raises a {type(exc).__name__}", HINTS["raise"])
-            brk.resumable = False  # the exception's traceback must show the user's frame
-            raise brk
-        if inst.arg == 2:  # raise exc from cause
-            cause = args[1]
-            if isinstance(cause, type) and issubclass(cause, BaseException):
-                cause = cause() if cause.__module__ == "builtins" else self.call(cause, [], {})
-            if cause is not None and not isinstance(cause, BaseException):
-                raise RaisedError(TypeError("exception causes must derive from BaseException"), "raise from")
-            exc.__cause__ = cause
-        if self.handled is not None and exc is not self.handled and isinstance(self.handled, BaseException):
-            exc.__context__ = self.handled
-        raise RaisedError(exc, f"the code raises {type(exc).__name__}: {exc}", HINTS["raise"])
-
-    def op_PUSH_EXC_INFO(self, inst: dis.Instruction) -> None:
-        exc = self.pop()
-        self.push(self.handled)
-        self.handled = exc
-        self.push(exc)
-
-    def op_POP_EXCEPT(self, inst: dis.Instruction) -> None:
-        self.handled = self.pop()
-
-    def op_CHECK_EXC_MATCH(self, inst: dis.Instruction) -> None:
-        kind = self.pop()
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        if not all(isinstance(k, type) and issubclass(k, BaseException) for k in kinds):
-            raise GraphBreak(f"`except` with {kind!r}, not exception classes")
-        self.push(isinstance(self.stack[-1], kinds))
-
-    def op_RERAISE(self, inst: dis.Instruction) -> None:
-        exc = self.pop()
-        if not isinstance(exc, (Exception, GeneratorExit)):
-            raise GraphBreak("re-raising a value kiln did not see raised")
-        raise RaisedError(exc, f"the code raises {type(exc).__name__}: {exc}", HINTS["raise"])
 
     # ---- imports ----
     def op_IMPORT_NAME(self, inst: dis.Instruction) -> None:

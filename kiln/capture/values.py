@@ -346,16 +346,6 @@ class ValueOps:
             return drain(self, self.get_iterator(value))
         raise GraphBreak(f"iterating a {type(value).__name__}")
 
-    # ---- with blocks ----
-    def op_BEFORE_WITH(self, inst: dis.Instruction) -> None:
-        from .calls import GradModeContext
-        manager = self.pop()
-        if not isinstance(manager, GradModeContext):
-            raise GraphBreak(f"with-block on a {type(manager).__name__} (kiln follows torch.no_grad() and "
-                             "torch.enable_grad())", "move the with-block outside the compiled function")
-        self.push(manager.exit_fn())
-        self.push(manager.enter(self.cap))
-
 
 def _getitem(container: Any, index: Any) -> Any:
     return container[index]

@@ -1,0 +1,115 @@
+"""Exceptions and with-blocks in the symbolic interpreter.
+
+`raise` inside compiled code raises a real exception object, carried as a `RaisedError`; the frame
+unwinds to the innermost handler of its exception table exactly as CPython does (`Frame.unwind`), so
+`try`/`except`/`finally` and exceptions raised by modelled builtins (KeyError, StopIteration, ...) behave
+as eagerly. A raise that no frame handles breaks the graph and the code runs natively, raising there.
+
+A with-block calls the manager's `__enter__` and `__exit__` (inlined when they are Python:
+`contextlib.contextmanager`, `suppress`, `nullcontext`, `ExitStack`, user classes); torch.no_grad() and
+friends switch grad mode in the graph. Managers from torch itself other than those (autocast, profilers)
+change global state kiln would not replay: they break the graph.
+"""
+from __future__ import annotations
+
+import dis
+import types
+from typing import Any
+
+from .errors import HINTS, GraphBreak, RaisedError
+
+
+class BlockOps:
+    """Frame mixin: raise, except, finally, with."""
+
+    def op_LOAD_ASSERTION_ERROR(self, inst: dis.Instruction) -> None:
+        self.push(AssertionError)
+
+    def make_exception(self, value: Any) -> Any:
+        if isinstance(value, type) and issubclass(value, BaseException):
+            value = value() if value.__module__ == "builtins" else self.call(value, [], {})
+        if isinstance(value, BaseException):
+            self.cap.new_local(value)
+        return value
+
+    def current_handled(self) -> Any:
+        """The exception being handled, as sys.exc_info() sees it: the innermost `except` or `finally`
+        running in this frame or in the frames that called it."""
+        frame = self
+        while frame is not None:
+            if frame.handled is not None:
+                return frame.handled
+            frame = frame.parent
+        return None
+
+    def op_RAISE_VARARGS(self, inst: dis.Instruction) -> None:
+        args = self.popn(inst.arg)
+        handled = self.current_handled()
+        exc = handled if inst.arg == 0 else args[0]
+        if inst.arg == 0 and exc is None:
+            exc = RuntimeError("No active exception to reraise")
+        exc = self.make_exception(exc)
+        if not isinstance(exc, (Exception, GeneratorExit)):
+            brk = GraphBreak(f"the code raises a {type(exc).__name__}", HINTS["raise"])
+            brk.resumable = False  # the exception's traceback must show the user's frame
+            raise brk
+        if inst.arg == 2:  # raise exc from cause
+            cause = self.make_exception(args[1])
+            if cause is not None and not isinstance(cause, BaseException):
+                raise RaisedError(TypeError("exception causes must derive from BaseException"), "raise from")
+            exc.__cause__ = cause
+        if handled is not None and exc is not handled and isinstance(handled, BaseException):
+            exc.__context__ = handled
+        raise RaisedError(exc, f"the code raises {type(exc).__name__}: {exc}", HINTS["raise"])
+
+    def op_PUSH_EXC_INFO(self, inst: dis.Instruction) -> None:
+        exc = self.pop()
+        handled = self.current_handled()
+        if isinstance(exc, BaseException) and handled is not None and exc is not handled and \
+                exc.__context__ is None and isinstance(handled, BaseException):
+            exc.__context__ = handled  # raised while another was being handled (a builtin's error)
+        self.push(self.handled)
+        self.handled = exc
+        self.push(exc)
+
+    def op_POP_EXCEPT(self, inst: dis.Instruction) -> None:
+        self.handled = self.pop()
+
+    def op_CHECK_EXC_MATCH(self, inst: dis.Instruction) -> None:
+        kind = self.pop()
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if not all(isinstance(k, type) and issubclass(k, BaseException) for k in kinds):
+            raise GraphBreak(f"`except` with {kind!r}, not exception classes")
+        self.push(isinstance(self.stack[-1], kinds))
+
+    def op_RERAISE(self, inst: dis.Instruction) -> None:
+        exc = self.pop()
+        if not isinstance(exc, (Exception, GeneratorExit)):
+            raise GraphBreak("re-raising a value kiln did not see raised")
+        raise RaisedError(exc, f"the code raises {type(exc).__name__}: {exc}", HINTS["raise"])
+
+    # ---- with blocks ----
+    def op_BEFORE_WITH(self, inst: dis.Instruction) -> None:
+        from .calls import GradModeContext
+        from .values import class_lookup
+        manager = self.pop()
+        if isinstance(manager, GradModeContext):
+            self.push(manager.exit_fn())
+            self.push(manager.enter(self.cap))
+            return
+        enter = class_lookup(type(manager), "__enter__")
+        leave = class_lookup(type(manager), "__exit__")
+        module = type(manager).__module__ or ""
+        if module.split(".")[0] == "torch" or not (isinstance(enter, types.FunctionType) and
+                                                    isinstance(leave, types.FunctionType)):
+            raise GraphBreak(f"with-block on a {type(manager).__name__} (kiln follows Python context "
+                             "managers and torch.no_grad/enable_grad/set_grad_enabled)",
+                             "move the with-block outside the compiled function")
+        self.push(types.MethodType(leave, manager))
+        self.push(self.call(enter, [manager], {}))
+
+    def op_WITH_EXCEPT_START(self, inst: dis.Instruction) -> None:
+        """The with-block was left by an exception: call __exit__(type, value, traceback)."""
+        exc = self.stack[-1]
+        leave = self.stack[-4]
+        self.push(self.call(leave, [type(exc), exc, getattr(exc, "__traceback__", None)], {}))
