@@ -178,6 +178,9 @@ class CallOps:
                     isinstance(a, Proxy) for a in flatten((args, kwargs))):
                 return self.native(fn, args, kwargs, _name(fn))
             return self.inline(fn, args, kwargs)
+        if type(fn) is functools._lru_cache_wrapper:
+            # the cache is an optimization of a function assumed pure: trace the function itself
+            return self.call(self.load_attr(fn, "__wrapped__"), args, kwargs)
         if isinstance(fn, functools.partial):
             return self.call(fn.func, list(fn.args) + list(args), {**fn.keywords, **kwargs})
         if isinstance(fn, type):

@@ -257,3 +257,40 @@ def test_huggingface_llama_defaults_capture():
     entries = all_entries(compiled)
     assert sum(1 for e in entries if e.graph is not None and e.ops) >= 1
     assert [e.brk for e in entries if e.brk is not None] == []
+
+
+def test_deque_extendleft_indexing():
+    import collections
+
+    def f(x):
+        d = collections.deque([x, x + 1])
+        d.extendleft([x * 2, x * 3])
+        return d[0] + d[-1], len(d), d[1]
+    check(f, X, graphs=1, breaks=0)
+
+
+def test_partial_with_module_keyword():
+    import functools
+    lin = nn.Linear(8, 8)
+
+    def apply(x, module=None, scale=1.0):
+        return module(x) * scale
+
+    def f(x):
+        p = functools.partial(apply, module=lin)
+        q = functools.partial(apply, scale=2.0, module=lin)
+        return p(x) + q(x)
+    with torch.no_grad():
+        check(f, X, graphs=1, breaks=0)
+
+
+def test_lru_cached_helper_with_constants():
+    import functools
+
+    @functools.lru_cache(None)
+    def widths(n):
+        return tuple(2 ** i for i in range(n))
+
+    def f(x):
+        return x * sum(widths(3)) + len(widths(2))
+    check(f, X, graphs=1, breaks=0)
