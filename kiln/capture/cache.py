@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
 import time
 import types
 import warnings
@@ -213,6 +214,7 @@ class CompiledFunction:
         grad_changed = False
         try:
             cap.guards.grad_mode(grad)
+            cap.guards.default_dtype(torch.get_default_dtype())
             try:
                 values = bind_arguments(fn, args, kwargs)
             except TypeError as e:
@@ -328,6 +330,7 @@ class CompiledFunction:
 
 
 _RESUMES: dict[tuple, CompiledFunction] = {}
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _CALLEES: dict[tuple, CompiledFunction] = {}
 _RECORDING: list[list[CacheEntry]] = []  # kiln.explain collects the entries captured while it runs
 
@@ -375,8 +378,8 @@ class CalleeCaller:
             fn, bound = fn.__func__, fn.__self__
         if not isinstance(fn, types.FunctionType) or fn.__code__.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
             return None, NO_SELF
-        if (fn.__module__ or "").startswith("kiln."):
-            return None, NO_SELF
+        if (fn.__module__ or "").startswith("kiln.") or fn.__code__.co_filename.startswith(_TORCH_DIR):
+            return None, NO_SELF  # torch's own Python functions run as they are (they are ops, not frames)
         if not all(name.isidentifier() for name in fn.__code__.co_varnames[:fn.__code__.co_argcount]):
             return None, NO_SELF  # a comprehension's `.0`: no entry function can take it
         defaults = fn.__defaults__ or ()

@@ -75,6 +75,19 @@ def set_grad(cap: Any, enabled: bool) -> None:
     cap.grad_changes += 1
 
 
+_STATE_SETTERS = ("set_", "_set_", "manual_seed", "seed", "use_deterministic", "_jit_set", "_enable",
+                  "_disable", "_push", "_pop", "_increment", "_add_", "_remove_", "_register")
+
+
+def _sets_state(fn: Any) -> bool:
+    """A torch function (not a tensor method) whose name says it changes global state: running it while
+    tracing would change the world and the graph would not redo it."""
+    if isinstance(getattr(fn, "__self__", None), Proxy) or getattr(fn, "__objclass__", None) is not None:
+        return False
+    name = getattr(fn, "__name__", "") or ""
+    return name.startswith(_STATE_SETTERS) and not name.endswith("_")
+
+
 def is_torch_callable(fn: Any) -> bool:
     module = getattr(fn, "__module__", None) or ""
     if module.startswith("torch.nn.modules") or module.startswith("torch.nn.utils.parametriz"):
@@ -322,7 +335,7 @@ class CallOps:
     def torch_call(self, fn: Any, args: list, kwargs: dict) -> Any:
         """A torch function: proxies route through kiln.ops; factories are recorded too."""
         name = _name(fn)
-        if fn in _IMPURE_TORCH:
+        if fn in _IMPURE_TORCH or _sets_state(fn):
             raise GraphBreak(f"call to {name} (it changes global torch state)", HINTS["call"])
         flat = list(flatten((args, kwargs)))
         has_proxy = any(isinstance(a, Proxy) for a in flat)
@@ -411,6 +424,11 @@ class CallOps:
             return cap.new_local(self.native(cls, items, kwargs, cls.__name__))
         new = class_lookup(cls, "__new__")
         init = class_lookup(cls, "__init__")
+        if init in (list.__init__, set.__init__) and not isinstance(new, types.FunctionType):
+            # a subclass of list or set with the builtin constructor
+            obj = cap.new_local(cls.__new__(cls))
+            self.native(init, [obj] + self.call_builtin_iterables(args), kwargs, f"{cls.__name__}()")
+            return obj
         if isinstance(new, types.FunctionType) or not (isinstance(init, types.FunctionType) or
                                                        init is object.__init__ or init is dict.__init__):
             raise GraphBreak(f"creating a {cls.__name__} (custom __new__ or C __init__)", HINTS["call"])

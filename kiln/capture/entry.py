@@ -198,8 +198,15 @@ class Reconstructor:
         owner = getattr(v, "__self__", None)
         if isinstance(v, (types.BuiltinMethodType, types.MethodWrapperType)) and owner is not None and \
                 not isinstance(owner, (types.ModuleType, type)):
-            # `lst.append` bound to an object rebuilt here (a list made in compiled code): bind it again
-            return f"getattr({self.value(owner)}, {v.__name__!r})"
+            # `lst.append` bound to an object rebuilt here (a list made in compiled code): bind the same
+            # C method again (not getattr: super().append of a subclass must not find the override)
+            klass = next((k for k in type(owner).__mro__ if k.__module__ == "builtins" and
+                          v.__name__ in k.__dict__ and v.__qualname__ == f"{k.__qualname__}.{v.__name__}"),
+                         None)
+            if klass is None:
+                raise GraphBreak(f"a bound method {v.__qualname__} kiln cannot rebind")
+            method = ns.hold(klass.__dict__[v.__name__], v.__name__)
+            return f"{method}.__get__({self.value(owner)})"
         if isinstance(v, SymIter):
             return self._once(v, v.rebuild(self))
         if isinstance(v, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)):

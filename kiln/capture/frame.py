@@ -195,6 +195,10 @@ class Frame:
             except Suspend as y:
                 return y
             except RaisedError as e:
+                handled = self.current_handled()
+                if handled is not None and handled is not e.exc and e.exc.__context__ is None and \
+                        isinstance(handled, BaseException):
+                    e.exc.__context__ = handled  # raised while another exception was being handled
                 if not self.unwind(e.exc):
                     raise self.located(e)
                 continue

@@ -114,6 +114,12 @@ class GuardSet:
         fn = self.ns.hold(torch.is_grad_enabled, "is_grad_enabled")
         self.add(f"{fn}() is {enabled}", f"torch.is_grad_enabled() is {enabled}", "grad_mode")
 
+    def default_dtype(self, dtype: torch.dtype) -> None:
+        """Factories without a dtype (torch.ones(2), torch.tensor([1.5])) bake the default dtype in."""
+        fn = self.ns.hold(torch.get_default_dtype, "get_default_dtype")
+        self.add(f"{fn}() is {self.ns.hold(dtype, 'dtype')}", f"torch.get_default_dtype() is {dtype}",
+                 "default_dtype")
+
     def describe(self) -> list[str]:
         return [g.text for g in self.guards]
 

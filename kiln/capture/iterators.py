@@ -97,23 +97,40 @@ class DictIter(SymIter):
     def __init__(self, mapping: Any, kind: str):
         self.mapping = mapping
         self.kind = kind
-        self.size = len(mapping)
+        self.keys = list(mapping)
+        self.size = len(self.keys)
         self.pos = 0
 
     def advance(self, frame: Any) -> Any:
         if len(self.mapping) != self.size:
             self.size = -1
-            what = "dictionary" if isinstance(self.mapping, dict) or self.kind != "set" else "Set"
-            raise RaisedError(RuntimeError(f"{what} changed size during iteration"), "iteration")
+            raise RaisedError(RuntimeError("dictionary changed size during iteration"), "iteration")
+        keys = list(self.mapping)
+        if keys != self.keys:  # CPython finds a key it did not expect at the iterator's position
+            self.size = -1
+            raise RaisedError(RuntimeError("dictionary keys changed during iteration"), "iteration")
         if self.pos >= self.size:
             return _STOP
-        key = list(self.mapping)[self.pos]
+        key = keys[self.pos]
         self.pos += 1
         if self.kind == "values":
             return self.mapping[key]
         if self.kind == "items":
             return (key, self.mapping[key])
         return key
+
+
+class DequeIter(LiveListIter):
+    """iter() of a deque the capture tracks: eager refuses any change of its length while iterating."""
+
+    def __init__(self, items: Any):
+        super().__init__(items, "deque iterator")
+        self.size = len(items)
+
+    def advance(self, frame: Any) -> Any:
+        if len(self.items) != self.size:
+            raise RaisedError(RuntimeError("deque mutated during iteration"), "iteration")
+        return super().advance(frame)
 
 
 class GeneratorValue(SymIter):

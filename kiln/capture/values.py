@@ -1,6 +1,7 @@
 """Attribute reads and writes, subscripts, iteration and `with` blocks on symbolic values."""
 from __future__ import annotations
 
+import collections
 import dis
 import types
 from typing import Any
@@ -8,9 +9,9 @@ from typing import Any
 import torch
 
 from ..graph import Proxy
-from .errors import GraphBreak
+from .errors import GraphBreak, RaisedError
 from .frame import NATIVE_OPERAND_TYPES, NULL, symbolic_break
-from .iterators import DictIter, GeneratorValue, ListIter, LiveListIter, NativeIter, OutsideIterator, SymIter, UserIter, drain, \
+from .iterators import DequeIter, DictIter, GeneratorValue, ListIter, LiveListIter, NativeIter, OutsideIterator, SymIter, UserIter, drain, \
     is_outside_iterator, stop_iteration, _STOP
 from .state import MISSING, trusted_module
 
@@ -98,10 +99,15 @@ class ValueOps:
             return self.call(static.fget, [obj], {})
         src = cap.source_of(obj)
         if static is not MISSING and hasattr(type(static), "__set__") and not isinstance(static, property):
+            getter = class_lookup(type(static), "__get__")
+            if isinstance(getter, types.FunctionType):
+                return self.call(getter, [static, obj, cls], {})  # a user data descriptor
             try:
                 value = static.__get__(obj, cls)
             except AttributeError:
                 raise NoAttribute(f"{cls.__name__} has no attribute {name!r}") from None
+            if name == "__dict__" and cap.is_local(obj) and isinstance(value, dict):
+                return cap.new_local(value)  # a local object's own namespace: writes to it are local
             return cap.wrap(value, src.attr(name)) if src is not None else value
         inst_dict = getattr(obj, "__dict__", None)
         if isinstance(inst_dict, dict) and id(inst_dict) in cap.mirror_of:
@@ -187,15 +193,23 @@ class ValueOps:
         static = class_lookup(type(obj), name)
         if isinstance(static, property):
             if static.fset is None:
-                raise GraphBreak(f"property {name!r} has no setter")
+                raise RaisedError(AttributeError(f"property {name!r} of {type(obj).__name__!r} object has "
+                                                 "no setter"), "setting a read-only property")
             self.call(static.fset, [obj, value], {})
+            return
+        descriptor_set = class_lookup(type(static), "__set__") if static is not MISSING else MISSING
+        if isinstance(descriptor_set, types.FunctionType):
+            self.call(descriptor_set, [static, obj, value], {})  # a user data descriptor
             return
         if cap.is_local(obj):
             setter = class_lookup(type(obj), "__setattr__")
             if isinstance(setter, types.FunctionType):
                 self.call(setter, [obj, name, value], {})
-            else:
+                return
+            try:
                 object.__setattr__(obj, name, value)
+            except (AttributeError, TypeError) as e:  # __slots__, a read-only attribute: eager's error
+                raise RaisedError(e, f"setting attribute {name!r}") from None
             return
         if isinstance(obj, torch.nn.Module) and type(obj).__setattr__ is not torch.nn.Module.__setattr__:
             raise GraphBreak(f"module {type(obj).__name__} defines __setattr__")
@@ -278,6 +292,8 @@ class ValueOps:
             return LiveListIter(value, "list_iterator")
         if type(value) is dict and tracked:
             return DictIter(value, "keys")
+        if type(value) is collections.deque and tracked:
+            return DequeIter(value)
         kind = _DICT_VIEWS.get(type(value))
         if kind is not None:
             return DictIter(value.mapping, kind)

@@ -744,14 +744,8 @@ TABLE = [
 ]
 
 KNOWN: dict[str, str] = {
-    "u_slots_error":
-        "an AttributeError raised by STORE_ATTR on a real object while tracing is an internal capture error",
-    "v_descriptor_raises":
-        "an exception raised by a data descriptor's __set__ while tracing is an internal capture error",
     "v_namedtuple_defaults_compare":
         "namedtuple made in compiled code gets __module__ '__main__' (it inspects a kiln frame)",
-    "v_dict_write_new_attr":
-        "obj.__dict__[name] = v (new name, module-level class) is not seen by getattr/hasattr",
 }
 
 

@@ -523,10 +523,6 @@ TABLE = [
 ]
 
 KNOWN: dict[str, str] = {
-    "k_dict_keys_changed_same_size": "no RuntimeError when dict keys change (same size) during iteration",
-    "k_deque_mutated_during_iteration": "no RuntimeError when a deque is mutated during iteration",
-    "k_list_subclass_append":
-        "super().append(v) inside a list subclass's append re-enters the override (v * 10**9)",
 }
 
 

@@ -634,7 +634,6 @@ TABLE = [
 ]
 
 KNOWN: dict[str, str] = {
-    "x_exception_in_except": "an exception raised by a builtin inside an except block gets no __context__",
 }
 
 
