@@ -185,8 +185,9 @@ class CallOps:
                 return self.native(fn, args, kwargs, fn.__qualname__)
             if is_torch_callable(fn):
                 return self.torch_call(fn, args, kwargs)
-            if fn is collections.namedtuple and "module" not in kwargs:
-                kwargs = {**kwargs, "module": self.globals.get("__name__")}  # it would read kiln's frame
+            if fn is collections.namedtuple:  # made natively, named after the user's module (not kiln's)
+                kwargs = kwargs if "module" in kwargs else {**kwargs, "module": self.globals.get("__name__")}
+                return self.native(fn, args, kwargs, "namedtuple")
             if module.split(".")[0] in _NATIVE_PY_MODULES and not any(
                     isinstance(a, Proxy) for a in flatten((args, kwargs))):
                 return self.native(fn, args, kwargs, _name(fn))

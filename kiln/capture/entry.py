@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ..graph import Proxy
+from ..ops.registry import aliases
 from .errors import GraphBreak
 from .guards import check_expr, is_constant
 from .segments import compile_segmented
@@ -134,6 +135,9 @@ class Reconstructor:
             src = cap.proxy_sources.get(id(v))
             if src is not None:
                 return self.held_inputs.get(src.expr, src.expr)
+            view = self.view_of_input(v)
+            if view is not None:
+                return view
             key = id(v.node)
             if key not in self._index:
                 self._index[key] = len(self.outputs)
@@ -217,6 +221,18 @@ class Reconstructor:
             return ns.hold(v, "const")
         raise GraphBreak(f"returning a {typ.__name__} kiln cannot rebuild")
 
+    def view_of_input(self, v: Proxy) -> str | None:
+        """A view of a graph input (one eager would return sharing the input's memory) is rebuilt from the
+        input itself after the graph ran (and wrote the input back), so it stays a view of it."""
+        al = aliases(self.cap.graph)
+        root = al.base.get(v)
+        chain = al.chain.get(v)
+        src = self.cap.proxy_sources.get(id(root)) if root is not None else None
+        if chain is None or src is None or not self.cap.graph.mutated_inputs:
+            return None
+        base = self.held_inputs.get(src.expr, src.expr)
+        return self._once(v, f"{self.cap.ns.hold(chain, 'view')}.apply({base})")
+
     def key(self, k: Any) -> str:
         if not is_constant(k):
             raise GraphBreak(f"dict key of type {type(k).__name__}")
@@ -247,6 +263,8 @@ def _exec(cap: Capture, source: str, fn: Any, extra: dict[str, Any],
     natively there shows the user's line in its traceback."""
     env: dict[str, Any] = dict(cap.ns.values)
     env.update(extra)
+    # code that inspects its caller's frame (namedtuple's __module__, warnings) sees the user's module
+    env["__name__"] = getattr(fn, "__globals__", {}).get("__name__", "__main__")
     env["__MISS"] = MISS
     if location is None:
         code = compile(source, f"<kiln entry {getattr(fn, '__qualname__', '?')}>", "exec")

@@ -744,8 +744,6 @@ TABLE = [
 ]
 
 KNOWN: dict[str, str] = {
-    "v_namedtuple_defaults_compare":
-        "namedtuple made in compiled code gets __module__ '__main__' (it inspects a kiln frame)",
 }
 
 

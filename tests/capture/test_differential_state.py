@@ -125,10 +125,6 @@ TABLE = [
 ]
 
 KNOWN: dict[str, str] = {
-    "z_return_view_after_add_":
-        "a view of an input mutated in place (v = x[:, 1]; v.add_(1)) is returned as a copy, not a view",
-    "z_return_view_of_mutated_input":
-        "a view of an input mutated in place (v = x[0]; v += 1) is returned as a copy, not a view",
 }
 
 
