@@ -26,6 +26,10 @@ class NoAttribute(GraphBreak):
     """The attribute does not exist (hasattr/getattr with a default catch this)."""
 
 
+class MissingAttribute(NoAttribute, RaisedError):
+    """An attribute that is missing eagerly too: the AttributeError the program may catch."""
+
+
 class NativeCall:
     """A callable kiln runs directly on symbolic values (tensor methods of a Proxy). `fn` is None for a
     method that reads the tensor's values (`.item()`): calling it breaks the graph at the call."""
@@ -78,8 +82,8 @@ class ValueOps:
                 return written
             try:
                 value = getattr(obj, name)
-            except AttributeError:
-                raise NoAttribute(f"{obj!r} has no attribute {name!r}") from None
+            except AttributeError as e:
+                raise self.missing_attribute(obj, name, e) from None
             src = cap.source_of(obj)
             if isinstance(obj, super) or src is None:
                 return value
@@ -138,7 +142,20 @@ class ValueOps:
         getattr_hook = class_lookup(cls, "__getattr__")
         if isinstance(getattr_hook, types.FunctionType) and not isinstance(obj, torch.nn.Module):
             return self.call(getattr_hook, [obj, name], {})
+        if class_lookup(cls, "__getattribute__") is object.__getattribute__ and (
+                getattr_hook is MISSING or isinstance(obj, torch.nn.Module)):
+            error = AttributeError(f"'{cls.__name__}' object has no attribute {name!r}")
+            raise self.missing_attribute(obj, name, error)
         raise NoAttribute(f"'{cls.__name__}' object has no attribute {name!r}")
+
+    def missing_attribute(self, obj: Any, name: str, error: AttributeError) -> "MissingAttribute":
+        """Eager raises AttributeError here too: a user `except AttributeError` may catch it. The absence
+        is guarded when the object came from outside."""
+        src = self.cap.source_of(obj)
+        if src is not None:
+            self.cap.guards.add(f"not hasattr({src.expr}, {name!r})", f"{src.name} has no attribute {name!r}",
+                                "attr")
+        return MissingAttribute(error, str(error))
 
     def proxy_attr(self, proxy: Proxy, name: str) -> Any:
         if name == "__class__":

@@ -158,3 +158,22 @@ def test_in_on_module_containers_and_itemgetter():
         return (first in seq, other in seq, "a" in mdict, "b" in mdict, pair[0] + pair[1],
                 operator.attrgetter("shape")(x))
     check(f, X, graphs=1, breaks=0)
+
+
+def test_user_except_catches_missing_attribute_and_guards_its_absence():
+    class Holder:
+        pass
+
+    def f(x, obj):
+        try:
+            v = obj.cache
+        except AttributeError:
+            v = 0
+        return x + v
+    import kiln
+    kiln.reset()
+    compiled = kiln.compile(f, backend="eager")
+    obj = Holder()
+    torch.testing.assert_close(compiled(X, obj), f(X, obj))
+    obj.cache = 5  # the guard on the attribute's absence fails: a recapture
+    torch.testing.assert_close(compiled(X, obj), f(X, obj))
