@@ -16,6 +16,8 @@ import dis
 import types
 from typing import Any
 
+import torch
+
 from .errors import HINTS, GraphBreak, RaisedError
 
 
@@ -93,6 +95,8 @@ class BlockOps:
         from .calls import GradModeContext
         from .values import class_lookup
         manager = self.pop()
+        if type(manager) in (torch.no_grad, torch.enable_grad):  # an instance made outside
+            manager = GradModeContext(type(manager) is torch.enable_grad)
         if isinstance(manager, GradModeContext):
             self.push(manager.exit_fn())
             self.push(manager.enter(self.cap))

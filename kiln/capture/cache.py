@@ -22,7 +22,7 @@ from ..counters import counters
 from ..graph import compile_python, count_ops
 from .entry import MISS, NO_SELF, make_eager_entry, make_graph_entry
 from .errors import BreakRecord, GraphBreak, GraphBreakError
-from .calls import bind_arguments
+from .calls import bind_arguments, sets_state
 from .frame import StopCapture
 from .guards import is_constant
 from .interpreter import Interpreter
@@ -378,8 +378,9 @@ class CalleeCaller:
             fn, bound = fn.__func__, fn.__self__
         if not isinstance(fn, types.FunctionType) or fn.__code__.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
             return None, NO_SELF
-        if (fn.__module__ or "").startswith("kiln.") or fn.__code__.co_filename.startswith(_TORCH_DIR):
-            return None, NO_SELF  # torch's own Python functions run as they are (they are ops, not frames)
+        if (fn.__module__ or "").startswith("kiln.") or (fn.__code__.co_filename.startswith(_TORCH_DIR)
+                                                        and sets_state(fn)):
+            return None, NO_SELF  # torch.set_default_dtype and friends run as they are
         if not all(name.isidentifier() for name in fn.__code__.co_varnames[:fn.__code__.co_argcount]):
             return None, NO_SELF  # a comprehension's `.0`: no entry function can take it
         defaults = fn.__defaults__ or ()

@@ -9,6 +9,7 @@ import dis
 import functools
 import itertools
 import operator
+import re
 import sys
 import types
 from typing import Any, Callable
@@ -79,7 +80,7 @@ _STATE_SETTERS = ("set_", "_set_", "manual_seed", "seed", "use_deterministic", "
                   "_disable", "_push", "_pop", "_increment", "_add_", "_remove_", "_register")
 
 
-def _sets_state(fn: Any) -> bool:
+def sets_state(fn: Any) -> bool:
     """A torch function (not a tensor method) whose name says it changes global state: running it while
     tracing would change the world and the graph would not redo it."""
     if isinstance(getattr(fn, "__self__", None), Proxy) or getattr(fn, "__objclass__", None) is not None:
@@ -170,6 +171,8 @@ class CallOps:
             return self.call_module(fn, args, kwargs)
         if isinstance(fn, types.MethodType):
             owner, func = fn.__self__, fn.__func__
+            if type(owner) in (torch.no_grad, torch.enable_grad) and func.__name__ == "clone":
+                return GradModeContext(type(owner) is torch.enable_grad)  # the grad-mode decorators
             if isinstance(owner, Proxy):
                 return self.native(fn, args, kwargs, f"Tensor.{func.__name__}")
             if isinstance(owner, torch.nn.Module) and func in _MODULE_CALLS:
@@ -244,9 +247,7 @@ class CallOps:
         if owner is not None and not isinstance(owner, types.ModuleType):
             if id(owner) in cap.mirrors and name not in _READ_ONLY_METHODS:
                 cap.check_mirror_write(owner)
-            if cap.is_local(owner) or id(owner) in cap.mirrors or isinstance(owner, (str, bytes, tuple,
-                                                                                     frozenset, int, float,
-                                                                                     torch.Size, type)):
+            if cap.is_local(owner) or id(owner) in cap.mirrors or isinstance(owner, _IMMUTABLE_OWNERS):
                 return self.native(fn, args, kwargs, _name(fn))
             src = cap.source_of(owner)
             read_only = getattr(fn, "__name__", "") in _READ_ONLY_METHODS
@@ -336,7 +337,7 @@ class CallOps:
     def torch_call(self, fn: Any, args: list, kwargs: dict) -> Any:
         """A torch function: proxies route through kiln.ops; factories are recorded too."""
         name = _name(fn)
-        if fn in _IMPURE_TORCH or _sets_state(fn):
+        if fn in _IMPURE_TORCH or sets_state(fn):
             raise GraphBreak(f"call to {name} (it changes global torch state)", HINTS["call"])
         flat = list(flatten((args, kwargs)))
         has_proxy = any(isinstance(a, Proxy) for a in flat)
@@ -565,6 +566,8 @@ def bind_arguments(fn: types.FunctionType, args: list | tuple, kwargs: dict) -> 
     return bound
 
 
+# objects whose methods read nothing that can change (a compiled regex, a match, strings, numbers)
+_IMMUTABLE_OWNERS = (str, bytes, tuple, frozenset, int, float, complex, torch.Size, type, re.Pattern, re.Match)
 _ENVIRON = config.process_environment()
 _ENVIRON_READS = ("get", "__getitem__", "__contains__")
 _READ_ONLY_METHODS = {"get", "__getitem__", "__contains__", "__len__", "keys", "values", "items", "copy",

@@ -10,6 +10,7 @@ state; the generated entry function replays the changes after the graph runs.
 from __future__ import annotations
 
 import collections
+import enum
 import types
 from typing import Any
 
@@ -235,8 +236,8 @@ class Capture:
 def _fixed_key(key: Any) -> bool:
     """A dict key that is a class, function or typing form: immutable, compared by identity or structure,
     so the guard on the dict's keys (a tuple compared with ==) decides lookups exactly."""
-    return isinstance(key, (type, types.FunctionType, types.BuiltinFunctionType, types.UnionType)) or \
-        type(key).__module__ == "typing"
+    return isinstance(key, (type, types.FunctionType, types.BuiltinFunctionType, types.UnionType,
+                            enum.Enum)) or type(key).__module__ == "typing"
 
 
 def _differs(a: Any, b: Any) -> bool:
