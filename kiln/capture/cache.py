@@ -134,8 +134,9 @@ class CompiledFunction:
         self.raise_on_error = raise_on_error
         self.bound_self = bound_self
         # functions of one code object share a cache only when they share their closure cells (the
-        # guards read the cells captured first); `family` separates resume functions per backend
-        self.cache = cache_for(self.code, bound_self, (closure_key(fn), family))
+        # guards read the cells captured first) and their defaults (an entry runs with the defaults of
+        # the function it was made for); `family` separates resume functions per backend
+        self.cache = cache_for(self.code, bound_self, (closure_key(fn), defaults_key(fn), family))
         self.name = self.code.co_qualname
         self.hits = counters["cache_hits"]
         functools.update_wrapper(self, fn)
@@ -337,6 +338,13 @@ _RECORDING: list[list[CacheEntry]] = []  # kiln.explain collects the entries cap
 
 def closure_key(fn: Any) -> tuple:
     return tuple(id(c) for c in (getattr(fn, "__closure__", None) or ()))
+
+
+def defaults_key(fn: Any) -> tuple:
+    """Positional and keyword defaults: by value when they are hashable constants, else by identity."""
+    values = list(getattr(fn, "__defaults__", None) or ()) + \
+        [v for _, v in sorted((getattr(fn, "__kwdefaults__", None) or {}).items())]
+    return tuple(v if _hashable_constant(v) else ("id", id(v)) for v in values)
 
 
 def _hashable_constant(value: Any) -> bool:

@@ -601,7 +601,12 @@ def _type(frame: Frame, args: list, kwargs: dict) -> Any:
     obj = args[0]
     if isinstance(obj, Proxy):
         return torch.nn.Parameter if id(obj) in frame.cap.param_proxies else torch.Tensor
-    return type(obj)
+    cls = type(obj)
+    src = frame.cap.source_of(obj)
+    if src is not None and frame.cap.source_of(cls) is None and cls.__module__ != "builtins":
+        # the class gets a source, so reads and writes of its attributes are guarded and replayed
+        return frame.cap.wrap(cls, Source(f"type({src.expr})", f"type({src.name})", src, "attr"))
+    return cls
 
 
 def _len(frame: Frame, args: list, kwargs: dict) -> int:

@@ -280,6 +280,8 @@ def _exec(cap: Capture, source: str, fn: Any, extra: dict[str, Any],
             for f in (value if isinstance(value, list) else [value]):
                 f.__defaults__ = fn.__defaults__
                 f.__kwdefaults__ = fn.__kwdefaults__
+            if name == "__entry" and hasattr(fn, "__qualname__"):
+                value.__qualname__ = fn.__qualname__  # a call with bad arguments names the user's function
     return env
 
 

@@ -96,7 +96,10 @@ class ValueOps:
         if written is not MISSING:
             return written
         cls = type(obj)
-        static = class_lookup(cls, name)
+        static = self.class_attr(cls, name)
+        if static is not MISSING and any(cap.read_attr_overlay(k, name) is static for k in cls.__mro__) and \
+                name not in (getattr(obj, "__dict__", None) or {}):
+            return static  # written by this capture (`Cls.count += 1`): the value is the new one, unguarded
         if isinstance(static, property):
             if static.fget is None:
                 raise NoAttribute(f"property {name!r} of {cls.__name__} has no getter")
@@ -147,6 +150,16 @@ class ValueOps:
             error = AttributeError(f"'{cls.__name__}' object has no attribute {name!r}")
             raise self.missing_attribute(obj, name, error)
         raise NoAttribute(f"'{cls.__name__}' object has no attribute {name!r}")
+
+    def class_attr(self, cls: type, name: str) -> Any:
+        """class_lookup, seeing the class attributes this capture wrote (`Cls.count += 1`)."""
+        for klass in cls.__mro__:
+            written = self.cap.read_attr_overlay(klass, name)
+            if written is not MISSING:
+                return written
+            if name in klass.__dict__:
+                return klass.__dict__[name]
+        return MISSING
 
     def missing_attribute(self, obj: Any, name: str, error: AttributeError) -> "MissingAttribute":
         """Eager raises AttributeError here too: a user `except AttributeError` may catch it. The absence

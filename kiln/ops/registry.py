@@ -127,6 +127,9 @@ def mark_inplace_flag(*targets: Any) -> None:
 
 # Trailing-underscore names that change only a tensor's autograd or sharing state, not its values.
 _METADATA_ONLY = frozenset(["requires_grad_", "share_memory_", "detach_", "pin_memory_"])
+# in-place ops that restride or reshape their tensor (a functional copy would move its values instead)
+_RESTRIDE_INPLACE = frozenset(["t_", "transpose_", "swapdims_", "swapaxes_", "as_strided_", "squeeze_",
+                               "unsqueeze_", "resize_", "resize_as_", "set_"])
 
 
 def _named_inplace(func: Any) -> bool:
@@ -250,6 +253,9 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     args, kwargs = _lift(graph, args, kwargs)
     name = _op_name(func)
     flag_op = getattr(func, "__name__", "")
+    if flag_op in _RESTRIDE_INPLACE and args and isinstance(args[0], Proxy):
+        # they change the tensor's strides or shape, not its values: eager's storage stays where it is
+        raise UnsupportedError(f"{name} changes the shape or strides of a traced tensor in place")
     if flag_op in ("requires_grad_", "detach_") and args and isinstance(args[0], Proxy):
         want = False if flag_op == "detach_" else (args[1] if len(args) > 1 else
                                                    kwargs.get("requires_grad", True))
@@ -374,7 +380,8 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     if func in VIEW_OPS and outer:
         _note_views(graph, outer[0], out, (func, args[1:], kwargs))
     elif real is not None and outer and not inplace:
-        _note_shared_storage(graph, outer, out)
+        _note_shared_storage(graph, outer, out, (func, args[1:], kwargs) if args and args[0] is outer[0]
+                             else None)
     if inplace:
         updated = _apply_inplace(graph, args[0], out)
         _propagate_to_aliases(graph, updated)
@@ -504,7 +511,7 @@ def _record_out(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     if not all(isinstance(t, Proxy) for t in flat):
         raise UnsupportedError(f"{name}(out=...) writes a tensor that is not traced (a constant)")
     for t in flat:
-        _check_inplace(tracer.graph, func, (t,))
+        _check_inplace(tracer.graph, func, (t, *args, *kwargs.values()))
     result = _record(tracer, func, args, kwargs)
     values = list(result) if isinstance(result, (tuple, list)) else [result]
     if len(values) != len(flat) or not all(isinstance(v, Proxy) for v in values):
@@ -551,11 +558,58 @@ def _check_inplace(graph: Graph, func: Any, args: tuple) -> None:
     if not isinstance(target, Proxy):
         raise TypeError(f"{_op_name(func)}: expected a tensor to update in place")
     al = aliases(graph)
+    root = al.base.get(target, target)
+    written = target.example
+    if func is torch.Tensor.__setitem__ and written is not None and len(args) > 1:
+        try:  # the region `x[index] = v` writes
+            written = written[args[1]] if not any(isinstance(a, Proxy) for a in flatten(args[1])) else None
+        except Exception:
+            written = None
+    for other in flatten(args[1:]):
+        if isinstance(other, Proxy) and other is not target and al.base.get(other, other) is root and \
+                _memory_relation(other.example, written) == "partial":
+            # the op reads memory it writes, partly (x.add_(x[0])): eager refuses it or computes element by
+            # element; it runs eagerly
+            raise UnsupportedError(f"{_op_name(func)} reads a tensor that shares memory with the tensor it "
+                                   f"updates ({target.node.name})")
     if (target in al.base or target in al.has_views) and not _functional_update_ok(al, target):
         raise UnsupportedError(
             f"{_op_name(func)} updates tensor {target.node.name} in place while other tensors share its "
             f"memory in a way kiln cannot replay (a view it cannot re-derive, or a view with overlapping "
             f"elements)")
+
+
+def _positions(t: torch.Tensor) -> torch.Tensor:
+    """The storage offsets of t's elements, in t's element size."""
+    offsets = torch.full((), t.storage_offset(), dtype=torch.int64)
+    for n, st in zip(t.shape, t.stride()):
+        offsets = offsets.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * st
+    return offsets.reshape(-1)
+
+
+def _memory_relation(a: Any, b: Any) -> str:
+    """"same" (a and b map each index to the same location), "disjoint", or "partial" (also when unknown)."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.dtype != b.dtype or \
+            a.numel() > (1 << 22) or b.numel() > (1 << 22) or _storage_key(a) != _storage_key(b):
+        return "partial"
+    pa, pb = _positions(a), _positions(b)
+    if a.shape == b.shape and torch.equal(pa, pb):
+        return "same"
+    if torch.isin(pa, pb).any():
+        return "partial"
+    return "disjoint"
+
+
+def _overlaps_itself(t: torch.Tensor) -> bool:
+    """Whether two elements of `t` share a memory location (an expanded or unfolded view)."""
+    if any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride())):
+        return True
+    if t.numel() <= 1 or t.is_contiguous():
+        return False
+    offsets = torch.zeros((), dtype=torch.int64)
+    for n, st in zip(t.shape, t.stride()):
+        offsets = offsets.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * st
+    return offsets.unique().numel() != t.numel()
 
 
 def _views_of(al: _Aliases, root: Proxy) -> list[Proxy]:
@@ -567,7 +621,7 @@ def _functional_update_ok(al: _Aliases, target: Proxy) -> bool:
     the base has a known chain, and the target has no overlapping elements (eager refuses those)."""
     root = al.base.get(target, target)
     example = target.example
-    if example is None or any(st == 0 and n > 1 for n, st in zip(example.shape, example.stride())):
+    if example is None or _overlaps_itself(example):
         return False
     return all(al.chain.get(v) is not None for v in _views_of(al, root))
 
@@ -621,7 +675,7 @@ def _storage_key(t: Any) -> int | None:
     return t.untyped_storage().data_ptr()
 
 
-def _note_shared_storage(graph: Graph, inputs: list[Proxy], out: Any) -> None:
+def _note_shared_storage(graph: Graph, inputs: list[Proxy], out: Any, step: tuple | None = None) -> None:
     """Eager's own answer to aliasing: an output whose example shares memory with an input's example is a
     view of it (einsum that only permutes, fallbacks that return views, ...), whatever the op's name."""
     owners: dict[int, Proxy] = {}
@@ -635,7 +689,9 @@ def _note_shared_storage(graph: Graph, inputs: list[Proxy], out: Any) -> None:
         if isinstance(v, Proxy):
             source = owners.get(_storage_key(v.example))  # type: ignore[arg-type]
             if source is not None and v is not source:
-                _note_views(graph, source, v)
+                # the op's replay derives the alias again when the op's first argument is its source
+                _note_views(graph, source, v, step if source is inputs[0] and not isinstance(out, (tuple, list))
+                            else None)
 
 
 def _apply_inplace(graph: Graph, target: Proxy, result: Any) -> Proxy:

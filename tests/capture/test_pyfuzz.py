@@ -20,19 +20,8 @@ import torch
 import kiln
 from kiln.testing import pyfuzz
 
-TYPE_ATTR = ("a class attribute read through type(obj) (`type(obj).count`) is baked into the cache entry: "
-             "not guarded, so `type(obj).count += 1` writes the same value on every later call")
-INSTANCE_READ = ("after a write to a class attribute (`Obj.count += 3`), reading it through an instance "
-                 "(`obj.count`) returns the value from before the write (or the fresh capture's guards fail)")
-
-# seed -> the bug that makes it fail (the failing seeds of 0..1999; triaged by rewriting the construct in the
-# seed's source and checking that it passes: type(obj).count -> Obj.count, obj.count -> Obj.count; 1458 has
-# both constructs)
-KNOWN = {
-    312: INSTANCE_READ, 377: TYPE_ATTR, 440: TYPE_ATTR, 572: TYPE_ATTR, 651: TYPE_ATTR, 724: INSTANCE_READ,
-    901: TYPE_ATTR, 940: TYPE_ATTR, 994: INSTANCE_READ, 1031: TYPE_ATTR, 1088: TYPE_ATTR, 1105: TYPE_ATTR,
-    1164: TYPE_ATTR, 1361: TYPE_ATTR, 1391: TYPE_ATTR, 1458: TYPE_ATTR, 1515: TYPE_ATTR, 1788: TYPE_ATTR,
-}
+# seed -> the bug that makes it fail (of seeds 0..1999); none is open now
+KNOWN: dict[int, str] = {}
 
 # passing seeds worth keeping whatever CI's range: resumed graph breaks, lazy iterators over mutated
 # lists, generators, nonlocal closures, try/raise, class attributes written and read back
@@ -130,7 +119,7 @@ def test_cli(capsys):
     assert "def program(x, y, items, table, obj):" in capsys.readouterr().out
 
 
-# ---- hand-minimized repros of the open bugs (the seeds in KNOWN) ----------------------------------------
+# ---- hand-minimized repros of bugs found by the fuzzer (fixed: seeds 312, 377, ... of 0..1999) ----------------------------------------
 class Counted:
     count = 0
 
@@ -147,7 +136,6 @@ def _calls(fn, *args, calls=3):
     return out["kiln"], out["eager"]
 
 
-@pytest.mark.xfail(strict=True, reason=TYPE_ATTR)
 def test_class_attribute_written_through_type_of_instance():
     def fn(x, obj):
         type(obj).count += 1
@@ -157,7 +145,6 @@ def test_class_attribute_written_through_type_of_instance():
     assert got == expected  # Counted.count: kiln 1, 1, 1; eager 1, 2, 3
 
 
-@pytest.mark.xfail(strict=True, reason=TYPE_ATTR)
 def test_class_attribute_read_through_type_of_instance_is_guarded():
     def fn(x, obj):
         return x * type(obj).count
@@ -168,7 +155,6 @@ def test_class_attribute_read_through_type_of_instance_is_guarded():
         assert compiled(torch.ones(1), Counted()).item() == value  # kiln: 1, 1, 1
 
 
-@pytest.mark.xfail(strict=True, reason=INSTANCE_READ)
 def test_class_attribute_read_through_instance_after_write():
     def fn(x, obj):
         Counted.count += 3
