@@ -179,3 +179,17 @@ def test_routed_random_programs_behave_as_plain_python(chunk):
         assert ok1 == ok2 and out1 == out2, f"seed {seed}: {v1!r:.80} vs {v2!r:.80}"
         assert (pyfuzz._diff(v2, v1, "result", 1e-5) if ok1 else v1 == v2 or f"{v1} != {v2}") in (None, True)
         assert pyfuzz._diff(list(a2), list(a1), "arguments", 1e-5) is None, f"seed {seed}"
+
+
+def test_functions_sharing_code_keep_their_own_defaults():
+    def f(t):
+        out = []
+        for k in range(3):
+            print(k, file=OUT)  # the frame runs natively; each lambda is captured as its own frame
+            g = lambda u, k=k: u + k  # noqa: E731
+            out.append(g(t))
+        return out
+    check(f, torch.zeros(2))
+    kiln.reset()
+    results = [kiln.compile(g)(torch.zeros(1)) for g in [(lambda u, k=k: u + k) for k in range(3)]]
+    assert [float(r) for r in results] == [0.0, 1.0, 2.0]

@@ -124,3 +124,65 @@ def test_expanded_view_update_is_refused_like_eager():
     kiln.reset()
     with pytest.raises(RuntimeError):
         kiln.compile(f, backend="eager")(x.clone())
+
+
+# found by review: each must behave as eagerly (values, raised errors, strides, aliasing)
+def restride_in_place(x, y):
+    z = x + 0
+    v = z[0]
+    z.t_()          # strides change, the storage does not move: v keeps reading its elements
+    z.mul_(2)
+    return v * 1, z * 1
+
+
+def reads_what_it_writes(x, y):
+    x.add_(x[0])    # eager refuses a partial overlap of input and output
+    return x
+
+
+def out_overlapping_input(x, y):
+    torch.mul(x[:2], 2, out=x[1:])
+    return x
+
+
+def unfolded_view_update(x, y):
+    v = x.reshape(-1).unfold(0, 2, 1)   # overlapping elements: each shared one is bumped twice
+    v.add_(1)
+    return x
+
+
+@pytest.mark.parametrize("fn", [restride_in_place, reads_what_it_writes, out_overlapping_input,
+                                unfolded_view_update], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("backend", ["eager", "auto"])
+def test_unsafe_view_updates_match_eager(fn, backend):
+    import kiln
+    for _ in range(2):
+        x, y = torch.arange(12.).reshape(3, 4), torch.ones(3, 4)
+        xe, xk = x.clone(), x.clone()
+        try:
+            expected, raised = fn(xe, y), None
+        except RuntimeError as e:
+            expected, raised = None, type(e)
+        kiln.reset()
+        if raised is not None:
+            with pytest.raises(raised):
+                kiln.compile(fn, backend=backend)(xk, y)
+            continue
+        got = kiln.compile(fn, backend=backend)(xk, y)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(xk, xe)
+        assert xk.stride() == xe.stride()
+
+
+def test_non_view_aliases_of_mutated_input_stay_aliases():
+    import kiln
+
+    def f(x):
+        x.add_(1)
+        return x.detach(), x.as_strided((2,), (1,))
+    for backend in ("eager", "auto"):
+        kiln.reset()
+        x = torch.zeros(4)
+        outs = kiln.compile(f, backend=backend)(x)
+        assert all(o.data_ptr() == x.data_ptr() for o in outs)
+        torch.testing.assert_close(x, torch.ones(4))
