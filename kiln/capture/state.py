@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..graph import Graph, Proxy, TensorMeta, Tracer
+from ..graph import Graph, Proxy, TensorMeta, Tracer, dense_strides
 from ..ops.registry import aliases
 from .errors import GraphBreak
 from .guards import GuardSet, is_constant
@@ -177,7 +177,7 @@ class Capture:
             name = name.replace("__", "_")
         name = name.removeprefix("self_") or "input"
         with torch.no_grad():
-            example = t.detach().clone() if t.numel() < (1 << 24) else t.detach()
+            example = strided_copy(t.detach()) if t.numel() < (1 << 24) else t.detach()
         node = self.graph.placeholder(name[-48:].strip("_"), TensorMeta.of(t))
         proxy = Proxy(node, example=example)
         aliases(self.graph).input_name[proxy] = node.name
@@ -238,6 +238,18 @@ def _fixed_key(key: Any) -> bool:
     so the guard on the dict's keys (a tuple compared with ==) decides lookups exactly."""
     return isinstance(key, (type, types.FunctionType, types.BuiltinFunctionType, types.UnionType,
                             enum.Enum)) or type(key).__module__ == "typing"
+
+
+def strided_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy with t's own strides (clone() makes a non-dense tensor contiguous), so the examples ops run on
+    have eager's layouts, and `.stride()` read while tracing is eager's."""
+    if t.is_contiguous() or dense_strides(t.shape, t.stride()):
+        return t.clone()
+    try:
+        out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+        return out.copy_(t)
+    except RuntimeError:  # overlapping elements (an expanded tensor): copy_ refuses, clone() it is
+        return t.clone()
 
 
 def _differs(a: Any, b: Any) -> bool:

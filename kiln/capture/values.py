@@ -178,6 +178,9 @@ class ValueOps:
         if name in _NO_TENSOR_ATTRS:
             raise GraphBreak(f"tensor attribute .{name} is not captured (it needs the real tensor)",
                              "use it outside the compiled function")
+        if name in ("stride", "is_contiguous") and proxy.example is not None:
+            # the layout eager gives this value (its example ran the same ops on equally strided inputs)
+            return NativeCall(getattr(proxy.example, name), f"Tensor.{name}", proxy, name)
         try:
             value = getattr(proxy, name)
         except AttributeError:

@@ -33,6 +33,18 @@ def contiguous_strides(shape: Sequence[Dim]) -> tuple[Dim, ...]:
     return tuple(reversed(strides))
 
 
+def dense_strides(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Non-overlapping and dense: the strides are a permutation of some contiguous layout's."""
+    expected = 1
+    for size, stride in sorted(zip(shape, strides), key=lambda p: p[1]):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def numel(shape: Sequence[Dim]) -> Dim:
     total: Dim = 1
     for size in shape:

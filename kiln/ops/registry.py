@@ -25,8 +25,8 @@ import torch
 from .. import config
 from ..counters import counters
 from ..graph.graph import is_random_target
-from ..graph import (DataDependentError, Graph, Proxy, TensorMeta, Tracer, current_tracer, dce, flatten,
-                     map_structure, torch_name, tracing)
+from ..graph import (DataDependentError, Graph, Proxy, TensorMeta, Tracer, current_tracer, dce,
+                     dense_strides, flatten, map_structure, torch_name, tracing)
 from ..graph.proxy import set_torch_call_handler
 
 log = config.channel("prims")
@@ -209,7 +209,16 @@ def _eager_run(func: Any, args: tuple, kwargs: dict, on: str) -> Any:
     args = map_structure(convert, args)
     inplace = bool(args) and isinstance(args[0], torch.Tensor) and is_inplace(func, kwargs)
     if inplace and on != "meta":
-        args = (args[0].clone(), *args[1:])  # an in-place op must not mutate the example (a user's tensor)
+        # an in-place op must not mutate the example (a user's tensor); the copy keeps its strides
+        first = args[0]
+        copy = first.clone()
+        if not dense_strides(first.shape, first.stride()):
+            try:
+                copy = torch.empty_strided(first.shape, first.stride(), dtype=first.dtype,
+                                           device=first.device).copy_(first)
+            except RuntimeError:  # overlapping elements: clone() it is
+                pass
+        args = (copy, *args[1:])
     out = func(*args, **map_structure(convert, kwargs))
     if inplace and out is None:
         return args[0]  # Tensor.__setitem__: the value is the updated tensor (as OnCopy returns it)

@@ -377,8 +377,6 @@ TABLE = [
 ]
 
 KNOWN: dict[str, str] = {
-    "w_noncontig_input_inplace":
-        "stride() in the capture is contiguous for results of non-contiguous inputs (eager keeps layout)",
     "w_version_counter": "x[0] = v on an input bumps x._version by 2 (eager: 1)",
 }
 
