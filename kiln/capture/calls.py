@@ -2,7 +2,6 @@
 graph, builtins on symbolic values, and graph breaks on everything kiln cannot see into."""
 from __future__ import annotations
 
-import builtins
 import collections
 import copy
 import dis
@@ -22,16 +21,14 @@ from ..ops import UnsupportedError
 from ..ops import call as ops_call
 from ..ops.trace import _RecordMode
 from .errors import HINTS, GraphBreak, RaisedError
+from .builtin_calls import _BUILTIN_HANDLERS, _BUILTIN_TYPES, _SPECIAL_FUNCTIONS, _type, sort_items
 from .entry import NO_SELF
 from .guards import is_constant
 from .sources import Source
-from .frame import NATIVE_OPERAND_TYPES, NULL, Frame, has_proxy, symbolic_break
-from .values import NativeCall, NoAttribute, class_lookup
+from .frame import NATIVE_OPERAND_TYPES, NULL, has_proxy, symbolic_break
+from .values import NativeCall, class_lookup
 from .iterators import EAGER_ITERTOOLS, LAZY_TYPES, GeneratorValue, OutsideIterator, SymIter, \
-    chain_from_iterable, drain, eager_itertool, is_outside_iterator, make_lazy, stop_iteration, _STOP
-
-_BUILTIN_TYPES = (builtin_function := type(len), type([].append), type(str.join), type(object.__init__),
-                  type((1).__add__), type(dict.fromkeys))
+    chain_from_iterable, drain, eager_itertool, is_outside_iterator, make_lazy
 # torch functions with effects kiln must not run while capturing (they break the graph instead)
 _IMPURE_TORCH = {torch.manual_seed, torch.seed, torch.set_rng_state, torch.set_default_dtype,
                  torch._C._set_grad_enabled, torch.set_printoptions, torch.use_deterministic_algorithms,
@@ -584,221 +581,3 @@ def _name(fn: Any) -> str:
         module = getattr(owner, "__name__", None) if isinstance(owner, types.ModuleType) else None
     return f"{module}.{qual}" if module and module != "builtins" else qual
 
-
-# ---- builtins on symbolic values ------------------------------------------------------------------------
-
-def _isinstance(frame: Frame, args: list, kwargs: dict) -> bool:
-    obj, classinfo = args
-    if isinstance(obj, Proxy):
-        cls = torch.nn.Parameter if id(obj) in frame.cap.param_proxies else torch.Tensor
-        return issubclass(cls, classinfo)
-    return isinstance(obj, classinfo)
-
-
-def _type(frame: Frame, args: list, kwargs: dict) -> Any:
-    if len(args) != 1:
-        raise GraphBreak("type() with three arguments")
-    obj = args[0]
-    if isinstance(obj, Proxy):
-        return torch.nn.Parameter if id(obj) in frame.cap.param_proxies else torch.Tensor
-    cls = type(obj)
-    src = frame.cap.source_of(obj)
-    if src is not None and frame.cap.source_of(cls) is None and cls.__module__ != "builtins":
-        # the class gets a source, so reads and writes of its attributes are guarded and replayed
-        return frame.cap.wrap(cls, Source(f"type({src.expr})", f"type({src.name})", src, "attr"))
-    return cls
-
-
-def _len(frame: Frame, args: list, kwargs: dict) -> int:
-    (obj,) = args
-    if isinstance(obj, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict,
-                        torch.nn.ParameterList, torch.nn.ParameterDict)):
-        return len(frame.iterate(obj))
-    if isinstance(obj, Proxy) or isinstance(obj, NATIVE_OPERAND_TYPES) or frame.cap.is_local(obj) or \
-            id(obj) in frame.cap.mirrors:
-        return frame.native(len, [obj], {}, "len")
-    method = class_lookup(type(obj), "__len__")
-    if isinstance(method, types.FunctionType):
-        return frame.call(method, [obj], {})
-    raise GraphBreak(f"len() of a {type(obj).__name__}")
-
-
-def _getattr(frame: Frame, args: list, kwargs: dict) -> Any:
-    obj, name = args[0], args[1]
-    if not isinstance(name, str):
-        raise GraphBreak("getattr with a non-constant name")
-    try:
-        return frame.load_attr(obj, name)
-    except NoAttribute:
-        if len(args) > 2:
-            return args[2]
-        raise
-
-
-def _hasattr(frame: Frame, args: list, kwargs: dict) -> bool:
-    obj, name = args
-    try:
-        frame.load_attr(obj, name)
-        return True
-    except NoAttribute:
-        src = frame.cap.source_of(obj)
-        if src is not None:
-            frame.cap.guards.add(f"not hasattr({src.expr}, {name!r})",
-                                 f"{src.name} has no attribute {name!r}", "attr")
-        return False
-
-
-def _setattr(frame: Frame, args: list, kwargs: dict) -> None:
-    frame.store_attr(args[0], args[1], args[2])
-
-
-def _iter(frame: Frame, args: list, kwargs: dict) -> Any:
-    if len(args) != 1:
-        raise GraphBreak("iter() with a sentinel")
-    return frame.get_iterator(args[0])
-
-
-def _next(frame: Frame, args: list, kwargs: dict) -> Any:
-    it = args[0]
-    if not isinstance(it, SymIter):
-        if not hasattr(type(it), "__next__") or isinstance(it, (type, Proxy)):
-            raise RaisedError(TypeError(f"'{type(it).__name__}' object is not an iterator"), "next()")
-        it = frame.user_iterator(it)  # a user iterator, one a native call made here, or a break
-    item = it.advance(frame)
-    if item is _STOP:
-        if len(args) > 1:
-            return args[1]
-        raise stop_iteration(getattr(it, "returned", None))
-    return item
-
-
-def sort_items(frame: Frame, items: list, key: Any, reverse: Any) -> list:
-    """sorted(items, key=key, reverse=reverse) with the key function traced like any call."""
-    if key is None:
-        return frame.native(sorted, [items], {"reverse": reverse}, "sorted")
-    keys = [frame.call(key, [item], {}) for item in items]
-    order = frame.native(sorted, [list(range(len(items)))], {"key": keys.__getitem__, "reverse": reverse},
-                         "sorted")
-    return [items[i] for i in order]
-
-
-def _reducer(fn: Any) -> Callable[..., Any]:
-    def handle(frame: Frame, args: list, kwargs: dict) -> Any:
-        if len(args) == 1:
-            args = [frame.iterate(args[0])]
-        key = kwargs.get("key")
-        if fn is sorted:
-            if len(args) != 1 or set(kwargs) - {"key", "reverse"}:
-                raise GraphBreak("sorted() with unexpected arguments")
-            return frame.cap.new_local(sort_items(frame, list(args[0]), key, kwargs.get("reverse", False)))
-        if key is not None and fn in (min, max) and len(args) == 1:
-            items = list(args[0])
-            if not items:
-                if "default" in kwargs:
-                    return kwargs["default"]
-                raise RaisedError(ValueError(f"{fn.__name__}() iterable argument is empty"), fn.__name__)
-            keys = [frame.call(key, [item], {}) for item in items]
-            best = frame.native(fn, [list(range(len(items)))], {"key": keys.__getitem__}, fn.__name__)
-            return items[best]
-        if key is not None and not isinstance(key, _BUILTIN_TYPES):
-            raise GraphBreak(f"{fn.__name__}() with a Python key function")
-        return frame.native(fn, args, kwargs, fn.__name__)
-    return handle
-
-
-def _reduce(frame: Frame, args: list, kwargs: dict) -> Any:
-    """functools.reduce with the function traced."""
-    if kwargs or len(args) not in (2, 3):
-        raise GraphBreak("functools.reduce with unexpected arguments")
-    it = frame.get_iterator(args[1])
-    if len(args) == 3:
-        acc = args[2]
-    else:
-        acc = it.advance(frame)
-        if acc is _STOP:
-            raise RaisedError(TypeError("reduce() of empty iterable with no initial value"), "reduce")
-    while True:
-        item = it.advance(frame)
-        if item is _STOP:
-            return acc
-        acc = frame.call(args[0], [acc, item], {})
-
-
-def _truth_reducer(want: bool) -> Callable[..., Any]:
-    def handle(frame: Frame, args: list, kwargs: dict) -> bool:
-        for item in frame.iterate(args[0]):
-            if frame.truth(item) == want:
-                return want
-        return not want
-    return handle
-
-
-def _callable(frame: Frame, args: list, kwargs: dict) -> bool:
-    obj = args[0]
-    return isinstance(obj, NativeCall) or (not isinstance(obj, Proxy) and callable(obj))
-
-
-def _id(frame: Frame, args: list, kwargs: dict) -> Any:
-    raise GraphBreak("id() depends on object identity", HINTS["call"])
-
-
-_BUILTIN_HANDLERS: dict[Any, Callable[..., Any]] = {
-    builtins.isinstance: _isinstance,
-    builtins.len: _len,
-    builtins.getattr: _getattr,
-    builtins.hasattr: _hasattr,
-    builtins.setattr: _setattr,
-    builtins.iter: _iter,
-    builtins.next: _next,
-    builtins.min: _reducer(min),
-    builtins.max: _reducer(max),
-    builtins.sum: _reducer(sum),
-    builtins.sorted: _reducer(sorted),
-    builtins.any: _truth_reducer(True),
-    builtins.all: _truth_reducer(False),
-    builtins.callable: _callable,
-    builtins.id: _id,
-}
-
-
-def _issubclass(frame: Frame, args: list, kwargs: dict) -> bool:
-    return issubclass(args[0], args[1])
-
-
-_BUILTIN_HANDLERS[builtins.issubclass] = _issubclass
-
-
-def _exc_info(frame: Frame, args: list, kwargs: dict) -> Any:
-    exc = frame.current_handled()
-    return (None, None, None) if exc is None else (type(exc), exc, getattr(exc, "__traceback__", None))
-
-
-def _exception(frame: Frame, args: list, kwargs: dict) -> Any:
-    return frame.current_handled()
-
-
-_BUILTIN_HANDLERS[sys.exc_info] = _exc_info
-if hasattr(sys, "exception"):
-    _BUILTIN_HANDLERS[sys.exception] = _exception
-_BUILTIN_HANDLERS[functools.reduce] = _reduce
-
-
-def _torch_is_tensor(frame: Frame, args: list, kwargs: dict) -> bool:
-    return isinstance(args[0], (Proxy, torch.Tensor))
-
-
-def _torch_grad_enabled(frame: Frame, args: list, kwargs: dict) -> bool:
-    return torch.is_grad_enabled()
-
-
-_BUILTIN_HANDLERS[torch.is_tensor] = _torch_is_tensor
-_BUILTIN_HANDLERS[torch.is_grad_enabled] = _torch_grad_enabled
-
-def _compiling(frame: Frame, args: list, kwargs: dict) -> bool:
-    return True  # libraries take their trace-friendly paths under a graph compiler, as under Dynamo
-
-
-_SPECIAL_FUNCTIONS: dict[Any, Callable[..., Any]] = {torch.is_tensor: _torch_is_tensor}
-for _name_ in ("is_compiling", "is_dynamo_compiling"):
-    if hasattr(torch.compiler, _name_):
-        _SPECIAL_FUNCTIONS[getattr(torch.compiler, _name_)] = _compiling
