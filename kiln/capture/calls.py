@@ -492,7 +492,9 @@ class CallOps:
                 cap.new_local(bound[name])
         frame = Interpreter(cap, code, fn, bound, fn.__globals__, parent=self)
         if frame.is_generator:
-            return GeneratorValue(frame, fn, args, kwargs)  # runs as its consumer advances it
+            gen = GeneratorValue(frame, fn, args, kwargs)  # runs as its consumer advances it
+            cap.generators.append(gen)
+            return gen
         return frame.run()
 
 

@@ -327,10 +327,49 @@ def side_effect_writes(cap: Capture, rec: "Reconstructor", temp: Any) -> list[st
     return writes
 
 
+def check_suspended_generators(cap: Capture) -> None:
+    """A generator left suspended inside a try/finally or with-block runs that block when it is collected
+    (eagerly: as soon as the frame drops it). kiln cannot time that, so such a frame runs natively."""
+    for gen in cap.generators:
+        if gen.started and not gen.finished:
+            frame = gen.frame
+            offset = frame.insts[frame.pc - 1].offset
+            if any(start <= offset < end and _runs_on_close(frame, target)
+                   for start, end, target, *_ in frame.handlers):
+                brk = GraphBreak(f"{gen.describe()} is left suspended inside a try or with block (its cleanup "
+                                 "runs when it is collected)", "exhaust or close() the generator")
+                brk.resumable = False
+                raise brk
+
+
+def _runs_on_close(frame: Any, target: int) -> bool:
+    """Whether the handler at `target` would run code on GeneratorExit: a finally or with cleanup does, a
+    chain of `except SomeError:` clauses (all Exception subclasses) does not."""
+    i = frame.index[target]
+    insts = frame.insts
+    if insts[i].opname != "PUSH_EXC_INFO":
+        return True
+    checked = False
+    for j in range(i + 1, min(i + 200, len(insts))):
+        inst = insts[j]
+        if inst.opname == "RERAISE":
+            return not checked
+        if inst.opname == "CHECK_EXC_MATCH":
+            load = insts[j - 1]
+            kind = None
+            if load.opname == "LOAD_GLOBAL":
+                kind = frame.globals.get(load.argval, frame.builtins.get(load.argval))
+            if not (isinstance(kind, type) and issubclass(kind, Exception)):
+                return True  # a tuple, BaseException or a class kiln cannot resolve: assume it runs
+            checked = True
+    return True
+
+
 def make_graph_entry(cap: Capture, fn: Any, code: types.CodeType, ret: Any,
                      compile_graph: Any) -> tuple[Any, list, Any]:
     """Build the graph's output, compile it with the backend, and generate the entry function."""
     graph = cap.graph
+    check_suspended_generators(cap)
     _fix_setitem_nodes(graph)
     _guard_mutated_aliasing(cap)
     body, rec = graph_body(cap, ret)

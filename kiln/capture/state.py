@@ -57,6 +57,7 @@ class Capture:
         self.root = root
         self._module_paths: dict[int, Source] | None = None
         self.grad_changes = 0
+        self.generators: list[Any] = []  # GeneratorValues made in this capture
 
     # ---- reading values from outside ----
     def wrap(self, value: Any, source: Source) -> Any:

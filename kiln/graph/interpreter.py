@@ -61,6 +61,8 @@ def run(graph: Graph, inputs: Sequence[Any], torch_level: bool = False) -> Any:
 def write_back(target: Any, value: Any) -> None:
     """`target.copy_(value)`; an expanded target (a stride-0 dim) gets the last value written to each of
     its elements in order, as eager's own in-place op leaves it (copy_ refuses overlapping destinations)."""
+    if value is target:
+        return  # the graph updated the input itself (an in-place op the eager backend ran on it)
     overlap = [d for d, (size, stride) in enumerate(zip(target.shape, target.stride()))
                if stride == 0 and size > 1]
     if not overlap:

@@ -107,7 +107,8 @@ def python_code(graph: Graph, header: str | None = None) -> tuple[str, dict[str,
             rhs = f"{em.target(node)}({', '.join(args)})"
         lines.append(f"    {node.name} = {rhs}{comment}")
     for name, node in graph.mutated_inputs.items():
-        lines.append(f"    {name}.copy_({node.name})  # input {name} is mutated")
+        lines.append(f"    if {node.name} is not {name}:  # input {name} is mutated (unless updated in place)")
+        lines.append(f"        {name}.copy_({node.name})")
     if graph.nodes and graph.nodes[-1].op == "output":
         lines.append(f"    return {em.value(graph.output_value)}")
     elif body == 0:

@@ -579,10 +579,6 @@ TABLE = [
 ]
 
 KNOWN: dict[str, str] = {
-    "h_finally_on_garbage":
-        "dropping an unfinished generator made in compiled code does not run its finally block",
-    "h_finally_at_function_end":
-        "dropping an unfinished generator made in compiled code does not run its finally block",
 }
 
 

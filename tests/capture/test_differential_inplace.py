@@ -377,7 +377,6 @@ TABLE = [
 ]
 
 KNOWN: dict[str, str] = {
-    "w_version_counter": "x[0] = v on an input bumps x._version by 2 (eager: 1)",
 }
 
 
