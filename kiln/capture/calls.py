@@ -6,6 +6,7 @@ import collections
 import copy
 import dis
 import functools
+import inspect
 import itertools
 import operator
 import re
@@ -325,8 +326,8 @@ class CallOps:
             genuine = not (has_proxy(args) or has_proxy(kwargs) or isinstance(getattr(fn, "__self__", None),
                                                                                Proxy))
             raise symbolic_break(e, name, genuine) from None
-        if type(result) in (list, dict, set) or is_outside_iterator(result):
-            self.cap.new_local(result)  # an iterator a native call made here is the capture's own
+        if type(result) in _FRESH_RESULTS or is_outside_iterator(result):
+            self.cap.new_local(result)  # a container or iterator a native call made here is the capture's own
         if fn is copy.deepcopy:
             _register_fresh(self.cap, result, 0)  # every container inside a deep copy is new
         return result
@@ -567,6 +568,11 @@ def bind_arguments(fn: types.FunctionType, args: list | tuple, kwargs: dict) -> 
 
 # objects whose methods read nothing that can change (a compiled regex, a match, strings, numbers)
 _IMMUTABLE_OWNERS = (str, bytes, tuple, frozenset, int, float, complex, torch.Size, type, re.Pattern, re.Match)
+# results of native calls that are new objects or read-only views (never an object the program shares)
+_FRESH_RESULTS = (list, dict, set, type({}.keys()), type({}.values()), type({}.items()),
+                  type(collections.OrderedDict().keys()), type(collections.OrderedDict().values()),
+                  type(collections.OrderedDict().items()), types.MappingProxyType, inspect.Signature,
+                  inspect.Parameter, inspect.BoundArguments)
 _ENVIRON = config.process_environment()
 _ENVIRON_READS = ("get", "__getitem__", "__contains__")
 _READ_ONLY_METHODS = {"get", "__getitem__", "__contains__", "__len__", "keys", "values", "items", "copy",
