@@ -23,10 +23,14 @@ _BUILTIN_TYPES = (type(len), type([].append), type(str.join), type(object.__init
 
 def _isinstance(frame: Frame, args: list, kwargs: dict) -> bool:
     obj, classinfo = args
-    if isinstance(obj, Proxy):
-        cls = torch.nn.Parameter if id(obj) in frame.cap.param_proxies else torch.Tensor
-        return issubclass(cls, classinfo)
-    return isinstance(obj, classinfo)
+    try:
+        if isinstance(obj, Proxy):
+            isinstance(None, classinfo)  # eager's TypeError for a bad classinfo
+            cls = torch.nn.Parameter if id(obj) in frame.cap.param_proxies else torch.Tensor
+            return issubclass(cls, classinfo)
+        return isinstance(obj, classinfo)
+    except TypeError as e:
+        raise RaisedError(e, "isinstance()") from None
 
 
 def _type(frame: Frame, args: list, kwargs: dict) -> Any:
@@ -48,12 +52,18 @@ def _len(frame: Frame, args: list, kwargs: dict) -> int:
     if isinstance(obj, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict,
                         torch.nn.ParameterList, torch.nn.ParameterDict)):
         return len(frame.iterate(obj))
+    method = class_lookup(type(obj), "__len__")
+    if isinstance(method, types.FunctionType) and not isinstance(obj, Proxy):
+        n = frame.call(method, [obj], {})
+        if isinstance(n, Proxy) or not isinstance(n, int):
+            raise RaisedError(TypeError(f"'{type(n).__name__}' object cannot be interpreted as an integer"),
+                              "len()")
+        if n < 0:
+            raise RaisedError(ValueError("__len__() should return >= 0"), "len()")
+        return int(n)
     if isinstance(obj, Proxy) or isinstance(obj, NATIVE_OPERAND_TYPES) or frame.cap.is_local(obj) or \
             id(obj) in frame.cap.mirrors:
         return frame.native(len, [obj], {}, "len")
-    method = class_lookup(type(obj), "__len__")
-    if isinstance(method, types.FunctionType):
-        return frame.call(method, [obj], {})
     raise GraphBreak(f"len() of a {type(obj).__name__}")
 
 
@@ -84,6 +94,21 @@ def _hasattr(frame: Frame, args: list, kwargs: dict) -> bool:
 
 def _setattr(frame: Frame, args: list, kwargs: dict) -> None:
     frame.store_attr(args[0], args[1], args[2])
+
+
+def _delattr(frame: Frame, args: list, kwargs: dict) -> None:
+    obj, name = args
+    method = class_lookup(type(obj), "__delattr__")
+    if isinstance(method, types.FunctionType):
+        frame.call(method, [obj, name], {})
+        return None
+    if not frame.cap.is_local(obj):
+        raise GraphBreak(f"deleting attribute {name!r} of a {type(obj).__name__} made outside compiled code")
+    try:
+        object.__delattr__(obj, name)
+    except (AttributeError, TypeError) as e:
+        raise RaisedError(e, f"delattr({name!r})") from None
+    return None
 
 
 def _iter(frame: Frame, args: list, kwargs: dict) -> Any:
@@ -182,6 +207,7 @@ _BUILTIN_HANDLERS: dict[Any, Callable[..., Any]] = {
     builtins.getattr: _getattr,
     builtins.hasattr: _hasattr,
     builtins.setattr: _setattr,
+    builtins.delattr: _delattr,
     builtins.iter: _iter,
     builtins.next: _next,
     builtins.min: _reducer(min),

@@ -222,6 +222,11 @@ class CallOps:
             return handler(self, args, kwargs)
         owner = getattr(fn, "__self__", None)
         name = getattr(fn, "__name__", "")
+        if name == "__getattribute__" and len(args) == 1 and isinstance(args[0], str) and \
+                (fn is object.__getattribute__ or (isinstance(fn, types.MethodWrapperType) and
+                                                   owner is not None and
+                                                   getattr(fn, "__objclass__", object) is object)):
+            return self.load_attr(owner, args[0], default_lookup=True)  # super().__getattribute__(k)
         if owner is itertools.chain and name == "from_iterable":
             return chain_from_iterable(self, args, kwargs)
         if name == "sort" and type(owner) is list and (cap.is_local(owner) or id(owner) in cap.mirrors):
@@ -255,6 +260,10 @@ class CallOps:
                 return self.native(fn, args, kwargs, _name(fn))  # class-level metadata (dataclass fields)
             raise GraphBreak(f"method {_name(fn)} of a {type(owner).__name__} kiln does not track",
                              HINTS["call"])
+        if fn is object.__setattr__ and len(args) == 3 and not cap.is_local(args[0]) and \
+                cap.source_of(args[0]) is not None:
+            cap.write_attr(args[0], args[1], args[2])  # a user __setattr__ storing through object's
+            return None
         objclass = getattr(fn, "__objclass__", None)
         if objclass is not None and args and (cap.is_local(args[0]) or id(args[0]) in cap.mirrors or
                                               isinstance(args[0], NATIVE_OPERAND_TYPES)):
@@ -319,6 +328,20 @@ class CallOps:
         if any(isinstance(a, SymIter) for a in args):
             # C code consumes an iterator through its own protocol: hand it the items
             args = [iter(drain(self, a)) if isinstance(a, SymIter) else a for a in args]
+        fn_name = getattr(fn, "__name__", "")
+        if not isinstance(fn, types.FunctionType) and fn_name not in _NO_DUNDER_METHODS:
+            owner = getattr(fn, "__self__", None)
+            compares_items = type(owner) in (list, tuple, collections.deque) and \
+                fn_name in ("count", "index", "remove", "__contains__")
+            checked = args[:1] if fn_name in _KEY_METHODS and isinstance(owner, (dict, set, frozenset)) \
+                else args
+            user = self.user_argument(checked + ([owner] if compares_items else []), kwargs,
+                                      fn in _ITEM_READERS or compares_items)
+            if user is not None:
+                # C code would call the object's Python dunders outside the trace (unguarded, its side
+                # effects once): the call runs natively instead
+                raise GraphBreak(f"{name} on a {type(user).__name__} would run its Python methods outside "
+                                 "the trace", HINTS["call"])
         try:
             with tracing(self.cap.tracer):
                 result = fn(*args, **kwargs)
@@ -331,6 +354,17 @@ class CallOps:
         if fn is copy.deepcopy:
             _register_fresh(self.cap, result, 0)  # every container inside a deep copy is new
         return result
+
+    def user_argument(self, args: list, kwargs: dict, items: bool) -> Any:
+        """An argument (with `items`, or an item of a list/tuple argument) whose class has Python dunders."""
+        for a in list(args) + list(kwargs.values()):
+            if self.calls_python_dunders(a):
+                return a
+            if items and type(a) in (list, tuple) and len(a) <= 4096:
+                for v in a:
+                    if self.calls_python_dunders(v):
+                        return v
+        return None
 
     def torch_call(self, fn: Any, args: list, kwargs: dict) -> Any:
         """A torch function: proxies route through kiln.ops; factories are recorded too."""
@@ -568,6 +602,18 @@ def bind_arguments(fn: types.FunctionType, args: list | tuple, kwargs: dict) -> 
 
 # objects whose methods read nothing that can change (a compiled regex, a match, strings, numbers)
 _IMMUTABLE_OWNERS = (str, bytes, tuple, frozenset, int, float, complex, torch.Size, type, re.Pattern, re.Match)
+# C methods that store or move their arguments without calling any of their methods
+_NO_DUNDER_METHODS = {"append", "insert", "extend", "clear", "copy", "reverse", "appendleft",
+                      "extendleft", "popleft", "rotate", "__len__", "keys", "values", "items",
+                      "update", "tuple", "list", "partial", "isinstance", "issubclass", "type",
+                      "id", "len", "iter", "next", "getattr", "setattr", "hasattr", "callable", "super",
+                      "__setattr__", "__getattribute__", "__init__", "__new__", "itemgetter", "attrgetter",
+                      "deque", "OrderedDict", "defaultdict", "namedtuple", "MethodType"}
+# mapping and set methods that hash only their first argument (the key), not the value stored
+_KEY_METHODS = {"__setitem__", "__getitem__", "__delitem__", "__contains__", "get", "pop", "setdefault",
+                "add", "discard", "remove"}
+# builtins that compare, hash or add the items of their arguments
+_ITEM_READERS = {sorted, min, max, sum, set, frozenset, dict.fromkeys}
 # results of native calls that are new objects or read-only views (never an object the program shares)
 _FRESH_RESULTS = (list, dict, set, type({}.keys()), type({}.values()), type({}.items()),
                   type(collections.OrderedDict().keys()), type(collections.OrderedDict().values()),

@@ -25,7 +25,7 @@ def is_constant(value: Any) -> bool:
         return True
     if type(value) in (tuple, frozenset, torch.Size):
         return all(is_constant(v) for v in value)
-    if type(value) is slice:
+    if type(value) in (slice, range):
         return is_constant(value.start) and is_constant(value.stop) and is_constant(value.step)
     return False
 

@@ -282,7 +282,7 @@ class ZipIter(SymIter):
 
     def _check_strict(self, frame: Any, i: int) -> None:
         if i > 0:
-            which = "argument 2" if i == 1 else f"arguments 1-{i}"
+            which = "argument 1" if i == 1 else f"arguments 1-{i}"
             raise RaisedError(ValueError(f"zip() argument {i + 1} is shorter than {which}"), "zip(strict)")
         for j, inner in enumerate(self.inners[1:], start=2):
             if inner.advance(frame) is not _STOP:
@@ -428,8 +428,9 @@ def make_lazy(frame: Any, cls: Any, args: list, kwargs: dict) -> SymIter | None:
                 hasattr(kind, "__len__") and hasattr(kind, "__getitem__") and not isinstance(seq, dict))):
             name = "generator" if isinstance(seq, GeneratorValue) else kind.__name__
             raise RaisedError(TypeError(f"'{name}' object is not reversible"), "reversed()")
-        if isinstance(getattr(kind, "__reversed__", None), types.FunctionType):
-            return None  # a user class's own __reversed__
+        user_reversed = getattr(kind, "__reversed__", None)
+        if isinstance(user_reversed, types.FunctionType):
+            return frame.get_iterator(frame.call(user_reversed, [seq], {}))  # a user class's own
         return ListIter(list(reversed(frame.iterate(seq))), "reversed")
     if cls is itertools.chain:
         return ChainIter(ListIter(list(args)))

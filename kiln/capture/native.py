@@ -51,13 +51,14 @@ _KILN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 class Routed:
-    """A callee of a natively-run frame, called through the capture wrapper."""
-
-    __slots__ = ("fn", "caller")
+    """A callee of a natively-run frame, called through the capture wrapper. It carries the callee's
+    __module__ and __qualname__, which CPython prints in call errors (`f() argument after * must be ...`)."""
 
     def __init__(self, fn: Any, caller: Any):
         self.fn = fn
         self.caller = caller
+        self.__module__ = getattr(fn, "__module__", None) or ""
+        self.__qualname__ = getattr(fn, "__qualname__", None) or type(fn).__qualname__
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.caller(self.fn, *args, **kwargs)

@@ -49,6 +49,10 @@ _ANY_DUNDER = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__ha
                "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__pow__",
                "__rpow__", "__or__", "__ror__", "__ior__", "__and__", "__rand__", "__iand__", "__xor__",
                "__rxor__", "__lshift__", "__rshift__", "__neg__", "__pos__", "__invert__", "__abs__")
+_BUILTIN_PROTOCOL = "builtin protocol"  # plain_type's key for the dunders builtins call
+_DUNDERS_OF[_BUILTIN_PROTOCOL] = _ANY_DUNDER + ("__str__", "__repr__", "__format__", "__round__",
+                                                "__trunc__", "__floor__", "__ceil__", "__complex__",
+                                                "__bytes__", "__reversed__", "__length_hint__")
 _PLAIN_TYPES: dict[tuple[type, Any], bool] = {}
 
 
@@ -59,8 +63,10 @@ def plain_type(cls: type, op: Any = None) -> bool:
     known = _PLAIN_TYPES.get(key)
     if known is None:
         names = _DUNDERS_OF.get(op, _ANY_DUNDER)
+        # nn.Module's own __repr__/__getattr__ read nothing a builtin could get wrong
+        skip = (torch.nn.Module,) if op == _BUILTIN_PROTOCOL else ()
         known = not any(isinstance(klass.__dict__.get(name), types.FunctionType)
-                        for klass in cls.__mro__ for name in names)
+                        for klass in cls.__mro__ if klass not in skip for name in names)
         _PLAIN_TYPES[key] = known
     return known
 
@@ -81,6 +87,12 @@ def _has_slot(value: Any, name: str) -> bool:
 class OperatorOps:
     """Frame mixin: operator instructions."""
 
+    def calls_python_dunders(self, value: Any) -> bool:
+        """Builtins (str, int, hash, sorted, ...) applied to this value would run its Python methods."""
+        from .frame import NATIVE_OPERAND_TYPES
+        return not isinstance(value, (Proxy, SymIter) + NATIVE_OPERAND_TYPES) and \
+            not isinstance(value, torch.Tensor) and not plain_type(type(value), _BUILTIN_PROTOCOL)
+
     def is_user_object(self, value: Any) -> bool:
         """An operand whose class has Python dunders (a user class made or read in compiled code)."""
         from .frame import NATIVE_OPERAND_TYPES
@@ -91,6 +103,9 @@ class OperatorOps:
         from .frame import NATIVE_OPERAND_TYPES, has_proxy, symbolic_break
         cap = self.cap
         for a in args:
+            if cap.is_local(a) and self.calls_python_dunders(a):
+                raise GraphBreak(f"operator {fn.__name__} on a {type(a).__name__} would run its Python "
+                                 "methods outside the trace", HINTS["call"])
             if not isinstance(a, NATIVE_OPERAND_TYPES) and not cap.is_local(a) and id(a) not in cap.mirrors:
                 if isinstance(a, torch.Tensor):  # a Parameter or tensor reached from an object without source
                     raise GraphBreak(f"operator {fn.__name__} on a {type(a).__name__} kiln does not track "
@@ -122,6 +137,11 @@ class OperatorOps:
         if method is not None:
             return self.call(method, [obj, other], {})
         if _has_slot(obj, name) and not self.is_user_object(obj) and not isinstance(obj, Proxy):
+            if type(obj) in (int, float, complex, bool):
+                return getattr(obj, name)(other)  # a number's slot: NotImplemented for a user object
+            if self.calls_python_dunders(other):
+                raise GraphBreak(f"operator {name} of a {type(obj).__name__} with a {type(other).__name__} "
+                                 "(it could run the latter's methods outside the trace)", HINTS["call"])
             return self.native_op(lambda a, b: getattr(a, name)(b), obj, other)
         if isinstance(obj, Proxy) and _has_slot(obj, name):
             return self.native(getattr(obj, name), [other], {}, f"Tensor.{name}")
@@ -211,7 +231,7 @@ class OperatorOps:
             raise GraphBreak("`in` on a module")
         else:
             method = None
-            if not isinstance(container, NATIVE_OPERAND_TYPES) and not self.cap.is_local(container):
+            if not isinstance(container, NATIVE_OPERAND_TYPES):
                 method = _python_dunder(container, "__contains__")
             if method is not None:
                 found = self.truth(self.call(method, [container, item], {}))
@@ -221,6 +241,14 @@ class OperatorOps:
                                                     if self.is_user_object(v) or self.is_user_object(item)
                                                     else self.native_op(operator.eq, v, item))
                             for v in self.iterate(container))
+            elif type(container) in (list, tuple) and (self.is_user_object(item) or
+                                                       any(self.is_user_object(v) for v in container)):
+                # list.__contains__: identity, then element == item, each a traced call
+                found = any(v is item or self.truth(self.user_compare("==", v, item))
+                            for v in container)
+            elif isinstance(container, (set, frozenset, dict)) and self.is_user_object(item):
+                raise GraphBreak(f"`in` on a {type(container).__name__} with a {type(item).__name__} "
+                                 "(its __hash__ and __eq__ would run outside the trace)", HINTS["call"])
             else:
                 found = self.native_op(operator.contains, container, item)
         self.push((not found) if inst.arg else found)

@@ -70,7 +70,8 @@ class ValueOps:
         value = self.pop()
         self.store_attr(obj, inst.argval, value)
 
-    def load_attr(self, obj: Any, name: str) -> Any:
+    def load_attr(self, obj: Any, name: str, default_lookup: bool = False) -> Any:
+        """obj.name; `default_lookup`: object.__getattribute__'s lookup, bypassing a user override."""
         cap = self.cap
         if isinstance(obj, Proxy):
             return self.proxy_attr(obj, name)
@@ -96,10 +97,20 @@ class ValueOps:
         if written is not MISSING:
             return written
         cls = type(obj)
+        getattribute = class_lookup(cls, "__getattribute__")
+        if isinstance(getattribute, types.FunctionType) and not default_lookup:
+            return self.call(getattribute, [obj, name], {})  # (it reaches object's through super())
         static = self.class_attr(cls, name)
         if static is not MISSING and any(cap.read_attr_overlay(k, name) is static for k in cls.__mro__) and \
                 name not in (getattr(obj, "__dict__", None) or {}):
-            return static  # written by this capture (`Cls.count += 1`): the value is the new one, unguarded
+            # written by this capture (`Cls.count += 1`, `Cls.method = fn`): the new value, unguarded
+            if isinstance(static, types.FunctionType):
+                return types.MethodType(static, obj)
+            if isinstance(static, staticmethod):
+                return static.__func__
+            if isinstance(static, classmethod):
+                return types.MethodType(static.__func__, cls)
+            return static
         if isinstance(static, property):
             if static.fget is None:
                 raise NoAttribute(f"property {name!r} of {cls.__name__} has no getter")
@@ -132,6 +143,9 @@ class ValueOps:
             if isinstance(static, classmethod):
                 return types.MethodType(static.__func__, cls)
             if hasattr(static, "__get__") and not isinstance(static, type):
+                getter = class_lookup(type(static), "__get__")
+                if isinstance(getter, types.FunctionType):
+                    return self.call(getter, [static, obj, cls], {})  # a user (non-data) descriptor
                 return static.__get__(obj, cls)
             return cap.wrap(static, src.attr(name)) if src is not None else static
         if isinstance(obj, torch.nn.Module) and isinstance(inst_dict, dict):
@@ -234,11 +248,11 @@ class ValueOps:
         if isinstance(descriptor_set, types.FunctionType):
             self.call(descriptor_set, [static, obj, value], {})  # a user data descriptor
             return
+        setter = class_lookup(type(obj), "__setattr__")
+        if isinstance(setter, types.FunctionType) and not isinstance(obj, torch.nn.Module):
+            self.call(setter, [obj, name, value], {})  # a user __setattr__ decides what is stored
+            return
         if cap.is_local(obj):
-            setter = class_lookup(type(obj), "__setattr__")
-            if isinstance(setter, types.FunctionType):
-                self.call(setter, [obj, name, value], {})
-                return
             try:
                 object.__setattr__(obj, name, value)
             except (AttributeError, TypeError) as e:  # __slots__, a read-only attribute: eager's error
@@ -265,6 +279,10 @@ class ValueOps:
             return self.module_item(container, index)
         if isinstance(container, type):
             return container[index]
+        if not isinstance(container, Proxy) and type(container).__module__ != "builtins":
+            getter = class_lookup(type(container), "__getitem__")
+            if isinstance(getter, types.FunctionType):  # a user __getitem__ (ModelOutput, a dict subclass)
+                return self.call(getter, [container, index], {})
         if isinstance(container, Proxy) or isinstance(container, NATIVE_OPERAND_TYPES) or \
                 cap.is_local(container) or id(container) in cap.mirrors:
             if isinstance(container, dict) and not isinstance(container, NATIVE_OPERAND_TYPES):
@@ -379,6 +397,9 @@ class ValueOps:
             raise GraphBreak(f"iterating a {type(value).__name__} module")
         if is_outside_iterator(value):
             return drain(self, self.user_iterator(value))
+        if not isinstance(value, NATIVE_OPERAND_TYPES) and \
+                isinstance(class_lookup(type(value), "__iter__"), types.FunctionType):
+            return drain(self, self.get_iterator(value))  # a user __iter__ (also of objects made here)
         if isinstance(value, (list, tuple, dict, str, range, set, frozenset, torch.Size, bytes)) \
                 or type(value).__module__ == "builtins" or cap.is_local(value) or id(value) in cap.mirrors:
             if isinstance(value, dict) and type(value) not in (dict,) and not cap.is_local(value) and \
