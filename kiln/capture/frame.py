@@ -367,7 +367,7 @@ class Frame:
         self.push(self.cap.new_local(dict(zip(self.native_items(items[::2]), items[1::2]))))
 
     def op_BUILD_CONST_KEY_MAP(self, inst: dis.Instruction) -> None:
-        keys = self.pop()
+        keys = self.native_items(list(self.pop()))
         values = self.popn(inst.arg)
         self.push(self.cap.new_local(dict(zip(keys, values))))
 
@@ -436,9 +436,18 @@ class Frame:
         raise GraphBreak(f"** on a {type(value).__name__} is not supported")
 
     def native_items(self, items: list) -> list:
+        """Set elements or dict keys: hashed natively, so no tensor and no Python __hash__/__eq__."""
+        from .operators import plain_type
         for item in items:
             if isinstance(item, Proxy):
                 raise GraphBreak("a tensor used as a set element or dict key")
+            if not isinstance(item, NATIVE_OPERAND_TYPES) and not plain_type(type(item), operator.contains):
+                raise GraphBreak(f"a {type(item).__name__} used as a set element or dict key (its __hash__ "
+                                 "and __eq__ would run outside the trace)", HINTS["call"])
+            try:
+                hash(item)
+            except TypeError as e:  # eager's own error: unhashable type
+                raise RaisedError(e, "an unhashable set element or dict key") from None
         return items
 
     def op_BINARY_SUBSCR(self, inst: dis.Instruction) -> None:
