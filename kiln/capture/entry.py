@@ -312,7 +312,14 @@ def side_effect_writes(cap: Capture, rec: "Reconstructor", temp: Any) -> list[st
     Each new value is first bound by `temp` (so every value is computed before any write happens)."""
     writes = []
     for obj, source, name, value in cap.attr_writes.values():
-        writes.append(f"setattr({source.expr}, {name!r}, {temp(rec.value(value))})")
+        setter = getattr(type(obj), "__setattr__", None)
+        if isinstance(setter, types.FunctionType) and not isinstance(obj, torch.nn.Module) and \
+                not isinstance(obj, type):
+            # the user's __setattr__ already ran while tracing (it made this write): store the result
+            store = cap.ns.hold(object.__setattr__, "object_setattr")
+            writes.append(f"{store}({source.expr}, {name!r}, {temp(rec.value(value))})")
+        else:
+            writes.append(f"setattr({source.expr}, {name!r}, {temp(rec.value(value))})")
     for gdict, source, value in cap.global_writes.values():
         writes.append(f"{source.expr} = {temp(rec.value(value))}")
     for cell, source, value in cap.cell_writes.values():

@@ -81,6 +81,15 @@ class ValueOps:
             written = cap.read_attr_overlay(obj, name)
             if written is not MISSING:
                 return written
+            if isinstance(obj, type):  # a base class's attribute this capture wrote (`Base.tag = v`)
+                for klass in obj.__mro__[1:]:
+                    if name in obj.__mro__[0].__dict__:
+                        break
+                    written = cap.read_attr_overlay(klass, name)
+                    if written is not MISSING:
+                        return written
+                    if name in klass.__dict__:
+                        break
             try:
                 value = getattr(obj, name)
             except AttributeError as e:

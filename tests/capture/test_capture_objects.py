@@ -177,3 +177,109 @@ def test_user_except_catches_missing_attribute_and_guards_its_absence():
     torch.testing.assert_close(compiled(X, obj), f(X, obj))
     obj.cache = 5  # the guard on the attribute's absence fails: a recapture
     torch.testing.assert_close(compiled(X, obj), f(X, obj))
+
+
+# found by review: builtins on user objects, live class state, ranges
+LOG = []
+
+
+class Dunders:
+    def __int__(self):
+        LOG.append("int")
+        return len(LOG)
+
+    def __str__(self):
+        LOG.append("str")
+        return "d" * len(LOG)
+
+    def __iter__(self):
+        LOG.append("iter")
+        return iter([1, 2, 3])
+
+    def __reversed__(self):
+        return iter(["custom"])
+
+
+def test_builtins_on_user_objects_run_their_dunders_each_call():
+    def f(x, d):
+        return x + int(d), len(str(d)), 2 in d, list(reversed(d))
+    import kiln
+    kiln.reset()
+    compiled = kiln.compile(f, backend="eager")
+    for _ in range(3):
+        LOG.clear()
+        expected, expected_log = f(X, Dunders()), list(LOG)
+        LOG.clear()
+        got = compiled(X, Dunders())
+        assert LOG == expected_log
+        torch.testing.assert_close(got[0], expected[0])
+        assert got[1:] == expected[1:]
+
+
+def test_user_setattr_result_is_stored_once():
+    class Doubling:
+        def __setattr__(self, name, value):
+            object.__setattr__(self, name, value * 2 if isinstance(value, int) else value)
+
+    def f(x, o):
+        o.a = 3
+        o.a += 1
+        return x * o.a
+    import kiln
+    kiln.reset()
+    compiled = kiln.compile(f, backend="eager")
+    for _ in range(2):
+        e, k = Doubling(), Doubling()
+        torch.testing.assert_close(compiled(X, k), f(X, e))
+        assert vars(k) == vars(e)
+
+
+class Base:
+    tag = "base"
+
+
+class Derived(Base):
+    pass
+
+
+def test_base_class_write_seen_through_subclass_and_methods_patched():
+    def f(x, d):
+        Base.tag = "changed"
+        Derived.who = lambda self: "patched"  # noqa: E731
+        return Derived.tag, d.tag, d.who(), x + 1
+    import kiln
+    for _ in range(2):
+        Base.tag = "base"
+        if "who" in Derived.__dict__:
+            del Derived.who
+        expected = f(X, Derived())
+        Base.tag = "base"
+        del Derived.who
+        kiln.reset()
+        got = kiln.compile(f, backend="eager")(X, Derived())
+        assert got[:3] == expected[:3]
+    del Derived.who
+
+
+def test_range_argument_is_guarded_and_count_uses_user_eq():
+    class AlwaysEqual:
+        def __eq__(self, other):
+            return True
+
+    def f(x, r):
+        return [x * i for i in r], [1, AlwaysEqual()].count(3)
+    import kiln
+    kiln.reset()
+    compiled = kiln.compile(f, backend="eager")
+    for r in (range(2), range(3)):
+        got, expected = compiled(X, r), f(X, r)
+        assert len(got[0]) == len(expected[0]) and got[1] == expected[1]
+
+
+def test_unhashable_set_element_raises_eagers_error():
+    def f(x):
+        try:
+            return {[1]: 2}
+        except TypeError as e:
+            return str(e), x + 1
+    check(f, X)
