@@ -108,7 +108,13 @@ class ValueOps:
         cls = type(obj)
         getattribute = class_lookup(cls, "__getattribute__")
         if isinstance(getattribute, types.FunctionType) and not default_lookup:
-            return self.call(getattribute, [obj, name], {})  # (it reaches object's through super())
+            try:
+                return self.call(getattribute, [obj, name], {})  # (it reaches object's through super())
+            except RaisedError as e:
+                hook = class_lookup(cls, "__getattr__")
+                if isinstance(e.exc, AttributeError) and isinstance(hook, types.FunctionType):
+                    return self.call(hook, [obj, name], {})  # CPython falls back to __getattr__
+                raise
         static = self.class_attr(cls, name)
         if static is not MISSING and any(cap.read_attr_overlay(k, name) is static for k in cls.__mro__) and \
                 name not in (getattr(obj, "__dict__", None) or {}):
