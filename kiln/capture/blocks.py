@@ -21,6 +21,37 @@ import torch
 from .errors import HINTS, GraphBreak, RaisedError
 
 
+class GradModeContext:
+    """torch.no_grad() / enable_grad() / set_grad_enabled(m) seen by the interpreter."""
+
+    def __init__(self, enabled: bool, prev: bool | None = None):
+        self.enabled = enabled
+        self.prev = prev  # set_grad_enabled() changes the mode at construction, remembering this
+
+    def enter(self, cap: Any) -> None:
+        if self.prev is None:
+            self.prev = torch.is_grad_enabled()
+            set_grad(cap, self.enabled)
+        return None
+
+    def exit_fn(self) -> "GradModeExit":
+        return GradModeExit(self)
+
+
+class GradModeExit:
+    def __init__(self, ctx: GradModeContext):
+        self.ctx = ctx
+
+
+def set_grad(cap: Any, enabled: bool) -> None:
+    """Record a grad-mode change in the graph (and make it during capture, for correct metadata)."""
+    if torch.is_grad_enabled() == enabled:
+        return
+    cap.graph.call_torch(torch._C._set_grad_enabled, (enabled,), {}, None, origin=cap.tracer.origin)
+    torch._C._set_grad_enabled(enabled)
+    cap.grad_changes += 1
+
+
 class BlockOps:
     """Frame mixin: raise, except, finally, with."""
 
@@ -92,7 +123,6 @@ class BlockOps:
 
     # ---- with blocks ----
     def op_BEFORE_WITH(self, inst: dis.Instruction) -> None:
-        from .calls import GradModeContext
         from .values import class_lookup
         manager = self.pop()
         if type(manager) in (torch.no_grad, torch.enable_grad):  # an instance made outside

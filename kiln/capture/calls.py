@@ -22,6 +22,7 @@ from ..ops import UnsupportedError
 from ..ops import call as ops_call
 from ..ops.trace import _RecordMode
 from .errors import HINTS, GraphBreak, RaisedError
+from .blocks import GradModeContext, GradModeExit, set_grad
 from .builtin_calls import _BUILTIN_HANDLERS, _BUILTIN_TYPES, _SPECIAL_FUNCTIONS, _type, sort_items
 from .entry import NO_SELF
 from .guards import is_constant
@@ -41,37 +42,6 @@ _NATIVE_PY_MODULES = ("inspect", "typing", "dataclasses", "enum", "abc", "warnin
                       "functools", "copy", "string", "textwrap", "importlib")
 _PRINTING = {print, input, breakpoint, open, exec, eval, compile, globals, locals, vars, dir, id, exit}
 _FRAME_READS = {globals, locals, vars, dir, exec, eval, breakpoint, sys._getframe}
-
-
-class GradModeContext:
-    """torch.no_grad() / enable_grad() / set_grad_enabled(m) seen by the interpreter."""
-
-    def __init__(self, enabled: bool, prev: bool | None = None):
-        self.enabled = enabled
-        self.prev = prev  # set_grad_enabled() changes the mode at construction, remembering this
-
-    def enter(self, cap: Any) -> None:
-        if self.prev is None:
-            self.prev = torch.is_grad_enabled()
-            set_grad(cap, self.enabled)
-        return None
-
-    def exit_fn(self) -> "GradModeExit":
-        return GradModeExit(self)
-
-
-class GradModeExit:
-    def __init__(self, ctx: GradModeContext):
-        self.ctx = ctx
-
-
-def set_grad(cap: Any, enabled: bool) -> None:
-    """Record a grad-mode change in the graph (and make it during capture, for correct metadata)."""
-    if torch.is_grad_enabled() == enabled:
-        return
-    cap.graph.call_torch(torch._C._set_grad_enabled, (enabled,), {}, None, origin=cap.tracer.origin)
-    torch._C._set_grad_enabled(enabled)
-    cap.grad_changes += 1
 
 
 _STATE_SETTERS = ("set_", "_set_", "manual_seed", "seed", "use_deterministic", "_jit_set", "_enable",

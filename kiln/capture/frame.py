@@ -19,7 +19,7 @@ from ..graph import DataDependentError, Proxy
 from ..ops import UnsupportedError
 from . import sources as S
 from .errors import HINTS, GraphBreak, RaisedError
-from .iterators import _STOP as STOP, GeneratorValue, SymIter
+from .iterators import _STOP as STOP, GeneratorValue, Suspend, SymIter
 from .state import Capture
 
 CO_GENERATOR = 0x20
@@ -435,21 +435,6 @@ class Frame:
             return value
         raise GraphBreak(f"** on a {type(value).__name__} is not supported")
 
-    def native_items(self, items: list) -> list:
-        """Set elements or dict keys: hashed natively, so no tensor and no Python __hash__/__eq__."""
-        from .operators import plain_type
-        for item in items:
-            if isinstance(item, Proxy):
-                raise GraphBreak("a tensor used as a set element or dict key")
-            if not isinstance(item, NATIVE_OPERAND_TYPES) and not plain_type(type(item), operator.contains):
-                raise GraphBreak(f"a {type(item).__name__} used as a set element or dict key (its __hash__ "
-                                 "and __eq__ would run outside the trace)", HINTS["call"])
-            try:
-                hash(item)
-            except TypeError as e:  # eager's own error: unhashable type
-                raise RaisedError(e, "an unhashable set element or dict key") from None
-        return items
-
     def op_BINARY_SUBSCR(self, inst: dis.Instruction) -> None:
         index = self.pop()
         container = self.pop()
@@ -634,13 +619,6 @@ class StopCapture(Exception):
     def __init__(self, frame: Frame):
         super().__init__("stop")
         self.frame = frame
-
-
-class Suspend(Exception):
-    """A generator's frame yielded `value` (and stays suspended after the YIELD_VALUE)."""
-
-    def __init__(self, value: Any):
-        self.value = value
 
 
 class _Return(Exception):

@@ -31,6 +31,13 @@ def stop_iteration(value: Any = None) -> RaisedError:
     return RaisedError(exc, "the iterator is exhausted (StopIteration)")
 
 
+class Suspend(Exception):
+    """A generator's frame yielded `value` (and stays suspended after the YIELD_VALUE)."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
 class SymIter:
     """An iterator made inside compiled code. `advance(frame)` returns the next item or `_STOP`."""
 
@@ -196,7 +203,6 @@ class GeneratorValue(SymIter):
 
     def resume(self, value: Any, exc: BaseException | None) -> Any:
         """Run the frame to its next yield (the yielded value) or its return (`_STOP`)."""
-        from .frame import Suspend
         if self.finished:
             return _STOP
         if self.running:

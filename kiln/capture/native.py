@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from .resume import _read_varint, _write_varint
+from .resume import _write_varint, exception_entries
 
 _OP = dis.opmap
 _CACHES = dis._inline_cache_entries  # type: ignore[attr-defined]
@@ -285,16 +285,8 @@ def _final_line(code: types.CodeType) -> int:
 
 def _handlers(code: types.CodeType) -> list[tuple[int, int, int, int]]:
     """(start unit, end unit, target unit, depth << 1 | lasti) of the exception table."""
-    table = code.co_exceptiontable
-    out = []
-    i = 0
-    while i < len(table):
-        start, i = _read_varint(table, i)
-        length, i = _read_varint(table, i)
-        target, i = _read_varint(table, i)
-        depth_lasti, i = _read_varint(table, i)
-        out.append((start, start + length, target, depth_lasti))
-    return out
+    return [(start, start + length, target, dl)
+            for start, length, target, dl in exception_entries(code.co_exceptiontable)]
 
 
 def routed_code(code: types.CodeType, router: Router) -> types.CodeType:

@@ -130,6 +130,21 @@ class OperatorOps:
         except Exception as e:
             raise symbolic_break(e, f"operator {fn.__name__}", not has_proxy(args)) from None
 
+    def native_items(self, items: list) -> list:
+        """Set elements or dict keys: hashed natively, so no tensor and no Python __hash__/__eq__."""
+        from .frame import NATIVE_OPERAND_TYPES
+        for item in items:
+            if isinstance(item, Proxy):
+                raise GraphBreak("a tensor used as a set element or dict key")
+            if not isinstance(item, NATIVE_OPERAND_TYPES) and not plain_type(type(item), operator.contains):
+                raise GraphBreak(f"a {type(item).__name__} used as a set element or dict key (its __hash__ "
+                                 "and __eq__ would run outside the trace)", HINTS["call"])
+            try:
+                hash(item)
+            except TypeError as e:  # eager's own error: unhashable type
+                raise RaisedError(e, "an unhashable set element or dict key") from None
+        return items
+
     # ---- dunder dispatch for user objects ----
     def _try_dunder(self, obj: Any, name: str, other: Any) -> Any:
         """obj.<name>(other): inlined when it is Python, run natively for a C slot, NotImplemented if none."""

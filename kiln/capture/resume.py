@@ -194,14 +194,22 @@ def _write_varint(value: int, first: bool) -> bytes:
     return bytes(out)
 
 
-def _shift_exception_table(table: bytes, units: int) -> bytes:
-    out = bytearray()
+def exception_entries(table: bytes) -> list[tuple[int, int, int, int]]:
+    """The raw entries of a 3.11 exception table: (start, length, target, depth << 1 | lasti), in units."""
+    out = []
     i = 0
     while i < len(table):
         start, i = _read_varint(table, i)
         length, i = _read_varint(table, i)
         target, i = _read_varint(table, i)
         depth_lasti, i = _read_varint(table, i)
+        out.append((start, length, target, depth_lasti))
+    return out
+
+
+def _shift_exception_table(table: bytes, units: int) -> bytes:
+    out = bytearray()
+    for start, length, target, depth_lasti in exception_entries(table):
         out += _write_varint(start + units, True) + _write_varint(length, False)
         out += _write_varint(target + units, False) + _write_varint(depth_lasti, False)
     return bytes(out)

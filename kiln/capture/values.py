@@ -46,6 +46,17 @@ class NativeCall:
         return f"NativeCall({self.name})"
 
 
+def _bind(static: Any, obj: Any, cls: type) -> Any:
+    """A function, staticmethod or classmethod found on obj's class, as `obj.name` gives it (else MISSING)."""
+    if isinstance(static, types.FunctionType):
+        return types.MethodType(static, obj)
+    if isinstance(static, staticmethod):
+        return static.__func__
+    if isinstance(static, classmethod):
+        return types.MethodType(static.__func__, cls)
+    return MISSING
+
+
 def class_lookup(cls: type, name: str) -> Any:
     for klass in cls.__mro__:
         if name in klass.__dict__:
@@ -119,13 +130,8 @@ class ValueOps:
         if static is not MISSING and any(cap.read_attr_overlay(k, name) is static for k in cls.__mro__) and \
                 name not in (getattr(obj, "__dict__", None) or {}):
             # written by this capture (`Cls.count += 1`, `Cls.method = fn`): the new value, unguarded
-            if isinstance(static, types.FunctionType):
-                return types.MethodType(static, obj)
-            if isinstance(static, staticmethod):
-                return static.__func__
-            if isinstance(static, classmethod):
-                return types.MethodType(static.__func__, cls)
-            return static
+            bound = _bind(static, obj, cls)
+            return static if bound is MISSING else bound
         if isinstance(static, property):
             if static.fget is None:
                 raise NoAttribute(f"property {name!r} of {cls.__name__} has no getter")
@@ -151,12 +157,9 @@ class ValueOps:
             value = inst_dict[name]
             return cap.wrap(value, src.attr(name)) if src is not None else value
         if static is not MISSING:
-            if isinstance(static, types.FunctionType):
-                return types.MethodType(static, obj)
-            if isinstance(static, staticmethod):
-                return static.__func__
-            if isinstance(static, classmethod):
-                return types.MethodType(static.__func__, cls)
+            bound = _bind(static, obj, cls)
+            if bound is not MISSING:
+                return bound
             if hasattr(static, "__get__") and not isinstance(static, type):
                 getter = class_lookup(type(static), "__get__")
                 if isinstance(getter, types.FunctionType):
