@@ -18,6 +18,7 @@ from .capture import cache as _cache
 from .capture.cache import CompiledFunction, warn_once
 from .capture.entry import NO_SELF
 from .capture.errors import GraphBreakError
+from .counters import counters
 from .counters import reset as _reset_counters
 
 __all__ = ["compile", "explain", "reset", "register_backend", "GraphBreakError", "CompiledModule",
@@ -225,6 +226,8 @@ class ExplainReport:
                 lines.append(f"      hint: {brk.hint}")
         for frame in self.frames_run_natively:
             lines.append(f"  frame run natively (its calls are still captured): {frame}")
+        for callee in getattr(self, "native_callees", ()):
+            lines.append(f"  callee run natively: {callee}")
         for i, ops in enumerate(self.ops_per_graph):
             total = sum(ops.values())
             detail = ", ".join(f"{k} x{v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])[:8])
@@ -254,10 +257,12 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
     compiled = CompiledFunction(fn, lookup_backend("eager"), bound_self=bound_self, family=object())
     recorded: list = []
     _cache._RECORDING.append(recorded)
+    before = dict(counters["callees_run_natively"])
     try:
         compiled(*args, **kwargs)
     finally:
         _cache._RECORDING.remove(recorded)
+    native_callees = [k for k, v in counters["callees_run_natively"].items() if v > before.get(k, 0)]
     graphs, breaks, guards, ops, fallbacks = [], [], [], [], []
     for entry in recorded:
         guards.append(entry.guards)
@@ -269,5 +274,6 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
             fallbacks.append({n.target_name(): 1 for n in entry.graph.fallbacks()
                               if n.target is not torch._C._set_grad_enabled})
     report = ExplainReport(graphs, breaks, guards, ops, fallbacks)
+    report.native_callees = native_callees
     print(report)
     return report

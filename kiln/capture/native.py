@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from ..counters import counters
 from .resume import _write_varint, exception_entries
 
 _OP = dis.opmap
@@ -80,8 +81,9 @@ class Router:
 
 def _user_file(code: types.CodeType) -> bool:
     name = code.co_filename
+    # code made by exec or a notebook (`<ipython-input-...>`) is the user's; kiln's entries are not
     return not (name.startswith(_TORCH_DIR) or name.startswith(_STDLIB_DIRS) or name.startswith(_KILN_DIR)
-                or name.startswith("<"))
+                or name.startswith(("<kiln", "<frozen")))
 
 
 MAX_CLOSURES = 4
@@ -98,6 +100,8 @@ def _few_closures(fn: types.FunctionType) -> bool:
     if key in seen:
         return True
     if len(seen) >= MAX_CLOSURES:
+        counters["callees_run_natively"][f"{fn.__qualname__} ({fn.__code__.co_filename}:"
+                                         f"{fn.__code__.co_firstlineno}): a new closure on every call"] += 1
         return False
     seen.add(key)
     return True

@@ -135,6 +135,9 @@ def test_fresh_closures_stop_being_captured():
         torch.testing.assert_close(compiled(X), f(X))
     graphs = sum(1 for e in all_entries(compiled) if e.graph is not None and e.ops)
     assert graphs <= 4
+    assert any("a new closure on every call" in k for k in kiln.counters["callees_run_natively"])
+    report = kiln.explain(f, X)  # counted and shown: the callee that is no longer captured
+    assert report.native_callees and "callee run natively" in str(report)
 
 
 class _RouteEverything(Router):
