@@ -1,4 +1,8 @@
-"""Print a Graph as a runnable Python function, with shapes and dtypes in comments."""
+"""Print a Graph as a runnable Python function, with shapes and dtypes in comments.
+
+Graph.python_code calls into this module, so it reads a graph through its attributes (nodes, placeholders,
+mutated_inputs, output_value) and does not import kiln.graph.graph.
+"""
 from __future__ import annotations
 
 import math
@@ -7,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .graph import Graph, Node, meta_text, nan_safe_repr, torch_name
+from .node import Node, meta_text, nan_safe_repr, torch_name
 
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.memory_format, torch.layout)
 
@@ -76,7 +80,7 @@ class _Emitter:
         return self.hold(node.target, "fn")
 
 
-def python_code(graph: Graph, header: str | None = None) -> tuple[str, dict[str, Any]]:
+def python_code(graph: Any, header: str | None = None) -> tuple[str, dict[str, Any]]:
     em = _Emitter()
     lines: list[str] = []
     if header:
@@ -107,7 +111,8 @@ def python_code(graph: Graph, header: str | None = None) -> tuple[str, dict[str,
             rhs = f"{em.target(node)}({', '.join(args)})"
         lines.append(f"    {node.name} = {rhs}{comment}")
     for name, node in graph.mutated_inputs.items():
-        lines.append(f"    if {node.name} is not {name}:  # input {name} is mutated (unless updated in place)")
+        lines.append(f"    if {node.name} is not {name}:"
+                     f"  # input {name} is mutated (unless updated in place)")
         lines.append(f"        {name}.copy_({node.name})")
     if graph.nodes and graph.nodes[-1].op == "output":
         lines.append(f"    return {em.value(graph.output_value)}")
@@ -118,7 +123,7 @@ def python_code(graph: Graph, header: str | None = None) -> tuple[str, dict[str,
     return "\n".join(lines) + "\n", em.globals
 
 
-def compile_python(graph: Graph) -> Any:
+def compile_python(graph: Any) -> Any:
     """The graph's printed source, executed: a Python function computing the graph."""
     source, env = python_code(graph)
     code = compile(source, f"<kiln graph {graph.name}>", "exec")
@@ -126,7 +131,7 @@ def compile_python(graph: Graph) -> Any:
     return env[graph.name]
 
 
-def count_ops(graph: Graph) -> dict[str, int]:
+def count_ops(graph: Any) -> dict[str, int]:
     """How many nodes call each target, by printed name."""
     counts: dict[str, int] = {}
     for node in graph.nodes:
