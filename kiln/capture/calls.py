@@ -479,7 +479,6 @@ class CallOps:
 
     # ---- inlining ----
     def inline(self, fn: types.FunctionType, args: list, kwargs: dict) -> Any:
-        from .interpreter import Interpreter
         code = fn.__code__
         if code.co_flags & (0x80 | 0x100 | 0x200):  # coroutine, iterable coroutine, async generator
             raise GraphBreak(f"call to async function {fn.__qualname__}")
@@ -495,7 +494,8 @@ class CallOps:
         for name in code.co_varnames[code.co_argcount + code.co_kwonlyargcount:][:2]:
             if isinstance(bound.get(name), dict):
                 cap.new_local(bound[name])
-        frame = Interpreter(cap, code, fn, bound, fn.__globals__, parent=self)
+        # the callee runs in a frame of this frame's class (the Interpreter that mixes these handlers in)
+        frame = type(self)(cap, code, fn, bound, fn.__globals__, parent=self)
         if frame.is_generator:
             gen = GeneratorValue(frame, fn, args, kwargs)  # runs as its consumer advances it
             cap.generators.append(gen)
