@@ -13,13 +13,14 @@ from typing import Any, Callable
 
 import torch
 
-from .backends import lookup_backend, register_backend
+from .backends import compiler_for, register_backend
 from .capture import cache as _cache
-from .capture.cache import CompiledFunction, warn_once
+from .capture.cache import CompiledFunction, recording, warn_once
 from .capture.entry import NO_SELF
 from .capture.errors import GraphBreakError
 from .counters import counters
 from .counters import reset as _reset_counters
+from .graph.pipeline import FUEL, CompileContext
 
 __all__ = ["compile", "explain", "reset", "register_backend", "GraphBreakError", "CompiledModule",
            "ExplainReport"]
@@ -40,12 +41,11 @@ def compile(model: Any = None, *, backend: Any = "auto", fullgraph: bool = False
             return compile(fn, backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode,
                            options=options, disable=disable)
         return decorate
-    options = dict(options or {})
-    raise_on_error = bool(options.pop("raise_on_error", False))
     if isinstance(model, torch.nn.Module):
         if disable:
             return model
-        return CompiledModule(model, backend=backend, fullgraph=fullgraph, raise_on_error=raise_on_error)
+        return CompiledModule(model, backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode,
+                              options=options)
     if not callable(model):
         raise TypeError(f"kiln.compile expects a function, method or nn.Module, got a "
                         f"{type(model).__name__} ({model!r:.60})")
@@ -55,7 +55,8 @@ def compile(model: Any = None, *, backend: Any = "auto", fullgraph: bool = False
         warn_once("python", f"kiln captures CPython {_SUPPORTED_PYTHON[0]}.{_SUPPORTED_PYTHON[1]} bytecode; "
                   f"on Python {sys.version_info[0]}.{sys.version_info[1]} compiled code runs eagerly")
         return model
-    backend_fn = lookup_backend(backend)
+    context = CompileContext.from_compile(mode=mode, dynamic=dynamic, fullgraph=fullgraph, options=options)
+    compiler = compiler_for(backend, context)
     fn, bound_self = _unwrap(model)
     if fn is None:
         warn_once(f"c:{id(model)}", f"kiln.compile: {getattr(model, '__qualname__', model)!r} is not Python "
@@ -66,7 +67,7 @@ def compile(model: Any = None, *, backend: Any = "auto", fullgraph: bool = False
         kind = "a generator" if flags & 0x20 else "a coroutine or async generator"
         warn_once(f"gen:{id(fn)}", f"kiln.compile: {fn.__qualname__} is {kind} function; it runs eagerly")
         return model
-    return CompiledFunction(fn, backend_fn, fullgraph=fullgraph, raise_on_error=raise_on_error,
+    return CompiledFunction(fn, compiler, fullgraph=fullgraph, raise_on_error=context.raise_on_error,
                             bound_self=bound_self)
 
 
@@ -90,13 +91,13 @@ class CompiledModule(torch.nn.Module):
     buffers, state_dict, train()/eval() and attribute access are the original module's."""
 
     def __init__(self, module: torch.nn.Module, backend: Any = "auto", fullgraph: bool = False,
-                 raise_on_error: bool = False):
+                 dynamic: Any = None, mode: str | None = None, options: dict | None = None):
         super().__init__()
         self.__dict__.pop("training", None)  # read through to the original module
         object.__setattr__(self, "_orig_mod", module)
         object.__setattr__(self, "_compiled_forward", compile(module.forward, backend=backend,
-                                                              fullgraph=fullgraph,
-                                                              options={"raise_on_error": raise_on_error}))
+                                                              fullgraph=fullgraph, dynamic=dynamic, mode=mode,
+                                                              options=options))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         mod = self._orig_mod
@@ -190,6 +191,7 @@ def reset() -> None:
     """Forget every captured graph and the counters; compiled functions capture again when called."""
     _cache.reset()
     _reset_counters()
+    FUEL.reset()
 
 
 class ExplainReport:
@@ -254,14 +256,10 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
     if fn is None:
         raise TypeError(f"kiln.explain expects Python code, got {fn_or_module!r:.60}")
     # a private cache (family) so that the report sees fresh captures of every frame
-    compiled = CompiledFunction(fn, lookup_backend("eager"), bound_self=bound_self, family=object())
-    recorded: list = []
-    _cache._RECORDING.append(recorded)
+    compiled = CompiledFunction(fn, compiler_for("eager"), bound_self=bound_self, family=object())
     before = dict(counters["callees_run_natively"])
-    try:
+    with recording() as recorded:
         compiled(*args, **kwargs)
-    finally:
-        _cache._RECORDING.remove(recorded)
     native_callees = [k for k, v in counters["callees_run_natively"].items() if v > before.get(k, 0)]
     graphs, breaks, guards, ops, fallbacks = [], [], [], [], []
     for entry in recorded:

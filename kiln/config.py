@@ -68,6 +68,10 @@ def builtin_type(default: Any) -> Callable[[str], Any]:
     return type(default)
 
 
+def flag_names() -> list[str]:
+    return sorted(_FLAGS)
+
+
 def get(name: str) -> Any:
     try:
         return _FLAGS[name].value
@@ -118,15 +122,16 @@ define("raise_on_error", False, "raise internal compile errors instead of fallin
 define("recompile_limit", 8, "recaptures of one code object before it runs eagerly")
 define("strict_decompositions", False,
        "raise when a decomposition disagrees with eager instead of falling back to the torch op")
-define("fuel", -1, "optimization fuel: stop fusing after this many fusions (-1: unlimited)")
+define("fuel", -1, "optimization fuel: allow this many optimizing decisions (fusions, rewrites, in-place "
+       "writes) in this process, then refuse the rest (-1: unlimited); bisects a miscompile to one decision")
 define("cxx", "g++", "C++ compiler used by the cpp backend", type=str)
 define("memory_order", True, "cpp backend: order kernels to keep peak memory low")
 define("cpp_in_place", True, "cpp backend: a pointwise kernel may write over the buffer it last reads")
 
 
 # ---- log channels ----------------------------------------------------------------------------------------
-CHANNELS = ("capture", "guards", "recompiles", "breaks", "graph", "prims", "fusion", "kernels", "cache",
-            "bench")
+CHANNELS = ("capture", "guards", "recompiles", "breaks", "graph", "prims", "passes", "fusion", "kernels",
+            "cache", "bench")
 _handler: logging.Handler | None = None
 
 

@@ -10,12 +10,13 @@ from typing import Any, Callable
 import torch
 
 from ..graph import Graph, flatten
+from ..graph.pipeline import CompileContext
 from . import eager, lookup_backend, register_backend
 
 
 @register_backend("auto")
-def auto(graph: Graph, example_inputs: list) -> Callable[..., Any]:
+def auto(graph: Graph, example_inputs: list, context: CompileContext | None = None) -> Callable[..., Any]:
     tensors = [t for t in flatten(example_inputs) if isinstance(t, torch.Tensor)]
     if all(t.device.type == "cpu" for t in tensors):
-        return lookup_backend("cpp")(graph, example_inputs)
-    return eager(graph, example_inputs)
+        return lookup_backend("cpp")(graph, example_inputs, context)
+    return eager(graph, example_inputs, context)

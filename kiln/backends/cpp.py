@@ -1,10 +1,13 @@
 """Backend `cpp`: prims → loop IR → fused kernels → C++ (OpenMP, SIMD) → one shared object per graph.
 
-`compile_graph(graph, example_inputs)` returns a `CompiledGraph` (its loop IR, schedule, plan, C++ and
-wrapper source are kept for tests and dumps). The registered backend falls back to running the graph with
-torch when the graph cannot be compiled (no compiler, an unsupported dtype, an internal error) — with a
-warning, or raising when `raise_on_error` is set. Inputs whose strides, shapes or dtypes differ from the
-examples run on the fallback too: the kernels bake the examples' layouts into their index arithmetic.
+The backend is its pass list, `PASSES`, run by `kiln.graph.pipeline.run_pipeline` over the C++ `Target`
+(`kiln.codegen.cpp.CPP_TARGET`). `compile_graph(graph, example_inputs, context)` returns a
+`CompiledGraph` (its loop IR, schedule, plan, C++ and wrapper source and each pass's time are kept for
+tests and dumps). The registered backend falls back to running the graph with torch when the graph cannot
+be compiled (no compiler, an unsupported dtype, an internal error) — with a warning, or raising when the
+compile asked for it (`options={"raise_on_error": True}`, `fullgraph=True`, or the flag). Inputs whose
+strides, shapes or dtypes differ from the examples run on the fallback too: the kernels bake the examples'
+layouts into their index arithmetic.
 """
 from __future__ import annotations
 
@@ -18,14 +21,22 @@ from typing import Any, Callable
 import torch
 
 from .. import config
+from ..codegen.cpp import CPP_TARGET, segment_source
+from ..codegen.header import header_for
+from ..codegen.wrapper import load_entry, wrapper_source
 from ..counters import counters
-from ..graph import Graph, flatten, run, to_prims
+from ..graph import Graph, cse, dce, flatten, run, to_prims, verify
+from ..graph.pipeline import CompileContext, CompileState, Pass, run_pipeline
 from ..lower import lower
 from ..lower.ir import LoopGraph
 from ..lower.patterns import fold_bias_into_mm
+from ..lower.target import Target
+from ..lower.verify import verify_loop
+from ..runtime import build
 from ..schedule.fusion import FusedGroup, fuse
 from ..schedule.memory import Plan, Segment, plan
 from ..schedule.order import order
+from ..schedule.verify import verify_plan, verify_schedule
 from . import register_backend
 
 log = config.channel("kernels")
@@ -36,7 +47,7 @@ class CompiledGraph:
     """A graph compiled by the cpp backend; call it with the graph's inputs."""
 
     def __init__(self, graph: Graph, loop: LoopGraph, schedule: list, memory: Plan, cpp_source: str,
-                 wrapper: str, call: Callable[..., Any]):
+                 wrapper: str, call: Callable[..., Any], records: list | None = None):
         self.graph = graph
         self.loop = loop
         self.schedule = schedule
@@ -44,6 +55,7 @@ class CompiledGraph:
         self.cpp_source = cpp_source
         self.wrapper_source = wrapper
         self.call = call
+        self.records = records or []  # each pass: name, ms (and its IR dump with a debug dir)
 
     @property
     def kernels(self) -> list[FusedGroup]:
@@ -65,64 +77,136 @@ class CompiledGraph:
         return self.call(*inputs)
 
 
-def compile_graph(graph: Graph, example_inputs: list) -> CompiledGraph:
-    """Compile a torch-level (or prim) graph for CPU tensors; raises on anything it cannot handle."""
-    from ..codegen.cpp import segment_source
-    from ..codegen.header import header_for
-    from ..codegen.wrapper import load_entry, wrapper_source
-    from ..runtime import build
+# ---- the passes ------------------------------------------------------------------------------------------
 
-    start = time.perf_counter()
-    for t in flatten(example_inputs):
+def _graph_text(state: CompileState) -> str:
+    return state.prim_graph.python_code(f"prim graph of {state.graph.name}")[0]
+
+
+def _loop_text(state: CompileState) -> str:
+    from ..lower.printer import loop_python
+    return loop_python(state.loop)
+
+
+def _schedule_text(state: CompileState) -> str:
+    from ..schedule.printer import schedule_python
+    return schedule_python(state.loop, state.schedule)
+
+
+def _plan_text(state: CompileState) -> str:
+    lines = [f"# memory plan of {state.loop.name}: {state.plan.allocations()} allocations, peak "
+             f"{state.plan.peak_bytes(state.loop)} bytes"]
+    for step in state.plan.steps:
+        what = step.node.name if isinstance(step.node, Segment) else f"{step.node.kind} {step.node.target_name}"
+        allocs = ", ".join(n if r is None else f"{n}<-{r}" for n, r in step.allocs)
+        lines.append(f"# {what}: alloc [{allocs}] free [{', '.join(step.frees)}]")
+    return "\n".join(lines)
+
+
+def _to_prims(state: CompileState, ctx: CompileContext) -> None:
+    for t in flatten(state.example_inputs):
         if isinstance(t, torch.Tensor) and t.device.type != "cpu":
             raise NotImplementedError(f"cpp backend: input on {t.device}")
-    prim_graph = to_prims(graph)
-    loop = lower(prim_graph)
-    fold_bias_into_mm(loop)
-    # Printing loop IR is slow (sympy): only for a debug dump or the fusion log.
-    dump = bool(config.get("debug_dir"))
-    explain = fusion_log.isEnabledFor(logging.DEBUG)
-    before = loop.describe(f"loop IR of {graph.name} before fusion") if dump else ""
-    schedule = order(loop, fuse(loop))
-    memory = plan(loop, schedule)
-    parts = []
-    for step in memory.steps:
+    state.prim_graph = to_prims(state.graph)
+
+
+def _dce(state: CompileState, ctx: CompileContext) -> None:
+    state.prim_graph = dce(state.prim_graph)
+
+
+def _cse(state: CompileState, ctx: CompileContext) -> None:
+    state.prim_graph = cse(state.prim_graph)
+
+
+def _lower(state: CompileState, ctx: CompileContext) -> None:
+    state.loop = lower(state.prim_graph, state.target)
+
+
+def _fold_bias(state: CompileState, ctx: CompileContext) -> None:
+    fold_bias_into_mm(state.loop)
+
+
+def _fuse(state: CompileState, ctx: CompileContext) -> None:
+    state.schedule = fuse(state.loop, state.target)
+
+
+def _order(state: CompileState, ctx: CompileContext) -> None:
+    state.schedule = order(state.loop, state.schedule, state.target, enabled=ctx.flag("memory_order"))
+
+
+def _plan(state: CompileState, ctx: CompileContext) -> None:
+    state.plan = plan(state.loop, state.schedule, state.target, in_place=ctx.flag("cpp_in_place"))
+
+
+def _codegen(state: CompileState, ctx: CompileContext) -> None:
+    loop, parts = state.loop, []
+    for step in state.plan.steps:
         if isinstance(step.node, Segment):
             parts.append(segment_source(f"kiln_{step.node.name}", step.node.groups, step.node.args,
-                                        loop.buffers, step.node.aliases))
-    source = "\n".join([header_for("\n".join(parts))] + parts) + "\n"
-    lib = build(source) if parts else None
+                                        loop.buffers, step.node.aliases, state.target))
+    state.cpp_source = "\n".join([header_for("\n".join(parts))] + parts) + "\n" if parts else ""
+
+
+def _build(state: CompileState, ctx: CompileContext) -> None:
+    """Compile and load the shared object (or take it from the disk cache), then the Python wrapper."""
+    graph = state.graph
+    lib = build(state.cpp_source) if state.cpp_source else None
     entries = {}
-    for step in memory.steps:
+    for step in state.plan.steps:
         if isinstance(step.node, Segment):
             entries[step.node.name] = load_entry(lib, f"kiln_{step.node.name}", len(step.node.args))
 
     def fallback(*inputs: Any) -> Any:
         counters["cpp"]["input layout changed: ran the graph with torch"] += 1
         return run(graph, inputs, torch_level=True)
-    wrapper, env = wrapper_source(loop, memory, entries, fallback)
-    code = compile(wrapper, f"<kiln cpp wrapper {graph.name}>", "exec")
-    exec(code, env)
-    call = env["kiln_call"]
-    if dump or explain:
-        after = "\n".join([f"# loop IR of {graph.name} after fusion"] +
-                          [s.describe() for s in schedule])
+    state.wrapper_source, env = wrapper_source(state.loop, state.plan, entries, fallback)
+    exec(compile(state.wrapper_source, f"<kiln cpp wrapper {graph.name}>", "exec"), env)
+    state.call = env["kiln_call"]
+
+
+def _wrapper_text(state: CompileState) -> str:
+    return state.wrapper_source
+
+
+PASSES = [
+    Pass("to_prims", _to_prims, _graph_text, lambda s: verify(s.prim_graph, after="to_prims")),
+    Pass("dce", _dce, _graph_text, lambda s: verify(s.prim_graph, after="dce")),
+    Pass("cse", _cse, _graph_text, lambda s: verify(s.prim_graph, after="cse")),
+    Pass("lower", _lower, _loop_text, lambda s: verify_loop(s.loop)),
+    Pass("fold_bias", _fold_bias, _loop_text, lambda s: verify_loop(s.loop)),
+    Pass("fuse", _fuse, _schedule_text, lambda s: verify_schedule(s.loop, s.schedule)),
+    Pass("order", _order, _schedule_text, lambda s: verify_schedule(s.loop, s.schedule)),
+    Pass("plan", _plan, _plan_text, lambda s: verify_plan(s.loop, s.plan)),
+    Pass("codegen", _codegen),
+    Pass("build", _build, _wrapper_text),
+]
+
+
+def compile_graph(graph: Graph, example_inputs: list, context: CompileContext | None = None,
+                  target: Target = CPP_TARGET, passes: list[Pass] | None = None) -> CompiledGraph:
+    """Compile a torch-level (or prim) graph for CPU tensors; raises on anything it cannot handle."""
+    context = context or CompileContext()
+    start = time.perf_counter()
+    debug_dir = context.flag("debug_dir")
+    state = run_pipeline(f"cpp {graph.name}", passes or PASSES, CompileState(graph, example_inputs, target),
+                         context, dump=bool(debug_dir))
+    if fusion_log.isEnabledFor(logging.DEBUG):
         fusion_log.debug("%s: %d kernels, %d externs/fallbacks\n%s", graph.name,
-                         sum(isinstance(s, FusedGroup) for s in schedule),
-                         sum(not isinstance(s, FusedGroup) for s in schedule), after)
+                         sum(isinstance(s, FusedGroup) for s in state.schedule),
+                         sum(not isinstance(s, FusedGroup) for s in state.schedule),
+                         "\n".join(s.describe() for s in state.schedule))
     log.debug("compiled %s in %.3f s", graph.name, time.perf_counter() - start)
-    if dump:
-        _dump(graph, {"loop_ir_before_fusion.py": before, "loop_ir_after_fusion.py": after + "\n\n" +
-                      loop.describe(), "kernels.cpp": source, "wrapper.py": wrapper})
+    if debug_dir:
+        files = {f"{i:02d}_{r.name}.py": r.dump for i, r in enumerate(state.records) if r.dump is not None}
+        files["kernels.cpp"] = state.cpp_source
+        _dump(debug_dir, graph, files)
     counters["cpp"]["graphs compiled"] += 1
-    return CompiledGraph(graph, loop, schedule, memory, source, wrapper, call)
+    return CompiledGraph(graph, state.loop, state.schedule, state.plan, state.cpp_source, state.wrapper_source,
+                         state.call, state.records)
 
 
-def _dump(graph: Graph, files: dict[str, str]) -> None:
-    directory = config.get("debug_dir")
-    if not directory:
-        return
-    digest = hashlib.sha256(files["kernels.cpp"].encode() + files["wrapper.py"].encode()).hexdigest()[:10]
+def _dump(directory: str, graph: Graph, files: dict[str, str]) -> None:
+    digest = hashlib.sha256("".join(files.values()).encode()).hexdigest()[:10]
     path = os.path.join(directory, f"{graph.name}_{digest}")
     os.makedirs(path, exist_ok=True)
     for name, text in files.items():
@@ -131,17 +215,18 @@ def _dump(graph: Graph, files: dict[str, str]) -> None:
 
 
 @register_backend("cpp")
-def cpp(graph: Graph, example_inputs: list) -> Callable[..., Any]:
-    """Compile the graph to C++ kernels; on failure run it with torch (or raise with `raise_on_error`)."""
+def cpp(graph: Graph, example_inputs: list, context: CompileContext | None = None) -> Callable[..., Any]:
+    """Compile the graph to C++ kernels; on failure run it with torch (or raise when the compile asks to)."""
+    context = context or CompileContext()
     needs_grad = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in flatten(example_inputs))
     try:
         if needs_grad:
             raise NotImplementedError("cpp backend: inputs require grad (no autograd through kernels)")
-        return compile_graph(graph, example_inputs)
+        return compile_graph(graph, example_inputs, context)
     except Exception as e:
         # NotImplementedError: a graph the backend does not handle (a dtype, a device): not an error
-        if config.get("raise_on_error") and not isinstance(e, NotImplementedError):
+        if context.raises and not isinstance(e, NotImplementedError):
             raise
         counters["cpp"]["graphs run with torch"] += 1
         if not isinstance(e, NotImplementedError):

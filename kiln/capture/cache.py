@@ -8,18 +8,19 @@ kept failing.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import os
 import time
 import types
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
 from .. import config
 from ..counters import counters
-from ..graph import compile_python, count_ops
+from ..graph import count_ops
 from .entry import MISS, NO_SELF, make_eager_entry, make_graph_entry
 from .errors import BreakRecord, GraphBreak, GraphBreakError
 from .calls import bind_arguments, sets_state
@@ -37,27 +38,6 @@ log_guards = config.channel("guards")
 log_recompiles = config.channel("recompiles")
 log_breaks = config.channel("breaks")
 log_graph = config.channel("graph")
-
-
-def graph_compiler(backend: Callable[..., Any]) -> Callable[..., Any]:
-    """The backend, except that the plain `eager` backend runs the graph's printed Python (one generated
-    function instead of the node-by-node interpreter: the same torch calls, less per-call overhead)."""
-    from ..backends import eager, prims
-    if backend is prims:
-        def compile_prims(graph: Any, example_inputs: list) -> Callable[..., Any]:
-            return prims(graph, example_inputs)
-        compile_prims.keeps_views = True  # type: ignore[attr-defined]  # runs torch's own view ops
-        return compile_prims
-    if backend is not eager:
-        return backend
-
-    def compile_eager(graph: Any, example_inputs: list) -> Callable[..., Any]:
-        try:
-            return compile_python(graph)
-        except Exception:  # anything the printer cannot spell runs on the interpreter
-            return eager(graph, example_inputs)
-    compile_eager.keeps_views = True  # type: ignore[attr-defined]  # outputs that are views stay views
-    return compile_eager
 
 
 class CacheEntry:
@@ -129,7 +109,7 @@ class CompiledFunction:
                  raise_on_error: bool = False, bound_self: Any = NO_SELF, family: Any = None):
         self.fn = fn
         self.code = fn.__code__
-        self.backend = graph_compiler(backend)
+        self.backend = backend  # a compiler: backend(graph, example_inputs), its options bound
         self.fullgraph = fullgraph
         self.raise_on_error = raise_on_error
         self.bound_self = bound_self
@@ -333,7 +313,18 @@ class CompiledFunction:
 _RESUMES: dict[tuple, CompiledFunction] = {}
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _CALLEES: dict[tuple, CompiledFunction] = {}
-_RECORDING: list[list[CacheEntry]] = []  # kiln.explain collects the entries captured while it runs
+_RECORDING: list[list[CacheEntry]] = []  # the lists `recording()` fills
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[CacheEntry]]:
+    """`with recording() as entries:` collects every cache entry captured inside the block (kiln.explain)."""
+    entries: list[CacheEntry] = []
+    _RECORDING.append(entries)
+    try:
+        yield entries
+    finally:
+        _RECORDING.remove(entries)
 
 
 def closure_key(fn: Any) -> tuple:

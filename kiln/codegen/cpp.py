@@ -18,7 +18,18 @@ import torch
 from ..lower.index import FloorDiv, ModularIndexing, index_bounds, simplify_index
 from ..lower.ir import Buffer, ComputedBuffer, Reduction
 from ..lower.ops import Handler
-from ..schedule.fusion import PARALLEL_THRESHOLD, FusedGroup, Member
+from ..lower.target import ALL_DTYPES, LIBRARY_PRIMS, Target
+from ..schedule.fusion import FusedGroup, Member
+from ..schedule.locality import runs_parallel, splits_inner
+
+# The C++ backend's target: every dtype below computed by its own C++ type; matmul, convolution and
+# attention call torch (BLAS, oneDNN); OpenMP over the outer loops from 32768 elements (below that,
+# starting the threads costs more than it saves), over the inner loops when there are fewer than 4 outer
+# iterations; registers and per-thread scratch rows for buffers that never leave their kernel; AVX-512
+# (64-byte vectors, the alignment of stack tiles); sizes baked into the source.
+CPP_TARGET = Target("cpp", compute_dtypes=ALL_DTYPES, extern_prims=LIBRARY_PRIMS, parallel_threshold=32768,
+                    min_parallel_outer=4, local_kinds=frozenset({"scalar", "array"}), vector_bytes=64,
+                    sizes="literal")
 
 CTYPES = {torch.bfloat16: "kiln_bf16", torch.float16: "kiln_fp16", torch.float32: "float",
           torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t", torch.int16: "int16_t",
@@ -288,25 +299,24 @@ def _combine(rtype: str, acc: str, value: str, ctype: str) -> str:
 class KernelWriter:
     """Writes the C++ of the kernels of one segment."""
 
-    def __init__(self, buffers: dict[str, Buffer], pointers: dict[str, str]):
+    def __init__(self, buffers: dict[str, Buffer], pointers: dict[str, str], target: Target):
         self.buffers = buffers
         self.pointers = pointers
+        self.target = target
         self.lines: list[str] = []
 
     def emit(self, line: str, depth: int) -> None:
         self.lines.append("  " * depth + line)
 
     def kernel(self, group: FusedGroup) -> None:
-        outer_n = math.prod(group.outer)
-        inner_n = math.prod(group.inner or ())
-        if outer_n == 0:
+        if math.prod(group.outer) == 0:
             return
         self.emit(f"// {group.describe()}", 1)
         self.emit("{", 1)
-        if group.threads_split_inner():
+        if splits_inner(group, self.target):
             self.split_inner(group)
         else:
-            self.split_outer(group, outer_n * max(inner_n, 1) >= PARALLEL_THRESHOLD)
+            self.split_outer(group, runs_parallel(group, self.target))
         self.emit("}", 1)
 
     def _outer_header(self, group: FusedGroup, depth: int) -> None:
@@ -504,7 +514,7 @@ class KernelWriter:
         tile_depth = loop_depth - 1
         self.emit(f"for (int64_t rt = {lo}; rt < {hi}; rt += {STREAM_TILE}) {{", tile_depth)
         self.emit(f"const int64_t rte = kiln_imin({hi}, rt + {STREAM_TILE});", loop_depth)
-        self.emit(f"alignas(64) {ctype} kiln_tile[{STREAM_TILE}];", loop_depth)
+        self.emit(f"alignas({self.target.vector_bytes}) {ctype} kiln_tile[{STREAM_TILE}];", loop_depth)
         self.emit("#pragma omp simd", loop_depth)
         self.emit(f"for (int64_t r{d} = rt; r{d} < rte; ++r{d}) {{", loop_depth)
         value = self._body(group, member, loop_depth + 1)
@@ -635,14 +645,14 @@ def _row_major(shape: tuple) -> list[int]:
 
 
 def segment_source(entry: str, groups: list[FusedGroup], args: list[str], buffers: dict[str, Buffer],
-                   aliases: dict[str, str] | None = None) -> str:
+                   aliases: dict[str, str] | None = None, target: Target = CPP_TARGET) -> str:
     """The C++ of one `extern "C"` entry running `groups` in order; `args` name its pointer parameters.
 
     `aliases` maps a buffer written in place to the parameter (of the same dtype) it is stored through.
     """
     pointers = {name: f"p_{name}" for name in args}
     pointers.update({name: f"p_{target}" for name, target in (aliases or {}).items()})
-    writer = KernelWriter(buffers, pointers)
+    writer = KernelWriter(buffers, pointers, target)
     params = ", ".join(f"{CTYPES[buffers[n].dtype]}* __restrict__ p_{n}" for n in args)
     writer.lines.append(f'extern "C" int {entry}({params}) {{')
     for group in groups:

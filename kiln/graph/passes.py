@@ -1,11 +1,12 @@
 """Graph passes: verify, dead-code elimination, common-subexpression elimination, inlining decompositions.
 
-Each pass takes a Graph and returns a Graph (possibly the same object, changed in place); `run_passes`
-runs a flat list of them and verifies between passes when `config.verify` is on.
+Each pass takes a Graph and returns a Graph (possibly the same object, changed in place); `graph_pass`
+makes one a step of a pipeline (`kiln.graph.pipeline`), and `run_passes` runs a list of them with the
+pipeline's runner (verified between passes when `config.verify` is on).
 """
 from __future__ import annotations
 
-import time
+import struct
 from typing import Any, Callable, Sequence
 
 import torch
@@ -13,6 +14,7 @@ import torch
 from .. import config
 from .graph import Graph, Node, flatten, is_random_target, map_structure
 from .meta import TensorMeta
+from .pipeline import FUEL, CompileContext, CompileState, Pass, run_pipeline
 
 log = config.channel("graph")
 
@@ -102,9 +104,14 @@ def dce(graph: Graph) -> Graph:
 
 
 def _key(value: Any) -> Any:
-    """A hashable identity for an argument structure (nodes by identity, constants by value and type)."""
+    """A hashable identity for an argument structure (nodes by identity, constants by value and type;
+    a float by its bits, so 0.0 and -0.0 stay apart)."""
     if isinstance(value, Node):
         return ("node", id(value))
+    if isinstance(value, float):
+        return ("float", struct.pack("<d", value))
+    if isinstance(value, torch.Tensor):
+        return ("tensor", id(value))
     if isinstance(value, (tuple, list)):
         return (type(value).__name__, tuple(_key(v) for v in value))
     if isinstance(value, dict):
@@ -132,16 +139,18 @@ def cse(graph: Graph) -> Graph:
     seen: dict[Any, Node] = {}
     replaced: dict[int, Node] = {}
     kept: list[Node] = []
+    # a graph output stays its own node: eager returns distinct tensors (two equal views are two objects)
+    returned = {id(v) for v in flatten(graph.output_value) if isinstance(v, Node)}
     for node in graph.nodes:
         _replace_inputs(node, replaced)
-        pure = (node.op == "getitem"
+        pure = id(node) not in returned and (node.op == "getitem"
                 or (node.op == "call_prim" and not getattr(node.target, "side_effects", False)
                     and not getattr(node.target, "random", False))
                 or (node.op == "call_torch" and node.decomposition is not None
                     and not getattr(node.decomposition, "impure", False)))
         if pure:
             key = (node.op, id(node.target), _key(node.args), _key(node.kwargs))
-            if key in seen:
+            if key in seen and FUEL.take("cse", lambda: f"{node.name} is {seen[key].name}"):
                 replaced[id(node)] = seen[key]
                 continue
             seen[key] = node
@@ -218,20 +227,22 @@ def inline(into: Graph, sub: Graph, inputs: Sequence[Any], origin: str | None = 
     raise ValueError(f"graph {sub.name} has no output node")
 
 
-Pass = Callable[[Graph], Graph]
+def graph_pass(fn: Callable[[Graph], Graph], field: str = "graph") -> Pass:
+    """A Graph -> Graph function as a pipeline pass over `state.<field>`, printed and verified as a graph."""
+    def run_it(state: CompileState, context: CompileContext) -> None:
+        setattr(state, field, fn(getattr(state, field)))
+
+    def text(state: CompileState) -> str:
+        return getattr(state, field).python_code(f"after {fn.__name__}")[0]
+    return Pass(fn.__name__, run_it, text, lambda state: verify(getattr(state, field), after=fn.__name__))
 
 
-def run_passes(graph: Graph, passes: Sequence[Pass]) -> Graph:
-    """Run a flat list of named passes, verifying between them when config.verify is on."""
-    for p in passes:
-        start = time.perf_counter()
-        graph = p(graph)
-        if config.get("verify"):
-            verify(graph, after=p.__name__)
-        if log.isEnabledFor(10):
-            ms = (time.perf_counter() - start) * 1e3
-            log.debug("%s", graph.python_code(f"after {p.__name__} ({ms:.1f} ms)")[0])
-    return graph
+def run_passes(graph: Graph, passes: Sequence[Callable[[Graph], Graph]],
+               context: CompileContext | None = None) -> Graph:
+    """Run Graph -> Graph passes with the pipeline runner (timed; verified between passes with verify on)."""
+    state = run_pipeline(graph.name, [graph_pass(p) for p in passes], CompileState(graph, []),
+                         context or CompileContext())
+    return state.graph
 
 
 def output_metas(graph: Graph) -> list[TensorMeta | None]:

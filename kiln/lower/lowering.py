@@ -22,15 +22,12 @@ from .index import contiguous_strides, linear_index, simplify_index, unravel
 from .ir import (BufferRef, ComputedBuffer, ExternNode, InputBuffer, Layout, LoopGraph, OutputView,
                  Pointwise, Reduction, Scan, ViewRef)
 from .ops import BINARY_OPS, UNARY_OPS, CountHandler
+from .target import Target
 
 log = config.channel("fusion")
 
-# dtypes the C++ backend computes in; anything else runs as a fallback.
-SUPPORTED_DTYPES = {torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int64, torch.int32,
-                    torch.int16, torch.int8, torch.uint8, torch.bool}
 # Inline a pointwise value into each of several consumers only while it is this cheap (CountHandler units).
 INLINE_REUSE_COST = 8
-EXTERN_PRIMS = {"mm", "bmm", "convolution", "sdpa"}
 
 
 class Unlowerable(Exception):
@@ -96,13 +93,14 @@ def _non_overlapping_strides(meta: TensorMeta) -> tuple[int, ...]:
 class Lowering:
     """State of one lowering run: the loop graph being built and the value of each prim node."""
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, target: Target):
         self.graph = graph
+        self.target = target
         self.names = (f"buf{i}" for i in itertools.count())
         self.loop = LoopGraph(graph.name, [], [], [], None, [])
         self.env: dict[int, Any] = {}
         self.users: dict[Node, list[Node]] = graph.users()
-        self.aliased_by_output = _aliased_by_output(graph)
+        self.aliased_by_output = _aliased_by_output(graph, target)
 
     # -- buffers --
     def new_name(self) -> str:
@@ -183,10 +181,10 @@ class Lowering:
         self.loop.buffers[buf.name] = buf
         return _buffer_box(buf.name, buf.dtype, buf.shape, buf.layout.strides)
 
-    @staticmethod
-    def check_dtype(dtype: torch.dtype, node: Node) -> None:
-        if dtype not in SUPPORTED_DTYPES:
-            raise NotImplementedError(f"cpp backend: dtype {dtype} of {node.name} is not supported")
+    def check_dtype(self, dtype: torch.dtype, node: Node) -> None:
+        if not self.target.computes(dtype):
+            raise NotImplementedError(f"{self.target.name} backend: dtype {dtype} of {node.name} is not "
+                                      "supported")
 
     def output_value(self, value: Any) -> Any:
         if isinstance(value, Node):
@@ -209,8 +207,9 @@ class Lowering:
         if fn is None and "view" in prim.tags:
             fn = lower_view
         metas = node.meta if isinstance(node.meta, tuple) else (node.meta,)
-        supported = all(isinstance(m, TensorMeta) and m.dtype in SUPPORTED_DTYPES for m in metas)
-        if fn is not None and supported and prim.name not in EXTERN_PRIMS:
+        supported = all(isinstance(m, TensorMeta) and self.target.computes(m.dtype) for m in metas)
+        extern = prim.name in self.target.extern_prims
+        if fn is not None and supported and not extern:
             args = map_structure(lambda v: self.env[id(v)] if isinstance(v, Node) else v, node.args)
             kwargs = map_structure(lambda v: self.env[id(v)] if isinstance(v, Node) else v, node.kwargs)
             try:
@@ -222,7 +221,7 @@ class Lowering:
                         and box.cost() > INLINE_REUSE_COST:
                     box = self.realized_box(box, node.meta)
                 return box
-        kind = "extern" if prim.name in EXTERN_PRIMS else "fallback"
+        kind = "extern" if extern else "fallback"
         return self.fallback(node, prim.ref, f"prims.{prim.name}", kind)
 
     def fallback(self, node: Node, target: Any, target_name: str, kind: str) -> Any:
@@ -244,11 +243,12 @@ class Lowering:
         kwargs = map_structure(arg, node.kwargs)
         metas = node.meta if isinstance(node.meta, tuple) else (node.meta,)
         if not metas:
-            raise NotImplementedError(f"cpp backend: {target_name} returns no tensor")
+            raise NotImplementedError(f"{self.target.name} backend: {target_name} returns no tensor")
         outputs = []
         for m in metas:
             if not isinstance(m, TensorMeta):
-                raise NotImplementedError(f"cpp backend: {target_name} returns a non-tensor ({m})")
+                raise NotImplementedError(f"{self.target.name} backend: {target_name} returns a non-tensor "
+                                          f"({m})")
             self.check_dtype(m.dtype, node)
             shape = tuple(int(s) for s in m.shape)
             outputs.append(InputBuffer(self.new_name(), m.dtype, Layout(shape, _non_overlapping_strides(m))))
@@ -259,7 +259,7 @@ class Lowering:
         return boxes if isinstance(node.meta, tuple) else boxes[0]
 
 
-def _aliased_by_output(graph: Graph) -> set[int]:
+def _aliased_by_output(graph: Graph, target: Target) -> set[int]:
     """Nodes an output, or an extern's argument, reaches through view prims only. Their values live in
     buffers laid out as eager lays them out (so an output view gets eager's strides), and the views are
     passed on as strided views (an extern reads them without a copy; the kernel writing the base stays in
@@ -272,7 +272,7 @@ def _aliased_by_output(graph: Graph) -> set[int]:
         marked.add(id(node))
     for node in graph.nodes:
         runs_whole = node.op == "call_torch" or (
-            node.op == "call_prim" and (node.target.name in EXTERN_PRIMS or (
+            node.op == "call_prim" and (node.target.name in target.extern_prims or (
                 node.target.name not in LOWERINGS and "view" not in node.target.tags)))
         if runs_whole:
             for arg in node.inputs():
@@ -544,9 +544,9 @@ def lower_var(ctx: Lowering, node: Node, a: Box, dims: Any, correction: Any) -> 
     return Box(squares.shape, dtype, load)
 
 
-def lower(graph: Graph) -> LoopGraph:
-    """Lower a prim graph (from `kiln.graph.to_prims`) to the loop IR."""
-    return Lowering(graph).run()
+def lower(graph: Graph, target: Target) -> LoopGraph:
+    """Lower a prim graph (from `kiln.graph.to_prims`) to the loop IR for `target`."""
+    return Lowering(graph, target).run()
 
 
 # ---- scans ----------------------------------------------------------------------------------------------

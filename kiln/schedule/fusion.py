@@ -17,14 +17,13 @@ from typing import Any
 import sympy
 
 from .. import config
+from ..graph.pipeline import FUEL
 from ..lower.index import FloorDiv, ModularIndexing, index_var, linear_index, simplify_index
 from ..lower.ir import ComputedBuffer, ExternNode, LoopGraph, Pointwise, Reduction, Scan
 from ..lower.ops import DepsHandler
+from ..lower.target import Target
 
 log = config.channel("fusion")
-
-# Below this many elements a kernel runs on one thread (OpenMP start-up costs more than it saves).
-PARALLEL_THRESHOLD = 32768
 
 
 @dataclasses.dataclass
@@ -35,7 +34,7 @@ class Member:
 
 @dataclasses.dataclass
 class FusedGroup:
-    """One C++ kernel."""
+    """One kernel: its members run together in one loop nest over `outer`."""
 
     name: str
     outer: tuple[int, ...]
@@ -44,13 +43,6 @@ class FusedGroup:
     local: dict[str, str] = dataclasses.field(default_factory=dict)  # buffer -> "scalar" | "array"
     # a pure pointwise kernel whose dims were collapsed: its index -> the members' original index
     expand: Any = None
-
-    def threads_split_inner(self) -> bool:
-        """Split the inner loops across threads (the outer ranges are too few to feed them)."""
-        import math
-        if any(m.role == "scan" for m in self.members):
-            return False  # a scan runs its inner loop in order
-        return math.prod(self.outer) < 4 and math.prod(self.inner or ()) >= PARALLEL_THRESHOLD
 
     def outer_vars(self) -> list[sympy.Symbol]:
         return [index_var("x", d) for d in range(len(self.outer))]
@@ -180,14 +172,14 @@ def _new_group(index: int, buf: ComputedBuffer) -> FusedGroup:
     return FusedGroup(f"kernel{index}", data.ranges, None, [Member(buf, "outer")])
 
 
-def fuse(graph: LoopGraph) -> list[FusedGroup | ExternNode]:
+def fuse(graph: LoopGraph, target: Target) -> list[FusedGroup | ExternNode]:
     """The graph's nodes grouped into kernels (in an order that respects every dependency).
 
     A node joins the latest kernel it fits (vertical fusion), or an earlier one of the same segment when
     it reads nothing written after that kernel (horizontal fusion of siblings); else it starts a kernel.
+    Each fusion spends a unit of optimization fuel. What may fuse does not depend on the target today (a
+    kernel is a loop nest on every target); `target` is where a target-specific limit would come from.
     """
-    fuel = config.get("fuel")
-    fusions = 0
     schedule: list[FusedGroup | ExternNode] = []
     open_groups: list[FusedGroup] = []  # kernels since the last extern call
     for node in graph.nodes:
@@ -197,15 +189,17 @@ def fuse(graph: LoopGraph) -> list[FusedGroup | ExternNode]:
             continue
         reads = {name for name, _ in node.reads()}
         placed = None
-        if fuel < 0 or fusions < fuel:
-            for group in reversed(open_groups):
-                if _try_add(group, node):
+        for group in reversed(open_groups):
+            before = (group.outer, group.inner, list(group.members))
+            if _try_add(group, node):
+                if FUEL.take("fuse", lambda: f"fuse {node.name} into {group.name}"):
                     placed = group
-                    break
-                if reads & set(group.buffer_names()):
-                    break  # it reads this kernel's output: it cannot move before it
+                else:
+                    group.outer, group.inner, group.members = before
+                break
+            if reads & set(group.buffer_names()):
+                break  # it reads this kernel's output: it cannot move before it
         if placed is not None:
-            fusions += 1
             log.debug("fuse %s into %s", node.name, placed.describe())
             continue
         if open_groups:

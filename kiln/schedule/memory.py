@@ -16,11 +16,13 @@ import sympy
 
 from .. import config
 from ..lower.index import simplify_index
+from ..graph.pipeline import FUEL
 from ..lower.ir import ComputedBuffer, ExternNode, InputBuffer, LoopGraph, Pointwise
+from ..lower.target import Target
 from .fusion import FusedGroup
+from .locality import local_buffers
 
 log = config.channel("fusion")
-
 
 
 @dataclasses.dataclass
@@ -109,30 +111,6 @@ def _segment_reads(seg: Segment) -> list[str]:
     return list(names)
 
 
-def _localize(nodes: list, kept: set[str]) -> None:
-    """Buffers written and read only inside one kernel live in registers or per-thread scratch rows."""
-    readers: dict[str, set[int]] = {}
-    for node in nodes:
-        groups = node.groups if isinstance(node, Segment) else [node]
-        for item in groups:
-            names = [n for m in item.members for n, _ in m.buffer.reads()] if isinstance(item, FusedGroup) \
-                else item.reads()
-            for name in names:
-                readers.setdefault(name, set()).add(id(item))
-    for node in nodes:
-        if not isinstance(node, Segment):
-            continue
-        for group in node.groups:
-            if group.threads_split_inner():
-                continue
-            for member in group.members:
-                name = member.buffer.name
-                if name in kept or readers.get(name, set()) - {id(group)} or name not in readers:
-                    continue
-                group.local[name] = "array" if member.role in ("inner", "scan") else "scalar"
-                log.debug("%s stays inside %s (%s)", name, group.name, group.local[name])
-
-
 def _dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     """Each element at its own address, no gaps (a permutation of a contiguous layout), not empty."""
     expected = 1
@@ -178,8 +156,14 @@ def _in_place(graph: LoopGraph, seg: Segment, name: str, candidates: set[str]) -
     return None
 
 
-def plan(graph: LoopGraph, schedule: list[FusedGroup | ExternNode]) -> Plan:
-    """Steps with allocations and frees for the scheduled kernels of `graph`."""
+def plan(graph: LoopGraph, schedule: list[FusedGroup | ExternNode], target: Target, in_place: bool = True,
+         simulate: bool = False) -> Plan:
+    """Steps with allocations and frees for the scheduled kernels of `graph`.
+
+    `in_place`: a pointwise kernel may write over the buffer it reads last (each such write spends a unit of
+    optimization fuel, except in a `simulate`d plan, which only measures an order's peak for `order`).
+    Which buffers never leave their kernel is `locality.local_buffers`'s decision for `target`.
+    """
     nodes: list[Segment | ExternNode] = []
     for item in schedule:
         if isinstance(item, ExternNode):
@@ -200,14 +184,14 @@ def plan(graph: LoopGraph, schedule: list[FusedGroup | ExternNode]) -> Plan:
             reads.append(r)
         else:
             reads.append(node.reads())
-    _localize(nodes, kept)
-    local_all: set[str] = set()
+    local_all = local_buffers(schedule, kept, target)
     for node in nodes:
         if isinstance(node, Segment):
-            local = {name for g in node.groups for name in g.local}
-            local_all |= local
-            node.writes = [n for n in node.writes if n not in local]
-            node.args = [n for n in node.args if n not in local]
+            for group in node.groups:
+                group.local = {m.buffer.name: local_all[m.buffer.name] for m in group.members
+                               if m.buffer.name in local_all}
+            node.writes = [n for n in node.writes if n not in local_all]
+            node.args = [n for n in node.args if n not in local_all]
     last_use: dict[str, int] = {}
     for i, r in enumerate(reads):
         for name in r:
@@ -229,8 +213,11 @@ def plan(graph: LoopGraph, schedule: list[FusedGroup | ExternNode]) -> Plan:
             for name in node.writes:
                 buf = graph.buffers[name]
                 source = None
-                if config.get("cpp_in_place"):  # over an intermediate it reads last at the same index
+                if in_place:  # over an intermediate it reads last at the same index
                     source = _in_place(graph, node, name, dead - set(inplace.values()))
+                    if source is not None and not simulate and \
+                            not FUEL.take("plan", f"write {name} in place of {source}"):
+                        source = None
                 if source is not None:
                     inplace[name] = source
                     node.aliases[name] = node.aliases.get(source, source)

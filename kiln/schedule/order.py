@@ -24,8 +24,11 @@ import heapq
 import time
 
 from .. import config
+from ..graph.pipeline import FUEL
 from ..lower.ir import ExternNode, LoopGraph
+from ..lower.target import Target
 from .fusion import FusedGroup
+from .locality import local_buffers
 from .memory import plan
 
 log = config.channel("fusion")
@@ -34,8 +37,9 @@ log = config.channel("fusion")
 class _Items:
     """What the scheduler needs of each item of the schedule, by index."""
 
-    def __init__(self, graph: LoopGraph, schedule: list[FusedGroup | ExternNode]):
+    def __init__(self, graph: LoopGraph, schedule: list[FusedGroup | ExternNode], target: Target):
         self.graph = graph
+        self.target = target
         self.schedule = schedule
         self.kept = graph.kept_buffers()
         n = len(schedule)
@@ -52,14 +56,8 @@ class _Items:
             self.reads.append(list(dict.fromkeys(names)))
             for name in self.reads[i]:
                 self.readers.setdefault(name, set()).add(i)
-        # buffers living inside one kernel (memory._localize decides the same way): never allocated
-        self.local: set[str] = set()
-        for i, item in enumerate(schedule):
-            if isinstance(item, FusedGroup) and not item.threads_split_inner():
-                for name in self.writes[i]:
-                    readers = self.readers.get(name)
-                    if name not in self.kept and readers and readers <= {i}:
-                        self.local.add(name)
+        # buffers living inside one kernel: never allocated
+        self.local = set(local_buffers(schedule, self.kept, target))
         self.allocated = [[w for w in ws if w not in self.local] for ws in self.writes]
         self.nbytes = {name: graph.buffers[name].nbytes() for ws in self.allocated for name in ws}
         self.n = n
@@ -202,19 +200,22 @@ def _depth_first(items: _Items, before: list[set[int]]) -> list[int]:
 
 def _simulated_peak(items: _Items, sequence: list[int]) -> int:
     """Peak bytes of the plan `memory.plan` makes for this order."""
-    return plan(items.graph, [items.schedule[i] for i in sequence]).peak_bytes(items.graph)
+    return plan(items.graph, [items.schedule[i] for i in sequence], items.target,
+                simulate=True).peak_bytes(items.graph)
 
 
-def order(graph: LoopGraph, schedule: list[FusedGroup | ExternNode]) -> list[FusedGroup | ExternNode]:
+def order(graph: LoopGraph, schedule: list[FusedGroup | ExternNode], target: Target,
+          enabled: bool = True) -> list[FusedGroup | ExternNode]:
     """The schedule's items in an order that keeps the peak of live buffer bytes low.
 
-    Returns `schedule` itself when the flag `memory_order` is off or no order found beats program order.
+    Returns `schedule` itself when not `enabled` (the `memory_order` option) or no order found beats
+    program order. Taking a new order spends a unit of optimization fuel.
     """
-    if not config.get("memory_order") or len(schedule) < 3 or \
+    if not enabled or len(schedule) < 3 or \
             not any(isinstance(item, ExternNode) for item in schedule):
         return schedule
     start = time.perf_counter()
-    items = _Items(graph, schedule)
+    items = _Items(graph, schedule, target)
     deps = items.dependencies()
     program = list(range(items.n))
     best, best_peak, program_peak = program, 0, None
@@ -226,7 +227,8 @@ def order(graph: LoopGraph, schedule: list[FusedGroup | ExternNode]) -> list[Fus
         peak = _simulated_peak(items, sequence)
         if peak < best_peak:
             best, best_peak = sequence, peak
-    if best is program:
+    if best is program or not FUEL.take("order", f"reorder {items.n} items: peak {program_peak} -> "
+                                                 f"{best_peak} bytes"):
         return schedule
     log.debug("memory order: peak %d -> %d bytes (%d items, %.1f ms)", program_peak, best_peak, items.n,
               (time.perf_counter() - start) * 1e3)

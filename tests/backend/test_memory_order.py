@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import kiln.ops
 from kiln import config
 from kiln.backends import cpp
+from kiln.codegen.cpp import CPP_TARGET
 from kiln.graph import to_prims
 from kiln.lower import lower
 from kiln.lower.ir import ExternNode
@@ -31,9 +32,6 @@ def shared_cache(tmp_path_factory):
 @pytest.fixture
 def ordered_compile(monkeypatch):
     """compile_graph with `order` applied to the fused schedule (unless cpp.py does it already)."""
-    if not hasattr(cpp, "order"):
-        monkeypatch.setattr(cpp, "fuse", lambda loop: order(loop, fuse(loop)))
-
     def compile_fn(fn, *inputs, memory_order=True):
         with config.patch(memory_order=memory_order):
             return cpp.compile_graph(kiln.ops.trace(fn, *inputs), list(inputs))
@@ -42,16 +40,16 @@ def ordered_compile(monkeypatch):
 
 def schedules(fn, *inputs):
     """(loop graph, fused schedule, ordered schedule) of `fn`."""
-    loop = lower(to_prims(kiln.ops.trace(fn, *inputs)))
-    schedule = fuse(loop)
-    return loop, schedule, order(loop, schedule)
+    loop = lower(to_prims(kiln.ops.trace(fn, *inputs)), CPP_TARGET)
+    schedule = fuse(loop, CPP_TARGET)
+    return loop, schedule, order(loop, schedule, CPP_TARGET)
 
 
-def planned_peak(fn, *inputs, memory_order=False):
+def planned_peak(fn, *inputs, memory_order=False, in_place=True):
     """Plan.peak_bytes of `fn` in program order (or ordered), without building it."""
-    loop = lower(to_prims(kiln.ops.trace(fn, *inputs)))
-    with config.patch(memory_order=memory_order):
-        return plan(loop, order(loop, fuse(loop))).peak_bytes(loop)
+    loop = lower(to_prims(kiln.ops.trace(fn, *inputs)), CPP_TARGET)
+    schedule = order(loop, fuse(loop, CPP_TARGET), CPP_TARGET, enabled=memory_order)
+    return plan(loop, schedule, CPP_TARGET, in_place=in_place).peak_bytes(loop)
 
 
 def names(item):
@@ -121,8 +119,7 @@ def test_peak_bytes_counts_in_place_writes_once(ordered_compile):
     c = ordered_compile(fn, x)
     assert c.plan.steps[0].inplace, c.wrapper_source
     assert c.plan.peak_bytes(c.loop) == 64 * 48 * 4 + 2 * 48 * 4  # one [64, 48] block and the two sums
-    with config.patch(cpp_in_place=False):
-        assert planned_peak(fn, x) == 3 * 64 * 48 * 4 + 2 * 48 * 4
+    assert planned_peak(fn, x, in_place=False) == 3 * 64 * 48 * 4 + 2 * 48 * 4
     torch.testing.assert_close(c(x), fn(x))
 
 
@@ -135,7 +132,7 @@ def test_good_program_order_is_kept():
         h = F.gelu(h @ w1)
         return torch.softmax(h @ w2, -1)
     loop, schedule, ordered = schedules(mlp, x, w1, w2)
-    assert ordered is schedule and [s.name for s in schedule] == [s.name for s in fuse(loop)]
+    assert ordered is schedule and [s.name for s in schedule] == [s.name for s in fuse(loop, CPP_TARGET)]
 
     def branches(x, w1, w2):
         a = (x @ w1).relu().sum(0)  # each product is reduced before the next is made
@@ -144,15 +141,14 @@ def test_good_program_order_is_kept():
     loop, schedule, ordered = schedules(branches, x, w1, w2)
     assert ordered is schedule
     # the greedy order runs the smaller product first: no lower peak, so program order stays
-    items = _Items(loop, schedule)
+    items = _Items(loop, schedule, CPP_TARGET)
     assert _greedy(items, items.dependencies()) == [2, 3, 0, 1]
 
 
 def test_flag_off_returns_the_schedule():
     loop, schedule, _ = schedules(three_products, *three_product_inputs())
-    assert order(loop, schedule) is not schedule
-    with config.patch(memory_order=False):
-        assert order(loop, schedule) is schedule
+    assert order(loop, schedule, CPP_TARGET) is not schedule
+    assert order(loop, schedule, CPP_TARGET, enabled=False) is schedule
 
 
 def random_ops(x, w1, w2):

@@ -6,6 +6,7 @@ import torch
 
 import kiln.ops
 from kiln import config, prims
+from kiln.graph.pipeline import PassVerifyError
 from kiln.graph import (Graph, GraphVerifyError, Node, TensorMeta, count_ops, cse, dce, run, run_passes,
                         to_prims, verify)
 from kiln.prims import Prim
@@ -200,5 +201,5 @@ def test_run_passes_verifies_between_passes():
     graph, *_ = _small_graph()
     assert run_passes(graph, [dce, cse]) is graph
     with config.patch(verify=True):
-        with pytest.raises(GraphVerifyError, match="after pass broken"):
+        with pytest.raises(PassVerifyError, match="after pass broken"):
             run_passes(_small_graph()[0], [dce, broken])

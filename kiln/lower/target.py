@@ -1,0 +1,44 @@
+"""A `Target`: what one backend's hardware and code emitter can do, passed to lower, schedule and codegen.
+
+The stages below capture are shared by every backend; what differs between C++ on a CPU and Triton on a GPU
+(which dtypes kernels compute in, which prims run as library calls, when a kernel runs in parallel and how,
+what may stay inside a kernel instead of in memory, the vector width, how sizes reach kernels) is data here,
+never a constant of a stage. A backend declares its Target next to its code emitter (the C++ one is
+`kiln.codegen.cpp.CPP_TARGET`).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    name: str
+    # dtypes its kernels compute in; a value of any other dtype runs as a fallback (torch)
+    compute_dtypes: frozenset[torch.dtype]
+    # prims run as whole-tensor library calls (BLAS, convolution, attention) instead of being lowered
+    extern_prims: frozenset[str]
+    # a kernel over fewer elements than this runs on one thread (starting threads costs more)
+    parallel_threshold: int
+    # a kernel with fewer outer iterations than this splits its inner loops across threads instead
+    min_parallel_outer: int
+    # what a buffer written and read only inside one kernel may become: "scalar" (a register holding the
+    # current outer iteration's value), "array" (a per-thread scratch row); empty: everything in memory
+    local_kinds: frozenset[str]
+    # bytes of one SIMD register (the inner loop's vector width is this over the element size)
+    vector_bytes: int
+    # how sizes reach kernels: "literal" (baked into the source as constants) or "argument" (int64 params)
+    sizes: str = "literal"
+
+    def computes(self, dtype: torch.dtype) -> bool:
+        return dtype in self.compute_dtypes
+
+    def vector_width(self, dtype: torch.dtype) -> int:
+        return max(1, self.vector_bytes // dtype.itemsize)
+
+
+ALL_DTYPES = frozenset({torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int64, torch.int32,
+                        torch.int16, torch.int8, torch.uint8, torch.bool})
+LIBRARY_PRIMS = frozenset({"mm", "bmm", "convolution", "sdpa"})

@@ -1,0 +1,54 @@
+"""Where a kernel's buffers live: one pure rule, used by the memory plan and by the kernel order.
+
+A buffer written by a kernel and read by no one else (not an output, not read by another kernel or an
+extern) never needs memory: it stays inside the kernel, as a register holding the current outer iteration's
+value ("scalar") or a per-thread scratch row ("array"), when the Target allows that kind. A kernel whose
+threads split its inner loops keeps everything in memory (a row is then shared between threads).
+"""
+from __future__ import annotations
+
+import math
+
+from ..lower.ir import ExternNode
+from ..lower.target import Target
+from .fusion import FusedGroup
+
+
+def splits_inner(group: FusedGroup, target: Target) -> bool:
+    """Threads split the kernel's inner loops: its outer ranges are too few to feed them."""
+    if any(m.role == "scan" for m in group.members):
+        return False  # a scan runs its inner loop in order
+    return math.prod(group.outer) < target.min_parallel_outer and \
+        math.prod(group.inner or ()) >= target.parallel_threshold
+
+
+def runs_parallel(group: FusedGroup, target: Target) -> bool:
+    """The kernel's iterations are spread over threads (it is big enough to pay for starting them)."""
+    return math.prod(group.outer) * max(math.prod(group.inner or ()), 1) >= target.parallel_threshold
+
+
+def item_reads(item: FusedGroup | ExternNode) -> list[str]:
+    """Every buffer a schedule item loads (a kernel's reads of its own members included)."""
+    if isinstance(item, FusedGroup):
+        return list(dict.fromkeys(name for m in item.members for name, _ in m.buffer.reads()))
+    return item.reads()
+
+
+def local_buffers(schedule: list[FusedGroup | ExternNode], kept: set[str], target: Target) -> dict[str, str]:
+    """Buffer -> "scalar" | "array" for each buffer that stays inside the kernel writing it."""
+    readers: dict[str, set[int]] = {}
+    for item in schedule:
+        for name in item_reads(item):
+            readers.setdefault(name, set()).add(id(item))
+    local: dict[str, str] = {}
+    for item in schedule:
+        if not isinstance(item, FusedGroup) or splits_inner(item, target):
+            continue
+        for member in item.members:
+            name = member.buffer.name
+            if name in kept or name not in readers or readers[name] - {id(item)}:
+                continue
+            kind = "array" if member.role in ("inner", "scan") else "scalar"
+            if kind in target.local_kinds:
+                local[name] = kind
+    return local
