@@ -4,21 +4,19 @@ each decomposed into prims with torch's type promotion, broadcasting and argumen
 Importing this package registers every decomposition and installs the handler that records torch calls
 on proxies.
 """
-import importlib as _importlib
-
 from .registry import (DECOMPOSITIONS, NoDecomposition, UnsupportedError, call, lookup, mark_inplace,
                        mark_view, register, symbolic_call)
 from .trace import trace
 
-# Decomposition modules, imported for their registrations.
-_MODULES = ["elementwise", "reductions", "shape", "creation", "indexing", "linalg", "nn", "nn_loss",
-            "nn_pool", "misc", "inplace"]
-for _m in _MODULES:
-    try:
-        _importlib.import_module(f"{__name__}.{_m}")
-    except ModuleNotFoundError as _e:
-        if _e.name != f"{__name__}.{_m}":
-            raise
+# Decomposition modules, imported here for their registrations; no module imports another to register it.
+# inplace comes last: it derives the in-place twin of every functional op registered before it.
+from . import elementwise, elementwise_binary, special_bessel, special_bessel_j  # noqa: E402,F401
+from . import reductions  # noqa: E402,F401
+from . import shape, getitem, shape_copies  # noqa: E402,F401
+from . import creation, indexing, linalg  # noqa: E402,F401
+from . import nn, nn_loss, nn_pool  # noqa: E402,F401
+from . import misc, selection  # noqa: E402,F401
+from . import inplace  # noqa: E402,F401
 
 __all__ = ["DECOMPOSITIONS", "NoDecomposition", "UnsupportedError", "call", "lookup", "mark_inplace",
            "mark_view", "register", "symbolic_call", "trace"]

@@ -15,9 +15,10 @@ from typing import Any, Sequence
 import torch
 
 from .. import prims
+from ..prims.registry import check
 from ..prims.shape import dense_strides_like, is_non_overlapping_and_dense
 from .registry import NoDecomposition, mark_inplace, register
-from .utils import check, is_tensor, result_type, scalar_dtype
+from .utils import is_tensor, result_type, scalar_dtype
 
 _Shape = (tuple, list, torch.Size)
 

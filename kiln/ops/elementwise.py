@@ -1,6 +1,6 @@
 """Decompositions of elementwise torch ops: unary math, rounding, classification (isnan, ...), dtype
-queries and conversions (Tensor.to, .float(), ...). Binary and ternary ops live in `elementwise_binary.py`,
-imported at the end of this module.
+queries and conversions (Tensor.to, .float(), ...). Binary and ternary ops (and square, which is pow) live
+in `elementwise_binary.py`, Bessel functions in `special_bessel*.py`; the helpers they share are in `utils`.
 
 Torch's type promotion and broadcasting come from `utils.elementwise` (dimensioned tensors > 0-d tensors >
 Python numbers; float16 computes in float32 unless eager itself rounds each step, noted where it does).
@@ -10,35 +10,16 @@ from __future__ import annotations
 
 import builtins
 import math
-import struct
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from .. import prims
 from ..graph import TensorMeta
-from .registry import NoDecomposition, register
-from .utils import (check, computation_dtype, convert, elementwise, is_float_dtype, is_tensor,
-                    result_type)
-
-
-def decomposition(*targets: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """`register`, skipping targets this torch build lacks (None) and refusing `out=` (a fallback)."""
-    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        def run(*args: Any, **kwargs: Any) -> Any:
-            if kwargs.pop("out", None) is not None:
-                raise NoDecomposition(f"{fn.__name__} with out=")
-            return fn(*args, **kwargs)
-        run.__name__ = fn.__name__
-        run.__qualname__ = fn.__qualname__
-        run.__doc__ = fn.__doc__
-        register(*targets)(run)
-        return run
-    return wrap
-
-
-def method(name: str) -> Any:
-    return getattr(torch.Tensor, name, None)
+from ..prims.registry import check
+from .registry import NoDecomposition
+from .utils import (computation_dtype, convert, decomposition, elementwise, full_like, in_dtype,
+                    is_float_dtype, is_tensor, method, refuse_complex, result_type, scalar_type_name, to_bool)
 
 
 def copy(a: Any) -> Any:
@@ -48,11 +29,6 @@ def copy(a: Any) -> Any:
 
 def dtype_of(a: Any) -> torch.dtype:
     return a.dtype if is_tensor(a) else result_type(a)
-
-
-def _refuse_complex(op: str, *args: Any) -> None:
-    if any(is_tensor(a) and a.dtype.is_complex for a in args) or any(isinstance(a, complex) for a in args):
-        raise NoDecomposition(f"{op} of complex values")
 
 
 def _refuse_bool(op: str, a: Any, what: str = "cpu") -> None:
@@ -124,19 +100,14 @@ for _prim, _name, _targets in _FLOAT_UNARY:
     _float_unary(_prim, _name, *_targets)
 
 
-def _in_dtype(value: float, dtype: torch.dtype) -> float:
-    """A Python float rounded to float32 or float64 (constants eager's kernels compute in that type)."""
-    return struct.unpack("f", struct.pack("f", value))[0] if dtype == torch.float32 else value
-
-
 def _trigamma(x: Any) -> Any:
     """Eager's scalar trigamma kernel step by step: reflection below 0.5, six recurrence steps, then the
     asymptotic series, every operation in x's dtype."""
     dtype = x.dtype
-    pi = _in_dtype(math.pi, dtype)
-    pi_squared = _in_dtype(pi * pi, dtype)
-    sixth, thirtieth, fortysecond = (_in_dtype(1 / 6, dtype), _in_dtype(1 / 30, dtype),
-                                     _in_dtype(1 / 42, dtype))
+    pi = in_dtype(math.pi, dtype)
+    pi_squared = in_dtype(pi * pi, dtype)
+    sixth, thirtieth, fortysecond = (in_dtype(1 / 6, dtype), in_dtype(1 / 30, dtype),
+                                     in_dtype(1 / 42, dtype))
     reflect = prims.lt(x, 0.5)
     sin_pi_x = prims.sin(prims.mul(x, pi))
     result = prims.where(reflect, prims.neg(prims.div(pi_squared, prims.mul(sin_pi_x, sin_pi_x))), 0.0)
@@ -160,9 +131,9 @@ def spherical_bessel_j0(input: Any) -> Any:
         raise NoDecomposition(f"spherical_bessel_j0 of {dtype} values")
     x = convert(input, dtype)
     xx = prims.mul(x, x)
-    series = _in_dtype(1.0 / 6227020800.0, dtype)
+    series = in_dtype(1.0 / 6227020800.0, dtype)
     for c in (-1.0 / 39916800.0, 1.0 / 362880.0, -1.0 / 5040.0, 1.0 / 120.0, -1.0 / 6.0):
-        series = prims.add(prims.mul(xx, series), _in_dtype(c, dtype))
+        series = prims.add(prims.mul(xx, series), in_dtype(c, dtype))
     small = prims.add(prims.mul(xx, series), 1.0)
     large = prims.div(prims.sin(x), x)
     out = prims.where(prims.lt(prims.abs(x), 0.5), small, large)
@@ -249,13 +220,13 @@ def sign(input: Any) -> Any:
 
 @decomposition(torch.sgn, method("sgn"))
 def sgn(input: Any) -> Any:
-    _refuse_complex("sgn", input)
+    refuse_complex("sgn", input)
     return sign(input)
 
 
 def _rounding(prim: Any, name: str, *targets: Any) -> None:
     def fn(input: Any) -> Any:
-        _refuse_complex(name, input)
+        refuse_complex(name, input)
         if not input.dtype.is_floating_point:
             _refuse_bool(name, input, "vml_cpu" if name == "trunc" else "cpu")
             return copy(input)
@@ -271,9 +242,9 @@ _rounding(prims.trunc, "trunc", torch.trunc, torch.fix, method("trunc"), method(
 
 @decomposition(torch.round, method("round"), torch.special.round)
 def round(input: Any, *, decimals: int = 0) -> Any:  # noqa: A001
-    _refuse_complex("round", input)
+    refuse_complex("round", input)
     if not input.dtype.is_floating_point:
-        check(decimals == 0, lambda: f"\"round_cpu\" not implemented for '{_dtype_name(input.dtype)}'",
+        check(decimals == 0, lambda: f"\"round_cpu\" not implemented for '{scalar_type_name(input.dtype)}'",
               NotImplementedError)
         _refuse_bool("round", input)
         return copy(input)
@@ -289,46 +260,29 @@ def round(input: Any, *, decimals: int = 0) -> Any:  # noqa: A001
     return convert(out, input.dtype)
 
 
-def to_compute(v: Any, dtype: torch.dtype) -> Any:
-    """An operand of an op whose result dtype is `dtype`, in the dtype the op computes in: through `dtype`
-    first (a float16 operand of a bfloat16 op rounds to bfloat16), then upcast (float16 -> float32)."""
-    return convert(convert(v, dtype), computation_dtype(dtype))
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
-            torch.uint8: "Byte", torch.bool: "Bool", torch.float32: "Float", torch.float64: "Double",
-            torch.float16: "Half", torch.bfloat16: "BFloat16"}.get(dtype, str(dtype))
-
-
 @decomposition(torch.frac, method("frac"))
 def frac(input: Any) -> Any:
     check(input.dtype.is_floating_point, lambda: f"\"frac_cpu\" not implemented for "
-          f"'{_dtype_name(input.dtype)}'", NotImplementedError)
+          f"'{scalar_type_name(input.dtype)}'", NotImplementedError)
     x = convert(input, computation_dtype(input.dtype))
     return convert(prims.sub(x, prims.trunc(x)), input.dtype)
 
 
-@decomposition(torch.square, method("square"))
-def square(input: Any) -> Any:
-    return pow(input, 2)
-
-
 @decomposition(torch.deg2rad, method("deg2rad"))
 def deg2rad(input: Any) -> Any:
-    _refuse_complex("deg2rad", input)
+    refuse_complex("deg2rad", input)
     return elementwise(prims.mul, input, math.pi / 180, promotion="int_to_float")
 
 
 @decomposition(torch.rad2deg, method("rad2deg"))
 def rad2deg(input: Any) -> Any:
-    _refuse_complex("rad2deg", input)
+    refuse_complex("rad2deg", input)
     return elementwise(prims.mul, input, 180 / math.pi, promotion="int_to_float")
 
 
 @decomposition(torch.sinc, method("sinc"), torch.special.sinc)
 def sinc(input: Any) -> Any:
-    _refuse_complex("sinc", input)
+    refuse_complex("sinc", input)
     dtype = result_type(input)
     dtype = dtype if is_float_dtype(dtype) else torch.get_default_dtype()
     x = convert(input, computation_dtype(dtype))
@@ -339,7 +293,7 @@ def sinc(input: Any) -> Any:
 
 @decomposition(torch.signbit, method("signbit"))
 def signbit(input: Any) -> Any:
-    _refuse_complex("signbit", input)
+    refuse_complex("signbit", input)
     if input.dtype == torch.bool or input.dtype == torch.uint8:
         return prims.ne(input, input)  # never negative: all False
     return prims.signbit(input)
@@ -384,14 +338,14 @@ def isneginf(input: Any) -> Any:
 
 @decomposition(torch.isreal, method("isreal"))
 def isreal(input: Any) -> Any:
-    _refuse_complex("isreal", input)
+    refuse_complex("isreal", input)
     return full_like(input, True, torch.bool)
 
 
 @decomposition(torch.nan_to_num, method("nan_to_num"))
 def nan_to_num(input: Any, nan: float | None = 0.0, posinf: float | None = None,
                neginf: float | None = None) -> Any:
-    _refuse_complex("nan_to_num", input)
+    refuse_complex("nan_to_num", input)
     if not input.dtype.is_floating_point:
         return copy(input)
     info = torch.finfo(input.dtype)
@@ -405,7 +359,7 @@ def nan_to_num(input: Any, nan: float | None = 0.0, posinf: float | None = None,
 
 @decomposition(torch.logit, method("logit"), torch.special.logit)
 def logit(input: Any, eps: float | None = None) -> Any:
-    _refuse_complex("logit", input)
+    refuse_complex("logit", input)
     dtype = input.dtype if is_float_dtype(input.dtype) else torch.get_default_dtype()
     x = convert(input, dtype)  # eager computes in the input dtype, float16 included
     if eps is not None:
@@ -415,7 +369,7 @@ def logit(input: Any, eps: float | None = None) -> Any:
 
 @decomposition(torch.angle, method("angle"))
 def angle(input: Any) -> Any:
-    _refuse_complex("angle", input)
+    refuse_complex("angle", input)
     dtype = result_type(input)
     dtype = dtype if is_float_dtype(dtype) else torch.get_default_dtype()
     x = convert(input, computation_dtype(dtype))
@@ -426,31 +380,13 @@ def angle(input: Any) -> Any:
 @decomposition(torch.bitwise_not, method("bitwise_not"), method("__invert__"))
 def bitwise_not(input: Any) -> Any:
     check(not is_float_dtype(input.dtype), lambda: f"\"bitwise_not_cpu\" not implemented for "
-          f"'{_dtype_name(input.dtype)}'", NotImplementedError)
+          f"'{scalar_type_name(input.dtype)}'", NotImplementedError)
     return prims.bitwise_not(input)
 
 
 @decomposition(torch.logical_not, method("logical_not"))
 def logical_not(input: Any) -> Any:
-    return prims.bitwise_not(_to_bool(input))
-
-
-def full_like(t: Any, value: Any, dtype: torch.dtype) -> Any:
-    """A tensor of t's shape filled with a Python number (no creation prim needed: an all-true mask)."""
-    mask = prims.convert_element_type(t, torch.bool)
-    return prims.where(prims.eq(mask, mask), convert(value, dtype), prims.convert_element_type(t, dtype))
-
-
-def materialize(*args: Any) -> list[Any]:
-    """Operands with Python numbers replaced by full tensors of the first tensor's shape and dtype."""
-    like = next(a for a in args if is_tensor(a))
-    return [a if is_tensor(a) else full_like(like, a, like.dtype) for a in args]
-
-
-def _to_bool(a: Any) -> Any:
-    if not is_tensor(a):
-        return bool(a)
-    return a if a.dtype == torch.bool else prims.ne(a, 0)
+    return prims.bitwise_not(to_bool(input))
 
 
 # ---- dtype queries and complex-only ops on real tensors ----------------------------------------------------
@@ -473,7 +409,7 @@ def is_signed(input: Any) -> bool:
 def _real_identity(name: str, *targets: Any, fresh: bool = False) -> None:
     """conj, real, resolve_conj, resolve_neg of a real tensor: the tensor itself (conj_physical: a copy)."""
     def fn(input: Any) -> Any:
-        _refuse_complex(name, input)
+        refuse_complex(name, input)
         return copy(input) if fresh else input
     fn.__name__ = name
     decomposition(*targets)(fn)
@@ -632,8 +568,3 @@ def type_(input: Any, dtype: Any = None, non_blocking: bool = False, **kwargs: A
         raise NoDecomposition("Tensor.type() without a torch.dtype")
     return _converted(input, dtype, False)
 
-
-from . import elementwise_binary  # noqa: E402,F401  (binary and ternary ops)
-from . import special_bessel  # noqa: E402,F401  (torch.special.modified_bessel_k0, ...)
-from . import special_bessel_j  # noqa: E402,F401  (torch.special.bessel_j0, ...)
-from .elementwise_binary import pow  # noqa: E402

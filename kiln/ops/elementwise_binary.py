@@ -1,7 +1,7 @@
-"""Decompositions of binary and ternary elementwise torch ops (imported by `kiln.ops.elementwise`).
+"""Decompositions of binary and ternary elementwise torch ops.
 
-Arithmetic (with reflected operators), division with rounding modes, pow, comparisons, logical and
-bitwise ops, min/max, clamp, where, lerp, addcmul/addcdiv, isclose, heaviside.
+Arithmetic (with reflected operators), division with rounding modes, pow (and square), comparisons, logical
+and bitwise ops, min/max, clamp, where, lerp, addcmul/addcdiv, isclose, heaviside.
 """
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from typing import Any
 import torch
 
 from .. import prims
-from .elementwise import (_dtype_name, _refuse_complex, _to_bool, decomposition, full_like, materialize,
-                          method, to_compute)
+from ..prims.registry import check
 from .registry import NoDecomposition
-from .utils import (broadcast, check, convert, elementwise, is_float_dtype, is_number,
-                    is_tensor, result_type)
+from .utils import (broadcast, convert, decomposition, elementwise, full_like, is_float_dtype, is_number,
+                    is_tensor, materialize, method, refuse_complex, result_type, scalar_type_name, to_bool,
+                    to_compute)
 
 
 def _check_bool_alpha(alpha: Any, *args: Any, op: str) -> None:
@@ -113,7 +113,7 @@ def div(input: Any, other: Any, *, rounding_mode: str | None = None) -> Any:
         return elementwise(prims.div, input, other, promotion="int_to_float")
     check(rounding_mode in ("trunc", "floor"), lambda: "div expected rounding_mode to be one of None, "
           f"'trunc', or 'floor' but found '{rounding_mode}'", ValueError)
-    _refuse_complex("div with rounding_mode", input, other)
+    refuse_complex("div with rounding_mode", input, other)
     dtype = result_type(input, other)
     compute = dtype  # float16 rounds its quotient to float16 before rounding it to an integer, as eager
     a, b = materialize(*broadcast(convert(input, dtype), convert(other, dtype)))
@@ -150,7 +150,7 @@ def rfloordiv(input: Any, other: Any) -> Any:
 
 @decomposition(torch.remainder, method("remainder"), method("__mod__"))
 def remainder(input: Any, other: Any) -> Any:
-    _refuse_complex("remainder", input, other)
+    refuse_complex("remainder", input, other)
     return elementwise(prims.remainder, input, other)
 
 
@@ -161,7 +161,7 @@ def rmod(input: Any, other: Any) -> Any:
 
 @decomposition(torch.fmod, method("fmod"))
 def fmod(input: Any, other: Any) -> Any:
-    _refuse_complex("fmod", input, other)
+    refuse_complex("fmod", input, other)
     return elementwise(prims.fmod, input, other)
 
 
@@ -199,6 +199,11 @@ def rpow(input: Any, other: Any) -> Any:
     return pow(other, input)
 
 
+@decomposition(torch.square, method("square"))
+def square(input: Any) -> Any:
+    return pow(input, 2)
+
+
 @decomposition(torch.float_power, method("float_power"))
 def float_power(input: Any, exponent: Any) -> Any:
     complex_ = any((is_tensor(v) and v.dtype.is_complex) or isinstance(v, complex) for v in (input, exponent))
@@ -211,7 +216,7 @@ def float_power(input: Any, exponent: Any) -> Any:
 def _float_binary(prim: Any, name: str, *targets: Any, real_only: bool = True) -> None:
     def fn(input: Any, other: Any) -> Any:
         if real_only:
-            _refuse_complex(name, input, other)
+            refuse_complex(name, input, other)
         return elementwise(prim, input, other, promotion="int_to_float")
     fn.__name__ = name
     decomposition(*targets)(fn)
@@ -227,10 +232,10 @@ _float_binary(prims.zeta, "zeta", torch.special.zeta)
 def _same_float_binary(prim: Any, name: str, *targets: Any) -> None:
     """hypot and nextafter: float inputs only (no integer promotion)."""
     def fn(input: Any, other: Any) -> Any:
-        _refuse_complex(name, input, other)
+        refuse_complex(name, input, other)
         dtype = result_type(input, other)
-        check(dtype.is_floating_point, lambda: f"\"{name}_cpu\" not implemented for '{_dtype_name(dtype)}'",
-              NotImplementedError)
+        check(dtype.is_floating_point,
+              lambda: f"\"{name}_cpu\" not implemented for '{scalar_type_name(dtype)}'", NotImplementedError)
         return elementwise(prim, input, other, promotion="no_opmath" if name == "nextafter" else "default")
     fn.__name__ = name
     decomposition(*targets)(fn)
@@ -261,7 +266,7 @@ _minmax(prims.fmin, "fmin", torch.fmin, method("fmin"))
 def _comparison(prim: Any, name: str, *targets: Any, ordered: bool = True) -> None:
     def fn(input: Any, other: Any) -> Any:
         if ordered:
-            _refuse_complex(name, input, other)
+            refuse_complex(name, input, other)
         return elementwise(prim, input, other, promotion="always_bool")
     fn.__name__ = name
     decomposition(*targets)(fn)
@@ -294,7 +299,7 @@ _comparison(prims.ge, "ge", torch.ge, torch.greater_equal, method("ge"), method(
 
 def _logical(prim: Any, name: str, *targets: Any) -> None:
     def fn(input: Any, other: Any) -> Any:
-        return elementwise(prim, _to_bool(input), _to_bool(other))
+        return elementwise(prim, to_bool(input), to_bool(other))
     fn.__name__ = name
     decomposition(*targets)(fn)
 
@@ -308,7 +313,7 @@ def _bitwise(prim: Any, name: str, targets: list, reflected: list, kernel: str) 
     def fn(input: Any, other: Any) -> Any:
         dtype = result_type(input, other)
         check(not is_float_dtype(dtype), lambda: f"\"{kernel}_cpu\" not implemented for "
-              f"'{_dtype_name(dtype)}'", NotImplementedError)
+              f"'{scalar_type_name(dtype)}'", NotImplementedError)
         return elementwise(prim, input, other)
 
     def reflected_fn(input: Any, other: Any) -> Any:
@@ -335,13 +340,17 @@ _bitwise(prims.shift_right, "bitwise_right_shift",
 
 # ---- ternary and composite ops --------------------------------------------------------------------------
 
+def _dtype_text(v: Any) -> str:
+    return scalar_type_name(v.dtype) if is_tensor(v) else type(v).__name__
+
+
 @decomposition(torch.where)
 def where(condition: Any, input: Any = None, other: Any = None) -> Any:
     if input is None and other is None:
         raise NoDecomposition("where(condition) (nonzero)")
     check(is_tensor(condition) and condition.dtype == torch.bool,
           lambda: f"where expected condition to be a boolean tensor, but got a tensor with dtype "
-                  f"{_dtype_name(condition.dtype) if is_tensor(condition) else type(condition).__name__}")
+                  f"{_dtype_text(condition)}")
     dtype = result_type(input, other)
     condition, a, b = broadcast(condition, convert(input, dtype), convert(other, dtype))
     if not is_tensor(a) and not is_tensor(b):
@@ -362,7 +371,7 @@ def _clamp_bound(x: Any, bound: Any, prim: Any) -> Any:
 def clamp(input: Any, min: Any = None, max: Any = None) -> Any:  # noqa: A002
     check(min is not None or max is not None,
           lambda: "torch.clamp: At least one of 'min' or 'max' must not be None")
-    _refuse_complex("clamp", input, min, max)
+    refuse_complex("clamp", input, min, max)
     dtype = result_type(*(v for v in (input, min, max) if v is not None))
     if is_tensor(min) or is_tensor(max):
         shape_args = [v for v in (input, min, max) if is_tensor(v)]
@@ -387,14 +396,14 @@ def clamp_max(input: Any, max: Any) -> Any:  # noqa: A002
 @decomposition(torch.lerp, method("lerp"))
 def lerp(input: Any, end: Any, weight: Any) -> Any:
     _require_tensors("lerp", input, end)
-    _refuse_complex("lerp", input, end, weight)
+    refuse_complex("lerp", input, end, weight)
     check(input.dtype == end.dtype,
           lambda: f"expected dtype {input.dtype} for `end` but got dtype {end.dtype}")
     if is_tensor(weight):
         check(weight.dtype == input.dtype, lambda: f"expected dtype {input.dtype} for `weight` but got dtype "
               f"{weight.dtype}")
     check(input.dtype.is_floating_point, lambda: f"\"lerp_kernel_scalar\" not implemented for "
-          f"'{_dtype_name(input.dtype)}'", NotImplementedError)
+          f"'{scalar_type_name(input.dtype)}'", NotImplementedError)
     dtype = input.dtype
     start, stop, w = broadcast(to_compute(input, dtype), to_compute(end, dtype), to_compute(weight, dtype))
     diff = prims.sub(stop, start)
@@ -411,7 +420,7 @@ def lerp(input: Any, end: Any, weight: Any) -> Any:
 
 @decomposition(torch.addcmul, method("addcmul"))
 def addcmul(input: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Any:
-    _refuse_complex("addcmul", input, tensor1, tensor2)
+    refuse_complex("addcmul", input, tensor1, tensor2)
     dtype = result_type(input, tensor1, tensor2)
     a, t1, t2 = broadcast(*(to_compute(v, dtype) for v in (input, tensor1, tensor2)))
     product = prims.mul(t1, t2) if value == 1 else prims.mul(prims.mul(t1, to_compute(value, dtype)), t2)
@@ -420,7 +429,7 @@ def addcmul(input: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Any:
 
 @decomposition(torch.addcdiv, method("addcdiv"))
 def addcdiv(input: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Any:
-    _refuse_complex("addcdiv", input, tensor1, tensor2)
+    refuse_complex("addcdiv", input, tensor1, tensor2)
     check(is_float_dtype(result_type(tensor1, tensor2)),
           lambda: "Integer division with addcdiv is no longer supported, and in a future release addcdiv "
                   "will perform a true division of tensor1 and tensor2. The historic addcdiv behavior can be "
@@ -437,7 +446,7 @@ def addcdiv(input: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Any:
 @decomposition(torch.heaviside, method("heaviside"))
 def heaviside(input: Any, values: Any) -> Any:
     _require_tensors("heaviside", input, values)
-    _refuse_complex("heaviside", input, values)
+    refuse_complex("heaviside", input, values)
     check(input.dtype == values.dtype,
           lambda: "heaviside is not yet implemented for tensors with different dtypes.")
     a, v = broadcast(input, values)
@@ -448,7 +457,7 @@ def heaviside(input: Any, values: Any) -> Any:
 @decomposition(torch.isclose, method("isclose"))
 def isclose(input: Any, other: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Any:
     _require_tensors("isclose", input, other)
-    _refuse_complex("isclose", input, other)
+    refuse_complex("isclose", input, other)
     check(input.dtype == other.dtype, lambda: f"{input.dtype} did not match {other.dtype}")
     check(rtol >= 0, lambda: f"rtol must be greater than or equal to zero, but got {rtol}")
     check(atol >= 0, lambda: f"atol must be greater than or equal to zero, but got {atol}")
@@ -481,7 +490,7 @@ def _float_compute(*args: Any) -> tuple[torch.dtype, list[Any]]:
 
 def _xlog(name: str, log_prim: Any, *targets: Any) -> None:
     def fn(input: Any, other: Any) -> Any:
-        _refuse_complex(name, input, other)
+        refuse_complex(name, input, other)
         dtype, (x, y) = _float_compute(input, other)
         x, y = materialize(x, y)
         out = prims.where(prims.eq(x, 0), 0.0, prims.mul(x, log_prim(y)))
@@ -496,7 +505,7 @@ _xlog("xlog1py", prims.log1p, torch.special.xlog1py)
 
 @decomposition(torch.special.entr)
 def entr(input: Any) -> Any:
-    _refuse_complex("entr", input)
+    refuse_complex("entr", input)
     dtype, (x,) = _float_compute(input)
     out = prims.where(prims.gt(x, 0), prims.neg(prims.mul(x, prims.log(x))),
                       prims.where(prims.eq(x, 0), 0.0, full_like(x, -math.inf, x.dtype)))
@@ -514,10 +523,10 @@ def logaddexp2(input: Any, other: Any) -> Any:
 
 
 def _logaddexp(input: Any, other: Any, base2: bool) -> Any:
-    _refuse_complex("logaddexp", input, other)
+    refuse_complex("logaddexp", input, other)
     dtype = result_type(input, other)
     check(is_float_dtype(dtype), lambda: f"\"logaddexp{'2' if base2 else ''}_cpu\" not implemented for "
-          f"'{_dtype_name(dtype)}'", NotImplementedError)
+          f"'{scalar_type_name(dtype)}'", NotImplementedError)
     a, b = broadcast(to_compute(input, dtype), to_compute(other, dtype))
     big = prims.maximum(a, b)
     gap = prims.neg(prims.abs(prims.sub(a, b)))
@@ -532,6 +541,6 @@ def _logaddexp(input: Any, other: Any, base2: bool) -> Any:
 
 @decomposition(torch.ldexp, method("ldexp"))
 def ldexp(input: Any, other: Any) -> Any:
-    _refuse_complex("ldexp", input, other)
+    refuse_complex("ldexp", input, other)
     return elementwise(prims.mul, input, pow(2.0, other) if is_tensor(other) else 2.0 ** other,
                        promotion="int_to_float")

@@ -11,8 +11,11 @@ from typing import Any, Sequence
 import torch
 
 from .. import prims
+from ..prims.registry import check
+from .creation import _fill_value
 from .registry import NoDecomposition, mark_inplace, mark_view, register
-from .utils import check, is_tensor
+from .shape import _expand, _reshape, slice_dim
+from .utils import is_tensor
 
 
 def _advanced() -> Any:
@@ -84,7 +87,6 @@ def _slice_bounds(s: slice, size: int) -> tuple[int, int, int]:
 def basic_view(a: Any, index: Any) -> tuple[Any, list]:
     """The view selected by the basic part of `index`, and per dim of that view its advanced index tensor
     (or None)."""
-    from .shape import slice_dim
     items = _normalize(index)
     check(sum(1 for i in items if i is Ellipsis) <= 1,
           lambda: "an index can only have a single ellipsis ('...')", IndexError)
@@ -185,8 +187,6 @@ def _region(a: Any, index: Any) -> tuple[list, tuple]:
 @register(torch.Tensor.__setitem__)
 def setitem(a: Any, index: Any, value: Any) -> Any:
     """The value of `a` after `a[index] = value`, as a new tensor (the op is in-place)."""
-    from .creation import _fill_value
-    from .shape import _expand, _reshape
     ranges, region_shape = _region(a, index)
     view, advanced = basic_view(a, index)
     if any(i is not None for i in advanced):

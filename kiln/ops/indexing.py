@@ -22,8 +22,9 @@ import torch.nn.functional as F
 
 from .. import prims
 from ..prims.indexing import index_result_shape
+from ..prims.registry import check, shape_text, wrap_dim
 from .registry import NoDecomposition, register
-from .utils import broadcast, broadcast_shapes, broadcast_to, check, is_tensor, shape_text, wrap_dim
+from .utils import broadcast, broadcast_shapes, broadcast_to, is_tensor
 
 _INDEX_DTYPES = (torch.int64, torch.int32)
 

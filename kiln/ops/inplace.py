@@ -6,7 +6,7 @@ run the functional decomposition, check that its result broadcasts to self's sha
 self's dtype (eager's errors otherwise), convert and broadcast it to self, and mark the op in-place, so
 the registry rebinds the proxy and records the mutation of a graph input.
 
-This module is imported last (see `kiln.ops._MODULES`), so it covers every module registered before it;
+This module is imported last (see `kiln/ops/__init__.py`), so it covers every module registered before it;
 `install()` can be called again after registering more decompositions.
 """
 from __future__ import annotations

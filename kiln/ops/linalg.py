@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from .. import prims
+from ..prims.registry import check, shape_text
 from .registry import NoDecomposition, register
-from .utils import (broadcast_shapes, broadcast_to, check, computation_dtype, convert, is_tensor,
-                    shape_text)
+from .utils import broadcast_shapes, broadcast_to, computation_dtype, convert, is_tensor
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

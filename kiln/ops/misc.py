@@ -5,7 +5,7 @@ that programs call on plain values.
 
 Each follows eager's ATen composite step by step (the same ops in the same order, so results round as
 eager's do); calls on proxies route to the callee's own decomposition. Selections and searches (kthvalue,
-median, quantile, searchsorted, ...) live in `selection.py`, imported at the end.
+median, quantile, searchsorted, ...) live in `selection.py`.
 
 Checks eager makes on tensor values (cov's weights, normal's std, quantile's q tensor) cannot raise while
 the graph is built; `prims.check_values` makes them when it runs, raising eager's exception type.
@@ -19,11 +19,10 @@ from typing import Any, Sequence
 
 import torch
 
-from .. import prims
 from ..graph import Proxy
-from .elementwise import decomposition, method
+from ..prims.registry import check, wrap_dim
 from .registry import NoDecomposition, register
-from .utils import check, is_tensor, result_type, wrap_dim
+from .utils import checked, decomposition, is_tensor, method, result_type
 
 _MAX_PAIRS = 1 << 22  # isin compares every element with every test element up to this many pairs
 
@@ -130,12 +129,6 @@ def cross(input: Any, other: Any, dim: int | None = None) -> Any:
 
 
 # ---- cov, corrcoef ------------------------------------------------------------------------------------
-
-def checked(valid: Any, value: Any, message: str) -> Any:
-    """value, once the graph has checked at run time that the bool tensor `valid` holds everywhere; where it
-    does not, running the graph raises RuntimeError(message), as eager's check on the values does."""
-    return prims.check_values(value, valid, message)
-
 
 @decomposition(torch.cov, method("cov"))
 def cov(input: Any, *, correction: int = 1, fweights: Any = None, aweights: Any = None) -> Any:
@@ -566,6 +559,3 @@ def softmax_backward_data(grad_output: Any, output: Any, dim: int, input_dtype: 
         return output * (grad_output - grad_output * output)
     total = (grad_output * output).sum(d, keepdim=True)
     return (grad_output - total) * output
-
-
-from . import selection  # noqa: E402,F401  (kthvalue, median, quantile, searchsorted, ...)

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import prims
+from ..prims.registry import check, shape_text, wrap_dim
 from . import nn_attention  # noqa: F401  (registers multi_head_attention_forward)
 from .nn_layout import vector_norm  # also registers the layout ops (pad, interpolate, ...)
 from .registry import DECOMPOSITIONS, NoDecomposition, register
@@ -26,7 +27,7 @@ try:
     from .registry import mark_inplace_flag
 except ImportError:  # a registry without conditional in-place ops: inplace=True falls back
     mark_inplace_flag = None
-from .utils import check, computation_dtype, convert, elementwise, is_float_dtype, shape_text, wrap_dim
+from .utils import computation_dtype, convert, elementwise, is_float_dtype
 
 
 def register_missing(*targets: Any):

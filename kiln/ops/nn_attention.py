@@ -13,8 +13,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..prims.registry import check
 from .registry import NoDecomposition, register
-from .utils import check
 
 
 def _float_mask(mask: Any, dtype: torch.dtype) -> Any:

@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from .. import prims
+from ..prims.registry import check, shape_text, wrap_dim
 from .registry import NoDecomposition, register
-from .utils import check, computation_dtype, convert, is_float_dtype, result_type, shape_text, wrap_dim
+from .utils import computation_dtype, convert, is_float_dtype, result_type
 
 
 # ---- pad --------------------------------------------------------------------------------------------------

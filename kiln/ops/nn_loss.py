@@ -15,8 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn import _reduction
 
+from ..prims.registry import check, shape_text
 from .registry import NoDecomposition, UnsupportedError, register
-from .utils import check, computation_dtype, convert, is_float_dtype, shape_text
+from .utils import computation_dtype, convert, is_float_dtype
 
 
 def reduction_mode(size_average: Any, reduce: Any, reduction: str) -> str:

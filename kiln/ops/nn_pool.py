@@ -15,8 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from .. import prims
+from ..prims.registry import check, shape_text
 from .registry import NoDecomposition, register
-from .utils import check, computation_dtype, convert, is_float_dtype, shape_text
+from .utils import computation_dtype, convert, is_float_dtype
 
 
 def _tuple(op: str, name: str, value: Any, n: int, default: Any = None) -> tuple[int, ...]:

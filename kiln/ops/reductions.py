@@ -14,9 +14,10 @@ from typing import Any, Sequence
 import torch
 
 from .. import prims
-from .elementwise import _dtype_name, decomposition, full_like, method
+from ..prims.registry import check, wrap_dim
 from .registry import NoDecomposition
-from .utils import check, computation_dtype, convert, is_float_dtype, is_tensor, wrap_dim
+from .utils import (computation_dtype, convert, decomposition, full_like, is_float_dtype, is_tensor, method,
+                    scalar_type_name)
 
 
 def reduction_dims(input: Any, dim: Any) -> tuple[int, ...]:
@@ -99,7 +100,7 @@ def _check_mean_dtype(op: str, input: Any, dtype: torch.dtype | None) -> torch.d
     check(is_float_dtype(result), lambda: f"{op}(): could not infer output dtype. "
           f"{'Input' if dtype is None else 'Optional'} dtype must be either a floating point or complex "
           f"dtype. "
-          f"Got: {_dtype_name(result)}")
+          f"Got: {scalar_type_name(result)}")
     return result
 
 
@@ -119,7 +120,7 @@ def mean(input: Any, dim: Any = None, keepdim: bool = False, *, dtype: torch.dty
 def nanmean(input: Any, dim: Any = None, keepdim: bool = False, *, dtype: torch.dtype | None = None) -> Any:
     out_dtype = _check_mean_dtype("nanmean", input, dtype)
     check(input.dtype.is_floating_point, lambda: "nanmean(): expected input to have floating point or "
-          f"complex dtype but got {_dtype_name(input.dtype)}")
+          f"complex dtype but got {scalar_type_name(input.dtype)}")
     dims = reduction_dims(input, dim)
     compute = computation_dtype(out_dtype)
     x = convert(convert(input, out_dtype), compute)
@@ -338,7 +339,7 @@ def std_mean(input: Any, *args: Any, **kwargs: Any) -> Any:
 def vector_norm(input: Any, ord: Any = 2, dim: Any = None, keepdim: bool = False, *,  # noqa: A002
                 dtype: torch.dtype | None = None) -> Any:
     check(is_float_dtype(input.dtype), lambda: "linalg.vector_norm: Expected a floating point or complex "
-          f"tensor as input. Got {_dtype_name(input.dtype)}")
+          f"tensor as input. Got {scalar_type_name(input.dtype)}")
     if input.dtype.is_complex or (dtype is not None and dtype.is_complex):
         raise NoDecomposition("vector_norm of complex values")
     check(not isinstance(ord, bool) and isinstance(ord, (int, float)),

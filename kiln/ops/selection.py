@@ -1,5 +1,5 @@
 """Decompositions of selections and searches: kthvalue, median, nanmedian, quantile, nanquantile by a stable
-sort, and searchsorted/bucketize by eager's binary search, step by step. Imported by `misc.py`.
+sort, and searchsorted/bucketize by eager's binary search, step by step.
 
 Sorting stably, median and nanmedian pick eager's index (its partition breaks ties by position), kthvalue
 the first of equal values (eager's quickselect leaves that index unspecified, so integer inputs fall
@@ -12,10 +12,9 @@ from typing import Any
 
 import torch
 
-from .elementwise import decomposition, method
-from .misc import checked
+from ..prims.registry import check, wrap_dim
 from .registry import NoDecomposition
-from .utils import check, is_tensor, result_type, wrap_dim
+from .utils import checked, decomposition, is_tensor, method, result_type
 
 
 # ---- selections by a stable sort: kthvalue, median, nanmedian, quantile, nanquantile -------------------

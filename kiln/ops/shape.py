@@ -13,9 +13,10 @@ from typing import Any, Sequence
 import torch
 
 from .. import prims
+from ..prims.registry import check, wrap_dim
 from ..prims.shape import view_strides
 from .registry import NoDecomposition, mark_view, register
-from .utils import check, is_tensor, wrap_dim
+from .utils import broadcast_shapes, is_tensor
 
 _Shape = (tuple, list, torch.Size)
 
@@ -292,7 +293,6 @@ def broadcast_to(a: Any, size: Any) -> Any:
 
 @register(torch.broadcast_tensors)
 def broadcast_tensors(*tensors: Any) -> Any:
-    from .utils import broadcast_shapes
     if len(tensors) == 1 and isinstance(tensors[0], (tuple, list)):
         tensors = tuple(tensors[0])
     shape = broadcast_shapes(*[t.shape for t in tensors])
@@ -537,10 +537,6 @@ mark_view(torch.Tensor.view, torch.reshape, torch.Tensor.reshape, torch.Tensor.v
           torch.Tensor.vsplit, torch.dsplit, torch.Tensor.dsplit, torch.diagonal, torch.Tensor.diagonal,
           torch.atleast_1d, torch.atleast_2d, torch.atleast_3d, torch.Tensor.unfold, torch.unsafe_split,
           torch.Tensor.unsafe_split, torch.unsafe_chunk, torch.Tensor.unsafe_chunk, torch.linalg.diagonal)
-
-
-from . import getitem as _getitem  # noqa: E402,F401  (Tensor.__getitem__ / __setitem__)
-from . import shape_copies as _shape_copies  # noqa: E402,F401  (cat, stack, flip, repeat, tril, ...)
 
 
 @register(torch.linalg.diagonal)

@@ -9,10 +9,12 @@ from typing import Any, Sequence
 import torch
 
 from .. import prims
-from .getitem import place, zero_of
+from ..prims.registry import check, wrap_dim
+from . import shape as views
+from .getitem import _slice_bounds, place, zero_of
 from .registry import NoDecomposition, register
-from .shape import _reshape, _sizes, _transpose, slice_dim
-from .utils import check, is_tensor, result_type, wrap_dim
+from .shape import _expand, _reshape, _sizes, _transpose, slice_dim
+from .utils import is_tensor, result_type
 
 
 # ---- joining: cat / stack and friends -----------------------------------------------------------------
@@ -379,7 +381,6 @@ def select_scatter(a: Any, src: Any, dim: int, index: int) -> Any:
 
 @register(torch.slice_scatter)
 def slice_scatter(a: Any, src: Any, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Any:
-    from .getitem import _slice_bounds
     d = wrap_dim(dim, a.ndim)
     lo, hi, step = _slice_bounds(slice(start, end, step), a.shape[d])
     count = -(-(hi - lo) // step)
@@ -411,7 +412,6 @@ def diagonal_scatter(a: Any, src: Any, offset: int = 0, dim1: int = 0, dim2: int
 
 @register(torch.meshgrid)
 def meshgrid(*tensors: Any, indexing: str | None = None) -> Any:
-    from .shape import _expand
     if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)):
         tensors = tuple(tensors[0])
     indexing = indexing or "ij"
@@ -479,7 +479,6 @@ def _copy_of(view_op: Any) -> Any:
 
 
 def _register_copies() -> None:
-    from . import shape as views
     pairs = [("view_copy", views.view), ("permute_copy", views.permute), ("expand_copy", views.expand),
              ("diagonal_copy", views.diagonal), ("squeeze_copy", views.squeeze),
              ("unsqueeze_copy", views.unsqueeze), ("transpose_copy", views.transpose), ("t_copy", views.t),

@@ -1,7 +1,7 @@
 """The modified Bessel functions of the second kind (torch.special.modified_bessel_k0/k1 and their
 exponentially scaled forms), decomposed as eager's kernels compute them: Chebyshev series (Cephes'
 coefficients) evaluated by Clenshaw's recurrence, one series below x = 2 (with i0/i1 and a log term) and
-one above, every step in the input's dtype. Imported by `elementwise.py`.
+one above, every step in the input's dtype.
 """
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from typing import Any, Sequence
 import torch
 
 from .. import prims
-from .elementwise import _in_dtype, decomposition
 from .registry import NoDecomposition
-from .utils import convert, is_float_dtype
+from .utils import convert, decomposition, in_dtype, is_float_dtype
 
 # Chebyshev coefficients of K0 on (0, 2] and of exp(x) sqrt(x) K0 on (2, inf), likewise K1.
 _K0_A = (1.37446543561352307156e-16, 4.25981614279661018399e-14, 1.03496952576338420167e-11,
@@ -46,11 +45,11 @@ _K1_B = (-5.75674448366501715755e-18, 1.79405087314755922667e-17, -5.68946255844
 def _series(t: Any, coefficients: Sequence[float]) -> Any:
     """0.5 * (a - p) of Clenshaw's recurrence a = t * q - p + c over the coefficients (eager's loop)."""
     dtype = t.dtype
-    full = lambda v: prims.full(tuple(t.shape), _in_dtype(v, dtype), dtype, t.device)  # noqa: E731
+    full = lambda v: prims.full(tuple(t.shape), in_dtype(v, dtype), dtype, t.device)  # noqa: E731
     p, q, a = full(0.0), full(0.0), full(coefficients[0])
     for c in coefficients[1:]:
         p, q = q, a
-        a = prims.add(prims.sub(prims.mul(t, q), p), _in_dtype(c, dtype))
+        a = prims.add(prims.sub(prims.mul(t, q), p), in_dtype(c, dtype))
     return prims.mul(prims.sub(a, p), 0.5)
 
 

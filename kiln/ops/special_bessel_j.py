@@ -1,7 +1,6 @@
 """Bessel functions of the first and second kind (torch.special.bessel_j0/j1/y0/y1), decomposed as eager's
 kernels compute them: Cephes' rational approximations (polynomials by Horner's rule) below x = 5 and the
-asymptotic form with its P/Q rational corrections above, every step in the input's dtype. Imported by
-`elementwise.py`.
+asymptotic form with its P/Q rational corrections above, every step in the input's dtype.
 """
 from __future__ import annotations
 
@@ -10,9 +9,8 @@ from typing import Any, Sequence
 import torch
 
 from .. import prims
-from .elementwise import _in_dtype, decomposition
 from .registry import NoDecomposition
-from .utils import convert, is_float_dtype
+from .utils import convert, decomposition, in_dtype, is_float_dtype
 
 _J0_PP = (7.96936729297347051624e-04, 8.28352392107440799803e-02, 1.23953371646414299388e+00,
           5.44725003058768775090e+00, 8.74716500199817011941e+00, 5.30324038235394892183e+00,
@@ -71,7 +69,7 @@ def _horner(t: Any, coefficients: Sequence[float]) -> Any:
     dtype = t.dtype
     r = prims.full(tuple(t.shape), 0.0, dtype, t.device)
     for c in coefficients:
-        r = prims.add(prims.mul(r, t), _in_dtype(c, dtype))
+        r = prims.add(prims.mul(r, t), in_dtype(c, dtype))
     return r
 
 
@@ -82,12 +80,12 @@ def _asymptotic(x: Any, w: Any, order: int, second_kind: bool) -> Any:
     pp, pq, qp, qq = (_J0_PP, _J0_PQ, _J0_QP, _J0_QQ) if order == 0 else (_J1_PP, _J1_PQ, _J1_QP, _J1_QQ)
     p = prims.div(_horner(w, pp), _horner(w, pq))
     q = prims.mul(prims.div(5.0, x), prims.div(_horner(w, qp), _horner(w, qq)))
-    shifted = prims.sub(x, _in_dtype(_PI_4 if order == 0 else _3PI_4, dtype))
+    shifted = prims.sub(x, in_dtype(_PI_4 if order == 0 else _3PI_4, dtype))
     if second_kind:
         value = prims.add(prims.mul(p, prims.sin(shifted)), prims.mul(q, prims.cos(shifted)))
     else:
         value = prims.sub(prims.mul(p, prims.cos(shifted)), prims.mul(q, prims.sin(shifted)))
-    return prims.div(prims.mul(value, _in_dtype(_SQRT_2_PI, dtype)), prims.sqrt(x))
+    return prims.div(prims.mul(value, in_dtype(_SQRT_2_PI, dtype)), prims.sqrt(x))
 
 
 def _float_input(input: Any, name: str) -> Any:
@@ -102,8 +100,8 @@ def _j0(x: Any) -> Any:
     dtype = x.dtype
     xx = prims.mul(x, x)
     tiny = prims.sub(1.0, prims.div(xx, 4.0))
-    near = prims.div(prims.mul(prims.mul(prims.sub(xx, _in_dtype(5.78318596294678452118e+00, dtype)),
-                                         prims.sub(xx, _in_dtype(3.04712623436620863991e+01, dtype))),
+    near = prims.div(prims.mul(prims.mul(prims.sub(xx, in_dtype(5.78318596294678452118e+00, dtype)),
+                                         prims.sub(xx, in_dtype(3.04712623436620863991e+01, dtype))),
                                _horner(xx, _J0_RP)), _horner(xx, _J0_RQ))
     far = _asymptotic(x, prims.div(25.0, xx), 0, second_kind=False)
     return prims.where(prims.le(x, 5.0), prims.where(prims.lt(x, 1e-5), tiny, near), far)
@@ -115,8 +113,8 @@ def _j1(input: Any) -> Any:
     dtype = x.dtype
     xx = prims.mul(x, x)
     near = prims.mul(prims.mul(prims.mul(prims.div(_horner(xx, _J1_RP), _horner(xx, _J1_RQ)), x),
-                               prims.sub(xx, _in_dtype(1.46819706421238932572e+01, dtype))),
-                     prims.sub(xx, _in_dtype(4.92184563216946036703e+01, dtype)))
+                               prims.sub(xx, in_dtype(1.46819706421238932572e+01, dtype))),
+                     prims.sub(xx, in_dtype(4.92184563216946036703e+01, dtype)))
     five_over_x = prims.div(5.0, x)
     far = _asymptotic(x, prims.mul(five_over_x, five_over_x), 1, second_kind=False)
     out = prims.where(prims.le(x, 5.0), near, far)
@@ -145,7 +143,7 @@ def bessel_y0(input: Any) -> Any:
     x = _float_input(input, "bessel_y0")
     xx = prims.mul(x, x)
     near = prims.add(prims.div(_horner(xx, _Y0_YP), _horner(xx, _Y0_YQ)),
-                     prims.mul(prims.mul(prims.log(x), _in_dtype(_2_PI, x.dtype)), _j0(x)))
+                     prims.mul(prims.mul(prims.log(x), in_dtype(_2_PI, x.dtype)), _j0(x)))
     far = _asymptotic(x, prims.div(25.0, xx), 0, second_kind=True)
     out = prims.where(prims.le(x, 5.0), near, far)
     return _special_values(x, out, prims.lt(x, 0.0))
@@ -157,7 +155,7 @@ def bessel_y1(input: Any) -> Any:
     xx = prims.mul(x, x)
     log_term = prims.sub(prims.mul(_j1(x), prims.log(x)), prims.div(1.0, x))
     near = prims.add(prims.mul(x, prims.div(_horner(xx, _Y1_YP), _horner(xx, _Y1_YQ))),
-                     prims.mul(log_term, _in_dtype(_2_PI, x.dtype)))
+                     prims.mul(log_term, in_dtype(_2_PI, x.dtype)))
     five_over_x = prims.div(5.0, x)
     far = _asymptotic(x, prims.mul(five_over_x, five_over_x), 1, second_kind=True)
     out = prims.where(prims.le(x, 5.0), near, far)

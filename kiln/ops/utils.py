@@ -1,12 +1,20 @@
-"""What decompositions share: torch's type promotion, broadcasting, dims, and the elementwise wrapper."""
+"""What decompositions share: torch's type promotion, broadcasting, dims, the elementwise wrapper, and the
+`decomposition` decorator with the small helpers the elementwise, reduction and selection modules use.
+
+`check`, `shape_text` and `wrap_dim` are the prims' own: decompositions import them from kiln.prims.registry.
+This module imports no decomposition module, so every one of them may import it.
+"""
 from __future__ import annotations
 
+import struct
 from typing import Any, Callable, Sequence
 
 import torch
 
 from .. import prims
 from ..graph import Proxy, TensorMeta
+from ..prims.registry import check, shape_text, wrap_dim
+from .registry import NoDecomposition, register
 
 Number = (bool, int, float, complex)
 
@@ -19,18 +27,7 @@ def is_number(v: Any) -> bool:
     return isinstance(v, Number) and not isinstance(v, torch.Tensor)
 
 
-def check(cond: bool, message: Callable[[], str], exc: type[Exception] = RuntimeError) -> None:
-    if not cond:
-        raise exc(message())
-
-
-def shape_text(v: Any) -> str:
-    if is_tensor(v):
-        return f"[{', '.join(str(s) for s in v.shape)}]"
-    return repr(v)
-
-
-# ---- type promotion (torch's rules: dimensioned tensors > zero-dim tensors > Python numbers) ----------------
+# ---- type promotion (torch's rules: dimensioned tensors > zero-dim tensors > Python numbers) --------------
 
 def _category(dtype: torch.dtype | None) -> int:
     if dtype is None:
@@ -177,10 +174,6 @@ def broadcast(*args: Any) -> list[Any]:
     return [broadcast_to(a, shape) for a in args]
 
 
-def wrap_dim(dim: int, ndim: int) -> int:
-    return prims.wrap_dim(dim, ndim)
-
-
 def canonical_dims(dims: Any, ndim: int) -> tuple[int, ...]:
     """Dims as a sorted tuple of non-negative ints; None or () mean every dim."""
     if dims is None:
@@ -203,7 +196,8 @@ def elementwise(prim: Any, *args: Any, promotion: str = "default", name: str | N
       always_bool   compute in the promoted dtype, the prim returns bool (comparisons)
       no_opmath     compute in the promoted dtype exactly, no float32 upcast
     """
-    check(any(is_tensor(a) for a in args), lambda: f"{name or prim.name}: expected a tensor argument", TypeError)
+    check(any(is_tensor(a) for a in args), lambda: f"{name or prim.name}: expected a tensor argument",
+          TypeError)
     dtype = result_type(*args)
     if promotion == "int_to_float" and not is_float_dtype(dtype):
         dtype = torch.get_default_dtype()
@@ -218,3 +212,75 @@ def elementwise(prim: Any, *args: Any, promotion: str = "default", name: str | N
 
 def meta_like(a: Any) -> TensorMeta:
     return a.meta if isinstance(a, Proxy) else TensorMeta.of(a)
+
+
+# ---- writing decompositions -------------------------------------------------------------------------------
+
+def decomposition(*targets: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`register`, skipping targets this torch build lacks (None) and refusing `out=` (a fallback)."""
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.pop("out", None) is not None:
+                raise NoDecomposition(f"{fn.__name__} with out=")
+            return fn(*args, **kwargs)
+        run.__name__ = fn.__name__
+        run.__qualname__ = fn.__qualname__
+        run.__module__ = fn.__module__
+        run.__doc__ = fn.__doc__
+        register(*targets)(run)
+        return run
+    return wrap
+
+
+def method(name: str) -> Any:
+    """The Tensor method `name`, or None where this torch build lacks it (`decomposition` skips None)."""
+    return getattr(torch.Tensor, name, None)
+
+
+def refuse_complex(op: str, *args: Any) -> None:
+    """Leave `op` to eager (NoDecomposition) when any operand is complex."""
+    if any(is_tensor(a) and a.dtype.is_complex for a in args) or any(isinstance(a, complex) for a in args):
+        raise NoDecomposition(f"{op} of complex values")
+
+
+def in_dtype(value: float, dtype: torch.dtype) -> float:
+    """A Python float rounded to float32 or float64 (constants eager's kernels compute in that type)."""
+    return struct.unpack("f", struct.pack("f", value))[0] if dtype == torch.float32 else value
+
+
+def to_compute(v: Any, dtype: torch.dtype) -> Any:
+    """An operand of an op whose result dtype is `dtype`, in the dtype the op computes in: through `dtype`
+    first (a float16 operand of a bfloat16 op rounds to bfloat16), then upcast (float16 -> float32)."""
+    return convert(convert(v, dtype), computation_dtype(dtype))
+
+
+def scalar_type_name(dtype: torch.dtype) -> str:
+    """The dtype as eager's kernel error messages spell it ("Long", "Float", ...)."""
+    return {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
+            torch.uint8: "Byte", torch.bool: "Bool", torch.float32: "Float", torch.float64: "Double",
+            torch.float16: "Half", torch.bfloat16: "BFloat16"}.get(dtype, str(dtype))
+
+
+def full_like(t: Any, value: Any, dtype: torch.dtype) -> Any:
+    """A tensor of t's shape filled with a Python number (no creation prim needed: an all-true mask)."""
+    mask = prims.convert_element_type(t, torch.bool)
+    return prims.where(prims.eq(mask, mask), convert(value, dtype), prims.convert_element_type(t, dtype))
+
+
+def materialize(*args: Any) -> list[Any]:
+    """Operands with Python numbers replaced by full tensors of the first tensor's shape and dtype."""
+    like = next(a for a in args if is_tensor(a))
+    return [a if is_tensor(a) else full_like(like, a, like.dtype) for a in args]
+
+
+def to_bool(a: Any) -> Any:
+    """A truth value: a bool tensor (nonzero elements) or a Python bool."""
+    if not is_tensor(a):
+        return bool(a)
+    return a if a.dtype == torch.bool else prims.ne(a, 0)
+
+
+def checked(valid: Any, value: Any, message: str) -> Any:
+    """value, once the graph has checked at run time that the bool tensor `valid` holds everywhere; where it
+    does not, running the graph raises RuntimeError(message), as eager's check on the values does."""
+    return prims.check_values(value, valid, message)
