@@ -115,10 +115,11 @@ class CompiledFunction:
         self.bound_self = bound_self
         # functions of one code object share a cache only when they share their closure cells (the
         # guards read the cells captured first) and their defaults (an entry runs with the defaults of
-        # the function it was made for); `family` separates resume functions per backend
+        # the function it was made for); `family` separates caches per compiler (the backend and its
+        # options: kiln.compile(f, backend="cpp") never runs graphs an earlier kiln.compile(f) compiled)
+        family = backend if family is None else family
         self.cache = cache_for(self.code, bound_self, (closure_key(fn), defaults_key(fn), family))
         self.name = self.code.co_qualname
-        self.hits = counters["cache_hits"]
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -127,7 +128,7 @@ class CompiledFunction:
         for entry in self.cache.entries:
             result = entry.fn(*args, **kwargs)
             if result is not MISS:
-                self.hits[self.name] += 1
+                counters["cache_hits"][self.name] += 1  # (looked up: kiln.reset() replaces the counters)
                 return result
         return self._miss(args, kwargs)
 
@@ -306,7 +307,7 @@ class CompiledFunction:
         if compiled is None:
             fn = make_resume_function(self.fn, rcode)
             compiled = _RESUMES[key] = CompiledFunction(fn, self.backend, raise_on_error=self.raise_on_error,
-                                                        family=id(self.backend))
+                                                        family=self.backend)
         return compiled
 
 
@@ -390,7 +391,7 @@ class CalleeCaller:
         compiled = _CALLEES.get(key)
         if compiled is None:
             compiled = _CALLEES[key] = CompiledFunction(fn, self.backend, raise_on_error=self.raise_on_error,
-                                                        family=id(self.backend))
+                                                        family=self.backend)
         if compiled not in self.children:
             self.children.append(compiled)
         return compiled, bound
