@@ -1,12 +1,9 @@
-"""The accuracy rule (DESIGN.md, as PyTorch's benchmark runner judges its compiler).
+"""Model outputs judged by the accuracy rule (DESIGN.md; the rule itself is `kiln.testing.tolerance`).
 
-A compiled result is right when, for every tensor it returns,
-  1. it is allclose to eager's result at `tol` (rtol = atol = tol, NaNs equal), or else
-  2. it is no further from an fp64 reference than eager is: RMSE(compiled, fp64) <= 2 * RMSE(eager, fp64)
-     + tol / 10.
-The second clause accepts a compiler that reorders float arithmetic (fusion, different reduction order) as
-long as its error stays of eager's size. tol is 1e-3 for models, 1e-4 for single ops. Integer and bool
-tensors, and non-tensor leaves, must be equal.
+A compiled result is right when every float tensor it returns passes the rule against eager's result and
+an fp64 reference (allclose to eager at `tol`, or RMSE(compiled, fp64) <= 2 * RMSE(eager, fp64) + tol / 10),
+and its integer and bool tensors and non-tensor leaves equal eager's. tol is 1e-3 for models, 1e-4 for
+single ops.
 
     verdict = check(compiled_out, eager_out, fp64_out, tol=MODEL_TOL)
     if not verdict.passed: print(verdict.reason)
@@ -19,9 +16,7 @@ from typing import Any
 
 import torch
 
-MODEL_TOL = 1e-3
-OP_TOL = 1e-4
-RMSE_MULTIPLIER = 2.0
+from .tolerance import MODEL_TOL, RMSE_MULTIPLIER, accuracy_rule
 
 
 @dataclasses.dataclass
@@ -93,14 +88,6 @@ def to_fp64(value: Any) -> Any:
     return value
 
 
-def rmse(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Root mean square of a - b, computed in float64."""
-    if a.numel() == 0:
-        return 0.0
-    diff = a.detach().double() - b.detach().double()
-    return math.sqrt(torch.mean(diff * diff).item())
-
-
 def check(compiled: Any, eager: Any, fp64: Any, tol: float = MODEL_TOL,
           multiplier: float = RMSE_MULTIPLIER) -> Verdict:
     """Judge `compiled` against `eager` and the `fp64` reference by the accuracy rule (module docstring)."""
@@ -129,19 +116,16 @@ def check(compiled: Any, eager: Any, fp64: Any, tol: float = MODEL_TOL,
         if c.numel():
             error = (c.double() - e.double()).abs().nan_to_num(nan=math.inf).max().item()
             verdict.max_abs_error = max(verdict.max_abs_error, error)
-        if torch.allclose(c, e, rtol=tol, atol=tol, equal_nan=True):
+        result = accuracy_rule(c, e, r, tol=tol, allclose_to="eager", multiplier=multiplier)
+        if result.by_allclose:
             continue
-        rmse_compiled, rmse_eager = rmse(c, r), rmse(e, r)
-        limit = multiplier * rmse_eager + tol / 10
-        excess = rmse_compiled - limit
+        excess = result.rmse_actual - result.limit   # NaN when the rule failed before clause 2
         if math.isnan(excess) or excess > worst_excess:
             worst_excess = math.inf if math.isnan(excess) else excess
-            verdict.rmse_compiled, verdict.rmse_eager = rmse_compiled, rmse_eager
-        if not rmse_compiled <= limit:   # also catches NaN
+            verdict.rmse_compiled, verdict.rmse_eager = result.rmse_actual, result.rmse_eager
+        if not result.passed:
             return _fail(verdict, f"{path} {tuple(e.shape)}: not allclose to eager at tol {tol:g} (max abs "
-                                  f"error {verdict.max_abs_error:.3g}) and RMSE(compiled, fp64) "
-                                  f"{rmse_compiled:.3g} > {multiplier:g} * RMSE(eager, fp64) "
-                                  f"{rmse_eager:.3g} + {tol / 10:g}")
+                                  f"error {verdict.max_abs_error:.3g}) and {result.reason}")
     return verdict
 
 
