@@ -118,17 +118,31 @@ class ComputedBuffer(Buffer):
         return list(cached)
 
     def describe(self) -> str:
-        text = self.data.body(PrintHandler())
-        meta = f"{dtype_abbrev(self.dtype)}[{', '.join(map(str, self.shape))}]"
-        if isinstance(self.data, Reduction):
-            return (f"{self.name} = Reduction({self.data.reduction_type}, ranges={list(self.data.ranges)}, "
-                    f"reduction_ranges={list(self.data.reduction_ranges)},\n    body=lambda i, r: {text})"
-                    f"  # {meta}")
-        if isinstance(self.data, Scan):
-            return (f"{self.name} = Scan({self.data.scan_type}, ranges={list(self.data.ranges)}, "
-                    f"dim={self.data.dim},\n    body=lambda i: {text})  # {meta}")
-        return (f"{self.name} = Pointwise(ranges={list(self.data.ranges)},\n    body=lambda i: {text})"
-                f"  # {meta}")
+        """The body as a runnable Python function, `def bufN(ops, i0, ..., r0, ...)` returning the element at
+        index `i` (a reduction: the value folded at `r`), headed by what the buffer is. The modules of
+        `kiln.lower.printer` call it over the buffer's iteration space on `kiln.lower.reference`."""
+        data = self.data
+        index = [index_var("i", d) for d in range(len(data.ranges))]
+        rindex = [index_var("r", d) for d in range(len(data.reduction_ranges))] if self.is_reduction else []
+        ranges = dict(zip(index, data.ranges))
+        handler = PrintHandler(ranges=ranges)
+        if isinstance(data, Reduction):
+            ranges.update(zip(rindex, data.reduction_ranges))
+            value = data.fn(handler, index, rindex)
+            what = f"Reduction {data.reduction_type} over {list(data.ranges)} x {list(data.reduction_ranges)}"
+        elif isinstance(data, Scan):
+            value = data.fn(handler, index)
+            what = f"Scan {data.scan_type} along dim {data.dim} over {list(data.ranges)}"
+        else:
+            value = data.fn(handler, index)
+            what = f"Pointwise over {list(data.ranges)}"
+        layout = f"{dtype_abbrev(self.dtype)}[{', '.join(map(str, self.shape))}] " \
+            f"strides={tuple(self.layout.strides)}"
+        if self.layout.offset:
+            layout += f" offset={self.layout.offset}"
+        params = ", ".join(["ops"] + [v.name for v in index + rindex])
+        return "\n".join([f"def {self.name}({params}):", f"    # {what} -> {layout}", *handler.lines,
+                          f"    return {value}"])
 
 
 @dataclasses.dataclass
@@ -201,13 +215,19 @@ class LoopGraph:
                 if isinstance(v, (BufferRef, OutputView))}
 
     def describe(self, header: str = "") -> str:
+        """The loop IR as Python: each computed buffer's body as the function `ComputedBuffer.describe`
+        gives, inputs, externs and outputs as comments. `kiln.lower.printer.loop_python` prints the same
+        functions inside a whole runnable module."""
         lines = [f"# {header}"] if header else []
         for b in self.inputs:
             lines.append(f"# input {b.name}: {dtype_abbrev(b.dtype)}{list(b.shape)} "
                          f"strides={b.layout.strides}")
         for b in self.constants:
-            lines.append(f"# constant {b.name}: {dtype_abbrev(b.dtype)}{list(b.shape)}")
+            lines.append(f"# constant {b.name}: {dtype_abbrev(b.dtype)}{list(b.shape)} "
+                         f"strides={b.layout.strides}")
         for node in self.nodes:
-            lines.append(node.describe())
-        lines.append(f"return {self.output}")
+            lines.append(node.describe() if isinstance(node, ComputedBuffer) else f"# {node.describe()}")
+        for position, value in self.mutations:
+            lines.append(f"# input {self.inputs[position].name} receives {value}")
+        lines.append(f"# returns {self.output}")
         return "\n".join(lines)

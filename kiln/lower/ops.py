@@ -3,14 +3,18 @@
 An inner function `fn(h, index)` computes one element by calling scalar ops on a handler `h`:
 `h.load(name, index_expr)`, `h.constant(value, dtype)`, `h.index_expr(expr, dtype)`, `h.to_dtype(x, dtype)`,
 `h.where(c, a, b)` and the math below (`h.add(a, b)`, `h.exp(a)`, ...). Swapping the handler changes what
-running the body means: `PrintHandler` prints it, `DepsHandler` records what it reads, `CountHandler`
-measures its cost, the C++ handler in `kiln.codegen.cpp` emits code.
+running the body means: `PrintHandler` prints it as Python, `DepsHandler` records what it reads,
+`CountHandler` measures its cost, the C++ handler in `kiln.codegen.cpp` emits code.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import sympy
+from sympy.printing.str import StrPrinter
+
+from .index import simplify_index
 
 UNARY_OPS = frozenset("""
 abs neg sign exp exp2 expm1 log log2 log10 log1p sqrt rsqrt reciprocal sin cos tan asin acos atan sinh cosh
@@ -58,26 +62,95 @@ class Handler:
         raise NotImplementedError
 
 
+class _IndexPrinter(StrPrinter):
+    """sympy's str form, which is Python, with kiln's index functions spelled as the reference's helpers."""
+
+    def _print_FloorDiv(self, expr: Any) -> str:
+        return f"floordiv({self._print(expr.args[0])}, {self._print(expr.args[1])})"
+
+    def _print_ModularIndexing(self, expr: Any) -> str:
+        return f"modular_indexing({self._print(expr.args[0])}, {self._print(expr.args[1])})"
+
+    def _print_Function(self, expr: Any) -> str:
+        raise NotImplementedError(f"no Python spelling for index function {type(expr).__name__}")
+
+    def _print_Rational(self, expr: Any) -> str:
+        if expr.q != 1:
+            raise NotImplementedError(f"a fraction in an index expression: {expr}")
+        return str(expr.p)
+
+    def _print_Float(self, expr: Any) -> str:
+        raise NotImplementedError(f"a float in an index expression: {expr}")
+
+
+_INDEX_PRINTER = _IndexPrinter()
+
+
 class PrintHandler(Handler):
-    """Renders a body as a Python expression over `ops.*` calls (for debug dumps)."""
+    """Renders a body as Python statements, one temporary per op (`t3 = ops.add(t1, t2)`).
+
+    The text runs: index expressions print as Python (FloorDiv/ModularIndexing as `floordiv`/
+    `modular_indexing` of `kiln.lower.reference`), constants as literals, a `masked` op's branches as local
+    functions. With `ranges` (loop variable -> size) index expressions are first simplified over them, as a
+    kernel simplifies them. Run the body on it, then read `lines` and the returned temporary.
+    """
+
+    def __init__(self, indent: str = "    ", ranges: dict | None = None) -> None:
+        self.lines: list[str] = []
+        self.indent = indent
+        self.ranges = ranges
+        self.count = 0
+
+    @staticmethod
+    def index_text(expr: Any) -> str:
+        """Python text of an index expression."""
+        return _INDEX_PRINTER.doprint(sympy.sympify(expr))
+
+    @staticmethod
+    def value_text(value: Any) -> str:
+        """A Python literal for a constant (NaN and infinities included)."""
+        if isinstance(value, float) and not math.isfinite(value):
+            return "float('nan')" if math.isnan(value) else ("float('inf')" if value > 0 else "-float('inf')")
+        return repr(value)
+
+    def index(self, expr: Any) -> str:
+        if self.ranges is not None:
+            expr = simplify_index(sympy.expand(expr), self.ranges)
+        return self.index_text(expr)
+
+    def emit(self, text: str) -> str:
+        self.count += 1
+        name = f"t{self.count}"
+        self.lines.append(f"{self.indent}{name} = {text}")
+        return name
 
     def op(self, name: str, *args: Any) -> str:
-        return f"ops.{name}({', '.join(str(a) for a in args)})"
+        texts = [a if isinstance(a, str) else self.value_text(a) for a in args]
+        return self.emit(f"ops.{name}({', '.join(texts)})")
 
     def load(self, name: str, index: sympy.Expr) -> str:
-        return f"ops.load({name!r}, {index})"
+        return self.emit(f"ops.load({name!r}, {self.index(index)})")
 
     def constant(self, value: Any, dtype: Any) -> str:
-        return f"ops.constant({value!r}, {dtype})"
+        return self.emit(f"ops.constant({self.value_text(value)}, {dtype})")
 
     def index_expr(self, expr: sympy.Expr, dtype: Any) -> str:
-        return f"ops.index_expr({expr}, {dtype})"
+        return self.emit(f"ops.index_expr({self.index(expr)}, {dtype})")
 
     def to_dtype(self, x: Any, dtype: Any) -> str:
-        return f"ops.to_dtype({x}, {dtype})"
+        return self.emit(f"ops.to_dtype({x}, {dtype})")
 
     def masked(self, cond: Any, body: Any, other: Any, dtype: Any) -> str:
-        return f"ops.masked({cond}, lambda: {body()}, lambda: {other()})"
+        self.count += 1
+        n = self.count
+        for fn_name, branch in ((f"masked{n}", body), (f"other{n}", other)):
+            self.lines.append(f"{self.indent}def {fn_name}():")
+            outer = self.indent
+            self.indent += "    "
+            value = branch()
+            self.lines.append(f"{self.indent}return {value}")
+            self.indent = outer
+        return self.emit(f"ops.masked({cond}, masked{n}, other{n}, {dtype})")
 
 
 class DepsHandler(Handler):

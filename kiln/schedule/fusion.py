@@ -87,7 +87,12 @@ class FusedGroup:
     def buffer_names(self) -> list[str]:
         return [m.buffer.name for m in self.members]
 
-    def describe(self) -> str:
+    def describe(self, body: bool = False) -> str:
+        """One line (the header comment of the kernel in `kiln.schedule.printer`'s module: cheap enough for
+        the fusion log); with `body`, the whole kernel as that module prints it (`def kernelN(ops)`)."""
+        if body:
+            from .printer import kernel_python
+            return kernel_python(self)
         roles = ", ".join(f"{m.buffer.name}:{m.role}" for m in self.members)
         return f"{self.name}: outer={list(self.outer)} inner={list(self.inner or [])} members=[{roles}]"
 
