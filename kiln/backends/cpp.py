@@ -97,7 +97,8 @@ def _plan_text(state: CompileState) -> str:
     lines = [f"# memory plan of {state.loop.name}: {state.plan.allocations()} allocations, peak "
              f"{state.plan.peak_bytes(state.loop)} bytes"]
     for step in state.plan.steps:
-        what = step.node.name if isinstance(step.node, Segment) else f"{step.node.kind} {step.node.target_name}"
+        node = step.node
+        what = node.name if isinstance(node, Segment) else f"{node.kind} {node.target_name}"
         allocs = ", ".join(n if r is None else f"{n}<-{r}" for n, r in step.allocs)
         lines.append(f"# {what}: alloc [{allocs}] free [{', '.join(step.frees)}]")
     return "\n".join(lines)
@@ -201,8 +202,8 @@ def compile_graph(graph: Graph, example_inputs: list, context: CompileContext | 
         files["kernels.cpp"] = state.cpp_source
         _dump(debug_dir, graph, files)
     counters["cpp"]["graphs compiled"] += 1
-    return CompiledGraph(graph, state.loop, state.schedule, state.plan, state.cpp_source, state.wrapper_source,
-                         state.call, state.records)
+    return CompiledGraph(graph, state.loop, state.schedule, state.plan, state.cpp_source,
+                         state.wrapper_source, state.call, state.records)
 
 
 def _dump(directory: str, graph: Graph, files: dict[str, str]) -> None:

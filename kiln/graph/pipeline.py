@@ -69,7 +69,8 @@ class CompileContext:
 
     def key(self) -> tuple:
         """A hashable summary (equal contexts compile alike)."""
-        return (self.raise_on_error, self.mode, self.dynamic, self.fullgraph, tuple(sorted(self.options.items())))
+        options = tuple(sorted(self.options.items()))
+        return (self.raise_on_error, self.mode, self.dynamic, self.fullgraph, options)
 
     def flag(self, name: str) -> Any:
         """This compile's value of a config flag: its option when given, else the process-wide flag."""
@@ -98,7 +99,8 @@ class Fuel:
         if self.used >= limit:
             if self.refused == 0:
                 what = decision() if callable(decision) else decision
-                log.info("fuel: out after %d decisions; first refused: %s (pass %s)", self.used, what, pass_name)
+                log.info("fuel: out after %d decisions; first refused: %s (pass %s)", self.used, what,
+                         pass_name)
             self.refused += 1
             return False
         self.used += 1

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from ..graph import flatten
-from .ir import BufferRef, ComputedBuffer, ExternNode, LoopGraph, OutputView, Pointwise, Reduction, Scan, ViewRef
+from .ir import (BufferRef, ComputedBuffer, ExternNode, LoopGraph, OutputView, Pointwise, Reduction, Scan,
+                 ViewRef)
 
 
 class LoopVerifyError(AssertionError):

@@ -79,8 +79,8 @@ def test_debug_dir_dumps_artifacts(tmp_path):
         compile_graph(kiln.ops.trace(fn, x, y), [x, y])
     (graph_dir,) = list((tmp_path / "debug").iterdir())
     names = sorted(p.name for p in graph_dir.iterdir())
-    assert names == ["00_to_prims.py", "01_dce.py", "02_cse.py", "03_lower.py", "04_fold_bias.py", "05_fuse.py",
-                     "06_order.py", "07_plan.py", "09_build.py", "kernels.cpp"]
+    assert names == ["00_to_prims.py", "01_dce.py", "02_cse.py", "03_lower.py", "04_fold_bias.py",
+                     "05_fuse.py", "06_order.py", "07_plan.py", "09_build.py", "kernels.cpp"]
     assert 'extern "C"' in (graph_dir / "kernels.cpp").read_text()
     assert (graph_dir / "05_fuse.py").read_text().startswith("# cpp fn: after pass fuse (")
     assert "def kiln_call(" in (graph_dir / "09_build.py").read_text()
