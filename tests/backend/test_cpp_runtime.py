@@ -84,6 +84,10 @@ def test_debug_dir_dumps_artifacts(tmp_path):
     assert 'extern "C"' in (graph_dir / "kernels.cpp").read_text()
     assert (graph_dir / "05_fuse.py").read_text().startswith("# cpp fn: after pass fuse (")
     assert "def kiln_call(" in (graph_dir / "09_build.py").read_text()
+    for name in ("03_lower.py", "04_fold_bias.py", "05_fuse.py", "06_order.py"):  # the dumps run as Python
+        namespace = {}
+        exec(compile((graph_dir / name).read_text(), name, "exec"), namespace)
+        torch.testing.assert_close(namespace["run"](x, y), fn(x, y))
 
 
 def test_auto_picks_cpp_for_cpu(tmp_path):
