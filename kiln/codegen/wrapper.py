@@ -17,6 +17,7 @@ import torch
 from ..graph import map_structure
 from ..graph.interpreter import write_back
 from ..lower.ir import BufferRef, ExternNode, LoopGraph, OutputView, ViewRef
+from ..lower.printer import layout_text
 from ..schedule.memory import Plan, Segment
 
 
@@ -156,6 +157,11 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any],
     src.globals["_fallback"] = fallback
     params = [b.name for b in graph.inputs]
     lines = src.lines
+    lines.append(f"# wrapper of graph {graph.name}: check inputs, allocate, call kernels and externs, return")
+    for b in graph.inputs:
+        lines.append(f"# input {b.name}: {layout_text(b)}")
+    for b in graph.constants:
+        lines.append(f"# constant {b.name}: {layout_text(b)}")
     lines.append(f"def kiln_call({', '.join(params)}):")
     checks = []
     for b in graph.inputs:
@@ -174,28 +180,31 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any],
         node = step.node
         for name, reuse in step.allocs:
             buf = graph.buffers[name]
+            meta = f"  # {layout_text(buf)}"
             if reuse is not None and name in step.inplace:
                 # written in place by this step's kernels: `reuse` is still passed to them, freed after
                 lines.append(f"    {name} = {reuse}.as_strided({tuple(buf.shape)}, "
-                             f"{tuple(buf.layout.strides)})")
+                             f"{tuple(buf.layout.strides)}){meta}")
             elif reuse is not None:
                 lines.append(f"    {name} = {reuse}.as_strided({tuple(buf.shape)}, "
-                             f"{tuple(buf.layout.strides)}); del {reuse}")
+                             f"{tuple(buf.layout.strides)}); del {reuse}{meta}")
             else:
                 dt = src.const(buf.dtype, "dtype")
                 alloc = f"torch.empty_strided({tuple(buf.shape)}, {tuple(buf.layout.strides)}, dtype={dt})"
                 if buf.layout.storage_size() * buf.dtype.itemsize >= HUGE_BYTES:
                     alloc = f"_fresh({tuple(buf.shape)}, {tuple(buf.layout.strides)}, {dt})"
                 if name in recyclable:
-                    lines.append(f"    {name} = _recycle(_pool, {name!r})")
+                    lines.append(f"    {name} = _recycle(_pool, {name!r}){meta}")
                     lines.append(f"    if {name} is None:")
-                    lines.append(f"        {name} = {alloc}")
+                    lines.append(f"        {name} = {alloc}{meta}")
                 else:
-                    lines.append(f"    {name} = {alloc}")
+                    lines.append(f"    {name} = {alloc}{meta}")
         if isinstance(node, Segment):
             fn = src.const(entries[node.name], node.name + "_")
             ptrs = ", ".join(f"{a}.data_ptr()" for a in node.args)
-            lines.append(f"    {fn}({ptrs})")
+            kernels = ", ".join(g.name for g in node.groups)
+            writes = ", ".join(f"{w} {layout_text(graph.buffers[w])}" for w in node.writes)
+            lines.append(f"    {fn}({ptrs})  # {kernels} -> {writes or 'nothing'}")
         else:
             lines.extend(_extern_lines(src, node))
         for name in step.frees:
@@ -233,10 +242,11 @@ def _extern_lines(src: _Source, node: ExternNode) -> list[str]:
     fn = src.const(call, f"{node.kind}_")
     lines = [f"    # {node.describe()}"]
     outs = [o.name for o in node.outputs]
+    meta = f"  # {', '.join(layout_text(o) for o in node.outputs)}"
     if node.multi_output:
-        lines.append(f"    {', '.join(outs)}, = {fn}({', '.join(refs)})")
+        lines.append(f"    {', '.join(outs)}, = {fn}({', '.join(refs)}){meta}")
     else:
-        lines.append(f"    {outs[0]} = {fn}({', '.join(refs)})")
+        lines.append(f"    {outs[0]} = {fn}({', '.join(refs)}){meta}")
     for o in node.outputs:
         lines.append(f"    {o.name} = _restride({o.name}, {tuple(o.layout.strides)})")
     return lines
