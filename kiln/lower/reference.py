@@ -20,7 +20,8 @@ import sympy
 import torch
 
 from ..graph.interpreter import write_back as _write_back
-from .index import FloorDiv, ModularIndexing
+from .index import FloorDiv, ModularIndexing, index_var, linear_index
+from .ir import ComputedBuffer, Reduction, Scan
 from .ops import COMPARISONS, Handler
 
 _TORCH_NAMES = {"shift_left": "bitwise_left_shift", "shift_right": "bitwise_right_shift"}
@@ -181,9 +182,10 @@ class Reference(Handler):
         return self.tensors[name]
 
     def view(self, name: str, shape: tuple, strides: tuple, offset: int) -> torch.Tensor:
-        """A strided view of a buffer's memory, `offset` counted from its first element (as the wrapper)."""
-        t = self.tensors[name]
-        return t.as_strided(shape, strides, t.storage_offset() + offset)
+        """A strided view of a buffer's memory, `offset` counted from where its indices count (the data
+        pointer the kernels get: an input's first element, a fresh buffer's first slot), as the wrapper."""
+        flat = self.flat[name]
+        return flat.as_strided(shape, strides, flat.storage_offset() + offset)
 
     def extern(self, outputs: Sequence[tuple], target: Callable[..., Any], args: tuple, kwargs: dict,
                multi_output: bool = False) -> None:
@@ -207,6 +209,22 @@ class Reference(Handler):
     def write_back(target: torch.Tensor, value: torch.Tensor) -> None:
         """A mutated input receives its final value (as the graph interpreter and the wrapper do)."""
         _write_back(target, value)
+
+    def compute(self, buf: ComputedBuffer) -> None:
+        """Allocate and compute a buffer by running its body directly (its index expressions stay sympy and
+        are evaluated here): what the printed `ops.store(name, index, bufN(ops, i0, ...))` lines do."""
+        data = buf.data
+        index = [index_var("i", d) for d in range(len(data.ranges))]
+        rindex = [index_var("r", d) for d in range(len(data.reduction_ranges))] if buf.is_reduction else []
+        self.allocate(buf.name, buf.shape, buf.layout.strides, buf.dtype, buf.layout.offset)
+        self.bind(index + rindex, self.grid(data.ranges, data.reduction_ranges if rindex else ()))
+        if isinstance(data, Reduction):
+            value = self.reduce(data.reduction_type, data.fn(self, index, rindex), buf.dtype)
+        elif isinstance(data, Scan):
+            value = self.scan(data.scan_type, data.fn(self, index), data.dim, buf.dtype)
+        else:
+            value = data.fn(self, index)
+        self.store(buf.name, linear_index(index, buf.layout.strides, buf.layout.offset), value)
 
     # -- iteration spaces --
     def grid(self, ranges: Sequence[int], reduction_ranges: Sequence[int] = ()) -> tuple[torch.Tensor, ...]:
@@ -239,9 +257,8 @@ class Reference(Handler):
                              f"{size} elements")
 
     def store(self, name: str, index: Any, value: Any) -> None:
-        """Write `value` at `index` of a buffer; neither may vary along a dim the other holds constant
-        unless it is the value that stays constant (a value varying where the index does not would write
-        one element twice)."""
+        """Write `value` at `index` of a buffer. The value may be constant along a dim of the space where
+        the index varies (it is broadcast), not the other way round (one element would be written twice)."""
         flat = self.flat[name]
         index, value = self._index(index), self._value(value)
         shape = torch.broadcast_shapes(index.shape, value.shape)

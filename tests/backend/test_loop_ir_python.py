@@ -1,14 +1,14 @@
 """Every loop IR prints as runnable Python, and the printed modules compute the graph's values.
 
-The programs are the fusion tests' own. Each test of test_cpp_backend.py and test_memory_order.py runs here
-with its compile entry points replaced by a recorder: the recorder puts the graph through the cpp backend's
-passes up to (not including) code generation, prints the loop graph before fusion
+The programs are the fusion tests' own. Each test of test_cpp_backend.py, test_memory_order.py and
+test_fuzz_cpp.py runs here with its compile entry points replaced by a recorder: the recorder puts the graph
+through the cpp backend's passes up to (not including) code generation, prints the loop graph before fusion
 (`kiln.lower.printer.loop_python`) and the fused, ordered schedule (`kiln.schedule.printer.schedule_python`),
 `exec`s each module on its own, runs it on the reference handler and compares its outputs and mutated
 inputs with the graph interpreter (`kiln.graph.run(graph, inputs, torch_level=True)`): default tolerances for
 each float dtype, exact for integers and bools. The test itself then continues with a stand-in for the
 compiled graph whose call runs the printed schedule, so its own assertions (kernel counts, the plan, values
-against eager, second calls with other inputs) hold for the printed module too. test_fuzz_cpp.py's programs
+against eager, second calls with other inputs) hold for the printed module too; test_fuzz_cpp.py's programs
 (captured by kiln.compile, with graph breaks, mutations and aliasing inputs) reach the recorder through the
 cpp backend's `compile_graph`. No C++ compiler is needed.
 """
@@ -23,15 +23,16 @@ import pytest
 import torch
 
 import kiln
+import kiln.backends.cpp as kiln_cpp
 import kiln.ops
 from kiln import config
-import kiln.backends.cpp as kiln_cpp
 from kiln.backends.cpp import PASSES, CompiledGraph
 from kiln.codegen.cpp import CPP_TARGET
 from kiln.graph import map_structure, run
 from kiln.graph.pipeline import CompileContext, CompileState, run_pipeline
 from kiln.lower.ir import ComputedBuffer, ExternNode
 from kiln.lower.printer import constants_of, loop_python
+from kiln.lower.reference import Reference
 from kiln.schedule.fusion import FusedGroup
 from kiln.schedule.printer import schedule_python
 
@@ -77,10 +78,13 @@ def _parameter_sets(fn):
         yield kwargs
 
 
+_MODULES = {}
+
+
 def _collect():
     cases = []
     for filename in SOURCES:
-        module = _load(filename)
+        module = _MODULES[filename] = _load(filename)
         for name, fn in vars(module).items():
             if not (name.startswith("test_") and inspect.isfunction(fn)):
                 continue
@@ -209,9 +213,6 @@ def _patched(module, recorder):
     return patches
 
 
-_MODULES = {}
-
-
 @pytest.mark.parametrize("filename, name, kwargs", _collect())
 def test_printed_loop_ir_matches_the_interpreter(filename, name, kwargs):
     module = _MODULES.get(filename) or _MODULES.setdefault(filename, _load(filename))
@@ -286,3 +287,25 @@ def test_a_wrong_body_is_caught():
     got = _module(broken, "<broken>")(x, constants={})
     with pytest.raises(AssertionError):
         _assert_same(got, (x * 2).sum(-1), "broken module")
+
+
+def test_reference_runs_bodies_directly():
+    """The reference handler runs a body itself too, its index expressions (FloorDiv, ModularIndexing
+    included) left as sympy and evaluated on the loop variables' tensors, and agrees with the printed
+    module."""
+    x = torch.randn(6, 10)
+
+    def fn(x):
+        return x.exp().reshape(4, 15).t().sum(-1), torch.cumsum(x, 1)
+    graph = kiln.ops.trace(fn, x)
+    state = run_pipeline("direct", SCHEDULE_PASSES, CompileState(graph, [x], CPP_TARGET), CompileContext())
+    loop = state.loop
+    assert "modular_indexing(" in loop.describe()  # the transposed reshape reads with a remainder
+    ops = Reference()
+    ops.input("x", x, (6, 10), (10, 1), torch.float32)
+    for node in loop.nodes:
+        ops.compute(node)
+    printed = _module(loop_python(loop), "<direct>")(x)
+    direct = tuple(ops.tensor(ref.name) for ref in loop.output)
+    _assert_same(direct, fn(x), "direct run")
+    _assert_same(direct, printed, "direct run against the printed module")
