@@ -31,8 +31,10 @@ from kiln.codegen.cpp import CPP_TARGET
 from kiln.graph import map_structure, run
 from kiln.graph.pipeline import CompileContext, CompileState, run_pipeline
 from kiln.lower.ir import ComputedBuffer, ExternNode
+from kiln.lower.ops import BINARY_OPS, UNARY_OPS
 from kiln.lower.printer import constants_of, loop_python
 from kiln.lower.reference import Reference
+from kiln.prims.registry import PRIMS
 from kiln.schedule.fusion import FusedGroup
 from kiln.schedule.printer import schedule_python
 
@@ -309,3 +311,30 @@ def test_reference_runs_bodies_directly():
     direct = tuple(ops.tensor(ref.name) for ref in loop.output)
     _assert_same(direct, fn(x), "direct run")
     _assert_same(direct, printed, "direct run against the printed module")
+
+
+@pytest.mark.parametrize("name", sorted(UNARY_OPS | BINARY_OPS))
+def test_reference_op_is_the_prim(name):
+    """Each scalar op of the loop IR computes what the prim of the same name computes (its meaning; the
+    logical ops, which no prim has, torch's), in each of float32, int32 and bool the prim accepts, NaN,
+    infinities and signed zeros included."""
+    prim = PRIMS.get(name)
+    meaning = prim.ref if prim is not None else getattr(torch, name)
+    arity = 1 if name in UNARY_OPS else 2
+    floats = torch.tensor([-2.5, -1.0, -0.0, 0.0, 0.5, 1.0, 3.0, float("nan"), float("inf"), -float("inf")])
+    samples = {torch.float32: (floats, floats.flip(0)),
+               torch.int32: (torch.tensor([-7, -3, -1, 0, 1, 2, 5, 9], dtype=torch.int32),
+                             torch.tensor([3, 1, 2, 1, 3, 1, 2, 4], dtype=torch.int32)),
+               torch.bool: (torch.tensor([True, False, True, False]),
+                            torch.tensor([True, True, False, False]))}
+    accepted = 0
+    for dtype, operands in samples.items():
+        args = operands[:arity]
+        if prim is not None:
+            try:
+                prim.meta(*args)
+            except (TypeError, RuntimeError):
+                continue
+        _assert_same(Reference().op(name, *args), meaning(*args), f"ops.{name} on {dtype}")
+        accepted += 1
+    assert accepted, f"prims.{name} accepts none of the sample dtypes"
