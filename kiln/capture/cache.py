@@ -118,7 +118,10 @@ class CompiledFunction:
         # the function it was made for); `family` separates caches per compiler (the backend and its
         # options: kiln.compile(f, backend="cpp") never runs graphs an earlier kiln.compile(f) compiled)
         family = backend if family is None else family
-        self.cache = cache_for(self.code, bound_self, (closure_key(fn), defaults_key(fn), family))
+        # (and their globals: code objects compare by value, so equal code exec'd in two namespaces is
+        # two functions reading different globals)
+        self.cache = cache_for(self.code, bound_self, (closure_key(fn), defaults_key(fn), id(fn.__globals__),
+                                                       family))
         self.name = self.code.co_qualname
         functools.update_wrapper(self, fn)
 
@@ -302,7 +305,7 @@ class CompiledFunction:
 
     def _resume_function(self, rcode: types.CodeType) -> "CompiledFunction":
         """The compiled resume function for a resume code of this frame (one per code and backend)."""
-        key = (rcode, closure_key(self.fn), id(self.backend))
+        key = (rcode, closure_key(self.fn), id(self.fn.__globals__), id(self.backend))
         compiled = _RESUMES.get(key)
         if compiled is None:
             fn = make_resume_function(self.fn, rcode)
