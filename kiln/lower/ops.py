@@ -14,7 +14,7 @@ from typing import Any
 import sympy
 from sympy.printing.str import StrPrinter
 
-from .index import simplify_index
+from .index import FloorDiv, ModularIndexing, simplify_index
 
 UNARY_OPS = frozenset("""
 abs neg sign exp exp2 expm1 log log2 log10 log1p sqrt rsqrt reciprocal sin cos tan asin acos atan sinh cosh
@@ -63,24 +63,24 @@ class Handler:
 
 
 class _IndexPrinter(StrPrinter):
-    """sympy's str form, which is Python, with kiln's index functions spelled as the reference's helpers."""
+    """sympy's str form, which is Python for integer polynomials, with kiln's index functions spelled as
+    the reference's helpers. Anything else (a fraction, a float, another function) has no spelling."""
+
+    def doprint(self, expr: Any) -> str:
+        spelled = (FloorDiv, ModularIndexing, sympy.Symbol, sympy.Integer, sympy.Add, sympy.Mul)
+        for node in sympy.preorder_traversal(expr):
+            if isinstance(node, spelled):
+                continue
+            if isinstance(node, sympy.Pow) and node.exp.is_Integer and int(node.exp) >= 0:
+                continue
+            raise NotImplementedError(f"no Python spelling for {node} ({type(node).__name__})")
+        return super().doprint(expr)
 
     def _print_FloorDiv(self, expr: Any) -> str:
         return f"floordiv({self._print(expr.args[0])}, {self._print(expr.args[1])})"
 
     def _print_ModularIndexing(self, expr: Any) -> str:
         return f"modular_indexing({self._print(expr.args[0])}, {self._print(expr.args[1])})"
-
-    def _print_Function(self, expr: Any) -> str:
-        raise NotImplementedError(f"no Python spelling for index function {type(expr).__name__}")
-
-    def _print_Rational(self, expr: Any) -> str:
-        if expr.q != 1:
-            raise NotImplementedError(f"a fraction in an index expression: {expr}")
-        return str(expr.p)
-
-    def _print_Float(self, expr: Any) -> str:
-        raise NotImplementedError(f"a float in an index expression: {expr}")
 
 
 _INDEX_PRINTER = _IndexPrinter()
@@ -103,8 +103,11 @@ class PrintHandler(Handler):
 
     @staticmethod
     def index_text(expr: Any) -> str:
-        """Python text of an index expression."""
-        return _INDEX_PRINTER.doprint(sympy.sympify(expr))
+        """Python text of an index expression (one without a Python spelling fails when it runs)."""
+        try:
+            return _INDEX_PRINTER.doprint(sympy.sympify(expr))
+        except NotImplementedError as e:
+            return f"unprintable({f'index expression {expr}: {e}'!r})()"
 
     @staticmethod
     def value_text(value: Any) -> str:

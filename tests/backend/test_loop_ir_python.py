@@ -20,6 +20,7 @@ import pathlib
 import traceback
 
 import pytest
+import sympy
 import torch
 
 import kiln
@@ -30,8 +31,10 @@ from kiln.backends.cpp import PASSES, CompiledGraph
 from kiln.codegen.cpp import CPP_TARGET
 from kiln.graph import map_structure, run
 from kiln.graph.pipeline import CompileContext, CompileState, run_pipeline
+from kiln.lower import reference
+from kiln.lower.index import FloorDiv, ModularIndexing, index_var
 from kiln.lower.ir import ComputedBuffer, ExternNode
-from kiln.lower.ops import BINARY_OPS, UNARY_OPS
+from kiln.lower.ops import BINARY_OPS, UNARY_OPS, PrintHandler
 from kiln.lower.printer import constants_of, loop_python
 from kiln.lower.reference import Reference
 from kiln.prims.registry import PRIMS
@@ -338,3 +341,18 @@ def test_reference_op_is_the_prim(name):
         _assert_same(Reference().op(name, *args), meaning(*args), f"ops.{name} on {dtype}")
         accepted += 1
     assert accepted, f"prims.{name} accepts none of the sample dtypes"
+
+
+def test_an_index_without_a_python_spelling_fails_when_run_not_when_printed():
+    """A fraction or another function in an index prints as a call that raises (a dump never breaks the
+    compile); FloorDiv and ModularIndexing print as the reference's helpers and evaluate as they mean."""
+    i = index_var("i", 0)
+    namespace = {"floordiv": reference.floordiv, "modular_indexing": reference.modular_indexing,
+                 "unprintable": reference.unprintable, "i0": torch.arange(20)}
+    text = PrintHandler.index_text(3 * FloorDiv(i + 2, 7) + ModularIndexing(i, 4))
+    assert torch.equal(eval(text, namespace), 3 * ((torch.arange(20) + 2) // 7) + torch.arange(20) % 4)
+    for expr in (sympy.Rational(1, 2) * i, sympy.Min(i, 3)):
+        text = PrintHandler.index_text(expr)
+        assert text.startswith("unprintable(")
+        with pytest.raises(NotImplementedError, match="index expression"):
+            eval(text, namespace)
