@@ -15,6 +15,7 @@ from typing import Any
 import sympy
 import torch
 
+from ..graph.layout import contiguous_strides
 from ..lower.index import FloorDiv, ModularIndexing, index_bounds, simplify_index
 from ..lower.ir import Buffer, ComputedBuffer, Reduction
 from ..lower.ops import Handler
@@ -588,7 +589,7 @@ class KernelWriter:
         inner_depth = self._inner_loops(group, depth, pragma, split, "float" if blocked else None)
         value = self._body(group, member, inner_depth)
         if is_arg:
-            strides = _row_major(inner)
+            strides = contiguous_strides(inner)
             rlin = " + ".join(f"r{d} * {s}" for d, s in enumerate(strides)) or "0"
             self.emit(f"kiln_{rtype}<{actype}>(acc, acci, {value}, {rlin});", inner_depth)
         elif blocked:
@@ -632,16 +633,8 @@ class KernelWriter:
 
 
 def _inner_linear(group: FusedGroup) -> str:
-    strides = _row_major(group.inner or ())
+    strides = contiguous_strides(group.inner or ())
     return " + ".join(f"r{d} * {s}" for d, s in enumerate(strides)) or "0"
-
-
-def _row_major(shape: tuple) -> list[int]:
-    strides, running = [], 1
-    for size in reversed(shape):
-        strides.append(running)
-        running *= size
-    return strides[::-1]
 
 
 def segment_source(entry: str, groups: list[FusedGroup], args: list[str], buffers: dict[str, Buffer],

@@ -5,12 +5,13 @@ A shape entry is an `int` or a sympy expression (a symbolic size); meta rules co
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence, Union
 
-import sympy
 import torch
 
-Dim = Union[int, sympy.Expr]
+from .layout import Dim, contiguous_strides, is_contiguous, is_non_overlapping_and_dense, numel
+
+# `dense_strides` is the name capture imports (a bool: the strides are some permutation of a dense layout)
+dense_strides = is_non_overlapping_and_dense
 
 _DTYPE_ABBREV = {
     torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
@@ -23,44 +24,22 @@ def dtype_abbrev(dtype: torch.dtype) -> str:
     return _DTYPE_ABBREV.get(dtype, str(dtype).removeprefix("torch."))
 
 
-def contiguous_strides(shape: Sequence[Dim]) -> tuple[Dim, ...]:
-    """Row-major strides of a shape (size-0 and size-1 dims get the stride they would have at size 1)."""
-    strides: list[Dim] = []
-    running: Dim = 1
-    for size in reversed(shape):
-        strides.append(running)
-        running = running * (size if not (isinstance(size, int) and size == 0) else 1)
-    return tuple(reversed(strides))
-
-
-def dense_strides(shape: Sequence[int], strides: Sequence[int]) -> bool:
-    """Non-overlapping and dense: the strides are a permutation of some contiguous layout's."""
-    expected = 1
-    for size, stride in sorted(zip(shape, strides), key=lambda p: p[1]):
-        if size == 1:
-            continue
-        if stride != expected:
-            return False
-        expected *= size
-    return True
-
-
-def numel(shape: Sequence[Dim]) -> Dim:
-    total: Dim = 1
-    for size in shape:
-        total = total * size
-    return total
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class TensorMeta:
-    """Shape, strides, dtype, device and requires_grad of a tensor value."""
+    """Shape, strides, dtype, device, requires_grad and storage offset of a tensor value.
+
+    `storage_offset` is eager's: elements from the start of the storage to element 0. A view prim's meta
+    rule gives its input's offset moved by the view; any other prim's result starts a storage (0). Only
+    differences of offsets along a chain of views mean something to a compiled graph (the offset of an
+    input is not guarded).
+    """
 
     shape: tuple[Dim, ...]
     dtype: torch.dtype
     device: torch.device = torch.device("cpu")
     strides: tuple[Dim, ...] | None = None
     requires_grad: bool = False
+    storage_offset: Dim = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(self.shape))
@@ -73,7 +52,8 @@ class TensorMeta:
 
     @staticmethod
     def of(t: torch.Tensor) -> "TensorMeta":
-        return TensorMeta(tuple(t.shape), t.dtype, t.device, tuple(t.stride()), t.requires_grad)
+        return TensorMeta(tuple(t.shape), t.dtype, t.device, tuple(t.stride()), t.requires_grad,
+                          t.storage_offset())
 
     @property
     def ndim(self) -> int:
@@ -83,11 +63,7 @@ class TensorMeta:
         return numel(self.shape)
 
     def is_contiguous(self) -> bool:
-        expected = contiguous_strides(self.shape)
-        return all(
-            size == 1 or stride == want
-            for size, stride, want in zip(self.shape, self.strides, expected)
-        ) or self.numel() == 0
+        return is_contiguous(self.shape, self.strides)
 
     def with_(self, **changes) -> "TensorMeta":
         return dataclasses.replace(self, **changes)

@@ -16,6 +16,7 @@ import sympy
 import torch
 
 from .. import config
+from ..graph.layout import is_contiguous
 from .index import linear_index, simplify_index
 from .ir import ComputedBuffer, ExternNode, InputBuffer, LoopGraph, Pointwise, ViewRef
 from .ops import Handler
@@ -61,12 +62,8 @@ def _readers(graph: LoopGraph) -> dict[str, int]:
 
 
 def _contiguous(layout: Any) -> bool:
-    expected = 1
-    for size, stride in reversed(list(zip(layout.shape, layout.strides))):
-        if size != 1 and stride != expected:
-            return False
-        expected *= size
-    return layout.offset == 0
+    """Row-major from the buffer's first element (what addmm's result and argument views assume)."""
+    return is_contiguous(layout.shape, layout.strides) and layout.offset == 0
 
 
 def _bias_operand(graph: LoopGraph, load: Any, index: list, n: int) -> Any:

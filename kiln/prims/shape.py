@@ -1,4 +1,5 @@
-"""Shape and view prims. View prims' meta rules give exact strides (they alias their input, as eager).
+"""Shape and view prims. View prims' meta rules give eager's exact strides and storage offsets (they alias
+their input, as eager).
 
 Views (tag "view"):
   broadcast_in_dim(a, shape, broadcast_dimensions)  input dim i becomes output dim broadcast_dimensions[i]
@@ -22,8 +23,10 @@ from typing import Any, Sequence
 import sympy
 import torch
 
-from ..graph import TensorMeta, contiguous_strides
-from ..graph.meta import numel
+from ..graph import TensorMeta
+# (kiln.ops imports the layout rules it needs from here too)
+from ..graph.layout import (contiguous_strides, dense_strides_like, is_non_overlapping_and_dense, numel,
+                            strides_in_order)
 from .registry import check, is_tensor, meta_of, prim, shape_text
 
 
@@ -40,7 +43,8 @@ def _broadcast_in_dim_meta(a: Any, shape: Sequence[int], broadcast_dimensions: S
     for i, d in enumerate(dims):
         check(m.shape[i] == shape[d] or m.shape[i] == 1, lambda: f"prims.broadcast_in_dim: input dim {i} of "
               f"size {m.shape[i]} cannot broadcast to size {shape[d]} (input {shape_text(a)}, shape {shape})")
-    return TensorMeta(shape, m.dtype, m.device, _broadcast_strides(m, shape, dims))
+    return TensorMeta(shape, m.dtype, m.device, _broadcast_strides(m, shape, dims),
+                      storage_offset=m.storage_offset)
 
 
 def _broadcast_strides(m: TensorMeta, shape: tuple, dims: tuple) -> tuple:
@@ -122,56 +126,6 @@ def view_strides(shape: Sequence[Any], strides: Sequence[Any], new_shape: Sequen
     return tuple(result)
 
 
-def is_non_overlapping_and_dense(shape: Sequence[Any], strides: Sequence[Any]) -> bool:
-    """Eager's is_non_overlapping_and_dense: some permutation of the dims is contiguous."""
-    if len(shape) == 1:
-        return shape[0] < 2 or strides[0] == 1
-    order = sorted(range(len(shape)), key=lambda d: (shape[d] < 2, strides[d]))
-    expected: Any = 1
-    for d in order:
-        if shape[d] == 1:
-            continue
-        if strides[d] != expected:
-            return False
-        expected = expected * shape[d]
-    return True
-
-
-def dense_strides_like(shape: Sequence[Any], strides: Sequence[Any]) -> tuple:
-    """Contiguous strides in the dim order of `strides` (eager's infer_dense_strides, as empty_like uses)."""
-    ndim = len(shape)
-    perm = list(range(ndim - 1, -1, -1))
-
-    def should_swap(d0: int, d1: int) -> int:
-        s0, s1 = strides[d0], strides[d1]
-        if s0 == 0 or s1 == 0:
-            return 0
-        if s0 < s1:
-            return -1
-        if s0 > s1:
-            return 1
-        if shape[d0] > shape[d1]:
-            return 1
-        return 0
-    for i in range(1, ndim):
-        dim1 = i
-        for j in range(1, i + 1):
-            dim0 = i - j
-            comparison = should_swap(perm[dim0], perm[dim1])
-            if comparison > 0:
-                perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
-                dim1 = dim0
-            elif comparison < 0:
-                break
-    out: list[Any] = [0] * ndim
-    running: Any = 1
-    for d in perm:
-        out[d] = running
-        if shape[d] > 1:
-            running = running * shape[d]
-    return tuple(out)
-
-
 def memory_format_strides(shape: Sequence[Any], memory_format: torch.memory_format, op: str) -> tuple:
     """Strides of a fresh tensor of `shape` in a (non-preserve) memory format."""
     if memory_format == torch.contiguous_format:
@@ -180,13 +134,7 @@ def memory_format_strides(shape: Sequence[Any], memory_format: torch.memory_form
         rank = 4 if memory_format == torch.channels_last else 5
         check(len(shape) == rank, lambda: f"{op}: required rank {rank} tensor to use {memory_format} "
               f"format, got shape {list(shape)}")
-        order = [1] + list(range(rank - 1, 1, -1)) + [0]  # C fastest, then W, H, (D), N
-        out: list[Any] = [0] * rank
-        running: Any = 1
-        for d in order:
-            out[d] = running
-            running = running * builtins.max(shape[d], 1)
-        return tuple(out)
+        return strides_in_order(shape, [1] + list(range(rank - 1, 1, -1)) + [0])  # C, W, H, (D), N
     raise RuntimeError(f"{op}: unsupported memory format {memory_format}")
 
 
@@ -201,7 +149,7 @@ def _view_meta(a: Any, shape: Sequence[Any]) -> TensorMeta:
     strides = view_strides(m.shape, m.strides, shape)
     check(strides is not None, lambda: "view size is not compatible with input tensor's size and stride (at "
           "least one dimension spans across two contiguous subspaces). Use .reshape(...) instead.")
-    return TensorMeta(shape, m.dtype, m.device, strides)
+    return TensorMeta(shape, m.dtype, m.device, strides, storage_offset=m.storage_offset)
 
 
 view = prim("view", _view_meta, lambda a, shape: a.view(tuple(shape)), tags=("view",),
@@ -216,7 +164,8 @@ def _permute_meta(a: Any, dims: Sequence[int]) -> TensorMeta:
     dims = _int_tuple("permute", "dims", dims)
     check(sorted(dims) == list(range(m.ndim)), lambda: f"prims.permute: dims {dims} are not a permutation of "
           f"the {m.ndim} dims of {shape_text(a)}")
-    return TensorMeta(tuple(m.shape[d] for d in dims), m.dtype, m.device, tuple(m.strides[d] for d in dims))
+    return TensorMeta(tuple(m.shape[d] for d in dims), m.dtype, m.device, tuple(m.strides[d] for d in dims),
+                      storage_offset=m.storage_offset)
 
 
 permute = prim("permute", _permute_meta, lambda a, dims: a.permute(tuple(dims)), tags=("view",),
@@ -233,7 +182,8 @@ def _squeeze_meta(a: Any, dims: Sequence[int]) -> TensorMeta:
     check(all(m.shape[d] == 1 for d in dims),
           lambda: f"prims.squeeze: dims {dims} of {shape_text(a)} must all have size 1")
     keep = [d for d in range(m.ndim) if d not in dims]
-    return TensorMeta(tuple(m.shape[d] for d in keep), m.dtype, m.device, tuple(m.strides[d] for d in keep))
+    return TensorMeta(tuple(m.shape[d] for d in keep), m.dtype, m.device, tuple(m.strides[d] for d in keep),
+                      storage_offset=m.storage_offset)
 
 
 def _alias(a: torch.Tensor) -> torch.Tensor:
@@ -262,7 +212,7 @@ def _expand_dims_meta(a: Any, dims: Sequence[int]) -> TensorMeta:
         stride = 1 if d >= len(shape) else shape[d] * strides[d]
         shape.insert(d, 1)
         strides.insert(d, stride)
-    return TensorMeta(tuple(shape), m.dtype, m.device, tuple(strides))
+    return TensorMeta(tuple(shape), m.dtype, m.device, tuple(strides), storage_offset=m.storage_offset)
 
 
 def _expand_dims_ref(a: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
@@ -287,7 +237,7 @@ def _as_strided_meta(a: Any, shape: Sequence[Any], strides: Sequence[Any], stora
     check(all(s >= 0 for s in strides), lambda: f"as_strided: Negative strides are not supported at the "
           f"moment, got strides: {list(strides)}")
     check(storage_offset >= 0, lambda: f"Tensor: invalid storage offset {storage_offset}")
-    return TensorMeta(shape, m.dtype, m.device, strides)
+    return TensorMeta(shape, m.dtype, m.device, strides, storage_offset=storage_offset)
 
 
 as_strided = prim("as_strided", _as_strided_meta,
@@ -314,7 +264,9 @@ def _diagonal_meta(a: Any, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Ten
     keep = [d for d in range(m.ndim) if d not in (dim1, dim2)]
     shape = tuple(m.shape[d] for d in keep) + (size,)
     strides = tuple(m.strides[d] for d in keep) + (m.strides[dim1] + m.strides[dim2],)
-    return TensorMeta(shape, m.dtype, m.device, strides)
+    # eager moves the offset to the diagonal's first element, unless the diagonal is empty
+    start = 0 if size == 0 else offset * m.strides[dim2] if offset >= 0 else -offset * m.strides[dim1]
+    return TensorMeta(shape, m.dtype, m.device, strides, storage_offset=m.storage_offset + start)
 
 
 diagonal = prim("diagonal", _diagonal_meta,
@@ -330,7 +282,7 @@ def _unfold_meta(a: Any, dim: int, size: int, step: int) -> TensorMeta:
     check(step > 0, lambda: f"step is {step} but must be > 0")
     if m.ndim == 0:
         check(size <= 1, lambda: f"maximum size for tensor at dimension {dim} is 1 but size is {size}")
-        return TensorMeta((size,), m.dtype, m.device, (1,))
+        return TensorMeta((size,), m.dtype, m.device, (1,), storage_offset=m.storage_offset)
     check(size <= m.shape[dim], lambda: f"maximum size for tensor at dimension {dim} is {m.shape[dim]} but "
           f"size is {size}")
     check(size >= 0, lambda: f"size is {size} but must be >= 0")
@@ -338,7 +290,8 @@ def _unfold_meta(a: Any, dim: int, size: int, step: int) -> TensorMeta:
     strides = list(m.strides)
     shape[dim] = (m.shape[dim] - size) // step + 1
     strides[dim] = m.strides[dim] * step
-    return TensorMeta(tuple(shape) + (size,), m.dtype, m.device, tuple(strides) + (m.strides[dim],))
+    return TensorMeta(tuple(shape) + (size,), m.dtype, m.device, tuple(strides) + (m.strides[dim],),
+                      storage_offset=m.storage_offset)
 
 
 unfold = prim("unfold", _unfold_meta, lambda a, dim, size, step: a.unfold(dim, size, step), tags=("view",),
@@ -455,13 +408,15 @@ def _slice_meta(a: Any, start_indices: Sequence[Any], limit_indices: Sequence[An
           lambda: f"prims.slice: needs one start, limit and stride per dim of {shape_text(a)}, got "
                   f"{start}, {limit}, {steps}")
     shape, out_strides = [], []
+    offset = m.storage_offset
     for d in range(m.ndim):
         check(0 <= start[d] <= limit[d] <= m.shape[d] and steps[d] >= 1,
               lambda: f"prims.slice: dim {d}: need 0 <= start ({start[d]}) <= limit ({limit[d]}) <= size "
                       f"({m.shape[d]}) and stride ({steps[d]}) >= 1, for {shape_text(a)}", IndexError)
         shape.append((limit[d] - start[d] + steps[d] - 1) // steps[d])
         out_strides.append(m.strides[d] * steps[d])
-    return TensorMeta(tuple(shape), m.dtype, m.device, tuple(out_strides))
+        offset = offset + start[d] * m.strides[d]
+    return TensorMeta(tuple(shape), m.dtype, m.device, tuple(out_strides), storage_offset=offset)
 
 
 def _slice_ref(a: torch.Tensor, start_indices: Sequence[int], limit_indices: Sequence[int],

@@ -16,6 +16,7 @@ import sympy
 
 from .. import config
 from ..lower.index import simplify_index
+from ..graph.layout import is_non_overlapping_and_dense, numel
 from ..graph.pipeline import FUEL
 from ..lower.ir import ComputedBuffer, ExternNode, InputBuffer, LoopGraph, Pointwise
 from ..lower.target import Target
@@ -113,12 +114,7 @@ def _segment_reads(seg: Segment) -> list[str]:
 
 def _dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     """Each element at its own address, no gaps (a permutation of a contiguous layout), not empty."""
-    expected = 1
-    for stride, size in sorted((st, sz) for sz, st in zip(shape, strides) if sz != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return expected > 0 and all(s > 0 for s in shape)
+    return numel(shape) > 0 and is_non_overlapping_and_dense(shape, strides)
 
 
 def _in_place(graph: LoopGraph, seg: Segment, name: str, candidates: set[str]) -> str | None:

@@ -6,7 +6,8 @@ import torch
 
 from kiln import prims
 from kiln.graph import TensorMeta
-from kiln.prims.shape import dense_strides_like, is_non_overlapping_and_dense, view_strides
+from kiln.graph.layout import dense_strides_like, is_non_overlapping_and_dense
+from kiln.prims.shape import view_strides
 
 
 def check_prim(p, *args, **kwargs):

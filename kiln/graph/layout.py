@@ -1,0 +1,131 @@
+"""Layout rules: where the elements of a strided tensor live.
+
+A layout is (shape, strides, storage_offset), in elements: element `index` lives at
+`storage_offset + sum(index[d] * strides[d])`. Every stage asks the same questions of layouts — is it
+row-major, does it cover its memory exactly once, what dense strides keep its dim order, how much storage
+does it reach — and this module is the one place that answers them.
+
+Sizes, strides and offsets are `Dim`s: ints or sympy expressions (symbolic sizes). `numel`,
+`contiguous_strides`, `strides_in_order`, `is_contiguous` and `storage_size` compute with either; a
+symbolic size is used as it is (taken not to be 0). The rules that sort dims by stride
+(`is_non_overlapping_and_dense`, `is_non_overlapping`, `dense_strides_like`) need comparable strides:
+ints, or expressions whose order sympy can decide.
+"""
+from __future__ import annotations
+
+from typing import Sequence, Union
+
+import sympy
+
+Dim = Union[int, sympy.Expr]
+
+
+def numel(shape: Sequence[Dim]) -> Dim:
+    """The number of elements of a shape (1 for a 0-d shape)."""
+    total: Dim = 1
+    for size in shape:
+        total = total * size
+    return total
+
+
+def _extent(size: Dim) -> Dim:
+    """What a dim multiplies the strides of the dims outside it by: its size, 1 for a size-0 dim (as eager,
+    whose strides of an empty tensor are those it would have at size 1)."""
+    return 1 if size == 0 else size
+
+
+def strides_in_order(shape: Sequence[Dim], order: Sequence[int]) -> tuple[Dim, ...]:
+    """Dense strides laying the dims out in `order`, innermost first: `order[0]` gets stride 1, each next
+    dim the product of the extents before it. `order` is a permutation of the dims."""
+    strides: list[Dim] = [0] * len(shape)
+    running: Dim = 1
+    for d in order:
+        strides[d] = running
+        running = running * _extent(shape[d])
+    return tuple(strides)
+
+
+def contiguous_strides(shape: Sequence[Dim]) -> tuple[Dim, ...]:
+    """Row-major strides (eager's contiguous layout): the last dim innermost."""
+    return strides_in_order(shape, range(len(shape) - 1, -1, -1))
+
+
+def is_contiguous(shape: Sequence[Dim], strides: Sequence[Dim]) -> bool:
+    """Eager's is_contiguous: row-major, ignoring the strides of size-1 dims; an empty tensor always is."""
+    if any(size == 0 for size in shape):
+        return True
+    expected: Dim = 1
+    for size, stride in zip(reversed(shape), reversed(strides)):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected = expected * size
+    return True
+
+
+def is_non_overlapping_and_dense(shape: Sequence[Dim], strides: Sequence[Dim]) -> bool:
+    """Eager's is_non_overlapping_and_dense: some permutation of the dims is contiguous (every element at
+    its own address, no gaps). Dims of size 0 or 1 place nothing, so their strides do not matter."""
+    placed = sorted((stride, size) for size, stride in zip(shape, strides) if size != 1)
+    if any(size == 0 for _, size in placed):
+        return True
+    expected: Dim = 1
+    for stride, size in placed:
+        if stride != expected:
+            return False
+        expected = expected * size
+    return True
+
+
+def is_non_overlapping(shape: Sequence[Dim], strides: Sequence[Dim]) -> bool:
+    """No two elements share an address, gaps allowed (a slice's layout): sorted by stride, each dim steps
+    over everything the smaller-strided dims reach. (Sufficient, not necessary: interleaved layouts that
+    never collide are refused.)"""
+    reach: Dim = 1
+    for stride, size in sorted((stride, size) for size, stride in zip(shape, strides) if size != 1):
+        if stride < reach:
+            return False
+        reach = stride * size
+    return True
+
+
+def dense_strides_like(shape: Sequence[Dim], strides: Sequence[Dim]) -> tuple[Dim, ...]:
+    """Dense strides in the dim order of `strides` (eager's infer_dense_strides, as empty_like uses):
+    dims sorted by stride, ties and stride-0 dims keeping their order from the last dim outwards."""
+    ndim = len(shape)
+    perm = list(range(ndim - 1, -1, -1))  # innermost first
+
+    def should_swap(d0: int, d1: int) -> int:
+        s0, s1 = strides[d0], strides[d1]
+        if s0 == 0 or s1 == 0:
+            return 0
+        if s0 < s1:
+            return -1
+        if s0 > s1:
+            return 1
+        if shape[d0] > shape[d1]:
+            return 1
+        return 0
+    # insertion sort, as ATen's: stride-0 dims compare equal to everything, so this is not a plain sort
+    for i in range(1, ndim):
+        dim1 = i
+        for j in range(1, i + 1):
+            dim0 = i - j
+            comparison = should_swap(perm[dim0], perm[dim1])
+            if comparison > 0:
+                perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
+                dim1 = dim0
+            elif comparison < 0:
+                break
+    return strides_in_order(shape, perm)
+
+
+def storage_size(shape: Sequence[Dim], strides: Sequence[Dim], offset: Dim = 0) -> Dim:
+    """Elements of storage a layout reaches: its offset plus one past its last element (0 when empty)."""
+    if any(size == 0 for size in shape):
+        return 0
+    reach: Dim = offset + 1
+    for size, stride in zip(shape, strides):
+        reach = reach + (size - 1) * stride
+    return reach
