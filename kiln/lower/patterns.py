@@ -17,6 +17,7 @@ import torch
 
 from .. import config
 from ..graph.layout import is_contiguous
+from ..graph.pipeline import FUEL
 from .index import linear_index, simplify_index
 from .ir import ComputedBuffer, ExternNode, InputBuffer, LoopGraph, Pointwise, ViewRef
 from .ops import Handler
@@ -120,6 +121,8 @@ def fold_bias_into_mm(graph: LoopGraph) -> int:
             operand = _bias_operand(graph, bias, index, n)
             if operand is None or graph.buffers[operand.name].dtype != node.dtype:
                 continue
+            if not FUEL.take("fold_bias", lambda: f"{node.name} = addmm({operand.name}, mm {out.name})"):
+                break
             a, b = mm.args
             target = functools.partial(_addmm, tuple(node.shape))
             result = InputBuffer(node.name, node.dtype, node.layout)
