@@ -188,10 +188,13 @@ class CompiledModule(torch.nn.Module):
 
 
 def reset() -> None:
-    """Forget every captured graph and the counters; compiled functions capture again when called."""
+    """Forget every captured graph and the counters, and free the buffers compiled graphs keep across calls;
+    compiled functions capture again when called."""
+    from .codegen.wrapper import release_pools
     _cache.reset()
     _reset_counters()
     FUEL.reset()
+    release_pools()
 
 
 class ExplainReport:

@@ -1,7 +1,7 @@
 """The `kiln` command.
 
     kiln bench [--suite quick|full|hf] [--models NAMES] [--backends eager,torch.compile,kiln]
-               [--mode inference|training] [--batch N] [--out DIR] [--kiln-backend NAME]
+               [--mode inference|training] [--batch N] [--out DIR] [--kiln-backend NAME] [--memory]
     kiln explain [--models NAMES|all] [--suite quick|full|hf] [--json PATH] [--isolate] [--batch N]
                  [--threads N]
 """
@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=int, default=None,
                        help="torch threads per run (default: torch's own; 1 is steadier on a busy machine)")
     bench.add_argument("--no-warm", action="store_true", help="skip the warm compile measurement")
+    bench.add_argument("--memory", action="store_true",
+                       help="also measure peak and steady RSS of eager and each compiler, each in a fresh "
+                            "process, and print them side by side")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--list", action="store_true", help="list the model zoo and exit")
 
@@ -82,7 +85,7 @@ def bench_main(args: argparse.Namespace) -> int:
                                  mode=args.mode, batch=args.batch, out=args.out,
                                  kiln_backend=args.kiln_backend,
                                  timeout_s=args.timeout, budget_s=args.budget, threads=args.threads,
-                                 warm=not args.no_warm,
+                                 warm=not args.no_warm, memory=args.memory,
                                  plots=not args.no_plots)
         runner.select_models(options)
     except (KeyError, ValueError) as e:

@@ -118,6 +118,8 @@ define("debug_dir", None, "dump every artifact of every compiled graph into this
 define("verify", False, "run the graph verifier after every pass")
 define("cache_dir", os.path.join(os.path.expanduser("~"), ".cache", "kiln"), "on-disk cache directory",
        type=str)
+define("cache_max_bytes", 1 << 30, "size cap of the kernel cache in bytes; least recently used entries go "
+       "first (negative: no cap)")
 define("raise_on_error", False, "raise internal compile errors instead of falling back to eager")
 define("recompile_limit", 8, "recaptures of one code object before it runs eagerly")
 define("strict_decompositions", False,
@@ -127,6 +129,10 @@ define("fuel", -1, "optimization fuel: allow this many optimizing decisions (fus
 define("cxx", "g++", "C++ compiler used by the cpp backend", type=str)
 define("memory_order", True, "cpp backend: order kernels to keep peak memory low")
 define("cpp_in_place", True, "cpp backend: a pointwise kernel may write over the buffer it last reads")
+define("fuel_report", None, "write the optimization fuel this process used (decisions taken, the last one) "
+       "as JSON to this path at exit (set by `kiln bisect` in the runs it makes)")
+define("pool_max_bytes", 256 << 20, "cpp backend: the most bytes of freed buffers the generated wrappers "
+       "keep across calls for reuse, all graphs together (0: none; -1: no bound); kiln.reset() frees them")
 
 
 # ---- log channels ----------------------------------------------------------------------------------------

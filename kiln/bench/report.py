@@ -7,6 +7,8 @@ A run is `{"meta": {...}, "rows": [row, ...]}`; a row is one (model, compiler) p
   graph_break_count, accuracy (the Verdict as a dict), error.
 The summary gives, per compiler, the pass rate and the geometric-mean speedup over the models that pass
 accuracy (as PyTorch reports its compiler), and the median compile times.
+With `kiln bench --memory` a row also has rss_base_mb, rss_first_peak_mb, rss_peak_mb, rss_steady_mb (the
+worker's `memory` phase) or memory_error, and a memory table compares each compiler with eager per model.
 """
 from __future__ import annotations
 
@@ -124,6 +126,75 @@ def problems(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+MEMORY_COLUMNS = ("model", "compiler", "base MB", "peak MB", "steady MB", "peak/eager", "steady/eager",
+                  "1st call MB")
+MEMORY_SLACK = 1.10  # the goal: a compiled peak RSS within 10% of eager's
+
+
+def _eager_rows(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {row["model"]: row for row in rows if row["compiler"] == "eager" and row.get("rss_peak_mb")}
+
+
+def _ratio(row: dict[str, Any], eager: dict[str, Any] | None, key: str) -> float | None:
+    if eager is None or row.get(key) is None or not eager.get(key):
+        return None
+    return row[key] / eager[key]
+
+
+def memory_cells(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """One line per row with memory figures (or a memory error): RSS in MiB, ratios to eager's."""
+    eager = _eager_rows(rows)
+    cells = []
+    for row in rows:
+        if row.get("memory_error"):
+            error = " ".join(str(row["memory_error"]).split())[:60]
+            cells.append([row["model"], row["compiler"], f"error: {error}", "", "", "", "", ""])
+            continue
+        if row.get("rss_peak_mb") is None:
+            continue
+        base = eager.get(row["model"])
+        cells.append([row["model"], row["compiler"], _num(row.get("rss_base_mb"), ".0f"),
+                      _num(row.get("rss_peak_mb"), ".0f"), _num(row.get("rss_steady_mb"), ".0f"),
+                      _num(_ratio(row, base, "rss_peak_mb"), ".2f", "x"),
+                      _num(_ratio(row, base, "rss_steady_mb"), ".2f", "x"),
+                      _num(row.get("rss_first_peak_mb"), ".0f")])
+    return cells
+
+
+def memory_summary(rows: list[dict[str, Any]]) -> list[str]:
+    """Per compiler: how many models keep their peak RSS within MEMORY_SLACK of eager's, and which do not."""
+    eager = _eager_rows(rows)
+    lines = []
+    for compiler in dict.fromkeys(row["compiler"] for row in rows if row["compiler"] != "eager"):
+        ratios = [(row["model"], _ratio(row, eager.get(row["model"]), "rss_peak_mb")) for row in rows
+                  if row["compiler"] == compiler]
+        ratios = [(model, r) for model, r in ratios if r is not None]
+        if not ratios:
+            continue
+        over = [f"{model} {r:.2f}x" for model, r in ratios if r > MEMORY_SLACK]
+        line = (f"{compiler} memory: peak RSS within {100 * (MEMORY_SLACK - 1):.0f}% of eager's for "
+                f"{len(ratios) - len(over)}/{len(ratios)} models")
+        lines.append(line + (f"; over: {', '.join(over)}" if over else ""))
+    return lines
+
+
+def _aligned(cells: list[list[str]], left: set[int]) -> list[str]:
+    widths = [max(len(line[i]) for line in cells) for i in range(len(cells[0]))]
+
+    def fmt(line: list[str]) -> str:
+        padded = [c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))]
+        return "  ".join(padded).rstrip()
+    return [fmt(cells[0]), "  ".join("-" * w for w in widths)] + [fmt(line) for line in cells[1:]]
+
+
+def memory_table(rows: list[dict[str, Any]]) -> str:
+    """The memory comparison (empty when no row has memory figures)."""
+    cells = memory_cells(rows)
+    if not cells:
+        return ""
+    return "\n".join(_aligned([list(MEMORY_COLUMNS)] + cells, {0, 1, 2}) + [""] + memory_summary(rows))
+
+
 def table(rows: list[dict[str, Any]], meta: dict[str, Any] | None = None) -> str:
     """The terminal table: one line per (model, compiler), the summary below."""
     cells = [list(COLUMNS)] + [row_cells(row) for row in rows]
@@ -140,6 +211,9 @@ def table(rows: list[dict[str, Any]], meta: dict[str, Any] | None = None) -> str
     note = busy_note(meta or {})
     if note:
         out.append(note)
+    memory = memory_table(rows)
+    if memory:
+        out += ["", memory]
     return "\n".join(out)
 
 
@@ -156,6 +230,15 @@ def markdown(run: dict[str, Any]) -> str:
     for row in rows:
         out.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row_cells(row)) + " |")
     out += [""] + [f"- {line}" for line in summary_lines(rows)]
+    memory = memory_cells(rows)
+    if memory:
+        out += ["", "## Memory", "", "| " + " | ".join(MEMORY_COLUMNS) + " |",
+                "|" + "|".join("---" if i < 2 else "---:" for i in range(len(MEMORY_COLUMNS))) + "|"]
+        out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in line) + " |" for line in memory]
+        out += [""] + [f"- {line}" for line in memory_summary(rows)]
+        out += ["", "RSS in MiB, each compiler in its own fresh process: base = model and inputs built; "
+                "peak = the highest RSS over steady calls (the last output held); steady = RSS between "
+                "calls; 1st call = the peak over the first call (compile included)."]
     failed = problems(rows)
     if failed:
         out += ["", "## Not passing", ""] + [f"- {line}" for line in failed]

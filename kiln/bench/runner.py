@@ -2,7 +2,9 @@
 
 For each model and compiler, a fresh worker process (`python -m kiln.bench.worker`) compiles with empty
 caches, checks accuracy (kiln.testing.accuracy), and times eager and compiled calls interleaved; a second
-fresh process compiles again with the caches the first one filled (warm compile time). Every finished row
+fresh process compiles again with the caches the first one filled (warm compile time); with `memory`, a
+third fresh process measures peak and steady RSS (worker.memory), so each model's eager and compiled
+memory stand side by side. Every finished row
 is written at once to results.json and results.md, so Ctrl-C (or a crash) leaves the finished rows; a
 model that errors, misses accuracy or times out is a row, never the end of the run.
 """
@@ -45,6 +47,7 @@ class Options:
     budget_s: float = 2.0                 # timing budget per (model, compiler) after warm-up
     threads: int | None = None            # torch threads in the workers (None: torch's default)
     warm: bool = True                     # also measure the warm compile time
+    memory: bool = False                  # also measure peak and steady RSS (a fresh process each)
     plots: bool = True
     progress: bool = True
 
@@ -163,6 +166,9 @@ def bench_one(model: str, compiler: str, options: Options, progress: Progress,
                    compile_cold_s=result.get("compile_s"), peak_mem_mb=result.get("peak_mem_mb"),
                    graph_count=result.get("graph_count"), graph_break_count=result.get("graph_break_count"),
                    counters=result.get("counters"), threads=result.get("threads"))
+        if options.memory and result["status"] in ("pass", "fail_accuracy"):
+            progress.show(f"{model} / {compiler}: memory")
+            row.update(_memory_fields(launch(dict(job, phase="memory"), options.timeout_s)))
         if compiler == "eager" or result["status"] not in ("pass", "fail_accuracy") or not options.warm:
             if compiler == "eager":
                 row.update(compile_cold_s=None)
@@ -178,6 +184,16 @@ def bench_one(model: str, compiler: str, options: Options, progress: Progress,
         return row
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+MEMORY_FIELDS = ("rss_base_mb", "rss_first_peak_mb", "rss_peak_mb", "rss_steady_mb", "peak_reset")
+
+
+def _memory_fields(result: dict[str, Any]) -> dict[str, Any]:
+    """The row fields of a memory run: its figures, or why there are none."""
+    if result.get("status") != "pass":
+        return {"memory_error": result.get("error") or result.get("status")}
+    return {key: result.get(key) for key in MEMORY_FIELDS}
 
 
 def run(options: Options, launch: Callable[[dict[str, Any], float], dict[str, Any]] = run_worker,

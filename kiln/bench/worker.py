@@ -7,11 +7,13 @@ job names a cache directory, empty for a cold compile and reused for the warm on
   measure  compile (cold), accuracy against eager and fp64, interleaved eager/compiled timing, peak memory
   compile  the first call only (warm compile time), and one steady call to subtract
   census   kiln.explain on the model: graphs, breaks grouped by reason, frames run natively (census.py)
+  memory   resident memory (Linux /proc/self/status): peak and steady RSS of steady calls (`memory`)
 The result is written as JSON to RESULT_FILE; errors become {"status": "error", ...}, never a crash.
 """
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import resource
 import statistics
@@ -41,6 +43,28 @@ def current_rss_mb() -> float | None:
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # KiB on Linux
+
+
+def status_mb(field: str) -> float | None:
+    """A memory field of /proc/self/status (VmRSS: resident now, VmHWM: its peak) in MiB; None off Linux."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024   # kB
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak_rss() -> bool:
+    """Restart VmHWM from the resident size now (Linux 4.0+: "5" into /proc/self/clear_refs)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        return False
+    return True
 
 
 class Step:
@@ -179,6 +203,46 @@ def compile_only(job: dict[str, Any]) -> dict[str, Any]:
     return {"status": "pass", "first_call_s": first, "compile_s": max(0.0, first - steady)}
 
 
+MEMORY_WARM_CALLS = 3
+MEMORY_CALLS = 5
+
+
+def memory(job: dict[str, Any]) -> dict[str, Any]:
+    """The `memory` phase: resident memory of eager or a compiled model, in this fresh process.
+
+    Both columns import kiln before anything is read, so that the imports weigh alike. `base`: RSS with the
+    model and inputs built; `first_peak`: the peak over the first call (a compiler's compile included);
+    then, after warm-up calls, the peak is restarted and `peak` is the highest RSS over MEMORY_CALLS steady
+    calls (`out = step()`: the caller holds the last output while the next call runs, as a loop does), and
+    `steady` the RSS between calls afterwards (the last output held). Where the peak cannot be restarted
+    (`peak_reset` false), `peak` is the whole process's.
+    """
+    import kiln.api  # noqa: F401
+    adapter = adapters.get(job["backend"], job.get("kiln_backend", "auto"))
+    model, example = zoo.build(job["model"], batch=job.get("batch"))
+    model.train(job["mode"] == "training")
+    step = Step(adapter(model, job.get("cache_dir")), model, example, job["mode"])
+    gc.collect()
+    base = status_mb("VmRSS")
+    if base is None:
+        raise adapters.Unavailable("memory: no /proc/self/status (RSS is read on Linux only)")
+    reset_peak_rss()
+    out = step()
+    first_peak = status_mb("VmHWM")
+    for _ in range(MEMORY_WARM_CALLS):
+        out = step()
+    gc.collect()
+    peak_reset = reset_peak_rss()
+    for _ in range(MEMORY_CALLS):
+        out = step()
+    peak = status_mb("VmHWM")
+    gc.collect()
+    steady = status_mb("VmRSS")
+    del out
+    return {"status": "pass", "rss_base_mb": base, "rss_first_peak_mb": first_peak, "rss_peak_mb": peak,
+            "rss_steady_mb": steady, "peak_reset": peak_reset}
+
+
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
     """Run one job; every failure is a result with a status, never an exception."""
     torch.manual_seed(0)
@@ -189,10 +253,12 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             return measure(job)
         if job["phase"] == "compile":
             return compile_only(job)
+        if job["phase"] == "memory":
+            return memory(job)
         if job["phase"] == "census":   # kiln explain --isolate: one model's graph-break census
             from . import census
             return census.census_one(job["model"], job.get("batch"))
-        raise ValueError(f"unknown phase {job['phase']!r} (measure, compile, census)")
+        raise ValueError(f"unknown phase {job['phase']!r} (measure, compile, memory, census)")
     except adapters.Unavailable as e:
         return {"status": "unavailable", "error": str(e)}
     except Exception as e:

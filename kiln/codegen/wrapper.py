@@ -4,6 +4,10 @@ It is generated as source (dumped to KILN_DEBUG_DIR) so a graph's per-call work 
 Python: one stride/shape check per input, one `torch.empty_strided` per fresh buffer (`_fresh` for large
 ones: huge-page advice before the first touch), one ctypes call
 per segment of kernels, one torch call per extern node.
+
+Each wrapper keeps the fresh buffers it freed in a `BufferPool` and reuses them on its next call (no page
+faults on fresh memory); all pools together keep at most `pool_max_bytes`, and `release_pools()` (called by
+`kiln.reset()`) empties them.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from .. import config
 from ..graph import map_structure
 from ..graph.interpreter import write_back
 from ..lower.ir import BufferRef, ExternNode, LoopGraph, OutputView, ViewRef
@@ -84,7 +89,55 @@ def _storage_refs(t: torch.Tensor) -> int:
 _FREE_STORAGE_REFS = _storage_refs(torch.empty(1))
 
 
-def _recycle(pool: dict, name: str) -> torch.Tensor | None:
+class BufferPool:
+    """The buffers one generated wrapper freed, by name, kept for its next call."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, torch.Tensor] = {}
+        self.nbytes = 0
+        _POOLS.add(self)
+
+    def clear(self) -> None:
+        global _kept_bytes
+        _kept_bytes -= self.nbytes
+        self.buffers.clear()
+        self.nbytes = 0
+
+    def __del__(self) -> None:
+        global _kept_bytes
+        try:
+            _kept_bytes -= self.nbytes
+        except (NameError, TypeError):  # at interpreter exit the module may be gone
+            pass
+
+
+_POOLS: "weakref.WeakSet[BufferPool]" = weakref.WeakSet()
+_kept_bytes = 0  # held by all pools together
+
+
+def pooled_bytes() -> int:
+    """Bytes of buffers the wrappers keep across calls now (all pools)."""
+    return _kept_bytes
+
+
+def release_pools() -> None:
+    """Free every buffer the wrappers keep across calls (their next call allocates afresh)."""
+    for pool in list(_POOLS):
+        pool.clear()
+
+
+def _keep(pool: BufferPool, name: str, t: torch.Tensor, nbytes: int) -> None:
+    """Keep `t` for the next call, unless the pools would then hold more than `pool_max_bytes`."""
+    global _kept_bytes
+    limit = config.get("pool_max_bytes")
+    if name in pool.buffers or 0 <= limit < _kept_bytes + nbytes:
+        return
+    pool.buffers[name] = t
+    pool.nbytes += nbytes
+    _kept_bytes += nbytes
+
+
+def _recycle(pool: BufferPool, name: str, nbytes: int) -> torch.Tensor | None:
     """The tensor this graph made for `name` last call, if nothing else references it or its memory.
 
     Freshly mapped memory page-faults on first touch, which costs more than a memory-bound kernel's
@@ -93,8 +146,13 @@ def _recycle(pool: dict, name: str) -> torch.Tensor | None:
     tensor (views, numpy arrays: use count is this tensor and the storage object) and its storage object no
     other holder (`out.untyped_storage()` kept by the caller).
     """
-    t = pool.pop(name, None)
-    if t is None or _use_count is None:
+    global _kept_bytes
+    t = pool.buffers.pop(name, None)
+    if t is None:
+        return None
+    pool.nbytes -= nbytes
+    _kept_bytes -= nbytes
+    if _use_count is None:
         return None
     if sys.getrefcount(t) == 2 and weakref.getweakrefcount(t) == 0 and \
             _use_count(t.untyped_storage()._cdata) == 2 and _storage_refs(t) == _FREE_STORAGE_REFS:
@@ -106,7 +164,8 @@ class _Source:
     def __init__(self) -> None:
         self.lines: list[str] = []
         self.globals: dict[str, Any] = {"torch": torch, "_restride": _restride, "_recycle": _recycle,
-                                        "_fresh": _fresh, "_view": _view, "_write_back": write_back, "_pool": {}}
+                                        "_fresh": _fresh, "_view": _view, "_write_back": write_back,
+                                        "_keep": _keep, "_pool": BufferPool()}
         self.count = 0
         # buffer -> the input it was copied back into: outputs of that value are the input (or its views),
         # as in eager, where `x.add_(1); return x[1]` returns a view of x itself
@@ -194,7 +253,7 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any],
                 if buf.layout.storage_size() * buf.dtype.itemsize >= HUGE_BYTES:
                     alloc = f"_fresh({tuple(buf.shape)}, {tuple(buf.layout.strides)}, {dt})"
                 if name in recyclable:
-                    lines.append(f"    {name} = _recycle(_pool, {name!r}){meta}")
+                    lines.append(f"    {name} = _recycle(_pool, {name!r}, {buf.nbytes()}){meta}")
                     lines.append(f"    if {name} is None:")
                     lines.append(f"        {name} = {alloc}{meta}")
                 else:
@@ -209,7 +268,8 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any],
             lines.extend(_extern_lines(src, node))
         for name in step.frees:
             if name in recyclable:
-                lines.append(f"    _pool[{name!r}] = {name}; del {name}")
+                nbytes = graph.buffers[name].nbytes()
+                lines.append(f"    _keep(_pool, {name!r}, {name}, {nbytes}); del {name}")
             elif name not in pooled or name in step.inplace.values():
                 lines.append(f"    del {name}")
     for position, value in graph.mutations:
@@ -217,7 +277,7 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any],
         if isinstance(value, BufferRef) and value.name not in src.written_back:
             src.written_back[value.name] = params[position]
     for name in sorted(recyclable & plan.kept):
-        lines.append(f"    _pool[{name!r}] = {name}")
+        lines.append(f"    _keep(_pool, {name!r}, {name}, {graph.buffers[name].nbytes()})")
     lines.append(f"    return {_render(src, graph.output)}")
     return "\n".join(lines) + "\n", src.globals
 

@@ -1,0 +1,99 @@
+"""Memory: the bench's RSS comparison with eager (worker phase `memory`, runner, report), and the bound and
+release of the buffer pool the generated wrappers keep across calls."""
+import shutil
+
+import pytest
+import torch
+
+import kiln
+import kiln.ops
+from kiln import config
+from kiln.bench import report, runner, worker
+from kiln.codegen.wrapper import pooled_bytes, release_pools
+
+
+def _memory_rows():
+    base = {"mode": "inference", "batch": 2, "status": "pass"}
+    return [
+        dict(base, model="a", compiler="eager", rss_base_mb=200.0, rss_peak_mb=300.0, rss_steady_mb=210.0,
+             rss_first_peak_mb=300.0),
+        dict(base, model="a", compiler="kiln", rss_base_mb=200.0, rss_peak_mb=315.0, rss_steady_mb=252.0,
+             rss_first_peak_mb=400.0),
+        dict(base, model="b", compiler="eager", rss_base_mb=100.0, rss_peak_mb=100.0, rss_steady_mb=100.0),
+        dict(base, model="b", compiler="kiln", rss_base_mb=100.0, rss_peak_mb=125.0, rss_steady_mb=100.0),
+        dict(base, model="c", compiler="kiln", memory_error="RuntimeError: boom"),
+    ]
+
+
+def test_memory_table_compares_each_compiler_with_eager():
+    rows = _memory_rows()
+    cells = {(line[0], line[1]): line for line in report.memory_cells(rows)}
+    assert cells[("a", "kiln")][3:7] == ["315", "252", "1.05x", "1.20x"]
+    assert cells[("b", "kiln")][5] == "1.25x"
+    assert cells[("c", "kiln")][2] == "error: RuntimeError: boom"
+    summary = report.memory_summary(rows)
+    assert summary == ["kiln memory: peak RSS within 10% of eager's for 1/2 models; over: b 1.25x"]
+    text = report.table(rows)
+    assert "peak/eager" in text and summary[0] in text
+    assert "## Memory" in report.markdown({"meta": {}, "rows": rows})
+    assert "peak/eager" not in report.table([{"model": "a", "compiler": "eager", "status": "pass"}])
+
+
+def test_runner_adds_a_memory_run_per_row(tmp_path):
+    jobs = []
+
+    def launch(job, timeout_s):
+        jobs.append(job["phase"])
+        if job["phase"] == "memory":
+            peak = 100.0 if job["backend"] == "eager" else 104.0
+            return {"status": "pass", "rss_base_mb": 90.0, "rss_peak_mb": peak, "rss_steady_mb": 95.0,
+                    "rss_first_peak_mb": 120.0, "peak_reset": True}
+        return {"status": "pass", "compiled_ms": 1.0, "eager_ms": 1.0, "speedup": 1.0, "compile_s": 0.0}
+    options = runner.Options(models=["mlp"], backends=("eager", "kiln"), out=str(tmp_path), plots=False,
+                             progress=False, warm=False, memory=True)
+    rows = runner.run(options, launch=launch)["rows"]
+    assert jobs == ["measure", "memory", "measure", "memory"]
+    assert [r["rss_peak_mb"] for r in rows] == [100.0, 104.0]
+    assert "within 10% of eager's for 1/1 models" in report.table(rows)
+
+
+def test_worker_memory_phase_measures_this_process():
+    result = worker.run_job({"phase": "memory", "model": "mlp", "backend": "eager", "mode": "inference",
+                             "batch": 2})
+    if result["status"] == "unavailable":
+        pytest.skip(result["error"])
+    assert result["status"] == "pass", result
+    assert result["rss_peak_mb"] >= result["rss_base_mb"] > 0 and result["rss_steady_mb"] > 0
+
+
+# ---- the buffer pool of the generated wrappers -----------------------------------------------------------
+
+def _close(actual, expected):
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)  # the kernel sums in its own order
+
+
+@pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler")
+def test_pool_is_bounded_and_released(tmp_path):
+    from kiln.backends.cpp import compile_graph
+
+    def fn(x):
+        return torch.mm(x * 2, x).sum(1)  # x * 2: freed after the mm, kept for the next call; so is the sum
+    x = torch.randn(64, 64)
+    nbytes, out_bytes = 64 * 64 * 4, 64 * 4
+    with config.patch(cache_dir=str(tmp_path), raise_on_error=True):
+        compiled = compile_graph(kiln.ops.trace(fn, x), [x])
+    expected = fn(x)
+    release_pools()
+    assert pooled_bytes() == 0
+    _close(compiled(x), expected)
+    assert pooled_bytes() == nbytes + out_bytes
+    _close(compiled(x), expected)  # the pooled intermediate is reused
+    assert pooled_bytes() == nbytes + out_bytes
+    for bound, kept in ((nbytes, nbytes), (0, 0), (-1, nbytes + out_bytes)):
+        release_pools()
+        with config.patch(pool_max_bytes=bound):
+            _close(compiled(x), expected)
+            assert pooled_bytes() == kept, bound
+    kiln.reset()
+    assert pooled_bytes() == 0
+    _close(compiled(x), expected)
