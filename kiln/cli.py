@@ -2,12 +2,16 @@
 
     kiln bench [--suite quick|full|hf] [--models NAMES] [--backends eager,torch.compile,kiln]
                [--mode inference|training] [--batch N] [--out DIR] [--kiln-backend NAME] [--memory]
+               [--memory-only]
     kiln explain [--models NAMES|all] [--suite quick|full|hf] [--json PATH] [--isolate] [--batch N]
                  [--threads N]
+    kiln cache info|clear
+    kiln bisect [--workdir DIR] [--timeout S] SCRIPT [ARGS...]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -47,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--memory", action="store_true",
                        help="also measure peak and steady RSS of eager and each compiler, each in a fresh "
                             "process, and print them side by side")
+    bench.add_argument("--memory-only", action="store_true",
+                       help="only the memory measurement (no timing, accuracy or compile-time runs)")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--list", action="store_true", help="list the model zoo and exit")
 
@@ -68,7 +74,39 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--threads", type=int, default=1,
                          help="torch threads (default: 1, steadier eager times on a busy machine; 0: "
                               "torch's own)")
+
+    bisect = commands.add_parser(
+        "bisect", help="find the first fusion or rewrite that makes a script's result wrong",
+        description="Runs SCRIPT (which must exit nonzero when kiln's result differs from eager's, e.g. "
+                    "by an assert_close that raises) in fresh processes with KILN_FUEL=n, binary-searching "
+                    "n, and prints the first optimization decision that makes it fail, with the IR before "
+                    "and after it (kiln.testing.bisect).")
+    bisect.add_argument("script", help="the Python script to run")
+    bisect.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    bisect.add_argument("--workdir", default=None,
+                        help="where the runs' IR dumps and fuel reports go (default: a new temporary dir)")
+    bisect.add_argument("--timeout", type=float, default=600.0,
+                        help="seconds per run before it counts as failing (default: 600)")
+
+    cache = commands.add_parser(
+        "cache", help="the kernel cache: show it (info) or empty it (clear)",
+        description="The on-disk cache of compiled kernels (KILN_CACHE_DIR/cpp, default ~/.cache/kiln/cpp): "
+                    "`info` shows its directory, entries, bytes, size cap (KILN_CACHE_MAX_BYTES) and whether "
+                    "kiln uses it; `clear` removes every entry.")
+    cache.add_argument("action", choices=("info", "clear"), help="info: show the cache; clear: empty it")
     return parser
+
+
+def bisect_main(args: argparse.Namespace) -> int:
+    from .testing import bisect
+
+    if not os.path.isfile(args.script):
+        print(f"kiln bisect: no such script: {args.script}", file=sys.stderr)
+        return 2
+    found = bisect.bisect(args.script, args.args, workdir=args.workdir, timeout_s=args.timeout,
+                          progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(bisect.report(found, runs=False))
+    return 0 if found.decision is not None else 1
 
 
 def bench_main(args: argparse.Namespace) -> int:
@@ -85,7 +123,8 @@ def bench_main(args: argparse.Namespace) -> int:
                                  mode=args.mode, batch=args.batch, out=args.out,
                                  kiln_backend=args.kiln_backend,
                                  timeout_s=args.timeout, budget_s=args.budget, threads=args.threads,
-                                 warm=not args.no_warm, memory=args.memory,
+                                 warm=not args.no_warm, memory=args.memory or args.memory_only,
+                                 memory_only=args.memory_only,
                                  plots=not args.no_plots)
         runner.select_models(options)
     except (KeyError, ValueError) as e:
@@ -121,6 +160,20 @@ def explain_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def cache_main(args: argparse.Namespace) -> int:
+    from .runtime import cache
+
+    if args.action == "clear":
+        removed, size = cache.clear()
+        print(f"removed {removed} entries ({size} bytes) from {cache.configured_directory()}")
+        return 0
+    info = cache.info()
+    cap = info["max_bytes"]
+    print(f"directory: {info['directory']}\nentries: {info['entries']}\nbytes: {info['bytes']}\n"
+          f"max bytes: {cap}{'' if cap >= 0 else ' (no cap)'}\nstatus: {info['status']}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `kiln` console script."""
     args = build_parser().parse_args(argv)
@@ -128,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         return bench_main(args)
     if args.command == "explain":
         return explain_main(args)
+    if args.command == "bisect":
+        return bisect_main(args)
+    if args.command == "cache":
+        return cache_main(args)
     return 2
 
 

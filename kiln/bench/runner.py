@@ -48,6 +48,7 @@ class Options:
     threads: int | None = None            # torch threads in the workers (None: torch's default)
     warm: bool = True                     # also measure the warm compile time
     memory: bool = False                  # also measure peak and steady RSS (a fresh process each)
+    memory_only: bool = False             # only that: no timing, accuracy or compile-time runs
     plots: bool = True
     progress: bool = True
 
@@ -157,6 +158,14 @@ def bench_one(model: str, compiler: str, options: Options, progress: Progress,
         job = {"model": model, "backend": compiler, "mode": options.mode, "batch": options.batch,
                "kiln_backend": options.kiln_backend, "cache_dir": cache_dir, "budget_s": options.budget_s,
                "threads": options.threads}
+        if options.memory_only:
+            progress.show(f"{model} / {compiler}: memory")
+            result = launch(dict(job, phase="memory"), options.timeout_s)
+            progress.step(f"{model} / {compiler}: memory {result['status']}")
+            progress.step(f"{model} / {compiler}: memory {result['status']}")
+            row.update(status=result["status"], error=result.get("error"))
+            row.update(_memory_fields(result))
+            return row
         progress.show(f"{model} / {compiler}: compile (cold) and measure")
         result = launch(dict(job, phase="measure"), options.timeout_s)
         progress.step(f"{model} / {compiler}: {result['status']}")

@@ -57,6 +57,19 @@ def test_runner_adds_a_memory_run_per_row(tmp_path):
     assert "within 10% of eager's for 1/1 models" in report.table(rows)
 
 
+def test_memory_only_runs_nothing_else(tmp_path):
+    jobs = []
+
+    def launch(job, timeout_s):
+        jobs.append(job["phase"])
+        return {"status": "pass", "rss_base_mb": 90.0, "rss_peak_mb": 100.0, "rss_steady_mb": 95.0}
+    options = runner.Options(models=["mlp"], backends=("eager", "kiln"), out=str(tmp_path), plots=False,
+                             progress=False, memory=True, memory_only=True)
+    rows = runner.run(options, launch=launch)["rows"]
+    assert jobs == ["memory", "memory"] and [r["status"] for r in rows] == ["pass", "pass"]
+    assert [r["rss_steady_mb"] for r in rows] == [95.0, 95.0]
+
+
 def test_worker_memory_phase_measures_this_process():
     result = worker.run_job({"phase": "memory", "model": "mlp", "backend": "eager", "mode": "inference",
                              "batch": 2})
