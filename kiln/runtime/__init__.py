@@ -1,4 +1,6 @@
 """Runtime: build, cache and load generated C++."""
-from .build import BuildError, CompilerNotFound, build, find_compiler, forget_loaded
+from .build import BuildError, CompilerNotFound, KernelLoadError, build, find_compiler, forget_loaded
+from .cache import CacheWriteError
 
-__all__ = ["BuildError", "CompilerNotFound", "build", "find_compiler", "forget_loaded"]
+__all__ = ["BuildError", "CacheWriteError", "CompilerNotFound", "KernelLoadError", "build", "find_compiler",
+           "forget_loaded"]

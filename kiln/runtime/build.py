@@ -1,22 +1,31 @@
 """Build and load C++: find the compiler, compile one shared object per graph, cache it on disk.
 
-The cache key hashes the source, the compiler's version and the flags. Entries live under
-`config.cache_dir` (`KILN_CACHE_DIR`) as `<key>.so`; a build writes a temporary file and renames it into
-place, so two processes building the same entry never see a half-written file. An entry that fails to
-load (corrupt, truncated) is rebuilt.
+The cache key hashes the source, the compiler's version and the flags; `kiln.runtime.cache` keeps the
+entries (where, in what format, whose, how many). A build compiles into a temporary file beside the
+entries, seals it with its sha256 and renames it into place, so two processes building the same entry never
+see a half-written file; the compiler runs in its own process group, killed with its helpers when the build
+is interrupted (Ctrl-C), and every temporary is removed. An entry is verified before it is loaded; one that
+fails (corrupt, truncated, another source's, not this user's, failing to load) costs one warning and is
+rebuilt. A fresh build that fails to load raises `KernelLoadError`; a write that fails raises
+`CacheWriteError`; the backend turns either into an eager fallback with a warning.
 """
 from __future__ import annotations
 
 import ctypes
+import errno
 import functools
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
+import warnings
 
 from .. import config
+from ..counters import counters
+from . import cache
 
 log = config.channel("kernels")
 cache_log = config.channel("cache")
@@ -43,15 +52,20 @@ class CompilerNotFound(RuntimeError):
 
 
 class BuildError(RuntimeError):
-    """The C++ compiler rejected generated code (a kiln bug)."""
+    """The C++ compiler rejected generated code (a kiln bug, or a broken compiler)."""
+
+
+class KernelLoadError(RuntimeError):
+    """A shared object kiln has just built fails to load."""
 
 
 @functools.lru_cache(maxsize=None)
 def find_compiler(name: str) -> str:
     path = shutil.which(name)
     if path is None:
+        where = "does not exist or is not executable" if os.sep in name else "is not on PATH"
         raise CompilerNotFound(
-            f"the cpp backend needs a C++ compiler but {name!r} is not on PATH; install g++ "
+            f"the cpp backend needs a C++ compiler but {name!r} {where}; install g++ "
             f"(e.g. `apt-get install g++`) or point KILN_CXX at one")
     return path
 
@@ -63,55 +77,134 @@ def compiler_version(path: str) -> str:
 
 
 def cache_key(source: str, compiler: str) -> str:
-    text = "\n".join([source, compiler_version(compiler), " ".join(flags() + libraries())])
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    text = "\n".join([source, compiler_version(compiler), " ".join(flags() + libraries()), cache.FORMAT])
+    return hashlib.sha256(text.encode()).hexdigest()[:cache.KEY_DIGITS]
 
 
 _LOADED: dict[str, ctypes.CDLL] = {}
 
 
 def build(source: str) -> ctypes.CDLL:
-    """Compile `source` to a shared object (or take it from the cache) and load it."""
+    """Compile `source` to a shared object (or take it from the cache), verify it and load it."""
     compiler = find_compiler(config.get("cxx"))
     key = cache_key(source, compiler)
     if key in _LOADED:
         return _LOADED[key]
-    cache_dir = os.path.join(config.get("cache_dir"), "cpp")
-    os.makedirs(cache_dir, exist_ok=True)
-    path = os.path.join(cache_dir, f"{key}.so")
-    if os.path.exists(path):
-        try:
-            lib = ctypes.CDLL(path)
-            cache_log.debug("cache hit %s", path)
-            _LOADED[key] = lib
-            return lib
-        except OSError as e:
-            cache_log.warning("rebuilding corrupt cache entry %s (%s)", path, e)
-    _compile(compiler, source, path)
-    lib = ctypes.CDLL(path)
+    directory = cache.directory()
+    path = cache.entry_path(directory, key)
+    lib = _load_cached(path, key)
+    if lib is None:
+        lib = _compile(compiler, source, directory, key)
     _LOADED[key] = lib
     return lib
 
 
-def _compile(compiler: str, source: str, path: str) -> None:
-    directory = os.path.dirname(path)
-    fd, src_path = tempfile.mkstemp(suffix=".cpp", dir=directory)
-    with os.fdopen(fd, "w") as f:
-        f.write(source)
-    tmp_so = src_path[:-4] + ".so.tmp"
-    start = time.perf_counter()
+def _load_cached(path: str, key: str) -> ctypes.CDLL | None:
+    """The entry at `path` loaded, or None when there is none or it must be rebuilt (one warning)."""
     try:
-        result = subprocess.run([compiler, *flags(), src_path, "-o", tmp_so, *libraries()],
-                                capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            raise BuildError(f"{compiler} failed on generated code ({src_path}):\n{result.stderr[-4000:]}")
-        os.replace(tmp_so, path)  # atomic: readers see the old entry or the whole new one
+        with cache.verified_name(path, key) as name:
+            lib = ctypes.CDLL(name)
+    except FileNotFoundError:
+        return None
+    except cache.BadEntry as e:
+        _warn_rebuild(path, e.reason)
+        return None
+    except OSError as e:
+        _warn_rebuild(path, f"fails to load ({_loader_message(e)})")
+        return None
+    cache.touch(path)
+    cache_log.debug("cache hit %s", path)
+    counters["cache"]["hits"] += 1
+    return lib
+
+
+def _loader_message(e: OSError) -> str:
+    """The dynamic loader's message without the private name the object was loaded under."""
+    text = str(e)
+    return text.split(": ", 1)[1] if text.startswith("/") and ": " in text else text
+
+
+def _warn_rebuild(path: str, reason: str) -> None:
+    counters["cache"]["entries rebuilt"] += 1
+    warnings.warn(f"kiln: the kernel cache entry {path} {reason}; rebuilding it (if this repeats, something "
+                  f"else writes into {os.path.dirname(path)}: `kiln cache clear` empties the cache)",
+                  UserWarning, stacklevel=4)
+
+
+def _compile(compiler: str, source: str, directory: str, key: str) -> ctypes.CDLL:
+    """Compile into temporaries in `directory`, seal, verify and load the object, and only then rename it
+    into place (an object that fails to load never becomes an entry)."""
+    start = time.perf_counter()
+    path = cache.entry_path(directory, key)
+    src_path = tmp_so = None
+    try:
+        fd, src_path = tempfile.mkstemp(prefix=f"{cache.TEMP_PREFIX}{key}-", suffix=".cpp", dir=directory)
+        tmp_so = src_path[:-len(".cpp")] + ".so"
+        try:
+            cache.write_all(fd, source.encode())
+        finally:
+            os.close(fd)
+        returncode, stderr = _run_compiler([compiler, *flags(), src_path, "-o", tmp_so, *libraries()])
+        if returncode != 0:
+            if "No space left on device" in stderr:
+                raise OSError(errno.ENOSPC, "No space left on device (the compiler's output)")
+            raise BuildError(_build_error_message(compiler, returncode, stderr, source, key))
+        cache.seal(tmp_so, key)
+        lib = _load_new(tmp_so, key, compiler)
+        cache.install(tmp_so, path)
+    except OSError as e:
+        raise cache.CacheWriteError(
+            f"writing the kernel cache entry {path} failed: {e.strerror or e}; free space on that disk, "
+            f"`kiln cache clear`, or point KILN_CACHE_DIR at a disk with room") from e
     finally:
-        if os.path.exists(tmp_so):
-            os.unlink(tmp_so)
-        if os.path.exists(src_path):
-            os.unlink(src_path)  # KILN_DEBUG_DIR keeps the source
+        for temporary in (tmp_so, src_path):
+            if temporary is not None:
+                cache.remove(temporary)  # KILN_DEBUG_DIR keeps the source
+    cache.evict(directory, keep=path)
     log.debug("built %s in %.2f s", path, time.perf_counter() - start)
+    return lib
+
+
+def _load_new(object_path: str, key: str, compiler: str) -> ctypes.CDLL:
+    """Load the object this process has just built and sealed; it must verify and load."""
+    try:
+        cache.verify_entry(object_path, key)
+        return ctypes.CDLL(object_path)
+    except (OSError, cache.BadEntry) as e:
+        reason = _loader_message(e) if isinstance(e, OSError) else f"it {e}"
+        raise KernelLoadError(
+            f"the shared object {compiler} built for these kernels fails to load: {reason}; the compiler "
+            f"or its libraries (libgomp, libmvec) are broken or missing at run time — fix the toolchain or "
+            f"point KILN_CXX at another compiler") from None
+
+
+def _run_compiler(command: list[str]) -> tuple[int, str]:
+    """Run the compiler in a process group of its own; an interrupt (Ctrl-C) or any other exception kills
+    it with every helper it started (cc1plus, as, ld) before it propagates, so none writes on after."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        _, stderr = process.communicate()
+    except BaseException:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+        raise
+    return process.returncode, stderr
+
+
+def _build_error_message(compiler: str, returncode: int, stderr: str, source: str, key: str) -> str:
+    try:
+        fd, kept = tempfile.mkstemp(prefix=f"kiln-failed-{key[:12]}-", suffix=".cpp")
+        with os.fdopen(fd, "w") as f:
+            f.write(source)
+    except OSError as e:
+        kept = f"(not kept: {e})"
+    return (f"{compiler} exited with status {returncode} on the generated kernels (a kiln bug, or a broken "
+            f"compiler); the source is kept at {kept} — please report it with the compiler's message "
+            f"below, or point KILN_CXX at another compiler:\n{stderr[-4000:].rstrip()}")
 
 
 def forget_loaded() -> None:

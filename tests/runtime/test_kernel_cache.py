@@ -1,0 +1,212 @@
+"""The kernel cache: the entry format and its checks, private directories, refusing another user's or a
+shared-writable directory or entry, the size cap with least-recently-used eviction, `kiln cache`."""
+import os
+import shutil
+import stat
+import time
+import warnings
+
+import pytest
+
+from kiln import cli, config
+from kiln.counters import counters
+from kiln.runtime import build, cache, forget_loaded
+from kiln.runtime.build import cache_key, find_compiler
+
+pytestmark = pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler")
+
+
+def source(answer):
+    return f'extern "C" int kiln_answer(void) {{ return {answer}; }}\n'
+
+
+def key_of(answer):
+    return cache_key(source(answer), find_compiler(config.get("cxx")))
+
+
+@pytest.fixture
+def cache_dir(tmp_path):
+    """An empty cache for the test; nothing loaded, nothing warned, the counters empty."""
+    forget_loaded()
+    cache._WARNED.clear()
+    counters.clear()
+    with config.patch(cache_dir=str(tmp_path / "cache")):
+        yield tmp_path / "cache"
+    forget_loaded()
+
+
+def entry(cache_dir, answer):
+    return cache_dir / "cpp" / f"{key_of(answer)}.so"
+
+
+def build_quietly(answer):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lib = build(source(answer))
+    assert lib.kiln_answer() == answer
+    return lib
+
+
+def build_warning(answer, *fragments):
+    """Build and load `source(answer)`; it must warn once, naming every fragment."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lib = build(source(answer))
+    assert lib.kiln_answer() == answer
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    for fragment in fragments:
+        assert fragment in str(caught[0].message), str(caught[0].message)
+
+
+def mode(path):
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+# ---- the entry format ------------------------------------------------------------------------------------
+
+def test_an_entry_is_the_object_and_its_sealed_digest(cache_dir):
+    build_quietly(7)
+    path = entry(cache_dir, 7)
+    assert sorted(os.listdir(cache_dir / "cpp")) == [path.name]  # no temporary left
+    data = path.read_bytes()
+    assert data[:4] == b"\x7fELF"
+    assert data[-cache.TRAILER_SIZE:] == cache.trailer(key_of(7), data[:-cache.TRAILER_SIZE])
+    assert mode(cache_dir) == mode(cache_dir / "cpp") == mode(path) == 0o700  # private
+    stamp = path.stat().st_mtime_ns
+    forget_loaded()
+    build_quietly(7)  # a verified hit: not rebuilt
+    assert counters["cache"]["hits"] == 1 and path.stat().st_mtime_ns == stamp
+
+
+def write_entry(path, body, key):
+    path.write_bytes(body + cache.trailer(key, body))
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda data: data[:-1], "has no kiln trailer"),
+    (lambda data: data[:10], "has no kiln trailer"),
+    (lambda data: b"\x7fELG" + data[4:], "failed its integrity check"),
+    (lambda data: data[:-cache.TRAILER_SIZE] + data[-cache.TRAILER_SIZE:].replace(b"ab" * 16, b"cd" * 16),
+     "holds the kernels of another source"),
+])
+def test_verify_entry_refuses_damage(tmp_path, damage, reason):
+    path = tmp_path / "entry.so"
+    write_entry(path, b"\x7fELF" + bytes(range(256)) * 4, "ab" * 16)
+    cache.verify_entry(str(path), "ab" * 16)
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(cache.BadEntry, match=reason):
+        cache.verify_entry(str(path), "ab" * 16)
+
+
+def test_verify_entry_refuses_what_another_user_could_have_written(tmp_path, monkeypatch):
+    key = "ab" * 16
+    path = tmp_path / "entry.so"
+    write_entry(path, b"\x7fELF" + b"\1" * 300, key)
+    path.chmod(0o620)
+    with pytest.raises(cache.BadEntry, match="writable by its group or by others"):
+        cache.verify_entry(str(path), key)
+    path.chmod(0o600)
+    monkeypatch.setattr(cache, "current_uid", lambda: os.geteuid() + 1)  # root can't fake an owner
+    with pytest.raises(cache.BadEntry, match=f"owned by uid {os.geteuid()}, not by this user"):
+        cache.verify_entry(str(path), key)
+    monkeypatch.undo()
+    os.symlink(path, tmp_path / "link.so")
+    with pytest.raises(cache.BadEntry, match="symbolic link"):
+        cache.verify_entry(str(tmp_path / "link.so"), key)
+    (tmp_path / "dir.so").mkdir()
+    with pytest.raises(cache.BadEntry, match="not a regular file"):
+        cache.verify_entry(str(tmp_path / "dir.so"), key)
+    with pytest.raises(FileNotFoundError):
+        cache.verify_entry(str(tmp_path / "absent.so"), key)
+
+
+def test_another_entry_or_an_unloadable_one_is_rebuilt(cache_dir):
+    build_quietly(1)
+    build_quietly(2)
+    forget_loaded()
+    entry(cache_dir, 1).unlink()  # (never write into a loaded object in place: replace it)
+    shutil.copyfile(entry(cache_dir, 2), entry(cache_dir, 1))  # another source's entry under this key
+    build_warning(1, str(entry(cache_dir, 1)), "holds the kernels of another source", "rebuilding it")
+    forget_loaded()
+    entry(cache_dir, 1).unlink()  # sealed by kiln, but the loader refuses it (a library went missing)
+    write_entry(entry(cache_dir, 1), b"\x7fELF" + b"\0" * 200, key_of(1))
+    build_warning(1, "fails to load", "rebuilding it", "kiln cache clear")
+    cache.verify_entry(str(entry(cache_dir, 1)), key_of(1))
+    assert counters["cache"]["entries rebuilt"] == 2
+
+
+# ---- whose directory and entries -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shared", ["cache root", "cpp directory"])
+def test_a_directory_others_can_write_is_refused(cache_dir, shared):
+    directory = cache_dir if shared == "cache root" else cache_dir / "cpp"
+    directory.mkdir(parents=True)
+    directory.chmod(0o777)  # as a cache on /tmp made by someone else's umask
+    build_warning(3, f"cache directory {directory}", "writable by its group or by others (mode 0777)",
+                  "private temporary directory", "KILN_CACHE_DIR")
+    build_quietly(4)  # one warning per directory, not per build
+    assert not entry(cache_dir, 3).exists() and not entry(cache_dir, 4).exists()
+    private = cache.private_directory()
+    assert mode(private) == 0o700 and os.path.exists(cache.entry_path(private, key_of(3)))
+    assert counters["cache"]["directory refused: private directory used"] == 2
+
+
+def test_a_directory_of_another_user_is_refused(cache_dir, monkeypatch):
+    cache_dir.mkdir(mode=0o700)
+    monkeypatch.setattr(cache, "current_uid", lambda: os.geteuid() + 1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        directory = cache.directory()
+    assert directory == cache.private_directory()
+    (warning,) = caught
+    assert f"owned by uid {os.geteuid()}, not by this user (uid {os.geteuid() + 1})" in str(warning.message)
+    assert not (cache_dir / "cpp").exists() or not os.listdir(cache_dir / "cpp")
+
+
+def test_an_entry_others_can_write_is_replaced(cache_dir):
+    build_quietly(5)
+    forget_loaded()
+    entry(cache_dir, 5).chmod(0o666)
+    build_warning(5, "writable by its group or by others (mode 0666)", "rebuilding it")
+    assert mode(entry(cache_dir, 5)) == 0o700
+
+
+# ---- size cap, `kiln cache` ------------------------------------------------------------------------------
+
+def test_least_recently_used_entries_go_first(cache_dir):
+    build_quietly(10)
+    size = entry(cache_dir, 10).stat().st_size
+    with config.patch(cache_max_bytes=int(size * 2.5)):
+        build_quietly(11)
+        forget_loaded()
+        build_quietly(10)  # a hit: 10 is now used more recently than 11
+        assert counters["cache"]["hits"] == 1
+        build_quietly(12)  # three entries do not fit: the least recently used (11) goes
+    assert entry(cache_dir, 10).exists() and entry(cache_dir, 12).exists()
+    assert not entry(cache_dir, 11).exists()
+    assert counters["cache"]["entries evicted"] == 1
+    with config.patch(cache_max_bytes=-1):
+        build_quietly(13)
+    assert len(cache.entries(str(cache_dir / "cpp"))) == 3
+
+
+def test_kiln_cache_info_and_clear(cache_dir, capsys):
+    assert cli.main(["cache", "info"]) == 0
+    assert "entries: 0" in capsys.readouterr().out
+    build_quietly(20)
+    build_quietly(21)
+    stale = cache_dir / "cpp" / f"{cache.TEMP_PREFIX}killed-build.cpp"  # a killed process's temporary
+    stale.write_text("")
+    os.utime(stale, (time.time() - 2 * cache.STALE_TEMP_S,) * 2)
+    fresh = cache_dir / "cpp" / f"{cache.TEMP_PREFIX}running-build.cpp"  # a build still running
+    fresh.write_text("")
+    total = sum(entry(cache_dir, a).stat().st_size for a in (20, 21))
+    assert cli.main(["cache", "info"]) == 0
+    out = capsys.readouterr().out
+    assert f"directory: {cache_dir / 'cpp'}" in out and "entries: 2" in out and f"bytes: {total}" in out
+    assert "status: ok" in out and f"max bytes: {config.get('cache_max_bytes')}" in out
+    assert cli.main(["cache", "clear"]) == 0
+    assert f"removed 2 entries ({total} bytes)" in capsys.readouterr().out
+    assert os.listdir(cache_dir / "cpp") == [fresh.name]
+    forget_loaded()
+    build_quietly(20)  # rebuilt after the clear
