@@ -1,17 +1,19 @@
 """kiln: a compiler for unmodified PyTorch programs.
 
-The public API (DESIGN.md): kiln.compile, kiln.explain, kiln.reset, kiln.counters, kiln.register_backend,
-kiln.GraphBreakError.
+The public API (DESIGN.md): kiln.compile, kiln.explain, kiln.check, kiln.reset, kiln.counters,
+kiln.register_backend, kiln.GraphBreakError.
 """
 from . import config
 from .counters import counters
 
-__all__ = ["config", "counters", "compile", "explain", "reset", "register_backend", "GraphBreakError"]
+__all__ = ["config", "counters", "compile", "explain", "check", "reset", "register_backend",
+           "GraphBreakError"]
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str):  # the API imports torch and kiln.ops; load it on first use
-    if name in ("compile", "explain", "reset", "register_backend", "GraphBreakError", "CompiledModule"):
+    if name in ("compile", "explain", "check", "reset", "register_backend", "GraphBreakError",
+                "CompiledModule"):
         from . import api
         return getattr(api, name)
     raise AttributeError(f"module 'kiln' has no attribute {name!r}")

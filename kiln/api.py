@@ -1,9 +1,11 @@
-"""The public API: kiln.compile, kiln.explain, kiln.reset, kiln.register_backend, kiln.GraphBreakError.
+"""The public API: kiln.compile, kiln.explain, kiln.check, kiln.reset, kiln.register_backend,
+kiln.GraphBreakError.
 
     model = kiln.compile(model)                 # an nn.Module: a wrapper whose forward is compiled
     fn = kiln.compile(fn, backend="eager")      # a function or bound method
     @kiln.compile                               # a decorator, with or without arguments
     report = kiln.explain(fn, *args)            # graphs, breaks with reasons and lines, guards
+    report = kiln.check(fn, *args)              # each compiled kernel against the fp64 reference
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from .counters import counters
 from .counters import reset as _reset_counters
 from .graph.pipeline import FUEL, CompileContext
 
-__all__ = ["compile", "explain", "reset", "register_backend", "GraphBreakError", "CompiledModule",
+__all__ = ["compile", "explain", "check", "reset", "register_backend", "GraphBreakError", "CompiledModule",
            "ExplainReport"]
 
 _SUPPORTED_PYTHON = (3, 11)
@@ -245,11 +247,8 @@ class ExplainReport:
     __repr__ = __str__
 
 
-def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
-    """Run `fn_or_module(*args, **kwargs)` once under capture with the eager backend, and print and return
-    a report of every frame it captured: the top frame, its resume functions after each graph break, and
-    callees captured as their own frames (graphs, breaks with reason, file:line, source line and hint,
-    ops per graph, guards). The call runs for real, side effects included."""
+def _python_code(fn_or_module: Any, caller: str) -> tuple[types.FunctionType, Any]:
+    """The Python function to capture afresh, and its bound self, behind a module or compiled function."""
     target = fn_or_module._orig_mod if isinstance(fn_or_module, CompiledModule) else fn_or_module
     if isinstance(target, CompiledFunction):
         target = target.fn if target.bound_self is NO_SELF else types.MethodType(target.fn,
@@ -257,7 +256,27 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
     callee = target.forward if isinstance(target, torch.nn.Module) else target
     fn, bound_self = _unwrap(callee)
     if fn is None:
-        raise TypeError(f"kiln.explain expects Python code, got {fn_or_module!r:.60}")
+        raise TypeError(f"{caller} expects Python code, got {fn_or_module!r:.60}")
+    return fn, bound_self
+
+
+def check(fn_or_module: Any, *args: Any, tol: float | None = None, **kwargs: Any) -> Any:
+    """Numerics report: call `fn_or_module(*args, **kwargs)` once, captured afresh and compiled by the cpp
+    backend, and check each compiled kernel on its own inputs against the float64 reference by the accuracy
+    rule (`kiln.numerics`). Returns a `NumericsReport`; `report.first_bad` is the first kernel outside the
+    rule (None when all are within it), printed with the user lines lowered into it."""
+    from .numerics import check_function
+    from .testing.tolerance import MODEL_TOL
+    fn, bound_self = _python_code(fn_or_module, "kiln.check")
+    return check_function(fn, bound_self, args, kwargs, MODEL_TOL if tol is None else tol)
+
+
+def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
+    """Run `fn_or_module(*args, **kwargs)` once under capture with the eager backend, and print and return
+    a report of every frame it captured: the top frame, its resume functions after each graph break, and
+    callees captured as their own frames (graphs, breaks with reason, file:line, source line and hint,
+    ops per graph, guards). The call runs for real, side effects included."""
+    fn, bound_self = _python_code(fn_or_module, "kiln.explain")
     # a private cache (family) so that the report sees fresh captures of every frame
     compiled = CompiledFunction(fn, compiler_for("eager"), bound_self=bound_self, family=object())
     before = dict(counters["callees_run_natively"])
