@@ -80,8 +80,10 @@ def is_non_overlapping_and_dense(shape: Sequence[Dim], strides: Sequence[Dim]) -
 
 def is_non_overlapping(shape: Sequence[Dim], strides: Sequence[Dim]) -> bool:
     """No two elements share an address, gaps allowed (a slice's layout): sorted by stride, each dim steps
-    over everything the smaller-strided dims reach. (Sufficient, not necessary: interleaved layouts that
-    never collide are refused.)"""
+    over everything the smaller-strided dims reach; an empty tensor has no elements to share. (Sufficient,
+    not necessary: interleaved layouts that never collide are refused.)"""
+    if any(size == 0 for size in shape):
+        return True
     reach: Dim = 1
     for stride, size in sorted((stride, size) for size, stride in zip(shape, strides) if size != 1):
         if stride < reach:

@@ -12,6 +12,8 @@ from typing import Sequence
 
 import sympy
 
+from ..graph.layout import contiguous_strides
+
 
 class FloorDiv(sympy.Function):
     """Integer division of a non-negative index by a positive constant."""
@@ -58,14 +60,6 @@ def linear_index(index: Sequence[sympy.Expr], strides: Sequence[int], offset: in
         if s != 0:
             expr = expr + i * s
     return expr
-
-
-def contiguous_strides(shape: Sequence[int]) -> list[int]:
-    strides, running = [], 1
-    for size in reversed(shape):
-        strides.append(running)
-        running *= max(int(size), 1)
-    return strides[::-1]
 
 
 def unravel(linear: sympy.Expr, shape: Sequence[int]) -> list[sympy.Expr]:

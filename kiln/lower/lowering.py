@@ -15,10 +15,12 @@ from typing import Any, Callable
 import sympy
 import torch
 
-from .. import config
+from .. import config, prims
 from ..counters import counters
 from ..graph import Graph, Node, TensorMeta, flatten, map_structure
-from .index import contiguous_strides, linear_index, simplify_index, unravel
+from ..graph.layout import contiguous_strides, is_non_overlapping, is_non_overlapping_and_dense
+from ..prims import Prim
+from .index import linear_index, simplify_index, unravel
 from .ir import (BufferRef, ComputedBuffer, ExternNode, InputBuffer, Layout, LoopGraph, OutputView,
                  Pointwise, Reduction, Scan, ViewRef)
 from .ops import BINARY_OPS, UNARY_OPS, CountHandler
@@ -63,31 +65,21 @@ def _buffer_box(name: str, dtype: torch.dtype, shape: tuple, strides: tuple, off
     return Box(shape, dtype, load, view=(name, tuple(strides), offset))
 
 
+def _ints(values: Any) -> tuple[int, ...]:
+    return tuple(int(v) for v in values)
+
+
 def _dense_strides(meta: TensorMeta) -> tuple[int, ...]:
     """The meta's strides when they are non-overlapping and dense, else row-major strides."""
-    shape = [int(s) for s in meta.shape]
-    strides = [int(s) for s in meta.strides]
-    dims = sorted((i for i in range(len(shape)) if shape[i] != 1), key=lambda i: strides[i])
-    expected = 1
-    for i in dims:
-        if strides[i] != expected:
-            return tuple(contiguous_strides(shape))
-        expected *= shape[i]
-    return tuple(strides)
+    shape, strides = _ints(meta.shape), _ints(meta.strides)
+    return strides if is_non_overlapping_and_dense(shape, strides) else contiguous_strides(shape)
 
 
 def _non_overlapping_strides(meta: TensorMeta) -> tuple[int, ...]:
     """The meta's strides when no two elements share memory (gaps allowed: a view's strides), else
     row-major strides. A fallback's result keeps eager's strides (a view op's output stays a view)."""
-    shape = [int(s) for s in meta.shape]
-    strides = [int(s) for s in meta.strides]
-    dims = sorted((i for i in range(len(shape)) if shape[i] != 1), key=lambda i: strides[i])
-    reach = 1
-    for i in dims:
-        if strides[i] < reach:
-            return tuple(contiguous_strides(shape))
-        reach = strides[i] * shape[i]
-    return tuple(strides)
+    shape, strides = _ints(meta.shape), _ints(meta.strides)
+    return strides if is_non_overlapping(shape, strides) else contiguous_strides(shape)
 
 
 class Lowering:
@@ -116,7 +108,7 @@ class Lowering:
         if box.realized is not None:
             return box.realized
         strides = _dense_strides(meta) if meta is not None and meta.shape == box.shape else \
-            tuple(contiguous_strides(box.shape))
+            contiguous_strides(box.shape)
         name = self.new_name()
         box.realized = name
         loader = box.loader
@@ -203,7 +195,7 @@ class Lowering:
 
     def call_prim(self, node: Node) -> Any:
         prim = node.target
-        fn = LOWERINGS.get(prim.name)
+        fn = LOWERINGS.get(prim)
         if fn is None and "view" in prim.tags:
             fn = lower_view
         metas = node.meta if isinstance(node.meta, tuple) else (node.meta,)
@@ -273,7 +265,7 @@ def _aliased_by_output(graph: Graph, target: Target) -> set[int]:
     for node in graph.nodes:
         runs_whole = node.op == "call_torch" or (
             node.op == "call_prim" and (node.target.name in target.extern_prims or (
-                node.target.name not in LOWERINGS and "view" not in node.target.tags)))
+                node.target not in LOWERINGS and "view" not in node.target.tags)))
         if runs_whole:
             for arg in node.inputs():
                 marked.add(id(arg))
@@ -294,13 +286,18 @@ def _torch_name(node: Node) -> str:
 
 # ---- the lowering table -----------------------------------------------------------------------------------
 
-LOWERINGS: dict[str, Callable[..., Any]] = {}
+LOWERINGS: dict[Prim, Callable[..., Any]] = {}
 
 
-def lowering(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def lowering(*targets: Prim) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register `fn(ctx, node, *args, **kwargs) -> Box` as the lowering of prims: `@lowering(prims.where)`."""
+    for p in targets:
+        if not isinstance(p, Prim):
+            raise TypeError(f"@lowering takes prims (kiln.prims.where), got {p!r}")
+
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-        for name in names:
-            LOWERINGS[name] = fn
+        for p in targets:
+            LOWERINGS[p] = fn
         return fn
     return register
 
@@ -336,61 +333,102 @@ def _elementwise(name: str) -> Callable[..., Any]:
     return lower
 
 
-for _name in UNARY_OPS | BINARY_OPS:
-    LOWERINGS[_name] = _elementwise(_name)
+# An elementwise prim whose scalar op has its name is that op applied to its operands' elements.
+for _prim in prims.PRIMS.values():
+    if _prim.name in UNARY_OPS | BINARY_OPS:
+        LOWERINGS[_prim] = _elementwise(_prim.name)
 
 
-@lowering("where")
+@lowering(prims.where)
 def lower_where(ctx: Lowering, node: Node, pred: Box, a: Any, b: Any) -> Box:
     dtype = node.meta.dtype
     la, lb = _operand(a, dtype), _operand(b, dtype)
     return Box(node.meta.shape, dtype, lambda h, i: h.where(pred.loader(h, i), la(h, i), lb(h, i)))
 
 
-@lowering("convert_element_type")
+@lowering(prims.convert_element_type)
 def lower_convert(ctx: Lowering, node: Node, a: Box, dtype: torch.dtype) -> Box:
     return Box(a.shape, dtype, lambda h, i: h.to_dtype(a.loader(h, i), dtype))
 
 
-@lowering("clone")
+@lowering(prims.clone)
 def lower_clone(ctx: Lowering, node: Node, a: Box, memory_format: Any = None) -> Box:
     return ctx.realized_box(Box(a.shape, a.dtype, a.loader), node.meta)
 
 
 def lower_view(ctx: Lowering, node: Node, a: Box, *args: Any, **kwargs: Any) -> Box:
-    """Any view prim: run its reference on a meta tensor to learn the output's strides and offset."""
-    if a.view is None and id(node) in ctx.aliased_by_output and isinstance(node.args[0], Node):
-        a = ctx.realized_box(a, node.args[0].meta)
+    """Any view prim, from its node's meta (a view prim's meta rule gives eager's shape, strides and storage
+    offset exactly).
+
+    Over a buffer laid out as the input's meta, the view reads the buffer with the meta's strides, at the
+    buffer's own offset moved as far as the view moves eager's storage offset (offsets in the loop IR count
+    from a buffer's first element, the meta's from its storage's start). A computed value is addressed as if
+    it were contiguous, and the view becomes an index map onto it.
+    """
+    source = node.args[0] if node.args and isinstance(node.args[0], Node) else None
+    if a.view is None and id(node) in ctx.aliased_by_output and source is not None:
+        a = ctx.realized_box(a, source.meta)
+    out = node.meta
     if a.view is not None:
         name, strides, offset = a.view
-        base = torch.empty(max(Layout(a.shape, strides, offset).storage_size(), 1), device="meta")
-        t = base.as_strided(a.shape, strides, offset)
-        out = node.target.ref(t, *args, **kwargs)
-        if not isinstance(out, torch.Tensor) or not out._is_view():
-            raise Unlowerable(f"prims.{node.target.name} did not give a view")
-        return _buffer_box(name, a.dtype, tuple(out.shape), tuple(out.stride()), out.storage_offset())
-    # A view of a computed value: address it as if it were contiguous, then unravel.
-    t = torch.empty(a.shape, device="meta")
-    out = node.target.ref(t, *args, **kwargs)
-    if not isinstance(out, torch.Tensor) or not out._is_view():
-        raise Unlowerable(f"prims.{node.target.name} did not give a view")
-    out_strides, out_offset, in_shape = tuple(out.stride()), out.storage_offset(), a.shape
+        buf = ctx.loop.buffers[name]
+        if node.target is prims.as_strided and isinstance(buf, InputBuffer) and buf.position >= 0:
+            # it addresses the input's storage from its start: the result depends on the input's storage
+            # offset, which the compiled graph does not check; torch computes it on the real input
+            raise Unlowerable("as_strided of a graph input")
+        if source is not None and _laid_out_as(source.meta, a.shape, strides):
+            moved = int(out.storage_offset) - int(source.meta.storage_offset)
+            return _buffer_box(name, a.dtype, _ints(out.shape), _ints(out.strides), _start(offset + moved))
+        # the buffer is laid out otherwise than eager lays out the value (kiln made it dense)
+        out = _view_over(node, a.shape, strides, offset, args, kwargs)
+        return _buffer_box(name, a.dtype, _ints(out.shape), _ints(out.strides), _start(out.storage_offset))
+    in_shape = a.shape
+    if source is not None and _laid_out_as(source.meta, in_shape, contiguous_strides(in_shape)):
+        out_offset = _start(int(out.storage_offset) - int(source.meta.storage_offset))
+    else:
+        out = _view_over(node, in_shape, contiguous_strides(in_shape), 0, args, kwargs)
+        out_offset = _start(out.storage_offset)
+    out_shape, out_strides = _ints(out.shape), _ints(out.strides)
     loader = a.loader
     # The view's index map, simplified once over placeholders bounded by the view's shape: chains of
     # reshapes then stay linear in size (composing raw unravels nests every dim's expression in each
     # of the next view's dims, and sympy time grows exponentially with the chain).
-    places = [sympy.Dummy(f"v{d}", integer=True, nonnegative=True) for d in range(len(out.shape))]
+    places = [sympy.Dummy(f"v{d}", integer=True, nonnegative=True) for d in range(len(out_shape))]
     template = unravel(linear_index(places, out_strides, out_offset), in_shape)
-    if all(int(s) > 0 for s in out.shape):
-        template = [simplify_index(e, dict(zip(places, (int(s) for s in out.shape)))) for e in template]
+    if all(s > 0 for s in out_shape):
+        template = [simplify_index(e, dict(zip(places, out_shape))) for e in template]
 
     def load(h: Any, index: list) -> Any:
         sub = dict(zip(places, index))
         return loader(h, [e if e.is_Integer else e.xreplace(sub) for e in template])
-    return Box(tuple(out.shape), a.dtype, load)
+    return Box(out_shape, a.dtype, load)
 
 
-@lowering("broadcast_in_dim")
+def _start(offset: Any) -> int:
+    """A view's offset from its value's first element; only as_strided can point before it (into eager's
+    storage, which the value's buffer need not have)."""
+    if offset < 0:
+        raise Unlowerable("a view starting before the first element of its input")
+    return int(offset)
+
+
+def _laid_out_as(meta: TensorMeta, shape: tuple, strides: tuple) -> bool:
+    """Whether a value of this meta is laid out with exactly these strides (size-1 dims' too: they appear in
+    index expressions)."""
+    return _ints(meta.shape) == shape and _ints(meta.strides) == strides
+
+
+def _view_over(node: Node, shape: tuple, strides: tuple, offset: int, args: tuple,
+               kwargs: dict) -> TensorMeta:
+    """The view's meta over an input laid out as (shape, strides, offset) rather than as its meta says."""
+    if node.target is prims.as_strided:
+        # its storage offset counts from the start of eager's storage, which this layout does not stand for
+        raise Unlowerable("as_strided of a value kiln lays out otherwise than eager")
+    probe = TensorMeta(shape, node.meta.dtype, node.meta.device, strides, storage_offset=offset)
+    return node.target.meta(probe, *args, **kwargs)
+
+
+@lowering(prims.broadcast_in_dim)
 def lower_broadcast(ctx: Lowering, node: Node, a: Box, shape: Any, dims: Any) -> Box:
     if a.view is not None or id(node) in ctx.aliased_by_output:
         return lower_view(ctx, node, a, shape, dims)
@@ -402,7 +440,7 @@ def lower_broadcast(ctx: Lowering, node: Node, a: Box, shape: Any, dims: Any) ->
     return Box(tuple(shape), a.dtype, load)
 
 
-@lowering("rev")
+@lowering(prims.rev)
 def lower_rev(ctx: Lowering, node: Node, a: Box, dims: Any) -> Box:
     shape = a.shape
 
@@ -411,7 +449,7 @@ def lower_rev(ctx: Lowering, node: Node, a: Box, dims: Any) -> Box:
     return Box(shape, a.dtype, load)
 
 
-@lowering("cat")
+@lowering(prims.cat)
 def lower_cat(ctx: Lowering, node: Node, tensors: Any, dim: int) -> Box:
     """Each element comes from the part its index falls in; `masked` keeps the other parts' loads
     (out of their bounds) from running."""
@@ -428,7 +466,7 @@ def lower_cat(ctx: Lowering, node: Node, tensors: Any, dim: int) -> Box:
     return Box(tuple(int(s) for s in node.meta.shape), dtype, load)
 
 
-@lowering("pad")
+@lowering(prims.pad)
 def lower_pad(ctx: Lowering, node: Node, a: Box, value: Any, config_: Any) -> Box:
     """Constant padding (negative low/high crop): load where the index falls inside `a`."""
     if any(interior != 0 for _, _, interior in config_):
@@ -494,7 +532,7 @@ def _reduction(ctx: Lowering, node: Node, a: Box, dims: tuple, rtype: str, dtype
         value = loader(h, full_index(index, rindex))
         return value_fn(h, value, index) if value_fn is not None else value
     name = ctx.new_name()
-    buf = ComputedBuffer(name, dtype, Layout(ranges, tuple(contiguous_strides(ranges))),
+    buf = ComputedBuffer(name, dtype, Layout(ranges, contiguous_strides(ranges)),
                          Reduction(ranges, rranges, rtype, fn))
     ctx.add_node(buf)
     return _buffer_box(name, dtype, ranges, buf.layout.strides)
@@ -510,15 +548,15 @@ def _simple_reduction(rtype: str) -> Callable[..., Any]:
     return lower
 
 
-LOWERINGS["sum"] = _simple_reduction("sum")
-LOWERINGS["prod"] = _simple_reduction("prod")
-LOWERINGS["amax"] = _simple_reduction("max")
-LOWERINGS["amin"] = _simple_reduction("min")
-LOWERINGS["argmax"] = _simple_reduction("argmax")
-LOWERINGS["argmin"] = _simple_reduction("argmin")
+LOWERINGS[prims.sum] = _simple_reduction("sum")
+LOWERINGS[prims.prod] = _simple_reduction("prod")
+LOWERINGS[prims.amax] = _simple_reduction("max")
+LOWERINGS[prims.amin] = _simple_reduction("min")
+LOWERINGS[prims.argmax] = _simple_reduction("argmax")
+LOWERINGS[prims.argmin] = _simple_reduction("argmin")
 
 
-@lowering("var")
+@lowering(prims.var)
 def lower_var(ctx: Lowering, node: Node, a: Box, dims: Any, correction: Any) -> Box:
     """Two passes in one kernel: mean, then sum((x - mean)^2) / (N - correction)."""
     if not a.dtype.is_floating_point:
@@ -557,20 +595,20 @@ def _scan(scan_type: str) -> Callable[..., Any]:
             return ctx.realized_box(Box(a.shape, a.dtype, a.loader), node.meta)
         dim = dim % len(a.shape)
         name = ctx.new_name()
-        buf = ComputedBuffer(name, a.dtype, Layout(a.shape, tuple(contiguous_strides(a.shape))),
+        buf = ComputedBuffer(name, a.dtype, Layout(a.shape, contiguous_strides(a.shape)),
                              Scan(a.shape, dim, scan_type, a.loader))
         ctx.add_node(buf)
         return _buffer_box(name, a.dtype, a.shape, buf.layout.strides)
     return lower
 
 
-LOWERINGS["cumsum"] = _scan("sum")
-LOWERINGS["cumprod"] = _scan("prod")
+LOWERINGS[prims.cumsum] = _scan("sum")
+LOWERINGS[prims.cumprod] = _scan("prod")
 
 
 # ---- creation -------------------------------------------------------------------------------------------
 
-@lowering("full")
+@lowering(prims.full)
 def lower_full(ctx: Lowering, node: Node, shape: Any, value: Any, dtype: torch.dtype,
                device: Any = None) -> Box:
     if node.meta.device.type != "cpu":
@@ -578,7 +616,7 @@ def lower_full(ctx: Lowering, node: Node, shape: Any, value: Any, dtype: torch.d
     return Box(node.meta.shape, dtype, _operand(value, dtype))
 
 
-@lowering("iota")
+@lowering(prims.iota)
 def lower_iota(ctx: Lowering, node: Node, length: int, start: Any, step: Any, dtype: torch.dtype,
                device: Any = None) -> Box:
     if dtype.is_floating_point or node.meta.device.type != "cpu":

@@ -61,6 +61,7 @@ def test_is_non_overlapping():
     assert not layout.is_non_overlapping((3, 4), (0, 1))  # expanded
     assert not layout.is_non_overlapping((3, 4), (2, 1))  # rows overlap
     assert layout.is_non_overlapping((1, 4), (0, 1))
+    assert layout.is_non_overlapping((2, 5, 0), (5, 1, 5))  # empty (eager's strides of a batched solve)
 
 
 def test_storage_size_matches_eager_allocation():
