@@ -18,7 +18,7 @@ import torch
 from .. import config, prims
 from ..counters import counters
 from ..graph import Graph, Node, TensorMeta, flatten, map_structure
-from ..graph.layout import contiguous_strides, is_non_overlapping, is_non_overlapping_and_dense
+from ..graph.layout import contiguous_strides, is_non_overlapping_and_dense
 from ..prims import Prim
 from .index import linear_index, simplify_index, unravel
 from .ir import (BufferRef, ComputedBuffer, ExternNode, InputBuffer, Layout, LoopGraph, OutputView,
@@ -75,11 +75,11 @@ def _dense_strides(meta: TensorMeta) -> tuple[int, ...]:
     return strides if is_non_overlapping_and_dense(shape, strides) else contiguous_strides(shape)
 
 
-def _non_overlapping_strides(meta: TensorMeta) -> tuple[int, ...]:
-    """The meta's strides when no two elements share memory (gaps allowed: a view's strides), else
-    row-major strides. A fallback's result keeps eager's strides (a view op's output stays a view)."""
-    shape, strides = _ints(meta.shape), _ints(meta.strides)
-    return strides if is_non_overlapping(shape, strides) else contiguous_strides(shape)
+def _eager_strides(meta: TensorMeta) -> tuple[int, ...]:
+    """A fallback's result keeps eager's strides, overlapping ones included (`as_strided` with a zero or
+    repeated stride, `expand`): a view op's output stays a view, never a restrided copy. Kernels only read
+    such a buffer (its elements at those strides), and it is never pooled or written in place."""
+    return _ints(meta.strides)
 
 
 class Lowering:
@@ -243,7 +243,7 @@ class Lowering:
                                           f"({m})")
             self.check_dtype(m.dtype, node)
             shape = tuple(int(s) for s in m.shape)
-            outputs.append(InputBuffer(self.new_name(), m.dtype, Layout(shape, _non_overlapping_strides(m))))
+            outputs.append(InputBuffer(self.new_name(), m.dtype, Layout(shape, _eager_strides(m))))
         counters[kind][target_name] += 1
         self.add_node(ExternNode(outputs[0].name if len(outputs) == 1 else self.new_name(), kind, target,
                                  target_name, args, kwargs, outputs, isinstance(node.meta, tuple)))

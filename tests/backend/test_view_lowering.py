@@ -79,3 +79,19 @@ def test_lowerings_are_keyed_by_prims():
     assert LOWERINGS[prims.where] is not None and prims.exp in LOWERINGS and prims.sum in LOWERINGS
     with pytest.raises(TypeError, match="takes prims"):
         lowering("where")
+
+
+def test_overlapping_fallback_output_stays_a_view():
+    # torch.as_strided with repeated strides runs as a fallback; its result must stay eager's view (it was
+    # restrided into a row-major copy: the output no longer aliased its input)
+    from kiln.backends.cpp import compile_graph
+    x = torch.randn(16)
+
+    def fn(x):
+        y = x * 2
+        return y.as_strided((2, 2, 2, 2), (1, 1, 1, 1)), torch.as_strided(x, (3, 3), (1, 1)) + 1
+    c = compile_graph(kiln.ops.trace(fn, x), [x])
+    got, want = c(x), fn(x)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    assert got[0].stride() == want[0].stride() == (1, 1, 1, 1)
