@@ -18,11 +18,15 @@ from __future__ import annotations
 import ast
 import collections
 import types
+import warnings
 from typing import Any
 
 import torch
 
+from .. import config
+from ..counters import counters
 from ..graph import Proxy
+from ..graph.graph import is_random_target
 from ..ops.registry import aliases
 from .errors import GraphBreak
 from .guards import check_expr, is_constant
@@ -389,10 +393,87 @@ def make_graph_entry(cap: Capture, fn: Any, code: types.CodeType, ret: Any,
         for source, tensor, by_identity in cap.inputs:
             inputs.append(rec.held_inputs[source.expr] if by_identity else source.expr)
         extra["__graph"] = compile_segmented(graph, [t for _, t, _ in cap.inputs], compile_graph)
-        body = [f"__out = __graph({', '.join(inputs)})"] + body
+        body = graph_call(cap, inputs, fn, code, compile_graph, extra) + body
     source = _entry_source(cap, params, body) + _checks_source(cap, params)
     env = _exec(cap, source, fn, extra)
     return env["__entry"], env["__checks"], source
+
+
+class GraphRaised:
+    """What an entry holds when its compiled graph raised before writing into any input: the call is run
+    again as plain Python from the frame's start, so the error is eager's own, raised from the user's line
+    (with the shapes in eager's message), and the inputs are left as eager leaves them (eager writes the
+    in-place updates before the failing op; a compiled graph writes them back only at its end)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def run_eagerly(self, fn: Any, name: str, raise_on_error: bool, *args: Any, **kwargs: Any) -> Any:
+        result = fn(*args, **kwargs)  # bad input raises here, as it does without kiln
+        # eager does not raise: the compiled graph was wrong to (a bug in kiln, not in the user's input)
+        e = self.error
+        counters["graph_errors"][f"{name}: {type(e).__name__}: {e}"] += 1
+        if raise_on_error or config.get("raise_on_error"):
+            raise e
+        if name not in _WARNED_GRAPH_ERRORS:
+            _WARNED_GRAPH_ERRORS.add(name)
+            warnings.warn(f"kiln: the compiled graph of {name} raised {type(e).__name__}: {e}, where eager "
+                          "does not; this call ran eagerly", RuntimeWarning, stacklevel=3)
+        return result
+
+
+_WARNED_GRAPH_ERRORS: set[str] = set()
+
+
+def input_versions(*tensors: torch.Tensor) -> tuple | None:
+    """The version counters of the inputs a graph updates in place; None when one has none (an inference
+    tensor), so it is unknown whether a failed graph already wrote it."""
+    try:
+        return tuple(t._version for t in tensors)
+    except RuntimeError:
+        return None
+
+
+def graph_call(cap: Capture, inputs: list[str], fn: Any, code: types.CodeType, compile_graph: Any,
+               extra: dict[str, Any]) -> list[str]:
+    """Entry lines calling the compiled graph `__graph` on `inputs` into `__out`. When a graph one of
+    kiln's backends compiled raises and could not have changed anything yet — no input it updates has been
+    written (their version counters), no random number drawn — the call runs again natively
+    (GraphRaised); otherwise the error propagates as the graph raised it, with a note naming the user's
+    lines the graph was captured from."""
+    graph = cap.graph
+    name = getattr(fn, "__qualname__", code.co_name)
+    backend = getattr(compile_graph, "backend", compile_graph)
+    # (a user's backend raising is the user's to see; kiln second-guesses only graphs it compiled itself)
+    rerun = getattr(backend, "__module__", "").startswith("kiln.") and \
+        not any(is_random_target(n.target) for n in graph.nodes if n.op == "call_torch")
+    mutated = [inputs[i] for i, ph in enumerate(graph.placeholders) if ph.name in graph.mutated_inputs]
+    _, _, forward = parameters(code)
+    raise_on_error = bool(getattr(getattr(compile_graph, "context", None), "raise_on_error", False))
+    extra.update(__GraphRaised=GraphRaised, __input_versions=input_versions, __native=fn,
+                 __graph_note=_graph_note(graph, name))
+    versions = f"__input_versions({', '.join(mutated)})"
+    lines = [f"__versions = {versions}"] if rerun and mutated else []
+    lines += ["try:", f"    __out = __graph({', '.join(inputs)})", "except Exception as __e:"]
+    if rerun and mutated:
+        lines += [f"    if __versions is None or {versions} != __versions:",
+                  "        __e.add_note(__graph_note)", "        raise"]
+    if rerun:
+        lines += ["    __out = __GraphRaised(__e)",
+                  "if type(__out) is __GraphRaised:",
+                  f"    return __out.run_eagerly(__native, {name!r}, {raise_on_error}, {', '.join(forward)})"]
+    else:
+        lines += ["    __e.add_note(__graph_note)", "    raise"]
+    return lines
+
+
+def _graph_note(graph: Any, name: str) -> str:
+    """The note an error raised by a compiled graph gets: the user's lines its nodes were captured from."""
+    origins = list(dict.fromkeys(n.origin for n in graph.nodes if n.origin))
+    where = f" (captured from {', '.join(origins)})" if origins else ""
+    return f"kiln: raised while running the compiled graph of {name}{where}"
 
 
 def setitem(tensor: torch.Tensor, index: Any, value: Any) -> torch.Tensor:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..graph import DataDependentError, Proxy
+from ..graph import DataDependentError, Proxy, tracing
 from ..ops import UnsupportedError
 from .errors import HINTS, GraphBreak, RaisedError
 from .iterators import SymIter
@@ -121,7 +121,8 @@ class OperatorOps:
                     raise GraphBreak(f"operator {fn.__name__} on a {type(a).__name__} kiln cannot guard",
                                      HINTS["call"])
         try:
-            result = fn(*args)
+            with tracing(cap.tracer):  # graph nodes it records carry the user's line
+                result = fn(*args)
             if type(result) in (list, dict, set) and not any(result is a for a in args):
                 cap.new_local(result)
             return result

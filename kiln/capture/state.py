@@ -41,6 +41,9 @@ class Capture:
         self.guards = GuardSet(self.ns)
         self.graph = Graph(name)
         self.tracer = Tracer(self.graph)
+        # its graphs serve later calls with other values: ops whose output shape depends on the values
+        # (x[mask], nonzero) are refused (kiln.ops.registry), so they run outside the graph
+        self.tracer.static_shapes = True
         self.sources: dict[int, tuple[Any, Source]] = {}
         self.tensor_proxies: dict[int, Proxy] = {}
         self.proxy_sources: dict[int, Source] = {}

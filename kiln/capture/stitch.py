@@ -23,7 +23,7 @@ from typing import Any, Callable
 from ..graph import Proxy
 from ..ops.registry import aliases
 from .entry import Reconstructor, _entry_source, _checks_source, _exec, _fix_setitem_nodes, \
-    _guard_mutated_aliasing, parameters, side_effect_writes
+    _guard_mutated_aliasing, graph_call, parameters, side_effect_writes
 from .errors import GraphBreak
 from .frame import _BINARY_BY_ARG, _COMPARE, NULL, Frame
 from .resume import NotResumable, check_resumable, live_locals, resume_code
@@ -219,7 +219,7 @@ def make_break_entry(cap: Capture, fn: Any, code: types.CodeType, frame: Frame, 
     if rec.outputs or any(n.op in ("call_torch", "call_prim") for n in graph.nodes):
         inputs = [rec.held_inputs[s.expr] if by_id else s.expr for s, _, by_id in cap.inputs]
         extra["__graph"] = compile_segmented(graph, [t for _, t, _ in cap.inputs], compile_graph)
-        body = [f"__out = __graph({', '.join(inputs)})"] + body
+        body = graph_call(cap, inputs, fn, code, compile_graph, extra) + body
     _, params, _ = parameters(code)
     source = _entry_source(cap, params, body) + _checks_source(cap, params)
     env = _exec(cap, source, fn, extra, (code.co_filename, frame.lines[frame.pc]))

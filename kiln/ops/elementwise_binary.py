@@ -13,7 +13,7 @@ import torch
 
 from .. import prims
 from ..prims.registry import check
-from .registry import NoDecomposition
+from .registry import DataDependentShape, NoDecomposition
 from .utils import (broadcast, convert, decomposition, elementwise, full_like, is_float_dtype, is_number,
                     is_tensor, materialize, method, refuse_complex, result_type, scalar_type_name, to_bool,
                     to_compute)
@@ -347,7 +347,7 @@ def _dtype_text(v: Any) -> str:
 @decomposition(torch.where)
 def where(condition: Any, input: Any = None, other: Any = None) -> Any:
     if input is None and other is None:
-        raise NoDecomposition("where(condition) (nonzero)")
+        raise DataDependentShape("where(condition) (nonzero)")
     check(is_tensor(condition) and condition.dtype == torch.bool,
           lambda: f"where expected condition to be a boolean tensor, but got a tensor with dtype "
                   f"{_dtype_text(condition)}")

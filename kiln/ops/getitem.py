@@ -13,7 +13,7 @@ import torch
 from .. import prims
 from ..prims.registry import check
 from .creation import _fill_value
-from .registry import NoDecomposition, mark_inplace, mark_view, register
+from .registry import DataDependentShape, NoDecomposition, mark_inplace, mark_view, register
 from .shape import _expand, _reshape, slice_dim
 from .utils import is_tensor
 
@@ -126,9 +126,9 @@ def basic_view(a: Any, index: Any) -> tuple[Any, list]:
             dim += 1
         else:  # an index tensor
             if item.dtype in (torch.bool, torch.uint8) and item.ndim > 1:
-                raise NoDecomposition("a multi-dimensional bool mask index")
+                raise DataDependentShape("a multi-dimensional bool mask index")
             if item.dtype in (torch.bool, torch.uint8) and item.ndim == 0:
-                raise NoDecomposition("a 0-d bool mask index")
+                raise DataDependentShape("a 0-d bool mask index")
             advanced.append(item)
             dim += 1
     if result is a and all(i is None for i in advanced):

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from .. import prims
 from ..prims.indexing import index_result_shape
 from ..prims.registry import check, shape_text, wrap_dim
-from .registry import NoDecomposition, register
+from .registry import DataDependentShape, NoDecomposition, register
 from .utils import broadcast, broadcast_shapes, broadcast_to, is_tensor
 
 _INDEX_DTYPES = (torch.int64, torch.int32)
@@ -288,10 +288,16 @@ def masked_fill(input: Any, mask: Any, value: Any) -> Any:
 
 
 @register(torch.masked_select, torch.Tensor.masked_select, torch.nonzero, torch.Tensor.nonzero,
-          torch.argwhere, torch.Tensor.argwhere, torch.masked_scatter, torch.Tensor.masked_scatter)
+          torch.argwhere, torch.Tensor.argwhere)
 def data_dependent(*args: Any, **kwargs: Any) -> Any:
-    """Ops whose output shape depends on the data (or, masked_scatter, that are left to eager)."""
-    raise NoDecomposition("an output shape that depends on the data")
+    """Ops whose output shape depends on the data."""
+    raise DataDependentShape("an output shape that depends on the data")
+
+
+@register(torch.masked_scatter, torch.Tensor.masked_scatter)
+def masked_scatter(*args: Any, **kwargs: Any) -> Any:
+    """Left to eager (the values it reads depend on the mask's count; its shape does not)."""
+    raise NoDecomposition("masked_scatter")
 
 
 # ---- advanced indexing ----------------------------------------------------------------------------------
@@ -310,7 +316,7 @@ def _index_tensors(x: Any, indices: Sequence[Any]) -> list[Any]:
         check(index.dtype in (torch.int64, torch.int32, torch.bool, torch.uint8),
               lambda: "tensors used as indices must be long, int, byte or bool tensors", IndexError)
         if index.dtype in (torch.bool, torch.uint8):
-            raise NoDecomposition("indexing with a bool mask (an output shape that depends on the data)")
+            raise DataDependentShape("indexing with a bool mask (an output shape that depends on the data)")
         out[d] = _long(index)
         shapes.append(tuple(index.shape))
     try:

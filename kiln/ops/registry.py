@@ -24,6 +24,7 @@ import torch
 
 from .. import config
 from ..counters import counters
+from ..graph import layout
 from ..graph.graph import is_random_target
 from ..graph import (DataDependentError, Graph, Proxy, TensorMeta, Tracer, current_tracer, dce,
                      dense_strides, flatten, map_structure, torch_name, tracing)
@@ -40,6 +41,17 @@ class NoDecomposition(Exception):
 
 class UnsupportedError(RuntimeError):
     """The trace cannot represent this program (kiln's capture turns it into a graph break)."""
+
+
+class DataDependentShape(NoDecomposition):
+    """A decomposition's refusal: the op's output shape depends on the values of its inputs (nonzero,
+    x[mask]). Traced with examples, it is a fallback node whose shape is the examples'; the capture, whose
+    graphs serve later calls with other values, refuses it instead (a graph break: it runs outside)."""
+
+
+# ops without a decomposition whose output shape depends on their inputs' values (by name, as torch's
+# Python wrappers, e.g. torch.unique, reach them under several names)
+_DATA_DEPENDENT_FALLBACKS = {"unique", "_unique", "_unique2", "unique_dim", "unique_consecutive", "bincount"}
 
 
 def register(*targets: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -246,6 +258,13 @@ def call(func: Any, args: tuple, kwargs: dict) -> Any:
         return _record(tracer, func, args, kwargs)
 
 
+def _refuse_data_dependent(tracer: Tracer, name: str, data_dependent: bool) -> None:
+    """A tracer marked `static_shapes` (the capture's) refuses ops whose output shape depends on values."""
+    if data_dependent and getattr(tracer, "static_shapes", False):
+        raise UnsupportedError(f"{name}: its output shape depends on the values of its inputs, so a graph "
+                               f"cannot be reused for other values; it runs outside the graph")
+
+
 def _lift(graph: Graph, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Turn real tensors among the arguments into constant nodes of the graph."""
     def lift(v: Any) -> Any:
@@ -296,6 +315,7 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
                 result = fn(*sub_args, **sub_kwargs)
             decomposition = sub
         except NoDecomposition as e:
+            _refuse_data_dependent(tracer, name, isinstance(e, DataDependentShape))
             counters["no_decomposition"][f"{name} (needs {e})" if str(e) != name else name] += 1
         except UnsupportedError:
             raise  # the call cannot be traced at all (e.g. torch drops an argument): capture breaks the graph
@@ -305,6 +325,7 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
                 ZeroDivisionError, OverflowError) as e:
             failure = e
     else:
+        _refuse_data_dependent(tracer, name, getattr(func, "__name__", "") in _DATA_DEPENDENT_FALLBACKS)
         counters["no_decomposition"][name] += 1
 
     examples = _has_examples(args, kwargs)
@@ -526,6 +547,9 @@ def _record_out(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     if len(values) != len(flat) or not all(isinstance(v, Proxy) for v in values):
         raise UnsupportedError(f"{name}(out=...): the result does not match the out tensors")
     for t, v in zip(flat, values):
+        if v.meta.device != t.meta.device:  # eager's cross-device rules (and their exceptions) decide
+            raise UnsupportedError(f"{name}(out=...) writes a result on {v.meta.device} into a tensor on "
+                                   f"{t.meta.device}")
         if tuple(v.meta.shape) != tuple(t.meta.shape) or v.meta.dtype != t.meta.dtype:
             raise UnsupportedError(f"{name}(out=...) resizes or casts into its out tensor "
                                    f"({v.meta.short()} into {t.meta.short()})")
@@ -581,11 +605,36 @@ def _check_inplace(graph: Graph, func: Any, args: tuple) -> None:
             # element; it runs eagerly
             raise UnsupportedError(f"{_op_name(func)} reads a tensor that shares memory with the tensor it "
                                    f"updates ({target.node.name})")
+    if _overlapping_target(target) and not _uniform_fill(func, args):
+        # eager refuses most such updates ("more than one element of the written-to tensor refers to a
+        # single memory location") and computes the rest through the shared memory: it runs eagerly
+        raise UnsupportedError(f"{_op_name(func)} updates tensor {target.node.name} ({target.meta.short()}, "
+                               f"strides {tuple(target.meta.strides)}), whose elements share memory")
     if (target in al.base or target in al.has_views) and not _functional_update_ok(al, target):
         raise UnsupportedError(
             f"{_op_name(func)} updates tensor {target.node.name} in place while other tensors share its "
             f"memory in a way kiln cannot replay (a view it cannot re-derive, or a view with overlapping "
             f"elements)")
+
+
+def _overlapping_target(target: Proxy) -> bool:
+    """Whether two elements of the tensor an op updates share memory (an expanded input, an unfolded view);
+    unknown counts as yes."""
+    meta = target.meta
+    if layout.is_non_overlapping(meta.shape, meta.strides):
+        return False
+    example = target.example  # (a graph input's example may be a dense copy: only its values count)
+    if example is None or example.numel() > (1 << 22) or tuple(example.stride()) != tuple(meta.strides):
+        return True
+    return _overlaps_itself(example)
+
+
+def _uniform_fill(func: Any, args: tuple) -> bool:
+    """zero_ or fill_ with a number: every element gets one value, so shared memory changes nothing."""
+    if func in (torch.Tensor.zero_, torch.zero_):
+        return True
+    return func in (torch.Tensor.fill_, torch.fill_) and len(args) > 1 and \
+        not isinstance(args[1], (torch.Tensor, Proxy))
 
 
 def _positions(t: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from .. import prims
 from ..prims.registry import check, wrap_dim
 from . import shape as views
 from .getitem import _slice_bounds, place, zero_of
-from .registry import NoDecomposition, register
+from .registry import DataDependentShape, NoDecomposition, register
 from .shape import _expand, _reshape, _sizes, _transpose, slice_dim
 from .utils import is_tensor, result_type
 
@@ -259,6 +259,8 @@ def tile(a: Any, *dims: Any, **kwargs: Any) -> Any:
 
 @register(torch.repeat_interleave, torch.Tensor.repeat_interleave)
 def repeat_interleave(a: Any, repeats: Any = None, dim: Any = None, *, output_size: Any = None) -> Any:
+    if (is_tensor(repeats) or repeats is None) and output_size is None:  # (alone, `a` is the repeats)
+        raise DataDependentShape("repeat_interleave with tensor repeats")
     if not isinstance(repeats, int) or isinstance(repeats, bool) or not is_tensor(a):
         raise NoDecomposition("repeat_interleave with tensor repeats")
     check(repeats >= 0, lambda: "repeats can not be negative")
