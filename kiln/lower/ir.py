@@ -15,6 +15,7 @@ from typing import Any, Callable
 import sympy
 import torch
 
+from ..graph.layout import numel, storage_size
 from ..graph.meta import dtype_abbrev
 from .index import index_var
 from .ops import DepsHandler, PrintHandler
@@ -29,16 +30,11 @@ class Layout:
     offset: int = 0
 
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return numel(self.shape)
 
     def storage_size(self) -> int:
         """Elements needed behind the data pointer (0 for an empty tensor)."""
-        if self.numel() == 0:
-            return 0
-        return self.offset + 1 + sum((s - 1) * st for s, st in zip(self.shape, self.strides))
+        return storage_size(self.shape, self.strides, self.offset)
 
 
 @dataclasses.dataclass

@@ -20,6 +20,7 @@ import sympy
 import torch
 
 from ..graph.interpreter import write_back as _write_back
+from ..graph.layout import storage_size
 from .index import FloorDiv, ModularIndexing, index_var, linear_index
 from .ir import ComputedBuffer, Reduction, Scan
 from .ops import COMPARISONS, Handler
@@ -97,13 +98,6 @@ def unprintable(what: str) -> Callable[..., Any]:
     def fail(*args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f"the printed loop IR cannot call {what}: it has no importable name")
     return fail
-
-
-def storage_size(shape: Sequence[int], strides: Sequence[int], offset: int = 0) -> int:
-    """Elements behind the first one that a layout reaches (0 for an empty tensor)."""
-    if any(s == 0 for s in shape):
-        return 0
-    return offset + 1 + sum((s - 1) * st for s, st in zip(shape, strides))
 
 
 def _poison(dtype: torch.dtype) -> Any:
