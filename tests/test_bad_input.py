@@ -295,6 +295,16 @@ def _masked_fill_(a, m):
     return a - 1
 
 
+def _fill_row(a):
+    a[1, :2].fill_(3)
+    return a + 0
+
+
+def _zero_view(a):
+    a[:].zero_()
+    return a + 1
+
+
 def _relu_(a):
     return torch.relu_(a) * 2
 
@@ -389,6 +399,9 @@ COMPILED_CASES = [
      lambda: (R(2, 3), R(2, 3), torch.zeros(3, 2).t())),
     ("masked_fill_-expanded", _masked_fill_, lambda: (R(2, 3), R(2, 3) > 0),
      lambda: (torch.zeros(1, 3).expand(2, 3), torch.tensor([[True, False, False], [False, False, True]]))),
+    # a write through a view of an expanded tensor shows in every row sharing the memory
+    ("fill_-view-of-expanded", _fill_row, lambda: (R(3, 4),), lambda: (R(1, 4).expand(3, 4),)),
+    ("zero_-view-of-expanded", _zero_view, lambda: (R(5),), lambda: (R(1).expand(5),)),
 ]
 
 

@@ -24,11 +24,11 @@ import torch
 
 from .. import config
 from ..counters import counters
-from ..graph import layout
 from ..graph.graph import is_random_target
 from ..graph import (DataDependentError, Graph, Proxy, TensorMeta, Tracer, current_tracer, dce,
                      dense_strides, flatten, map_structure, torch_name, tracing)
 from ..graph.proxy import set_torch_call_handler
+from .overlap import overlaps_itself, shared_memory, uniform_fill
 
 log = config.channel("prims")
 
@@ -605,36 +605,20 @@ def _check_inplace(graph: Graph, func: Any, args: tuple) -> None:
             # element; it runs eagerly
             raise UnsupportedError(f"{_op_name(func)} reads a tensor that shares memory with the tensor it "
                                    f"updates ({target.node.name})")
-    if _overlapping_target(target) and not _uniform_fill(func, args):
+    name = al.input_name.get(root)
+    placeholder = next((p.meta for p in graph.placeholders if p.name == name), None) if name else None
+    shared = shared_memory(target, root, name, placeholder, uniform_fill(func, args))
+    if shared is not None:
         # eager refuses most such updates ("more than one element of the written-to tensor refers to a
-        # single memory location") and computes the rest through the shared memory: it runs eagerly
-        raise UnsupportedError(f"{_op_name(func)} updates tensor {target.node.name} ({target.meta.short()}, "
-                               f"strides {tuple(target.meta.strides)}), whose elements share memory")
+        # single memory location") and computes the rest through the shared memory (a write through a
+        # view of an expanded tensor shows in every element sharing it): it runs eagerly
+        raise UnsupportedError(f"{_op_name(func)} updates tensor {target.node.name} ({target.meta.short()}), "
+                               f"whose memory {shared} shares between its elements")
     if (target in al.base or target in al.has_views) and not _functional_update_ok(al, target):
         raise UnsupportedError(
             f"{_op_name(func)} updates tensor {target.node.name} in place while other tensors share its "
             f"memory in a way kiln cannot replay (a view it cannot re-derive, or a view with overlapping "
             f"elements)")
-
-
-def _overlapping_target(target: Proxy) -> bool:
-    """Whether two elements of the tensor an op updates share memory (an expanded input, an unfolded view);
-    unknown counts as yes."""
-    meta = target.meta
-    if layout.is_non_overlapping(meta.shape, meta.strides):
-        return False
-    example = target.example  # (a graph input's example may be a dense copy: only its values count)
-    if example is None or example.numel() > (1 << 22) or tuple(example.stride()) != tuple(meta.strides):
-        return True
-    return _overlaps_itself(example)
-
-
-def _uniform_fill(func: Any, args: tuple) -> bool:
-    """zero_ or fill_ with a number: every element gets one value, so shared memory changes nothing."""
-    if func in (torch.Tensor.zero_, torch.zero_):
-        return True
-    return func in (torch.Tensor.fill_, torch.fill_) and len(args) > 1 and \
-        not isinstance(args[1], (torch.Tensor, Proxy))
 
 
 def _positions(t: torch.Tensor) -> torch.Tensor:
@@ -658,18 +642,6 @@ def _memory_relation(a: Any, b: Any) -> str:
     return "disjoint"
 
 
-def _overlaps_itself(t: torch.Tensor) -> bool:
-    """Whether two elements of `t` share a memory location (an expanded or unfolded view)."""
-    if any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride())):
-        return True
-    if t.numel() <= 1 or t.is_contiguous():
-        return False
-    offsets = torch.zeros((), dtype=torch.int64)
-    for n, st in zip(t.shape, t.stride()):
-        offsets = offsets.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * st
-    return offsets.unique().numel() != t.numel()
-
-
 def _views_of(al: _Aliases, root: Proxy) -> list[Proxy]:
     return [v for v in al.base.keys() if al.base.get(v) is root]
 
@@ -679,7 +651,7 @@ def _functional_update_ok(al: _Aliases, target: Proxy) -> bool:
     the base has a known chain, and the target has no overlapping elements (eager refuses those)."""
     root = al.base.get(target, target)
     example = target.example
-    if example is None or _overlaps_itself(example):
+    if example is None or overlaps_itself(example):
         return False
     return all(al.chain.get(v) is not None for v in _views_of(al, root))
 
@@ -708,7 +680,11 @@ def _note_views(graph: Graph, source: Proxy, out: Any, step: tuple | None = None
     from .views import ViewChain
     al = aliases(graph)
     base = al.base.get(source, source)
-    chain = al.chain.get(source) if source in al.base else ViewChain(())
+    if source in al.base:
+        chain = al.chain.get(source)
+    else:
+        strides = tuple(source.example.stride()) if isinstance(source.example, torch.Tensor) else None
+        chain = ViewChain((), strides if strides is not None else tuple(source.meta.strides))
     outputs = out if isinstance(out, (tuple, list)) else None
     for i, v in enumerate(flatten(out)):
         if isinstance(v, Proxy) and v is not source:

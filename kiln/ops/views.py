@@ -22,15 +22,18 @@ from ..graph import torch_name
 
 
 class ViewChain:
-    """The view ops deriving a view from its base: (op, arguments after the tensor, kwargs, item)."""
+    """The view ops deriving a view from its base: (op, arguments after the tensor, kwargs, item), and the
+    base's strides in eager (`base_strides`): whether `contiguous()` or `reshape` returns a view depends on
+    them, and a compiled graph's value of the base may be laid out otherwise."""
 
-    __slots__ = ("steps",)
+    __slots__ = ("steps", "base_strides")
 
-    def __init__(self, steps: tuple):
+    def __init__(self, steps: tuple, base_strides: tuple | None = None):
         self.steps = steps
+        self.base_strides = base_strides
 
     def then(self, func: Any, rest: tuple, kwargs: dict, index: int | None) -> "ViewChain":
-        return ViewChain(self.steps + ((func, rest, kwargs, index),))
+        return ViewChain(self.steps + ((func, rest, kwargs, index),), self.base_strides)
 
     def apply(self, t: Any, invoke: Any = None) -> Any:
         """The view of `t`; `invoke(func, args, kwargs)` records each op when t is a proxy."""
@@ -46,8 +49,14 @@ class ViewChain:
 
 
 def view_update(base: torch.Tensor, value: torch.Tensor, chain: ViewChain) -> torch.Tensor:
-    """`base` with the region `chain` selects replaced by `value` (a new tensor; base is unchanged)."""
-    out = base.clone()
+    """`base` with the region `chain` selects replaced by `value` (a new tensor; base is unchanged). The
+    copy is laid out as eager's base, so the chain's steps are views here as they were there."""
+    strides = chain.base_strides
+    if strides is not None and len(strides) == base.ndim and tuple(base.stride()) != tuple(strides):
+        out = torch.empty_strided(base.shape, strides, dtype=base.dtype, device=base.device)
+        out.copy_(base)
+    else:
+        out = base.clone()
     chain.apply(out).copy_(value)
     return out
 
