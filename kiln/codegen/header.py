@@ -94,7 +94,8 @@ template <typename T> static inline T kiln_idiv(T a, T b) {
 template <typename T> static inline T kiln_ifmod(T a, T b) {
   return (b == T(-1) || b == T(0)) ? T(0) : (T)(a % b);
 }
-template <typename T> static inline T kiln_sign(T a) { return (a != a) ? a : (T)((T(0) < a) - (a < T(0))); }
+// eager's sign: NaN -> 0
+template <typename T> static inline T kiln_sign(T a) { return (T)((T(0) < a) - (a < T(0))); }
 // argmax/argmin step: NaN counts as the extreme; ties keep the first index.
 template <typename T> static inline void kiln_argmax(T& v, int64_t& i, T nv, int64_t ni) {
   if (v != v) return;

@@ -568,17 +568,22 @@ def lower_var(ctx: Lowering, node: Node, a: Box, dims: Any, correction: Any) -> 
     for d in dims:
         n *= a.shape[d]
     dtype = a.dtype
-    total = _reduction(ctx, node, a, dims, "sum", dtype)
+    # half types are summed in float32 and rounded once at the end, as eager does (summed in float16, the
+    # variance of 2000 values near 40 overflows to inf)
+    acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    src = a if acc == dtype else Box(a.shape, acc, lambda h, i: h.to_dtype(a.loader(h, i), acc))
+    total = _reduction(ctx, node, src, dims, "sum", acc)
 
     def centered_sq(h: Any, value: Any, index: list) -> Any:
-        mean = h.op("div", total.loader(h, index), h.constant(float(n), dtype))
+        mean = h.op("div", total.loader(h, index), h.constant(float(n), acc))
         diff = h.op("sub", value, mean)
         return h.op("mul", diff, diff)
-    squares = _reduction(ctx, node, a, dims, "sum", dtype, centered_sq)
+    squares = _reduction(ctx, node, src, dims, "sum", acc, centered_sq)
     denom = float(n) - float(correction)
 
     def load(h: Any, index: list) -> Any:
-        return h.op("div", squares.loader(h, index), h.constant(max(denom, 0.0), dtype))
+        value = h.op("div", squares.loader(h, index), h.constant(max(denom, 0.0), acc))
+        return value if acc == dtype else h.to_dtype(value, dtype)
     return Box(squares.shape, dtype, load)
 
 

@@ -66,7 +66,9 @@ class FusedGroup:
             dim = member.buffer.data.dim
             outer = self.outer_vars()
             return outer[:dim] + self.inner_vars() + outer[dim:], []
-        return self.outer_vars(), []
+        # a pure pointwise kernel whose dims all collapsed away (every size 1) keeps "outer" members
+        index = self.outer_vars()
+        return (self.expand(index) if self.expand is not None else index), []
 
     def store_index(self, member: Member) -> sympy.Expr:
         index, _ = self.member_index(member)

@@ -38,17 +38,17 @@ REGRESSIONS: dict[int, str] = {
           "first's dense meta, so the shared memory went unnoticed (the eager backend copied the result back "
           "into the expanded input, which eager refuses); an updated input is judged by its placeholder",
     4393: "as 2695, through a.reshape(-1) of an expanded input",
+    456: "a float16 var was summed in float16 (2x eager's RMSE; a long row overflowed): now in float32",
+    3146: "as 456",
+    985: "a pure pointwise kernel whose dims were all size 1 gave its 'outer' members no index (the C++ read "
+         "an undeclared loop variable): FusedGroup.member_index applies the collapse's expand to them",
+    1575: "as 985",
+    4979: "as 985",
+    3347: "the C++ sign of NaN was NaN; eager's torch.sign(nan) is 0",
 }
 
-# seed -> the open bug it finds (each in a file another engineer owns; minimized below)
-_VAR = ("kiln/lower/lowering.py lower_var sums a float16 input in float16 (the mean's sum, then the "
-        "squares): a float16 var is further from the float64 value than eager's (2x its RMSE), and a long "
-        "row overflows")
-_ONES = ("kiln/schedule/fusion.py FusedGroup.member_index: a pure pointwise kernel whose dims are all size 1 "
-         "collapses to no loop, but its 'outer' members get no index (group.expand is not applied): the C++ "
-         "reads the undeclared loop variable v1 (BuildError)")
-_SIGN = "kiln/codegen/header.py kiln_sign returns NaN for NaN; eager's torch.sign(nan) is 0"
-KNOWN: dict[int, str] = {456: _VAR, 3146: _VAR, 985: _ONES, 1575: _ONES, 4979: _ONES, 3347: _SIGN}
+# seed -> the open bug it finds (strict xfail with the reason; none open)
+KNOWN: dict[int, str] = {}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -173,7 +173,7 @@ def test_check_seed_reports_a_wrong_backend():
     assert len(wrong_seeds) >= 6, wrong_seeds
 
 
-# ---- bugs the sweep found, minimized: fixed ones, then open ones (strict xfail: a fix makes them pass)
+# ---- bugs the sweep found, minimized (all fixed; an open one would carry a strict xfail with its reason)
 
 def _update_through_contiguous_view(a):
     a.add_(1)
@@ -204,7 +204,6 @@ needs_cpp = pytest.mark.skipif("cpp" not in BACKENDS, reason="no C++ compiler")
 
 
 @needs_cpp
-@pytest.mark.xfail(strict=True, reason=_VAR)
 def test_half_var_of_a_long_row():
     x = (torch.randn(3, 2000) + 40).to(torch.float16)
     fn = lambda x: x.var(-1)  # noqa: E731
@@ -212,7 +211,6 @@ def test_half_var_of_a_long_row():
 
 
 @needs_cpp
-@pytest.mark.xfail(strict=True, reason=_ONES)
 def test_pointwise_sliced_to_one_element():
     x = torch.randn(1, 5)
     fn = lambda x: x.abs()[:, :1] * 2  # noqa: E731
@@ -220,7 +218,6 @@ def test_pointwise_sliced_to_one_element():
 
 
 @needs_cpp
-@pytest.mark.xfail(strict=True, reason=_SIGN)
 def test_sign_of_nan():
     x = torch.tensor([float("nan"), -2.0, 0.0, 3.0])
     fn = lambda x: torch.sign(x) + 1  # noqa: E731
