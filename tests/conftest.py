@@ -2,11 +2,18 @@
 
 - Every test starts from the same torch random state (seed 0), so failures reproduce.
 - `counters` fixture: kiln.counters, emptied for the test.
+- TRITON_INTERPRET=1 (unless set): the triton backend's kernels run on Triton's interpreter.
 - `--opinfo-all-samples`: tests/test_opinfo.py runs every sample of each entry, not only the first.
 """
 from __future__ import annotations
 
-import pytest
+import os
+
+# the triton backend's tests run its kernels on Triton's interpreter (CPU tensors); Triton reads this when
+# a kernel is defined, so it is set before anything imports triton
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 import torch
 
 from kiln.counters import counters as _counters

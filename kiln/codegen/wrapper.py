@@ -209,10 +209,15 @@ def _structure_builder(template: Any) -> Callable[..., Any]:
     return build
 
 
-def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any],
-                   fallback: Callable[..., Any]) -> tuple[str, dict[str, Any]]:
-    """Source of `kiln_call(*inputs)` and its globals (`entries`: segment name → ctypes function)."""
+def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallback: Callable[..., Any],
+                   device: torch.device | None = None, tensor_args: bool = False) -> tuple[str, dict[str, Any]]:
+    """Source of `kiln_call(*inputs)` and its globals (`entries`: segment name → ctypes function, or with
+    `tensor_args` a Python launcher taking the tensors themselves). Buffers are allocated on `device` (the
+    CPU when None); an input on another device runs on the fallback."""
     src = _Source()
+    on_cpu = device is None or torch.device(device).type == "cpu"
+    device_name = None if device is None else src.const(torch.device(device), "device")
+    dev = "" if device_name is None else f", device={device_name}"
     src.globals["_fallback"] = fallback
     params = [b.name for b in graph.inputs]
     lines = src.lines
@@ -226,7 +231,7 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any],
     for b in graph.inputs:
         dt = src.const(b.dtype, "dtype")
         checks.append(f"{b.name}.stride() != {tuple(b.layout.strides)} or {b.name}.shape != {tuple(b.shape)} "
-                      f"or {b.name}.dtype != {dt}")
+                      f"or {b.name}.dtype != {dt}" + (f" or {b.name}.device != {device_name}" if device_name else ""))
     if checks:
         lines.append(f"    if {' or '.join(f'({c})' for c in checks)}:")
         lines.append(f"        return _fallback({', '.join(params)})")
@@ -249,8 +254,8 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any],
                              f"{tuple(buf.layout.strides)}); del {reuse}{meta}")
             else:
                 dt = src.const(buf.dtype, "dtype")
-                alloc = f"torch.empty_strided({tuple(buf.shape)}, {tuple(buf.layout.strides)}, dtype={dt})"
-                if buf.layout.storage_size() * buf.dtype.itemsize >= HUGE_BYTES:
+                alloc = f"torch.empty_strided({tuple(buf.shape)}, {tuple(buf.layout.strides)}, dtype={dt}{dev})"
+                if on_cpu and buf.layout.storage_size() * buf.dtype.itemsize >= HUGE_BYTES:
                     alloc = f"_fresh({tuple(buf.shape)}, {tuple(buf.layout.strides)}, {dt})"
                 if name in recyclable:
                     lines.append(f"    {name} = _recycle(_pool, {name!r}, {buf.nbytes()}){meta}")
@@ -260,7 +265,7 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any],
                     lines.append(f"    {name} = {alloc}{meta}")
         if isinstance(node, Segment):
             fn = src.const(entries[node.name], node.name + "_")
-            ptrs = ", ".join(f"{a}.data_ptr()" for a in node.args)
+            ptrs = ", ".join(a if tensor_args else f"{a}.data_ptr()" for a in node.args)
             kernels = ", ".join(g.name for g in node.groups)
             writes = ", ".join(f"{w} {layout_text(graph.buffers[w])}" for w in node.writes)
             lines.append(f"    {fn}({ptrs})  # {kernels} -> {writes or 'nothing'}")

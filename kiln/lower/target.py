@@ -25,7 +25,8 @@ class Target:
     # a kernel with fewer outer iterations than this splits its inner loops across threads instead
     min_parallel_outer: int
     # what a buffer written and read only inside one kernel may become: "scalar" (a register holding the
-    # current outer iteration's value), "array" (a per-thread scratch row); empty: everything in memory
+    # current outer iteration's value), "array" (a per-thread scratch row), "recompute" (a pointwise row
+    # buffer computed again from its body where it is read); empty: everything in memory
     local_kinds: frozenset[str]
     # bytes of one SIMD register (the inner loop's vector width is this over the element size)
     vector_bytes: int

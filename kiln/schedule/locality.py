@@ -2,8 +2,10 @@
 
 A buffer written by a kernel and read by no one else (not an output, not read by another kernel or an
 extern) never needs memory: it stays inside the kernel, as a register holding the current outer iteration's
-value ("scalar") or a per-thread scratch row ("array"), when the Target allows that kind. A kernel whose
-threads split its inner loops keeps everything in memory (a row is then shared between threads).
+value ("scalar"), a per-thread scratch row ("array"), or — for a pointwise row buffer on a target without
+scratch rows — recomputed from its body wherever the kernel reads it ("recompute"), when the Target
+allows that kind. A kernel whose threads split its inner loops keeps everything in memory (a row is then
+shared between threads).
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ def item_reads(item: FusedGroup | ExternNode) -> list[str]:
 
 
 def local_buffers(schedule: list[FusedGroup | ExternNode], kept: set[str], target: Target) -> dict[str, str]:
-    """Buffer -> "scalar" | "array" for each buffer that stays inside the kernel writing it."""
+    """Buffer -> "scalar" | "array" | "recompute" for each buffer that stays inside the kernel writing it."""
     readers: dict[str, set[int]] = {}
     for item in schedule:
         for name in item_reads(item):
@@ -48,7 +50,11 @@ def local_buffers(schedule: list[FusedGroup | ExternNode], kept: set[str], targe
             name = member.buffer.name
             if name in kept or name not in readers or readers[name] - {id(item)}:
                 continue
-            kind = "array" if member.role in ("inner", "scan") else "scalar"
-            if kind in target.local_kinds:
+            if member.role in ("inner", "scan"):
+                kinds = ["array", "recompute"] if member.role == "inner" else ["array"]
+            else:
+                kinds = ["scalar"]
+            kind = next((k for k in kinds if k in target.local_kinds), None)
+            if kind is not None:
                 local[name] = kind
     return local
