@@ -22,6 +22,7 @@ from ..lower.ops import Handler
 from ..lower.target import ALL_DTYPES, LIBRARY_PRIMS, Target
 from ..schedule.fusion import FusedGroup, Member
 from ..schedule.locality import runs_parallel, splits_inner
+from .cpp_columns import ColumnWriter, column_plan
 
 # The C++ backend's target: every dtype below computed by its own C++ type; matmul, convolution and
 # attention call torch (BLAS, oneDNN); OpenMP over the outer loops from 32768 elements (below that,
@@ -314,7 +315,10 @@ class KernelWriter:
             return
         self.emit(f"// {group.describe()}", 1)
         self.emit("{", 1)
-        if splits_inner(group, self.target):
+        columns = column_plan(group, self.target)
+        if columns is not None:
+            ColumnWriter(self, group, columns, runs_parallel(group, self.target)).write()
+        elif splits_inner(group, self.target):
             self.split_inner(group)
         else:
             self.split_outer(group, runs_parallel(group, self.target))
@@ -378,6 +382,21 @@ class KernelWriter:
             self.member(group, member, 4, split=True, slot=i)
         self.emit("}", 3)
         self.emit("}", 2)
+
+    # what kiln.codegen.cpp_columns writes through
+    def ctype(self, dtype: torch.dtype) -> str:
+        return CTYPES[dtype]
+
+    def handler(self, group: FusedGroup, depth: int, local: dict[str, str], inner_index: str) -> CppHandler:
+        return CppHandler(self.buffers, self.pointers, group.var_ranges(), "  " * depth, local, inner_index)
+
+    def acc_type(self, group: FusedGroup, member: Member) -> tuple[torch.dtype, str]:
+        """A (non-arg) reduction member's accumulator dtype and the C++ of its initial value."""
+        dtype = self._acc_dtype(group, member)
+        return dtype, _init(member.buffer.data.reduction_type, dtype)
+
+    def store(self, group: FusedGroup, member: Member, value: str, depth: int) -> None:
+        self._store(group, member, value, depth)
 
     def _body(self, group: FusedGroup, member: Member, depth: int) -> CppValue:
         handler = CppHandler(self.buffers, self.pointers, group.var_ranges(), "  " * depth, group.local,
