@@ -57,7 +57,8 @@ def compile(model: Any = None, *, backend: Any = "auto", fullgraph: bool = False
         warn_once("python", f"kiln captures CPython {_SUPPORTED_PYTHON[0]}.{_SUPPORTED_PYTHON[1]} bytecode; "
                   f"on Python {sys.version_info[0]}.{sys.version_info[1]} compiled code runs eagerly")
         return model
-    context = CompileContext.from_compile(mode=mode, dynamic=dynamic, fullgraph=fullgraph, options=options)
+    context = CompileContext.from_compile(mode=mode, dynamic=dynamic, fullgraph=fullgraph, options=options,
+                                          backend=backend if isinstance(backend, str) else None)
     compiler = compiler_for(backend, context)
     fn, bound_self = _unwrap(model)
     if fn is None:

@@ -1,7 +1,8 @@
 """Backend `auto`: the best backend available for the graph's tensors.
 
 CPU tensors go to `cpp` (which itself runs the graph with torch when it cannot compile it: no compiler, an
-unsupported dtype, an internal error); anything else runs with `eager` until the triton backend lands.
+unsupported dtype, an internal error); CUDA tensors go to `triton` (likewise); anything else runs with
+`eager`, counted.
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..counters import counters
 from ..graph import Graph, flatten
 from ..graph.pipeline import CompileContext
 from . import eager, lookup_backend, register_backend
@@ -19,4 +21,12 @@ def auto(graph: Graph, example_inputs: list, context: CompileContext | None = No
     tensors = [t for t in flatten(example_inputs) if isinstance(t, torch.Tensor)]
     if all(t.device.type == "cpu" for t in tensors):
         return lookup_backend("cpp")(graph, example_inputs, context)
+    if all(t.device.type == "cuda" for t in tensors):
+        try:
+            backend = lookup_backend("triton")
+        except (ImportError, ValueError):
+            backend = None
+        if backend is not None:
+            return backend(graph, example_inputs, context)
+    counters["auto"][f"graphs on {sorted({t.device.type for t in tensors})} run with torch"] += 1
     return eager(graph, example_inputs, context)

@@ -9,8 +9,8 @@ with the same memory plan and launches the kernels with the tensors themselves.
 CUDA tensors compile for the GPU. CPU tensors run through Triton's interpreter when `TRITON_INTERPRET=1`
 is set (correctness only: that is how the tests check this backend without a GPU); otherwise, or when
 triton is not installed, the graph runs with torch, counted (`triton: graphs run with torch`) and
-explained. `mode="max-autotune"` benchmarks each kernel's candidate launch configurations once (on a GPU)
-and keeps the fastest next to the kernel cache.
+explained. `mode="max-autotune"` times each kernel's candidate launch configurations once and keeps the
+fastest next to the kernel cache (`kiln.backends.triton_tune`).
 """
 from __future__ import annotations
 
@@ -76,9 +76,9 @@ def _build(state: CompileState, ctx: CompileContext) -> None:
         if isinstance(step.node, Segment):
             seg = state.segments[step.node.name]
             module = tritonlib.load_module(seg.source)
-            if ctx.mode == "max-autotune" and _mode(state) == "device":
+            if ctx.mode in ("max-autotune", "max-autotune-no-cudagraphs"):
                 from .triton_tune import tuned_source
-                source = tuned_source(seg, module, state.loop, state.device, _mode(state))
+                source = tuned_source(step.node, seg, module, state.loop, state.device, _mode(state))
                 if source is not None:
                     module = tritonlib.load_module(source)
             entries[step.node.name] = getattr(module, seg.name)

@@ -680,14 +680,14 @@ def launch_config(kernel: KernelSource, mode: str, tile: int = 0) -> dict:
         xblock = min(_pow2(x), max(1, budget // rblock))
         while -(-x // xblock) > MAX_GRID_Y:
             xblock *= 2
-        grid = (-(-r // rblock), -(-x // xblock))
+        grid = [-(-r // rblock), -(-x // xblock)]
     else:
         budget = tile or REDUCTION_TILE[mode]
         persistent = tile or PERSISTENT_R[mode]
         rblock = _pow2(r) if r <= persistent else (min(tile, LOOP_R[mode]) if tile else LOOP_R[mode])
         rblock = min(rblock, budget)
         xblock = min(_pow2(x), max(1, budget // rblock))
-        grid = (-(-x // xblock),)
+        grid = [-(-x // xblock)]
     warps = 8 if xblock * rblock >= 4096 else 4
     return {"XBLOCK": xblock, "RBLOCK": rblock, "num_warps": warps, "grid": grid}
 

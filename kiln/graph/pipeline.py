@@ -24,7 +24,7 @@ from .. import config
 log = config.channel("passes")
 
 MODES = {None: "supported", "default": "supported", "reduce-overhead": "not supported yet",
-         "max-autotune": "not supported yet", "max-autotune-no-cudagraphs": "not supported yet"}
+         "max-autotune": "triton", "max-autotune-no-cudagraphs": "triton"}
 _WARNED: set[str] = set()
 
 
@@ -46,7 +46,7 @@ class CompileContext:
 
     @classmethod
     def from_compile(cls, *, mode: str | None = None, dynamic: bool | None = None, fullgraph: bool = False,
-                     options: dict | None = None) -> "CompileContext":
+                     options: dict | None = None, backend: Any = None) -> "CompileContext":
         """Check kiln.compile's arguments: unknown values raise, known but unsupported ones warn once."""
         options = dict(options or {})
         raise_on_error = bool(options.pop("raise_on_error", False))
@@ -57,7 +57,12 @@ class CompileContext:
         if mode not in MODES:
             raise ValueError(f"kiln.compile: unknown mode {mode!r}; modes: "
                              f"{', '.join(repr(m) for m in MODES if m)}")
-        if MODES[mode] != "supported":
+        if MODES[mode] == "triton":
+            if backend != "triton":
+                warn_once(f"mode:{mode}:{backend}", f"kiln.compile(mode={mode!r}) autotunes only the triton "
+                          "backend's kernels (`auto` picks it for CUDA tensors); other backends compile with the "
+                          "default mode")
+        elif MODES[mode] != "supported":
             warn_once(f"mode:{mode}", f"kiln.compile(mode={mode!r}) is not supported yet: compiling with the "
                       "default mode")
         if dynamic not in (None, False, True):

@@ -144,13 +144,16 @@ def test_unknown_options_and_modes_raise_unsupported_ones_warn():
         kiln.compile(f, dynamic="yes")
     from kiln.graph import pipeline
     pipeline._WARNED.clear()
-    with pytest.warns(UserWarning, match="mode='max-autotune'.*not supported yet"):
+    with pytest.warns(UserWarning, match="mode='max-autotune'.*autotunes only the triton"):
         kiln.compile(f, mode="max-autotune")
+    with pytest.warns(UserWarning, match="mode='reduce-overhead'.*not supported yet"):
+        kiln.compile(f, mode="reduce-overhead")
     with pytest.warns(UserWarning, match="dynamic=True.*not supported yet"):
         kiln.compile(f, dynamic=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         kiln.compile(f, mode="max-autotune")  # once only
+        kiln.compile(f, mode="max-autotune", backend="triton")  # what the mode tunes: no warning
         kiln.compile(f, mode="default", dynamic=False)
         g = kiln.compile(torch.nn.Linear(2, 2), mode="default", dynamic=False)
     assert isinstance(g, kiln.CompiledModule)

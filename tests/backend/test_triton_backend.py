@@ -184,3 +184,28 @@ def test_kernels_compile_for_a_gpu():
                              "constants": {"XBLOCK": cfg["XBLOCK"], "RBLOCK": cfg["RBLOCK"]}})
     assert len(jobs) >= len(COMPILE_PROGRAMS)
     assert tritonlib.compile_check_in_subprocess(jobs) == []
+
+
+def test_max_autotune_times_configs_once_and_reads_them_back(counters):
+    x = torch.randn(24, 300)
+
+    def fn(x):
+        return torch.softmax(x, -1) * 2, (x * 3).t() + 1
+    f = kiln.compile(fn, backend="triton", mode="max-autotune")
+    for a, b in zip(f(x), fn(x)):
+        torch.testing.assert_close(a, b)
+    assert counters["triton"]["kernels autotuned"] == 2
+    kiln.reset()
+    g = kiln.compile(fn, backend="triton", mode="max-autotune")
+    for a, b in zip(g(x), fn(x)):
+        torch.testing.assert_close(a, b)
+    # kiln.reset() emptied the counters: the second compile timed nothing, it read the choices from disk
+    assert counters["triton"]["kernels autotuned"] == 0
+    assert counters["triton"]["autotune choices read from disk"] == 1
+
+
+def test_auto_backend_runs_cpu_on_cpp(counters):
+    f = kiln.compile(lambda x: x * 2 + 1)
+    x = torch.randn(5)
+    torch.testing.assert_close(f(x), x * 2 + 1)
+    assert counters["cpp"]["graphs compiled"] == 1 and counters["triton"]["graphs compiled"] == 0
