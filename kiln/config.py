@@ -177,6 +177,11 @@ def _short_name(record: logging.LogRecord) -> bool:
     return True
 
 
+def child_environment(drop: tuple[str, ...] = ()) -> dict[str, str]:
+    """A copy of this process's environment for a child process, without the variables in `drop`."""
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
 def process_environment() -> Any:
     """The process's environment mapping itself, for the capture frontend: a user program that reads
     `os.environ` is modelled (the value read is guarded), never used to configure kiln."""

@@ -6,8 +6,8 @@ call (its options: `raise_on_error`, `mode`, `dynamic`, per-compile flag values)
 takes the same inputs and returns the graph's output structure. A user's backend may take only
 `(graph, example_inputs)`, as torch.compile's do. Built in: `eager` (torch-level nodes with torch),
 `prims` (the decomposed graph on the reference interpreter), and — from their own modules — `cpp`,
-`triton`, `auto`. The compiled backends (`cpp`) are each a declared list of passes (`kiln.graph.pipeline`)
-over a `Target`.
+`triton`, `auto`. The compiled backends (`cpp`, `triton`) are each a declared list of passes
+(`kiln.graph.pipeline`) over a `Target`.
 """
 from __future__ import annotations
 

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import config
 from . import cache
 
 __all__ = ["triton", "tl", "libdevice", "kiln_add", "kiln_mul", "kiln_maximum", "kiln_minimum", "kiln_imax",
@@ -279,7 +280,7 @@ def compile_check_in_subprocess(jobs: list[dict], arch: int = 90, timeout: float
     without the interpreter; the errors, one line per failed kernel (empty: all compiled)."""
     import json
     import subprocess
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = config.child_environment(drop=("TRITON_INTERPRET",))
     code = ("import json, sys\nfrom kiln.runtime import tritonlib\nerrors = []\n"
             "for job in json.load(sys.stdin):\n"
             "    try:\n"
