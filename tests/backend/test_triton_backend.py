@@ -209,3 +209,20 @@ def test_auto_backend_runs_cpu_on_cpp(counters):
     x = torch.randn(5)
     torch.testing.assert_close(f(x), x * 2 + 1)
     assert counters["cpp"]["graphs compiled"] == 1 and counters["triton"]["graphs compiled"] == 0
+
+
+def test_int64_indices_where_sizes_need_them(monkeypatch):
+    # a buffer or iteration space past 2**30 elements indexes in int64; planted here by lowering the limit
+    import kiln.codegen.triton as emitter
+    x = torch.randn(6, 50)
+
+    def fn(x):
+        return torch.softmax(x, -1) + x.sum(0), torch.cumsum(x, 1)
+    graph = kiln.ops.trace(fn, x)
+    small = triton_backend.compile_graph(graph, [x])
+    assert "tl.int64)" not in small.cpp_source.split("rindex")[0]
+    monkeypatch.setattr(emitter, "INT32_LIMIT", 64)
+    wide = triton_backend.compile_graph(graph, [x])
+    assert "tl.program_id(0).to(tl.int64)" in wide.cpp_source, wide.cpp_source
+    for a, b in zip(wide(x), fn(x)):
+        torch.testing.assert_close(a, b)
