@@ -6,6 +6,7 @@
 from .registry import PRIMS, Prim, check, is_tensor, meta_of, prim, rule, wrap_dim
 from .elementwise import *  # noqa: F401,F403
 from . import elementwise as _elementwise
+from . import elementwise_vjp as _elementwise_vjp  # noqa: F401 - registers the vjp rules
 
 # Each family module defines its prims at import; names are re-exported here.
 _FAMILIES = ["elementwise", "reductions", "shape", "creation", "indexing", "extern", "checks"]
