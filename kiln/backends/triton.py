@@ -122,6 +122,23 @@ def compile_graph(graph: Graph, example_inputs: list, context: CompileContext | 
     return compiled
 
 
+def interpreting() -> bool:
+    """Triton runs kernels on its interpreter here (TRITON_INTERPRET=1)."""
+    from ..runtime import tritonlib
+    return tritonlib.interpreting()
+
+
+def load_module(source: str) -> Any:
+    from ..runtime import tritonlib
+    return tritonlib.load_module(source)
+
+
+def compile_check_in_subprocess(jobs: list[dict], arch: int = 90, timeout: float = 600) -> list[str]:
+    """`kiln.runtime.tritonlib.compile_check_in_subprocess`: compile kernels for a GPU without one."""
+    from ..runtime import tritonlib
+    return tritonlib.compile_check_in_subprocess(jobs, arch, timeout)
+
+
 def launch_configs(compiled: CompiledGraph) -> dict[str, dict]:
     """Each kernel's launch configuration (XBLOCK, RBLOCK, num_warps, grid) as the heuristic picks it."""
     mode = "interpret" if compiled.device.type == "cpu" else "device"

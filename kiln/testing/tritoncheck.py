@@ -21,19 +21,17 @@ def gather(fuzz_seeds: range, opinfo_dtypes: list[str]) -> list[dict]:
     """Compile-check jobs for the distinct kernels the programs produce (run under the interpreter)."""
     import kiln.backends.triton as backend
     import kiln.ops  # noqa: F401  (registers the decompositions)
-    from kiln.codegen.triton import launch_config
-    from kiln.runtime import tritonlib
     from kiln.testing import opinfo, tensorfuzz
     seen: dict[str, dict] = {}
     original = backend.segment_source
 
     def recording(*args, **kwargs):
         seg = original(*args, **kwargs)
-        path = tritonlib.load_module(seg.source).__file__
+        path = backend.load_module(seg.source).__file__
         for k in seg.kernels:
             body = k.source.split("\n", 2)[2]  # without the name line
             if body not in seen:
-                cfg = launch_config(k, "device")
+                cfg = backend.launch_config(k, "device")
                 seen[body] = {"path": path, "kernel": k.name, "signature": k.signature,
                               "constants": {"XBLOCK": cfg["XBLOCK"], "RBLOCK": cfg["RBLOCK"]}}
         return seg
@@ -59,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", type=int, default=90)
     parser.add_argument("-j", type=int, default=2, help="compiling processes")
     args = parser.parse_args(argv)
-    from kiln.runtime import tritonlib
-    if not tritonlib.interpreting():
+    from kiln.backends import triton as backend
+    if not backend.interpreting():
         print("run with TRITON_INTERPRET=1 (the programs run on the interpreter)", file=sys.stderr)
         return 2
     start, stop = (int(v) for v in args.fuzz_seeds.split(":"))
@@ -68,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(jobs)} distinct kernels; compiling for sm_{args.arch} in {args.j} processes", flush=True)
     parts = [jobs[i::args.j] for i in range(args.j)]
     with concurrent.futures.ThreadPoolExecutor(args.j) as pool:
-        errors = [e for part in pool.map(lambda p: tritonlib.compile_check_in_subprocess(p, args.arch, 7200), parts)
+        errors = [e for part in pool.map(lambda p: backend.compile_check_in_subprocess(p, args.arch, 7200), parts)
                   for e in part]
     for e in errors:
         print(e)
