@@ -346,10 +346,12 @@ def _where_vjp(grads: tuple, outputs: tuple, pred: Any, a: Any, b: Any) -> tuple
 
 
 @rule("vjp", convert_element_type)
-def _convert_element_type_vjp(grads: tuple, outputs: tuple, a: Any, dtype: Any) -> tuple:
+def _convert_element_type_vjp(grads: tuple, outputs: tuple, a: Any, *dtype: Any, **kwargs: Any) -> tuple:
+    # dtype may come positionally (one None for it) or as a keyword (no entry)
     (g,) = grads
+    rest = tuple(None for _ in dtype)
     if g is None or not _differentiable(convert_element_type, "a", a):
-        return (None, None)
+        return (None, *rest)
     if not _differentiable(convert_element_type, "the result", g):
-        return (None, None)  # a float converted to an integer or bool: no gradient flows back
-    return (convert_element_type(g, meta_of(a).dtype), None)
+        return (None, *rest)  # a float converted to an integer or bool: no gradient flows back
+    return (convert_element_type(g, meta_of(a).dtype), *rest)

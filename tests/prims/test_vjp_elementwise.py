@@ -136,7 +136,11 @@ def _ids():
 
 
 def tolerances(dtype):
-    return dict(rtol=1e-9, atol=1e-12) if dtype == torch.float64 else dict(rtol=2e-5, atol=1e-6)
+    if dtype == torch.float64:
+        return dict(rtol=1e-9, atol=1e-12)
+    if dtype == torch.float32:
+        return dict(rtol=2e-5, atol=1e-6)
+    return dict(rtol=2e-2, atol=1e-3)  # float16 / bfloat16: eager rounds each step of the formula too
 
 
 def as_zeros(grad, like):
@@ -212,6 +216,16 @@ def test_vjp_matches_eager_float32(name, makers):
     check_case(name, makers, torch.float32, seed=1)
 
 
+HALF_PRIMS = {"exp", "sigmoid", "tanh", "mul", "div", "maximum", "pow", "sqrt", "erf"}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name,makers", [c for c in CASES if c[0] in HALF_PRIMS],
+                         ids=[i for i, c in zip(_ids(), CASES) if c[0] in HALF_PRIMS])
+def test_vjp_half_precision_keeps_the_dtype(name, makers, dtype):
+    check_case(name, makers, dtype, seed=2)
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_where_routes_the_gradient_by_the_condition(dtype):
     gen = torch.Generator().manual_seed(3)
@@ -240,6 +254,14 @@ def test_convert_element_type_converts_the_gradient_back(src, dst):
     assert got[1] is None and got[0].dtype == src
     torch.testing.assert_close(got[0], expected)
     torch.testing.assert_close(traced_grads(prims.convert_element_type, (a, dst), g)[0], expected)
+
+
+def test_convert_element_type_with_dtype_as_keyword():
+    a = torch.randn(SHAPE)
+    g = torch.randn(SHAPE, dtype=torch.float64)
+    got = prims.convert_element_type.rules["vjp"]((g,), (a.double(),), a, dtype=torch.float64)
+    assert len(got) == 1
+    torch.testing.assert_close(got[0], g.float())
 
 
 def test_convert_element_type_to_or_from_integers_has_no_gradient():
