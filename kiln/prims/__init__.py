@@ -29,6 +29,7 @@ def _export() -> None:
 
 _export()
 del _elementwise
+from . import reductions_vjp, shape_vjp, indexing_vjp, extern_vjp  # noqa: E402,F401  (vjp rules)
 
 
 def count() -> int:

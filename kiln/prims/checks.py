@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..graph import TensorMeta
+from .common_vjp import vjp
 from .registry import check, is_tensor, meta_of, prim
 
 
@@ -31,3 +32,10 @@ def _check_values_ref(value: torch.Tensor, valid: torch.Tensor, message: str) ->
 
 
 check_values = prim("check_values", _check_values_meta, _check_values_ref, tags=("side_effects",))
+
+
+@vjp(check_values)
+def _check_values_vjp(grads: Any, outputs: Any, value: Any, valid: Any, message: str) -> tuple:
+    # the check returns `value` unchanged: its gradient passes through (the condition and message get none)
+    (g,) = grads
+    return (g, None, None)

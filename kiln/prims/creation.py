@@ -20,7 +20,7 @@ import sympy
 import torch
 
 from ..graph import TensorMeta
-from .registry import check, is_tensor, meta_of, prim, shape_text
+from .registry import check, is_tensor, meta_of, prim, rule, shape_text
 
 
 def _device(device: Any) -> torch.device:
@@ -201,3 +201,16 @@ def _bernoulli_ref(a: torch.Tensor, p: Any = None, generator: Any = None) -> tor
 
 bernoulli = prim("bernoulli", _bernoulli_meta, _bernoulli_ref, tags=("random",),
                  doc="bernoulli(a, p=None, generator=None): 0/1 draws shaped like a (contiguous).")
+
+
+# ---- vjp rules: none of these is differentiable ---------------------------------------------------------
+# The arguments are sizes and numbers, and bernoulli's draws are 0/1 (eager gives its probabilities no
+# gradient either), so every argument gets None.
+
+def _no_gradient(grads: Any, outputs: Any, *args: Any, **kwargs: Any) -> tuple:
+    return (None,) * len(args)
+
+
+for _p in (iota, full, empty_strided, uniform, normal, randint, bernoulli):
+    rule("vjp", _p)(_no_gradient)
+del _p

@@ -5,10 +5,13 @@ bmm(a, b)                    [B, n, k] @ [B, k, m] -> [B, n, m]
 convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
                              N-d (N = w.ndim - 2) batched convolution, as torch.convolution; every list has
                              N entries; bias is None or 1-d
+convolution_backward(g, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                     groups, output_mask) -> the gradients output_mask selects (input, weight, bias)
 sdpa(q, k, v, attn_mask, is_causal, scale, enable_gqa)
                              scaled dot product attention without dropout; q [*B, L, E], k [*B, S, E],
                              v [*B, S, Ev] with one batch shape (the head dim, -3, of k and v may divide q's
                              when enable_gqa); attn_mask None or [*B, L, S], bool or q's dtype
+sdpa_backward(g, q, k, v, attn_mask, is_causal, scale, enable_gqa) -> (grad q, grad k, grad v)
 sort(a, dim, descending, stable) -> (values, int64 indices)
 topk(a, k, dim, largest, sorted) -> (values, int64 indices)
 cumsum(a, dim), cumprod(a, dim), logcumsumexp(a, dim): inclusive scans in a's dtype
@@ -171,6 +174,42 @@ def _convolution_ref(x: torch.Tensor, w: torch.Tensor, bias: Any, stride: Sequen
 convolution = prim("convolution", _convolution_meta, _convolution_ref, tags=("extern",))
 
 
+def _convolution_backward_meta(g: Any, x: Any, w: Any, bias_sizes: Sequence[int] | None,
+                               stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
+                               transposed: bool, output_padding: Sequence[int], groups: int,
+                               output_mask: Sequence[bool]) -> tuple:
+    name = "convolution_backward"
+    gm, xm, wm = _tensor(name, "grad_output", g), _tensor(name, "input", x), _tensor(name, "weight", w)
+    check(isinstance(output_mask, (list, tuple)) and len(output_mask) == 3 and any(output_mask),
+          lambda: f"prims.{name}: output_mask must be three bools, at least one true, got {output_mask!r}")
+    check(not output_mask[2] or bias_sizes is not None,
+          lambda: f"prims.{name}: the bias gradient needs bias_sizes")
+    forward = _convolution_meta(x, w, None, stride, padding, dilation, transposed, output_padding, groups)
+    check(tuple(gm.shape) == tuple(forward.shape) and gm.dtype == xm.dtype,
+          lambda: f"prims.{name}: grad_output {shape_text(g)} ({gm.dtype}) must match the convolution's "
+                  f"output [{', '.join(map(str, forward.shape))}] ({xm.dtype})")
+    metas = (TensorMeta(xm.shape, xm.dtype, xm.device), TensorMeta(wm.shape, wm.dtype, wm.device),
+             TensorMeta(tuple(bias_sizes or ()), xm.dtype, xm.device))
+    return tuple(meta for meta, wanted in zip(metas, output_mask) if wanted)
+
+
+def _convolution_backward_ref(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
+                              bias_sizes: Sequence[int] | None, stride: Sequence[int], padding: Sequence[int],
+                              dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
+                              groups: int, output_mask: Sequence[bool]) -> tuple:
+    results = torch.ops.aten.convolution_backward(
+        g, x, w, list(bias_sizes) if bias_sizes is not None else None, list(stride), list(padding),
+        list(dilation), transposed, list(output_padding), groups, [bool(b) for b in output_mask])
+    return tuple(r.contiguous() for r, wanted in zip(results, output_mask) if wanted)
+
+
+convolution_backward = prim(
+    "convolution_backward", _convolution_backward_meta, _convolution_backward_ref, tags=("extern",),
+    doc="convolution_backward(g, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, "
+        "groups, output_mask): the gradients of convolution's input, weight and bias selected by the three "
+        "bools of output_mask, in that order (eager's aten.convolution_backward); contiguous")
+
+
 # ---- attention ------------------------------------------------------------------------------------------
 
 def _sdpa_meta(q: Any, k: Any, v: Any, attn_mask: Any = None, is_causal: bool = False,
@@ -218,6 +257,34 @@ def _sdpa_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any 
 
 
 sdpa = prim("sdpa", _sdpa_meta, _sdpa_ref, tags=("extern",))
+
+
+def _sdpa_backward_meta(g: Any, q: Any, k: Any, v: Any, attn_mask: Any = None, is_causal: bool = False,
+                        scale: float | None = None, enable_gqa: bool = False) -> tuple:
+    out = _sdpa_meta(q, k, v, attn_mask, is_causal, scale, enable_gqa)
+    gm = _tensor("sdpa_backward", "grad", g)
+    check(tuple(gm.shape) == tuple(out.shape) and gm.dtype == out.dtype,
+          lambda: f"prims.sdpa_backward: grad {shape_text(g)} ({gm.dtype}) must match the attention's output "
+                  f"[{', '.join(map(str, out.shape))}] ({out.dtype})")
+    return tuple(TensorMeta(meta_of(t).shape, meta_of(t).dtype, meta_of(t).device) for t in (q, k, v))
+
+
+def _sdpa_backward_ref(g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       attn_mask: Any = None, is_causal: bool = False, scale: float | None = None,
+                       enable_gqa: bool = False) -> tuple:
+    # eager's own backward: run the attention again on detached leaves and let autograd differentiate it
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    mask = attn_mask.detach() if isinstance(attn_mask, torch.Tensor) else attn_mask
+    with torch.enable_grad():
+        out = _sdpa_ref(*leaves, mask, is_causal, scale, enable_gqa)
+        grads = torch.autograd.grad(out, leaves, g)
+    return tuple(t.contiguous() for t in grads)
+
+
+sdpa_backward = prim(
+    "sdpa_backward", _sdpa_backward_meta, _sdpa_backward_ref, tags=("extern",),
+    doc="sdpa_backward(g, q, k, v, attn_mask, is_causal, scale, enable_gqa) -> (grad q, grad k, grad v): "
+        "the gradients of sdpa as eager autograd computes them; contiguous")
 
 
 # ---- sorting and selection ------------------------------------------------------------------------------

@@ -1,0 +1,158 @@
+"""Reverse-mode derivatives (vjp rules) of the extern prims, as eager autograd computes them.
+
+mm, bmm       products with the other operand transposed
+convolution   the extern convolution_backward (eager's aten.convolution_backward)
+sdpa          the extern sdpa_backward (eager's autograd of the attention); a float mask that requires grad
+              is refused
+sort, topk, cummax, cummin   the values' gradient added into zeros at the indices
+cumsum        the reversed cumulative sum of the gradient
+cumprod       exact with zeros: before a row's first zero, reversed_cumsum(grad * out) / a; at the first
+              zero, the same sum with that zero replaced by 1 (no division); after it, 0
+logcumsumexp  eager's stable form: positive and negative parts of the gradient scanned in log space
+convolution_backward and sdpa_backward have no derivative of their own (a double backward runs with torch).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from . import elementwise as ew
+from . import shape
+from .common_vjp import as_dtype, not_differentiable_twice, refuse_complex, vjp, zeros_like
+from .extern import (bmm, convolution, convolution_backward, cummax, cummin, cumprod, cumsum, logcumsumexp,
+                     mm, sdpa, sdpa_backward, sort, topk)
+from .indexing import scatter_add
+from .registry import is_tensor, meta_of, wrap_dim
+
+
+@vjp(mm)
+def _mm_vjp(grads: tuple, outputs: tuple, a: Any, b: Any) -> tuple:
+    (g,) = grads
+    refuse_complex("mm", a)
+    return (mm(g, shape.permute(b, (1, 0))), mm(shape.permute(a, (1, 0)), g))
+
+
+@vjp(bmm)
+def _bmm_vjp(grads: tuple, outputs: tuple, a: Any, b: Any) -> tuple:
+    (g,) = grads
+    refuse_complex("bmm", a)
+    return (bmm(g, shape.permute(b, (0, 2, 1))), bmm(shape.permute(a, (0, 2, 1)), g))
+
+
+@vjp(convolution)
+def _convolution_vjp(grads: tuple, outputs: tuple, x: Any, w: Any, bias: Any, stride: Sequence[int],
+                     padding: Sequence[int], dilation: Sequence[int], transposed: bool,
+                     output_padding: Sequence[int], groups: int) -> tuple:
+    (g,) = grads
+    refuse_complex("convolution", x)
+    has_bias = bias is not None
+    bias_sizes = list(meta_of(bias).shape) if has_bias else None
+    results = convolution_backward(g, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                                   groups, (True, True, has_bias))
+    return (results[0], results[1], results[2] if has_bias else None) + (None,) * 6
+
+
+@vjp(sdpa)
+def _sdpa_vjp(grads: tuple, outputs: tuple, q: Any, k: Any, v: Any, attn_mask: Any = None,
+              is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> tuple:
+    (g,) = grads
+    if is_tensor(attn_mask) and meta_of(attn_mask).dtype != torch.bool and meta_of(attn_mask).requires_grad:
+        raise NotImplementedError("prims.sdpa: no derivative for a float attn_mask that requires grad (only "
+                                  "query, key and value are differentiated)")
+    gq, gk, gv = sdpa_backward(g, q, k, v, attn_mask, is_causal, scale, enable_gqa)
+    return (gq, gk, gv, None, None, None, None)
+
+
+not_differentiable_twice(convolution_backward, "the derivative of a convolution's backward is not written")
+not_differentiable_twice(sdpa_backward, "the derivative of attention's backward is not written")
+
+
+# ---- values selected at indices -------------------------------------------------------------------------
+
+def _selected_vjp(grads: tuple, outputs: tuple, a: Any, dim: int) -> Any:
+    """The values' gradient added into zeros at the positions the indices name."""
+    g_values = grads[0]
+    if g_values is None:
+        return None
+    m = meta_of(a)
+    return scatter_add(zeros_like(a), wrap_dim(dim, m.ndim), outputs[1], g_values)
+
+
+@vjp(sort)
+def _sort_vjp(grads: tuple, outputs: tuple, a: Any, dim: int = -1, descending: bool = False,
+              stable: bool = False) -> tuple:
+    return (_selected_vjp(grads, outputs, a, dim), None, None, None)
+
+
+@vjp(topk)
+def _topk_vjp(grads: tuple, outputs: tuple, a: Any, k: int, dim: int = -1, largest: bool = True,
+              sorted: bool = True) -> tuple:  # noqa: A002
+    return (_selected_vjp(grads, outputs, a, dim), None, None, None, None)
+
+
+@vjp(cummax)
+def _cummax_vjp(grads: tuple, outputs: tuple, a: Any, dim: int) -> tuple:
+    return (_selected_vjp(grads, outputs, a, dim), None)
+
+
+@vjp(cummin)
+def _cummin_vjp(grads: tuple, outputs: tuple, a: Any, dim: int) -> tuple:
+    return (_selected_vjp(grads, outputs, a, dim), None)
+
+
+# ---- scans ----------------------------------------------------------------------------------------------
+
+def _reversed(scan: Any, x: Any, dim: int) -> Any:
+    """The scan run from the end of dim towards its start."""
+    return shape.rev(scan(shape.rev(x, (dim,)), dim), (dim,))
+
+
+@vjp(cumsum)
+def _cumsum_vjp(grads: tuple, outputs: tuple, a: Any, dim: int) -> tuple:
+    (g,) = grads
+    m = meta_of(a)
+    if m.ndim == 0:
+        return (g, None)
+    return (_reversed(cumsum, g, wrap_dim(dim, m.ndim)), None)
+
+
+@vjp(cumprod)
+def _cumprod_vjp(grads: tuple, outputs: tuple, a: Any, dim: int) -> tuple:
+    (g,) = grads
+    refuse_complex("cumprod", a)
+    m = meta_of(a)
+    if m.ndim == 0:
+        return (g, None)
+    dim = wrap_dim(dim, m.ndim)
+    out = outputs[0]
+    is_zero = ew.eq(a, 0)
+    zeros_so_far = cumsum(as_dtype(is_zero, torch.int64), dim)
+    before = ew.eq(zeros_so_far, 0)  # no zero at or before this position
+    first_zero = ew.bitwise_and(is_zero, ew.eq(zeros_so_far, 1))
+    # before the first zero a is nonzero: d out_j / d a_i = out_j / a_i for j >= i
+    part_before = ew.div(_reversed(cumsum, ew.mul(g, out), dim), ew.where(before, a, 1))
+    # at the first zero: d out_j / d a_i is the product of a_k, k <= j, k != i, i.e. the cumulative product
+    # with that zero replaced by 1; later positions multiply a zero in every product, so get 0
+    skipped = cumprod(ew.where(first_zero, 1, a), dim)
+    part_at = _reversed(cumsum, ew.mul(g, skipped), dim)
+    return (ew.where(before, part_before, ew.where(first_zero, part_at, 0)), None)
+
+
+@vjp(logcumsumexp)
+def _logcumsumexp_vjp(grads: tuple, outputs: tuple, a: Any, dim: int) -> tuple:
+    (g,) = grads
+    refuse_complex("logcumsumexp", a)
+    m = meta_of(a)
+    if m.ndim == 0:
+        return (g, None)
+    dim = wrap_dim(dim, m.ndim)
+    result = outputs[0]
+    # grad_i = sum_{j >= i} g_j exp(a_i - out_j), split by the sign of g_j so each part is a logcumsumexp
+    lowest = torch.finfo(m.dtype).min
+    log_abs = ew.log(ew.abs(g))
+    parts = []
+    for sign_holds in (ew.gt(g, 0), ew.lt(g, 0)):
+        log_part = ew.where(sign_holds, log_abs, lowest)
+        parts.append(ew.exp(ew.add(_reversed(logcumsumexp, ew.sub(log_part, result), dim), a)))
+    return (ew.sub(parts[0], parts[1]), None)
