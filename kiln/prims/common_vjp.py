@@ -113,10 +113,13 @@ def as_dtype(a: Any, dtype: torch.dtype) -> Any:
 def positions(shape_: Sequence[Any], strides: Sequence[Any], offset: Any, device: Any) -> Any:
     """An int64 tensor of `shape_` holding each element's storage position under (strides, offset)."""
     shape_ = tuple(shape_)
-    out = creation.full(shape_, int(offset), torch.int64, device)
+    if not all(isinstance(v, int) for v in (*shape_, *strides, offset)):
+        raise NotImplementedError(f"storage positions of a symbolic layout (sizes {list(shape_)}, strides "
+                                  f"{list(strides)}, offset {offset})")
+    out = creation.full(shape_, offset, torch.int64, device)
     for d, (size, stride) in enumerate(zip(shape_, strides)):
         if size == 1 or stride == 0:
             continue
-        steps = creation.iota(size, 0, int(stride), torch.int64, device)
+        steps = creation.iota(size, 0, stride, torch.int64, device)
         out = elementwise.add(out, shape.broadcast_in_dim(steps, shape_, (d,)))
     return out

@@ -175,12 +175,22 @@ def _clone_vjp(grads: tuple, outputs: tuple, a: Any,
 @vjp(slice)
 def _slice_vjp(grads: tuple, outputs: tuple, a: Any, start_indices: Sequence[Any],
                limit_indices: Sequence[Any], strides: Sequence[Any] | None = None) -> tuple:
-    """The gradient padded with zeros back to a's shape: low = start, interior = stride - 1."""
+    """The gradient padded with zeros back to a's shape. A stepped dim is spread first without interior
+    padding (which kiln's lowering leaves to torch): each element followed by step - 1 zeros, as a new dim
+    padded at its end and merged into the old one."""
     (g,) = grads
     m = meta_of(a)
     steps = tuple(strides) if strides is not None else (1,) * m.ndim
     config = []
-    for size, out_size, lo, step in zip(m.shape, meta_of(g).shape, start_indices, steps):
-        spread = out_size + builtins.max(out_size - 1, 0) * (step - 1)
-        config.append((lo, size - lo - spread, step - 1))
+    for d, (size, lo, step) in enumerate(zip(m.shape, start_indices, steps)):
+        count = meta_of(g).shape[d]
+        if step > 1 and count > 0:
+            spread = [(0, 0, 0)] * (m.ndim + 1)
+            spread[d + 1] = (0, step - 1, 0)
+            g = pad(expand_dims(g, (d + 1,)), 0, spread)
+            merged = list(meta_of(g).shape)
+            merged[d:d + 2] = [count * step]
+            g = reshape(g, merged)
+            count = count * step
+        config.append((lo, size - lo - count, 0))  # a negative high end crops the last zeros
     return (pad(g, 0, config), None, None, None)

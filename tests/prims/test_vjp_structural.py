@@ -136,6 +136,8 @@ CASES = {
     "slice": ("slice", lambda: ((rnd(5, 6), (1, 0), (4, 6), (2, 3)), {})),
     "slice_nostep": ("slice", lambda: ((rnd(5, 6), (1, 2), (3, 5)), {})),
     "slice_empty": ("slice", lambda: ((rnd(5, 6), (2, 0), (2, 6), (1, 2)), {})),
+    "slice_steps_3d": ("slice", lambda: ((rnd(9, 7, 4), (1, 0, 3), (9, 7, 4), (3, 2, 1)), {})),
+    "slice_step_to_end": ("slice", lambda: ((rnd(9, 7), (0, 1), (9, 7), (3, 3)), {})),
     # indexing
     "gather": ("gather", lambda: ((rnd(4, 5), 1, idx(5, 4, 7)), {})),
     "gather_dim0_small": ("gather", lambda: ((rnd(4, 5), 0, idx(4, 2, 3)), {})),
