@@ -46,6 +46,7 @@ def cases(n: int) -> dict:
     return {
         "pointwise chain": (lambda a, b: torch.tanh(a * b + 1) * a - b, (a, b), 3 * mb),
         "gelu(a*b+1).sum(-1)": (lambda a, b: F.gelu(a * b + 1).sum(-1), (a, b), 2 * mb),
+        "column sum (x*x).sum(0)": (lambda a: (a * a).sum(0), (a,), mb),
         "softmax": (lambda a: torch.softmax(a, -1), (a,), 2 * mb),
         "layer_norm": (lambda a, w, bias: F.layer_norm(a, (n,), w, bias), (a, w, bias), 2 * mb),
         "RMSNorm": (rms_norm, (a, w), 2 * mb),

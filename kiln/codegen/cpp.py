@@ -3,7 +3,9 @@
 Each kernel is an OpenMP loop over its outer ranges; inside it, each member runs its own inner loop (the
 innermost loop is written so the compiler vectorizes it, tails included). When the outer ranges are too
 small to feed the threads (a full reduction to a scalar), the inner loops are split across threads instead,
-reductions keeping one accumulator per thread combined in thread order (deterministic). Large outputs
+reductions keeping one accumulator per thread combined in thread order (deterministic). A reduction over a
+strided axis into contiguous outputs (`x.sum(0)`) turns the loops around instead (kiln.codegen.cpp_columns:
+the outputs in vectorized tiles, the reduced axis outside). Large outputs
 (>= STREAM_BYTES, written contiguously along the innermost loop) are computed into a stack tile and copied
 out with non-temporal stores: no read-for-ownership of lines that are about to be overwritten.
 """

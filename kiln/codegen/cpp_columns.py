@@ -232,7 +232,7 @@ class ColumnWriter:
         blocked = [m for m in members if accs[id(m)][2]]
         # block at the outermost reduced dim whose inner rows fit in a block
         block_dim = next(d for d in range(len(inner)) if math.prod(inner[d + 1:]) <= COLUMN_BLOCK)
-        block_rows = max(1, COLUMN_BLOCK // math.prod(inner[block_dim + 1:]))
+        block_rows = max(1, COLUMN_BLOCK // max(1, math.prod(inner[block_dim + 1:])))
         closers = []
         for d, size in enumerate(inner):
             first, last = (lo, hi) if d == 0 else ("0", str(size))
@@ -249,7 +249,7 @@ class ColumnWriter:
                 self.emit(f"for (int64_t r{d} = {first}; r{d} < {last}; ++r{d}) {{", depth)
                 closers.append(("loop", depth))
                 depth += 1
-        self.emit("#pragma omp simd", depth)
+        pragma_at = len(self.w.lines)
         self.emit("for (int64_t kj = 0; kj < kn; ++kj) {", depth)
         self._element(depth + 1)
         for m in members:
@@ -265,6 +265,10 @@ class ColumnWriter:
                           depth + 2)
             self.emit("}", depth + 1)
         self.emit("}", depth)
+        if not any("kiln_bf16" in line or "kiln_fp16" in line for line in self.w.lines[pragma_at:]):
+            # (GCC privatizes a simd loop's locals into arrays, and a half-precision local is then
+            # copied as a struct, which it does not vectorize; without the pragma it does)
+            self.w.lines.insert(pragma_at, "  " * depth + "#pragma omp simd")
         for kind, at in reversed(closers):
             if kind == "block":
                 self.emit("}", at + 1)

@@ -148,6 +148,16 @@ def test_tails_and_size_one():
     check(lambda x: x.sum(1, keepdim=True), make((50, 1, 40), torch.float32), column=None)
 
 
+def test_empty_reductions_and_bools():
+    empty = torch.randn(0, 50)
+    check(lambda x: x.sum(0), empty, column=None)
+    check(lambda x: x.prod(0), empty, column=None)
+    check(lambda x: x.sum((0, 1)), torch.randn(5, 0, 50), column=None)
+    x = make((77, 90), torch.float32)
+    check(lambda x: ((x > 0).any(0), (x > -2.5).all(0), (x > 0).sum(0)), x, column=None)
+    check(lambda x: x.to(torch.int32).sum(0, dtype=torch.int32), x, column=None)
+
+
 def test_nan_propagates_through_max_and_min():
     x = make((300, 41), torch.float32)
     x[5, 3] = float("nan")
