@@ -130,6 +130,8 @@ define("cxx", "g++", "C++ compiler used by the cpp backend", type=str)
 define("memory_order", True, "cpp backend: order kernels to keep peak memory low")
 define("triton_tile", 0, "triton backend: at most this many elements per kernel tile (0: the size heuristics; "
        "tests set it small to run many programs and loops)")
+define("autograd_recompute", True, "training: the backward recomputes cheap forward values (pointwise, views, "
+       "reductions) instead of saving them, where a minimum cut says that saves memory")
 define("cpp_in_place", True, "cpp backend: a pointwise kernel may write over the buffer it last reads")
 define("fuel_report", None, "write the optimization fuel this process used (decisions taken, the last one) "
        "as JSON to this path at exit (set by `kiln bisect` in the runs it makes)")

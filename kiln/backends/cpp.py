@@ -254,13 +254,15 @@ def cpp(graph: Graph, example_inputs: list, context: CompileContext | None = Non
         isinstance(t, torch.Tensor) and t.requires_grad for t in flatten(example_inputs))
     try:
         if needs_grad:
-            raise NotImplementedError("cpp backend: inputs require grad (no autograd through kernels)")
+            from .aot import compile_with_autograd
+            return compile_with_autograd(graph, example_inputs, context, compile_graph)
         return compile_graph(graph, example_inputs, context)
     except Exception as e:
         # NotImplementedError: a graph the backend does not handle (a dtype, a device): not an error
         if context.raises and not isinstance(e, NotImplementedError):
             raise
         counters["cpp"]["graphs run with torch"] += 1
+        counters["cpp"][f"ran with torch: {e}"] += 1
         if not isinstance(e, NotImplementedError):
             warnings.warn(f"kiln cpp backend could not compile graph {graph.name}, running it with torch: "
                           f"{type(e).__name__}: {e}", stacklevel=2)

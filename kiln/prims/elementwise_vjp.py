@@ -8,7 +8,8 @@ strictness: operands of one shape and dtype, constants as Python numbers.
 
 Complex tensors raise NotImplementedError: their gradients need conjugates that these rules do not build.
 Where eager itself raises "not implemented" (zeta wrt its first argument, igamma and igammac wrt `a`) the
-rule gives None for that argument.
+rule raises NotImplementedError when that argument is a float tensor: the graph then runs with torch,
+which raises eager's own error if that gradient is wanted (and computes the others).
 """
 from __future__ import annotations
 
@@ -312,6 +313,12 @@ _defvjp_binary(fmax, _nan_ignoring_grad(ge, True), _nan_ignoring_grad(ge, False)
 _defvjp_binary(fmin, _nan_ignoring_grad(le, True), _nan_ignoring_grad(le, False))
 
 
+def _not_implemented(what: str) -> BinaryDerivative:
+    def grad(g: Any, y: Any, a: Any, b: Any) -> Any:
+        raise NotImplementedError(f"vjp of {what}: eager does not implement it")
+    return grad
+
+
 def _zeta_grad_q(g: Any, y: Any, x: Any, q: Any) -> Any:
     # d/dq zeta(x, q) = -x * zeta(x + 1, q)
     x = _as_tensor(x, q)
@@ -324,9 +331,10 @@ def _igamma_density(a: Any, x: Any) -> Any:
     return exp(sub(sub(mul(sub(a, 1.0), log(x)), x), lgamma(a)))
 
 
-_defvjp_binary(zeta, None, _zeta_grad_q)  # eager: not implemented wrt x
-_defvjp_binary(igamma, None, lambda g, y, a, x: mul(g, _igamma_density(a, x)))  # eager: not wrt a
-_defvjp_binary(igammac, None, lambda g, y, a, x: mul(neg(g), _igamma_density(a, x)))
+_defvjp_binary(zeta, _not_implemented("prims.zeta wrt x"), _zeta_grad_q)  # eager: not implemented wrt x
+_defvjp_binary(igamma, _not_implemented("prims.igamma wrt a"), lambda g, y, a, x: mul(g, _igamma_density(a, x)))
+_defvjp_binary(igammac, _not_implemented("prims.igammac wrt a"),
+               lambda g, y, a, x: mul(neg(g), _igamma_density(a, x)))
 
 for _p in (bitwise_and, bitwise_or, bitwise_xor, shift_left, shift_right, eq, ne, lt, le, gt, ge):
     _defvjp_none(_p)

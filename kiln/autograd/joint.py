@@ -1,0 +1,281 @@
+"""Ahead-of-time autograd: a prim graph → a forward graph that also returns what the backward needs, and a
+backward graph built from the prims' VJP rules.
+
+`differentiate(graph, needs_grad)` walks the prim graph in reverse. Every node that depends on an input
+needing a gradient (and is floating point) gets its output gradients accumulated (`prims.add`); its rule
+(`@rule("vjp", prim)`, called as `rule(grads, outputs, *args, **kwargs)`) is traced into the backward
+graph on proxies. A forward value a rule reads becomes a backward input ("saved"); the forward graph returns
+it after the user's outputs. `kiln.autograd.partition` then decides which saved values the backward
+recomputes instead. Fallback nodes (torch ops kiln cannot decompose) get an opaque backward: the op run
+again under torch.autograd inside the backward (counted).
+
+Refused (NotImplementedError, so the caller runs the graph with torch, counted): a prim without a VJP
+rule, or whose rule refuses; an input updated in place that needs a gradient. Everything else in the
+graph (in-place updates of buffers such as BatchNorm's running statistics, random prims, non-float values)
+stays in the forward exactly as it was.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+
+from ..counters import counters
+from ..graph import Graph, Node, Proxy, TensorMeta, flatten, map_structure, tracing
+
+
+@dataclasses.dataclass
+class Joint:
+    forward: Graph  # inputs as the original; output: (user output leaves..., saved values...)
+    backward: Graph  # inputs: backward_inputs; output: a tuple with one gradient (or None) per forward input
+    user_leaves: int  # how many leading forward outputs are the user's
+    backward_inputs: list[tuple[str, int]]  # ("saved", k) = forward output user_leaves + k; ("grad", i)
+    differentiable: list[int]  # user output leaves that can carry a gradient
+    output_template: Any  # the original output structure (leaves replaced in order)
+    opaque: int = 0  # fallback nodes with an opaque backward
+
+
+def _float(meta: Any) -> bool:
+    return isinstance(meta, TensorMeta) and (meta.dtype.is_floating_point or meta.dtype.is_complex)
+
+
+def _active_nodes(graph: Graph, needs_grad: list[bool]) -> set[Node]:
+    """Nodes whose value depends on an input that needs a gradient (through float values)."""
+    active: set[Node] = set()
+    for node, needs in zip(graph.placeholders, needs_grad, strict=True):
+        if needs and _float(node.meta):
+            active.add(node)
+    for node in graph.nodes:
+        if node.op in ("call_prim", "call_torch", "getitem") and any(i in active for i in node.inputs()):
+            metas = node.meta if isinstance(node.meta, tuple) else (node.meta,)
+            if node.op == "getitem" or any(_float(m) for m in metas):
+                active.add(node)
+    return active
+
+
+class _Builder:
+    """Traces the backward graph; forward values the rules read become its inputs."""
+
+    def __init__(self, forward: Graph):
+        self.forward = forward
+        self.graph = Graph(f"{forward.name}_backward")
+        self.values: dict[Node, Proxy] = {}  # forward node -> its value in the backward graph
+        self.inputs: list[tuple[str, Any]] = []  # ("saved", forward node) | ("grad", leaf index)
+        self.getitems: dict[tuple[Node, int], Node] = {}
+
+    def value(self, v: Any) -> Any:
+        if not isinstance(v, Node):
+            return v
+        proxy = self.values.get(v)
+        if proxy is None:
+            if v.op == "constant":
+                proxy = Proxy(self.graph.constant(v.target, v.name))
+            else:
+                proxy = Proxy(self.graph.placeholder(f"saved_{v.name}", v.meta))
+                self.inputs.append(("saved", v))
+            self.values[v] = proxy
+        return proxy
+
+    def grad_input(self, index: int, meta: TensorMeta) -> Proxy:
+        proxy = Proxy(self.graph.placeholder(f"grad_{index}", meta))
+        self.inputs.append(("grad", index))
+        return proxy
+
+
+def _accumulate(grads: dict[Node, Any], node: Node, g: Any) -> None:
+    if g is None:
+        return
+    from .. import prims
+    meta = node.meta
+    if isinstance(meta, TensorMeta):
+        gm = g.meta if isinstance(g, Proxy) else TensorMeta.of(g)
+        if tuple(gm.shape) != tuple(meta.shape) or gm.dtype != meta.dtype:
+            raise NotImplementedError(f"a vjp rule gave a gradient {gm.dtype}{list(gm.shape)} for "
+                                      f"{node.name} ({meta.dtype}{list(meta.shape)})")
+    previous = grads.get(node)
+    grads[node] = g if previous is None else prims.add(previous, g)
+
+
+def _multi_outputs(forward: Graph) -> dict[Node, dict[int, Node]]:
+    found: dict[Node, dict[int, Node]] = {}
+    for node in forward.nodes:
+        if node.op == "getitem":
+            found.setdefault(node.args[0], {})[node.args[1]] = node
+    return found
+
+
+def _opaque_vjp(node: Node, wanted: list[bool]) -> Callable[..., Any]:
+    """A backward for a torch op without a decomposition: run it again under autograd, take its VJP with
+    respect to the tensor arguments marked in `wanted` (zeros for the others)."""
+    fn, template = node.target, (node.args, node.kwargs)
+
+    def vjp(*values: Any) -> tuple:
+        *tensors, grad = values  # the op's tensor arguments, then the output gradient
+        it = iter(zip(tensors, wanted))
+        leaves = []
+
+        def fill(v: Any) -> Any:
+            if isinstance(v, Node):
+                t, want = next(it)
+                t = t.detach().clone()  # the op may update arguments in place (batch_norm's running stats)
+                if want:
+                    t.requires_grad_(True)
+                leaves.append(t)
+                return t
+            return v
+        with torch.enable_grad():
+            args, kwargs = map_structure(fill, template)
+            out = fn(*args, **kwargs)
+            wrt = [t for t in leaves if t.requires_grad]
+            got = iter(torch.autograd.grad(out, wrt, grad, allow_unused=True)) if wrt else iter(())
+        result = []
+        for t in leaves:
+            g = next(got) if t.requires_grad else None
+            result.append(torch.zeros_like(t) if g is None else g)
+        return tuple(result)
+    vjp.__name__ = f"vjp_of_{getattr(fn, '__name__', 'op')}"
+    return vjp
+
+
+def differentiate(graph: Graph, needs_grad: list[bool]) -> Joint:
+    """The forward and backward graphs of prim graph `graph` for the inputs marked in `needs_grad`."""
+    for name, value in graph.mutated_inputs.items():
+        ph = next(p for p in graph.placeholders if p.name == name)
+        if needs_grad[graph.placeholders.index(ph)]:
+            raise NotImplementedError(f"an input that needs a gradient ({name}) is updated in place")
+    graph = _with_all_outputs(graph)
+    active = _active_nodes(graph, needs_grad)
+    builder = _Builder(graph)
+    outputs = graph.output_value
+    leaves = list(flatten(outputs))
+    grads: dict[Node, Any] = {}
+    differentiable = []
+    with tracing(builder.graph, inline=True):
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, Node) and leaf in active and _float(leaf.meta):
+                differentiable.append(i)
+                _accumulate(grads, leaf, builder.grad_input(i, leaf.meta))
+        multi = _multi_outputs(graph)
+        opaque = 0
+        for node in reversed(graph.nodes):
+            if node not in active or node.op in ("placeholder", "getitem", "output"):
+                continue
+            if node.op == "call_prim" and isinstance(node.meta, tuple):
+                children = multi.get(node, {})
+                out_grads = tuple(grads.get(children[k]) if k in children else None
+                                  for k in range(len(node.meta)))
+                outs = tuple(builder.value(children[k]) if k in children else None for k in range(len(node.meta)))
+            else:
+                out_grads = (grads.get(node),)
+                outs = (builder.value(node),)
+            if all(g is None for g in out_grads):
+                continue
+            if node.op == "call_torch":
+                if isinstance(node.meta, tuple):
+                    raise NotImplementedError(f"backward of the multi-output fallback {node.target_name()}")
+                opaque += _opaque_backward(builder, node, out_grads[0], grads, active)
+                continue
+            rule = node.target.rules.get("vjp")
+            if rule is None:
+                raise NotImplementedError(f"prims.{node.target.name} has no vjp rule")
+            args = map_structure(builder.value, node.args)
+            kwargs = map_structure(builder.value, node.kwargs)
+            result = rule(out_grads, outs, *args, **kwargs)
+            if not isinstance(result, (tuple, list)) or len(result) != len(node.args):
+                raise NotImplementedError(f"the vjp rule of prims.{node.target.name} returned {len(result)} "
+                                          f"gradients for {len(node.args)} arguments")
+            for arg, g in zip(node.args, result):
+                if isinstance(arg, (list, tuple)):
+                    for a, ga in zip(arg, g if g is not None else [None] * len(arg)):
+                        if isinstance(a, Node) and a in active:
+                            _accumulate(grads, a, ga)
+                elif isinstance(arg, Node) and arg in active:
+                    _accumulate(grads, arg, g)
+        input_grads = tuple(grads.get(p) if needs else None
+                            for p, needs in zip(graph.placeholders, needs_grad))
+        builder.graph.output(tuple(g.node if isinstance(g, Proxy) else g for g in input_grads))
+    if opaque:
+        counters["autograd"]["opaque backward of a fallback op"] += opaque
+    _drop_unused_inputs(builder)
+    saved = [node for kind, node in builder.inputs if kind == "saved"]
+    forward = _forward_with_saved(graph, leaves, saved)
+    k = 0
+    backward_inputs = []
+    for kind, what in builder.inputs:
+        if kind == "saved":
+            backward_inputs.append(("saved", k))
+            k += 1
+        else:
+            backward_inputs.append(("grad", what))
+    return Joint(forward, builder.graph, len(leaves), backward_inputs, differentiable, outputs, opaque)
+
+
+def _drop_unused_inputs(builder: _Builder) -> None:
+    """Saved values no rule ended up reading are not saved (the gradient placeholders stay)."""
+    graph = builder.graph
+    used = {id(i) for n in graph.nodes for i in n.inputs()}
+    placeholders = graph.placeholders
+    keep = [(entry, ph) for entry, ph in zip(builder.inputs, placeholders)
+            if entry[0] == "grad" or id(ph) in used]
+    dropped = {id(ph) for entry, ph in zip(builder.inputs, placeholders)} - {id(ph) for _, ph in keep}
+    graph.nodes = [n for n in graph.nodes if id(n) not in dropped]
+    builder.inputs = [entry for entry, _ in keep]
+
+
+def _opaque_backward(builder: _Builder, node: Node, grad: Any, grads: dict[Node, Any], active: set[Node]) -> int:
+    tensor_args = node.tensor_args()
+    values = [builder.value(a) for a in tensor_args] + [grad]
+    metas = tuple(a.meta for a in tensor_args)
+    g = builder.graph
+    wanted = [a in active and _float(a.meta) for a in tensor_args]
+    vjp_node = g.call_torch(_opaque_vjp(node, wanted), tuple(v.node for v in values), {}, metas, None,
+                            f"backward of {node.target_name()}")
+    for k, a in enumerate(tensor_args):
+        if a in active:
+            _accumulate(grads, a, Proxy(g.getitem(vjp_node, k)))
+    return 1
+
+
+def _copy_nodes(graph: Graph, out: Graph, mapping: dict[Node, Node], extra: Callable[[Node], None] | None = None
+                ) -> None:
+    def sub(v: Any) -> Any:
+        return mapping[v] if isinstance(v, Node) else v
+    for node in graph.nodes:
+        if node.op == "output":
+            return
+        copy = Node(out, node.name, node.op, node.target, map_structure(sub, node.args),
+                    map_structure(sub, node.kwargs), node.meta, node.decomposition, node.origin)
+        out._names.add(node.name)
+        out.nodes.append(copy)
+        mapping[node] = copy
+        if extra is not None:
+            extra(node)
+
+
+def _with_all_outputs(graph: Graph) -> Graph:
+    """A copy of `graph` with a getitem node for every output of every multi-output prim (the rules see
+    all of a prim's outputs)."""
+    out = Graph(graph.name)
+    mapping: dict[Node, Node] = {}
+    present = {(n.args[0], n.args[1]) for n in graph.nodes if n.op == "getitem"}
+
+    def add_getitems(node: Node) -> None:
+        if node.op == "call_prim" and isinstance(node.meta, tuple):
+            for k in range(len(node.meta)):
+                if (node, k) not in present:
+                    out.getitem(mapping[node], k)
+    _copy_nodes(graph, out, mapping, add_getitems)
+    out.output(map_structure(lambda v: mapping[v] if isinstance(v, Node) else v, graph.output_value))
+    out.mutated_inputs = {k: mapping[v] for k, v in graph.mutated_inputs.items()}
+    return out
+
+
+def _forward_with_saved(graph: Graph, leaves: list, saved: list[Node]) -> Graph:
+    """A copy of `graph` whose output is (its output leaves..., the saved values...)."""
+    out = Graph(graph.name)
+    mapping: dict[Node, Node] = {}
+    _copy_nodes(graph, out, mapping)
+    out.output(tuple(mapping[v] if isinstance(v, Node) else v for v in leaves) + tuple(mapping[n] for n in saved))
+    out.mutated_inputs = {k: mapping[v] for k, v in graph.mutated_inputs.items()}
+    return out

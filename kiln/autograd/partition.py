@@ -1,0 +1,173 @@
+"""The partitioner: which forward values the forward saves for the backward, and which the backward recomputes.
+
+A minimum cut (networkx) over the forward values the backward reads and their ancestors. Each value is an
+edge v_in -> v_out whose capacity is its size in bytes (saving it costs that much memory until the
+backward); data dependencies are infinite edges; what the backward reads is tied to the sink. Values that
+must not be recomputed are tied to the source: matmul, convolution, attention and the other extern prims
+(their cost), random prims (the backward must see the forward's draws: they are saved, so a dropout mask
+is exactly the forward's), fallback torch ops, nodes with side effects, multi-output nodes and their
+results. Graph inputs are free to save (the caller holds them anyway). Everything else — pointwise ops,
+views, reductions — is recomputed in the backward when that saves bytes, where it fuses into the backward's
+kernels.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import networkx as nx
+
+from ..counters import counters
+from ..graph import Graph, Node, TensorMeta, map_structure
+from .joint import Joint, _copy_nodes
+
+INF = float("inf")
+
+
+def nbytes(meta: Any) -> float:
+    if not isinstance(meta, TensorMeta):
+        return INF
+    return math.prod(meta.shape) * meta.dtype.itemsize
+
+
+def _banned(node: Node) -> bool:
+    if node.op == "placeholder":
+        return False
+    if node.op == "constant":
+        return False
+    if node.op == "call_torch" or isinstance(node.meta, tuple):
+        return True
+    if node.op == "getitem":
+        return True  # of a multi-output node, which is never recomputed
+    prim = node.target
+    return "extern" in prim.tags or prim.random or prim.side_effects
+
+
+def _ancestors(saved: list[Node]) -> list[Node]:
+    seen: dict[Node, None] = {}
+    todo = list(saved)
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen[n] = None
+        todo.extend(n.inputs())
+    return list(seen)
+
+
+def min_cut_saved(forward: Graph, saved: list[Node]) -> tuple[list[Node], list[Node]]:
+    """(the forward values to save, the ones the backward recomputes from them), both in forward order:
+    what recomputes `saved` in the fewest bytes saved."""
+    region = set(_ancestors(saved))
+    g = nx.DiGraph()
+    for node in region:
+        if node.op == "constant":
+            continue
+        cost = 0.0 if node.op == "placeholder" else nbytes(node.meta)
+        g.add_edge((node, "in"), (node, "out"), capacity=cost)
+        if node.op == "placeholder" or _banned(node):
+            g.add_edge("source", (node, "in"), capacity=INF)
+        for inp in node.inputs():
+            if inp in region and inp.op != "constant":
+                g.add_edge((inp, "out"), (node, "in"), capacity=INF)
+    for node in saved:
+        if node.op != "constant":
+            g.add_edge((node, "out"), "sink", capacity=INF)
+    if "sink" not in g or "source" not in g:
+        return [n for n in saved if n.op != "constant"], []
+    _, (reachable, _) = nx.minimum_cut(g, "source", "sink")
+    order = {n: i for i, n in enumerate(forward.nodes)}
+    cut = {n for n in region if n.op != "constant" and (n, "in") in reachable and (n, "out") not in reachable}
+    # only what recomputing `saved` reaches (a free input cut off behind a saved value is not needed)
+    needed: set[Node] = set()
+    todo = list(saved)
+    visited: set[Node] = set()
+    while todo:
+        n = todo.pop()
+        if n in visited or n.op == "constant":
+            continue
+        visited.add(n)
+        if n in cut:
+            needed.add(n)
+            continue
+        todo.extend(n.inputs())
+    recompute = visited - needed
+    return sorted(needed, key=order.__getitem__), sorted(recompute, key=order.__getitem__)
+
+
+def partition(joint: Joint) -> Joint:
+    """The joint with its saved values chosen by `min_cut_saved`; the backward recomputes the others."""
+    forward = joint.forward
+    n_user = joint.user_leaves
+    out_values = list(forward.output_value)
+    old_saved: list[Node] = out_values[n_user:]
+    if not old_saved:
+        return joint
+    new_saved, recompute = min_cut_saved(forward, old_saved)
+    if set(new_saved) == set(old_saved):
+        counters["autograd"]["bytes saved for backward"] += int(sum(nbytes(n.meta) for n in old_saved
+                                                                    if n.op != "placeholder"))
+        return joint
+    backward = joint.backward
+    b_placeholders = backward.placeholders
+    new = Graph(backward.name)
+    mapping: dict[Node, Node] = {}  # forward node -> its value in the new backward
+    inputs: list[tuple[str, int]] = []
+    for k, node in enumerate(new_saved):
+        mapping[node] = new.placeholder(f"saved_{node.name}", node.meta)
+        inputs.append(("saved", k))
+    grad_placeholders = {}
+    for (kind, what), ph in zip(joint.backward_inputs, b_placeholders):
+        if kind == "grad":
+            grad_placeholders[ph] = new.placeholder(ph.name, ph.meta)
+            inputs.append(("grad", what))
+
+    def fsub(v: Any) -> Any:
+        if isinstance(v, Node) and v.op == "constant" and v not in mapping:
+            mapping[v] = new.constant(v.target, v.name)
+        return mapping[v] if isinstance(v, Node) else v
+    for node in recompute:
+        if node.op == "constant":
+            mapping[node] = new.constant(node.target, node.name)
+            continue
+        mapping[node] = new.call_prim(node.target, map_structure(fsub, node.args), map_structure(fsub, node.kwargs),
+                                      node.meta, "recomputed for the backward")
+    old_to_new: dict[Node, Node] = dict(grad_placeholders)
+    for (kind, what), ph in zip(joint.backward_inputs, b_placeholders):
+        if kind == "saved":
+            old_to_new[ph] = mapping[old_saved[what]]
+    rest = Graph("rest")
+    rest.nodes = [n for n in backward.nodes if n.op != "placeholder"]
+    _copy_nodes_into(rest, new, old_to_new)
+    new.output(map_structure(lambda v: old_to_new[v] if isinstance(v, Node) else v, backward.output_value))
+    forward_out = Graph(forward.name)
+    fmap: dict[Node, Node] = {}
+    _copy_nodes(forward, forward_out, fmap)
+    forward_out.output(tuple(fmap[v] if isinstance(v, Node) else v for v in out_values[:n_user]) +
+                       tuple(fmap[n] for n in new_saved))
+    forward_out.mutated_inputs = {k: fmap[v] for k, v in forward.mutated_inputs.items()}
+    before = sum(nbytes(n.meta) for n in old_saved if n.op != "placeholder")
+    after = sum(nbytes(n.meta) for n in new_saved if n.op != "placeholder")
+    counters["autograd"]["bytes saved for backward"] += int(after)
+    counters["autograd"]["bytes the backward recomputes instead of saving"] += int(max(before - after, 0))
+    return Joint(forward_out, new, n_user, inputs, joint.differentiable, joint.output_template, joint.opaque)
+
+
+def _copy_nodes_into(source: Graph, into: Graph, mapping: dict[Node, Node]) -> None:
+    """Copy `source`'s nodes (no placeholders) into `into`, renaming where a name is taken."""
+    def sub(v: Any) -> Any:
+        return mapping[v] if isinstance(v, Node) else v
+    for node in source.nodes:
+        if node.op == "output":
+            return
+        if node.op == "constant":
+            mapping[node] = into.constant(node.target, node.name)
+        elif node.op == "getitem":
+            mapping[node] = into.getitem(mapping[node.args[0]], node.args[1])
+        elif node.op == "call_prim":
+            mapping[node] = into.call_prim(node.target, map_structure(sub, node.args), map_structure(sub, node.kwargs),
+                                           node.meta, node.origin)
+        else:
+            mapping[node] = into.call_torch(node.target, map_structure(sub, node.args),
+                                            map_structure(sub, node.kwargs), node.meta, node.decomposition,
+                                            node.origin)

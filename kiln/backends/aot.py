@@ -1,0 +1,151 @@
+"""Compiled graphs inside eager autograd: one `torch.autograd.Function` per graph whose inputs need gradients.
+
+`compile_with_autograd(graph, example_inputs, context, compile_graph)` differentiates the graph ahead of
+time (`kiln.autograd.joint`), compiles its forward (which also returns what the backward needs) with the
+backend's `compile_graph`, and returns a callable:
+
+- grad mode on: the forward kernels run inside `KilnFunction.forward`; outputs join eager autograd, so
+  `.backward()`, `torch.autograd.grad`, hooks, gradient accumulation and `retain_graph` work as for any
+  autograd function. The backward graph is compiled on the first backward (a forward whose outputs never
+  get a backward costs no backward compile) and runs as kernels. `create_graph=True` runs the backward
+  graph on the prim interpreter instead (its ops are differentiable torch calls), counted.
+- grad mode off (`no_grad`, `inference_mode`): the forward kernels run alone, nothing is saved.
+
+What cannot be differentiated ahead of time raises NotImplementedError: the caller runs the graph with
+torch, counted with the reason.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ..autograd.joint import Joint, differentiate
+from ..autograd.partition import partition
+from ..counters import counters
+from ..graph import Graph, flatten, map_structure, run, to_prims
+from ..graph.node import Node
+from ..graph.pipeline import CompileContext
+
+_VIEW_PRIMS = {"view", "permute", "squeeze", "expand_dims", "broadcast_in_dim", "slice", "diagonal",
+               "as_strided", "unfold"}
+
+
+def _aliases_input(node: Any) -> bool:
+    """The value is an input or a view of one (an autograd Function must not return those)."""
+    while isinstance(node, Node):
+        if node.op == "placeholder":
+            return True
+        if node.op != "call_prim" or node.target.name not in _VIEW_PRIMS:
+            return False
+        node = node.args[0]
+    return False
+
+
+class _State:
+    """What one compiled graph's calls share: the compiled forward, the backward (compiled lazily)."""
+
+    def __init__(self, joint: Joint, forward: Callable[..., Any], compile_graph: Callable[..., Any],
+                 context: CompileContext, name: str, prim: Graph, needs: list[bool]):
+        self.joint = joint
+        self.prim = prim  # the graph before differentiation: create_graph=True recomputes it under autograd
+        self.needs = needs
+        self.forward = forward
+        self.compile_graph = compile_graph
+        self.context = context
+        self.name = name
+        self.backward: Callable[..., Any] | None = None
+
+    def double_backward(self, inputs: list, grads: dict[int, Any]) -> tuple:
+        """create_graph=True: the forward again on the prim interpreter from the saved inputs, under
+        autograd (its ops are differentiable torch calls), and torch.autograd.grad with create_graph."""
+        counters["autograd"]["create_graph: forward recomputed on the prim interpreter"] += 1
+        if self.prim.mutated_inputs:
+            raise RuntimeError("kiln: create_graph=True through a compiled graph that updates its inputs in "
+                               "place is not supported (run it without kiln.compile)")
+        outs = list(flatten(run(self.prim, inputs)))
+        pairs = [(outs[i], g) for i, g in grads.items() if g is not None and i in self.joint.differentiable]
+        wrt = [t for t, n in zip(inputs, self.needs) if n]
+        got = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], create_graph=True,
+                                       allow_unused=True))
+        return tuple(next(got) if n else None for n in self.needs)
+
+    def run_backward(self, inputs: list) -> Any:
+        if self.backward is None:
+            counters["autograd"]["backward graphs compiled"] += 1
+            self.backward = self.compile_graph(self.joint.backward, list(inputs), self.context)
+        return self.backward(*inputs)
+
+
+class KilnFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, state: _State, *inputs: Any) -> Any:
+        joint = state.joint
+        outs = state.forward(*inputs)
+        user, saved = outs[:joint.user_leaves], outs[joint.user_leaves:]
+        ctx.state = state
+        # the inputs too (no copies), for create_graph=True; not those the graph updates in place
+        mutated = {i for i, p in enumerate(state.prim.placeholders) if p.name in state.prim.mutated_inputs}
+        kept = [t if i not in mutated else None for i, t in enumerate(inputs)]
+        ctx.n_saved = len(saved)
+        ctx.save_for_backward(*saved, *kept)
+        tensors = [u for u in user if isinstance(u, torch.Tensor)]
+        differentiable = {id(user[i]) for i in joint.differentiable}
+        ctx.mark_non_differentiable(*[t for t in tensors if id(t) not in differentiable])
+        ctx.tensor_positions = [i for i, u in enumerate(user) if isinstance(u, torch.Tensor)]
+        return tuple(tensors)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        state: _State = ctx.state
+        joint = state.joint
+        everything = ctx.saved_tensors
+        saved, inputs_kept = everything[:ctx.n_saved], everything[ctx.n_saved:]
+        by_leaf = dict(zip(ctx.tensor_positions, grads))
+        if torch.is_grad_enabled():
+            return (None,) + state.double_backward(list(inputs_kept), by_leaf)
+        inputs = []
+        for kind, k in joint.backward_inputs:
+            if kind == "saved":
+                inputs.append(saved[k])
+            else:
+                g = by_leaf[k]
+                inputs.append(g.contiguous() if g is not None else None)
+        result = state.run_backward(inputs)
+        return (None,) + tuple(result)
+
+
+def compile_with_autograd(graph: Graph, example_inputs: list, context: CompileContext,
+                          compile_graph: Callable[..., Any]) -> Callable[..., Any]:
+    """The graph compiled with its backward (see the module docstring); raises NotImplementedError."""
+    prim = to_prims(graph)
+    needs = [isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs]
+    leaves = list(flatten(prim.output_value))
+    if any(_aliases_input(v) for v in leaves):
+        raise NotImplementedError("an output is an input or a view of one (autograd would refuse the alias)")
+    joint = differentiate(prim, needs)
+    if context.flag("autograd_recompute"):
+        joint = partition(joint)
+    forward = compile_graph(joint.forward, list(example_inputs), context)
+    state = _State(joint, forward, compile_graph, context, graph.name, prim, needs)
+    template = joint.output_template
+    n_user = joint.user_leaves
+    counters["autograd"]["graphs compiled with a backward"] += 1
+
+    node_leaves = [i for i, v in enumerate(leaves) if isinstance(v, Node)]
+
+    def repack(values: list) -> Any:
+        """The output structure with its leaves, in order, taken from `values` (one per leaf)."""
+        it = iter(values)
+        return map_structure(lambda v: next(it), template)
+
+    def call(*inputs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            counters["autograd"]["forward-only calls (grad mode off)"] += 1
+            return repack(list(forward(*inputs)[:n_user]))
+        tensors = KilnFunction.apply(state, *inputs)
+        values = list(leaves)
+        for i, t in zip(node_leaves, tensors, strict=True):
+            values[i] = t
+        return repack(values)
+    return call

@@ -1,0 +1,59 @@
+"""The zoo under grad mode: inference with parameters requiring grad runs kiln's kernels (not torch), and a
+few SGD steps in train mode match eager's, through kiln.compile's cpp backend."""
+from __future__ import annotations
+
+import copy
+import shutil
+
+import pytest
+import torch
+
+import kiln
+from kiln import config
+from kiln.testing import models as zoo
+
+pytestmark = pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler")
+MODELS = ["mlp", "resnet_tiny", "nanogpt_tiny", "resnet18", "mobilenet", "bert", "nanogpt", "llama"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def shared_cache(tmp_path_factory):
+    with config.patch(cache_dir=str(tmp_path_factory.getbasetemp() / "kiln_cache")):
+        yield
+
+
+def _handed_to_torch(counters):
+    return {k: v for k, v in counters["cpp"].items() if k.startswith("ran with torch")}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_grad_enabled_inference_runs_kiln_kernels(name, counters):
+    model, (args, kwargs) = zoo.build(name, batch=2)
+    compiled = kiln.compile(copy.deepcopy(model))
+    expected = model(*args, **kwargs)
+    actual = compiled(*args, **kwargs)
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    assert counters["autograd"]["graphs compiled with a backward"] >= 1, dict(counters["cpp"])
+    assert not _handed_to_torch(counters), dict(counters["cpp"])
+    assert counters["autograd"]["backward graphs compiled"] == 0
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet_tiny", "nanogpt_tiny", "llama"])
+def test_sgd_steps_match_eager(name, counters):
+    model, (args, kwargs) = zoo.build(name, batch=2)
+    model.train()
+    mine = copy.deepcopy(model)
+    compiled = kiln.compile(mine)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.01) for m in (model, mine)]
+    for _ in range(3):
+        for fn, opt in zip((model, compiled), opts):
+            opt.zero_grad()
+            out = fn(*args, **kwargs)
+            (out.float() ** 2).mean().backward()
+            opt.step()
+    for (n, p), q in zip(model.named_parameters(), mine.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name} {n}: {m}")
+    for (n, b), c in zip(model.named_buffers(), mine.buffers()):
+        torch.testing.assert_close(c, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name} buffer {n}: {m}")
+    assert counters["autograd"]["backward graphs compiled"] >= 1
+    assert not _handed_to_torch(counters), dict(counters["cpp"])
