@@ -138,8 +138,10 @@ def _opaque_vjp(node: Node, wanted: list[bool]) -> Callable[..., Any]:
     return vjp
 
 
-def differentiate(graph: Graph, needs_grad: list[bool]) -> Joint:
-    """The forward and backward graphs of prim graph `graph` for the inputs marked in `needs_grad`."""
+def differentiate(graph: Graph, needs_grad: list[bool], skip_leaves: frozenset[int] = frozenset()) -> Joint:
+    """The forward and backward graphs of prim graph `graph` for the inputs marked in `needs_grad`.
+    Output leaves in `skip_leaves` get no gradient input (the caller makes them outside, e.g. views of
+    inputs that eager autograd differentiates itself)."""
     for name, value in graph.mutated_inputs.items():
         ph = next(p for p in graph.placeholders if p.name == name)
         if needs_grad[graph.placeholders.index(ph)]:
@@ -153,7 +155,7 @@ def differentiate(graph: Graph, needs_grad: list[bool]) -> Joint:
     differentiable = []
     with tracing(builder.graph, inline=True):
         for i, leaf in enumerate(leaves):
-            if isinstance(leaf, Node) and leaf in active and _float(leaf.meta):
+            if isinstance(leaf, Node) and leaf in active and _float(leaf.meta) and i not in skip_leaves:
                 differentiable.append(i)
                 _accumulate(grads, leaf, builder.grad_input(i, leaf.meta))
         multi = _multi_outputs(graph)

@@ -31,15 +31,34 @@ _VIEW_PRIMS = {"view", "permute", "squeeze", "expand_dims", "broadcast_in_dim", 
                "as_strided", "unfold"}
 
 
-def _aliases_input(node: Any) -> bool:
-    """The value is an input or a view of one (an autograd Function must not return those)."""
+def _view_chain(node: Any) -> tuple[int, list[Node]] | None:
+    """(input position, the view prims from it to `node`) when `node` is an input or a view of one made
+    only of view prims with no other tensor argument; else None. An autograd Function must not return
+    those: the wrapper makes them itself on the input with torch's own view ops, which autograd follows."""
+    chain = []
     while isinstance(node, Node):
         if node.op == "placeholder":
-            return True
+            return node.graph.placeholders.index(node), chain[::-1]
         if node.op != "call_prim" or node.target.name not in _VIEW_PRIMS:
-            return False
+            return None
+        if any(isinstance(a, Node) for a in flatten((node.args[1:], node.kwargs))):
+            return None
+        chain.append(node)
         node = node.args[0]
-    return False
+    return None
+
+
+def _view_base(node: Node) -> Node:
+    """The value a chain of view prims starts from (the node itself when it is no view)."""
+    while node.op == "call_prim" and node.target.name in _VIEW_PRIMS and isinstance(node.args[0], Node):
+        node = node.args[0]
+    return node
+
+
+def _replay(chain: list[Node], t: torch.Tensor) -> torch.Tensor:
+    for node in chain:
+        t = node.target.ref(t, *node.args[1:], **node.kwargs)
+    return t
 
 
 class _State:
@@ -82,7 +101,9 @@ class KilnFunction(torch.autograd.Function):
     def forward(ctx: Any, state: _State, *inputs: Any) -> Any:
         joint = state.joint
         outs = state.forward(*inputs)
-        user, saved = outs[:joint.user_leaves], outs[joint.user_leaves:]
+        user, saved = list(outs[:joint.user_leaves]), outs[joint.user_leaves:]
+        for i in state.alias_leaves:
+            user[i] = None  # made outside, on the input itself
         ctx.state = state
         # the inputs too (no copies), for create_graph=True; not those the graph updates in place
         mutated = {i for i, p in enumerate(state.prim.placeholders) if p.name in state.prim.mutated_inputs}
@@ -121,9 +142,14 @@ def compile_with_autograd(graph: Graph, example_inputs: list, context: CompileCo
     prim = to_prims(graph)
     needs = [isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs]
     leaves = list(flatten(prim.output_value))
-    if any(_aliases_input(v) for v in leaves):
-        raise NotImplementedError("an output is an input or a view of one (autograd would refuse the alias)")
-    joint = differentiate(prim, needs)
+    views = {}
+    for i, v in enumerate(leaves):
+        if isinstance(v, Node) and _view_base(v).op == "placeholder":
+            chain = _view_chain(v)
+            if chain is None:
+                raise NotImplementedError("an output is a view of an input through other values")
+            views[i] = chain
+    joint = differentiate(prim, needs, frozenset(views))
     if context.flag("autograd_recompute"):
         joint = partition(joint)
     forward = compile_graph(joint.forward, list(example_inputs), context)
@@ -132,7 +158,8 @@ def compile_with_autograd(graph: Graph, example_inputs: list, context: CompileCo
     n_user = joint.user_leaves
     counters["autograd"]["graphs compiled with a backward"] += 1
 
-    node_leaves = [i for i, v in enumerate(leaves) if isinstance(v, Node)]
+    node_leaves = [i for i, v in enumerate(leaves) if isinstance(v, Node) and i not in views]
+    state.alias_leaves = frozenset(views)
 
     def repack(values: list) -> Any:
         """The output structure with its leaves, in order, taken from `values` (one per leaf)."""
@@ -147,5 +174,7 @@ def compile_with_autograd(graph: Graph, example_inputs: list, context: CompileCo
         values = list(leaves)
         for i, t in zip(node_leaves, tensors, strict=True):
             values[i] = t
+        for i, (position, chain) in views.items():  # views of inputs, as eager makes them
+            values[i] = _replay(chain, inputs[position])
         return repack(values)
     return call

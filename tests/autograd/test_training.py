@@ -180,3 +180,13 @@ def test_dropout_mask_is_the_forwards_in_the_backward():
     torch.manual_seed(3)
     F.dropout(x * we, 0.5, training=True).sum().backward()
     torch.testing.assert_close(w.grad, we.grad)
+
+
+def test_outputs_that_are_views_of_inputs_stay_views(counters):
+    w = torch.randn(4, 6, requires_grad=True)
+    f = kiln.compile(lambda w: (w.t(), (w * 2).sum(0)))
+    view, total = f(w)
+    assert view._base is w and view.shape == (6, 4)
+    (view.sum() * 3 + total.sum()).backward()
+    torch.testing.assert_close(w.grad, torch.full_like(w, 5.0))
+    assert not _handed_to_torch(counters), dict(counters["cpp"])
