@@ -107,11 +107,13 @@ def _multi_outputs(forward: Graph) -> dict[Node, dict[int, Node]]:
 
 def _opaque_vjp(node: Node, wanted: list[bool]) -> Callable[..., Any]:
     """A backward for a torch op without a decomposition: run it again under autograd, take its VJP with
-    respect to the tensor arguments marked in `wanted` (zeros for the others)."""
+    respect to the tensor arguments marked in `wanted` (zeros for the others). Called with the op's tensor
+    arguments, then one gradient per output (None where no gradient flows)."""
     fn, template = node.target, (node.args, node.kwargs)
+    n_args = len(wanted)
 
     def vjp(*values: Any) -> tuple:
-        *tensors, grad = values  # the op's tensor arguments, then the output gradient
+        tensors, out_grads = values[:n_args], values[n_args:]
         it = iter(zip(tensors, wanted))
         leaves = []
 
@@ -127,8 +129,12 @@ def _opaque_vjp(node: Node, wanted: list[bool]) -> Callable[..., Any]:
         with torch.enable_grad():
             args, kwargs = map_structure(fill, template)
             out = fn(*args, **kwargs)
+            outs = list(out) if isinstance(out, (tuple, list)) else [out]
+            pairs = [(o, g) for o, g in zip(outs, out_grads)
+                     if g is not None and isinstance(o, torch.Tensor) and o.requires_grad]
             wrt = [t for t in leaves if t.requires_grad]
-            got = iter(torch.autograd.grad(out, wrt, grad, allow_unused=True)) if wrt else iter(())
+            got = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True)
+                       if wrt and pairs else [None] * len(wrt))
         result = []
         for t in leaves:
             g = next(got) if t.requires_grad else None
@@ -163,7 +169,7 @@ def differentiate(graph: Graph, needs_grad: list[bool], skip_leaves: frozenset[i
         for node in reversed(graph.nodes):
             if node not in active or node.op in ("placeholder", "getitem", "output"):
                 continue
-            if node.op == "call_prim" and isinstance(node.meta, tuple):
+            if isinstance(node.meta, tuple):
                 children = multi.get(node, {})
                 out_grads = tuple(grads.get(children[k]) if k in children else None
                                   for k in range(len(node.meta)))
@@ -174,9 +180,7 @@ def differentiate(graph: Graph, needs_grad: list[bool], skip_leaves: frozenset[i
             if all(g is None for g in out_grads):
                 continue
             if node.op == "call_torch":
-                if isinstance(node.meta, tuple):
-                    raise NotImplementedError(f"backward of the multi-output fallback {node.target_name()}")
-                opaque += _opaque_backward(builder, node, out_grads[0], grads, active)
+                opaque += _opaque_backward(builder, node, out_grads, grads, active)
                 continue
             rule = node.target.rules.get("vjp")
             if rule is None:
@@ -225,13 +229,15 @@ def _drop_unused_inputs(builder: _Builder) -> None:
     builder.inputs = [entry for entry, _ in keep]
 
 
-def _opaque_backward(builder: _Builder, node: Node, grad: Any, grads: dict[Node, Any], active: set[Node]) -> int:
+def _opaque_backward(builder: _Builder, node: Node, out_grads: tuple, grads: dict[Node, Any],
+                     active: set[Node]) -> int:
     tensor_args = node.tensor_args()
-    values = [builder.value(a) for a in tensor_args] + [grad]
+    values = [builder.value(a) for a in tensor_args] + list(out_grads)
     metas = tuple(a.meta for a in tensor_args)
     g = builder.graph
     wanted = [a in active and _float(a.meta) for a in tensor_args]
-    vjp_node = g.call_torch(_opaque_vjp(node, wanted), tuple(v.node for v in values), {}, metas, None,
+    vjp_node = g.call_torch(_opaque_vjp(node, wanted), tuple(v.node if v is not None else None for v in values),
+                            {}, metas, None,
                             f"backward of {node.target_name()}")
     for k, a in enumerate(tensor_args):
         if a in active:

@@ -48,6 +48,21 @@ def _view_chain(node: Any) -> tuple[int, list[Node]] | None:
     return None
 
 
+def _nominally_differentiable(graph: Graph, needs: list[bool], positions: list[int]) -> list[int]:
+    """Output leaves eager marks as requiring grad: float results of ops that read, at the torch level, an
+    input needing a gradient (fill(x, v) and x * 0 among them, whose gradient is zero). Comparisons,
+    integer results and argmax-like ops stop that, as in eager."""
+    active: set[Node] = {p for p, n in zip(graph.placeholders, needs) if n}
+    for node in graph.nodes:
+        if node.op in ("call_torch", "call_prim", "getitem") and any(i in active for i in node.inputs()):
+            metas = node.meta if isinstance(node.meta, tuple) else (node.meta,)
+            if node.op == "getitem" or any(getattr(m, "dtype", torch.int64).is_floating_point for m in metas):
+                active.add(node)
+    leaves = list(flatten(graph.output_value))
+    return [i for i in positions if isinstance(leaves[i], Node) and leaves[i] in active and
+            getattr(leaves[i].meta, "dtype", torch.int64).is_floating_point]
+
+
 def _view_base(node: Node) -> Node:
     """The value a chain of view prims starts from (the node itself when it is no view)."""
     while node.op == "call_prim" and node.target.name in _VIEW_PRIMS and isinstance(node.args[0], Node):
@@ -110,10 +125,10 @@ class KilnFunction(torch.autograd.Function):
         kept = [t if i not in mutated else None for i, t in enumerate(inputs)]
         ctx.n_saved = len(saved)
         ctx.save_for_backward(*saved, *kept)
-        tensors = [u for u in user if isinstance(u, torch.Tensor)]
-        differentiable = {id(user[i]) for i in joint.differentiable}
+        tensors = [user[i] for i in state.node_leaves]  # constants in the output are made outside
+        differentiable = {id(user[i]) for i in joint.differentiable} | {id(user[i]) for i in state.nominal}
         ctx.mark_non_differentiable(*[t for t in tensors if id(t) not in differentiable])
-        ctx.tensor_positions = [i for i, u in enumerate(user) if isinstance(u, torch.Tensor)]
+        ctx.tensor_positions = state.node_leaves
         return tuple(tensors)
 
     @staticmethod
@@ -142,6 +157,14 @@ def compile_with_autograd(graph: Graph, example_inputs: list, context: CompileCo
     prim = to_prims(graph)
     needs = [isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs]
     leaves = list(flatten(prim.output_value))
+    for v in leaves:
+        base = _view_base(v) if isinstance(v, Node) else None
+        if base is not None and base.op == "getitem":
+            base = base.args[0]
+        if base is not None and base.op == "call_torch":
+            # a torch op's result may be a view of its inputs (tensor_split, ...): returned from the
+            # autograd Function it would hide that alias from eager autograd
+            raise NotImplementedError(f"an output comes straight from the torch op {base.target_name()}")
     views = {}
     for i, v in enumerate(leaves):
         if isinstance(v, Node) and _view_base(v).op == "placeholder":
@@ -160,6 +183,8 @@ def compile_with_autograd(graph: Graph, example_inputs: list, context: CompileCo
 
     node_leaves = [i for i, v in enumerate(leaves) if isinstance(v, Node) and i not in views]
     state.alias_leaves = frozenset(views)
+    state.node_leaves = node_leaves
+    state.nominal = _nominally_differentiable(graph, needs, node_leaves)
 
     def repack(values: list) -> Any:
         """The output structure with its leaves, in order, taken from `values` (one per leaf)."""

@@ -409,7 +409,11 @@ def pdist(input: Any, p: float = 2) -> Any:
 
 @register(torch.ops.aten._safe_softmax.default)
 def safe_softmax(input: Any, dim: int, dtype: torch.dtype | None = None) -> Any:
-    """softmax, with rows that are entirely -inf giving zeros instead of NaN (aten._safe_softmax)."""
-    out = F.softmax(input, dim, dtype=dtype)
+    """softmax, with rows that are entirely -inf giving zeros instead of NaN (aten._safe_softmax).
+
+    The softmax runs on those rows with the -inf replaced by 0, so that no NaN exists anywhere: the
+    backward of `where` routes a zero gradient into the discarded branch, and a NaN there would turn it
+    into NaN (eager's gradient of such a row is 0)."""
     masked = torch.all(input == float("-inf"), dim, keepdim=True)
+    out = F.softmax(torch.where(masked, torch.zeros_like(input), input), dim, dtype=dtype)
     return torch.where(masked, torch.zeros_like(out), out)

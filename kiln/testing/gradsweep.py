@@ -8,8 +8,9 @@ traced with its floating-point tensors requiring gradients and compiled by the b
 differentiates it ahead of time: `kiln.backends.aot`); outputs and the gradients of every such input (for a
 fixed random output gradient) are compared with eager autograd's, by assert_close or else kiln's accuracy
 rule against a float64 run. Statuses per entry: `compiled` (the backward ran as kiln's kernels), `torch`
-(the backend handed the graph to torch: counted, with its reason), `mismatch`, `error`, `not applicable`
-(eager raises, or no output needs a gradient). The CI subset is tests/test_gradsweep.py.
+(the backend handed the graph to torch: counted, with its reason), `mismatch`, `error`, `random` (a random
+op whose draws differ from eager's: values not compared), `not applicable` (eager raises, or no output
+needs a gradient). The CI subset is tests/test_gradsweep.py.
 """
 from __future__ import annotations
 
@@ -130,7 +131,8 @@ def run_sample(op: Any, sample: Any, backend: str = "cpp") -> GradResult | None:
     problem = _close(kiln_grads, eager_grads, ref_grads)
     if problem is None:
         problem = _close(_outputs(actual), _outputs(expected), None)
-    status = "mismatch" if problem else ("torch" if handed else "compiled")
+    random = name in opinfo.RANDOM_OPS or opinfo.uses_seed_wrapper(op)
+    status = ("random" if random else "mismatch") if problem else ("torch" if handed else "compiled")
     message = problem or ""
     if handed and not problem:
         reasons = [k for k in counters[backend] if k.startswith("ran with torch:")]
