@@ -109,11 +109,11 @@ def _opaque_vjp(node: Node, wanted: list[bool]) -> Callable[..., Any]:
     """A backward for a torch op without a decomposition: run it again under autograd, take its VJP with
     respect to the tensor arguments marked in `wanted` (zeros for the others). Called with the op's tensor
     arguments, then one gradient per output (None where no gradient flows)."""
-    fn, template = node.target, (node.args, node.kwargs)
+    fn, template = node.target.fn, (node.args, node.kwargs)
     n_args = len(wanted)
 
     def vjp(*values: Any) -> tuple:
-        tensors, out_grads = values[:n_args], values[n_args:]
+        tensors, rng_state, out_grads = values[:n_args], values[n_args], values[n_args + 1:]
         it = iter(zip(tensors, wanted))
         leaves = []
 
@@ -126,7 +126,8 @@ def _opaque_vjp(node: Node, wanted: list[bool]) -> Callable[..., Any]:
                 leaves.append(t)
                 return t
             return v
-        with torch.enable_grad():
+        with torch.enable_grad(), torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(rng_state)
             args, kwargs = map_structure(fill, template)
             out = fn(*args, **kwargs)
             outs = list(out) if isinstance(out, (tuple, list)) else [out]
@@ -180,7 +181,7 @@ def differentiate(graph: Graph, needs_grad: list[bool], skip_leaves: frozenset[i
             if all(g is None for g in out_grads):
                 continue
             if node.op == "call_torch":
-                opaque += _opaque_backward(builder, node, out_grads, grads, active)
+                opaque += _opaque_backward(builder, node, out_grads, grads, active, multi.get(node, {}))
                 continue
             rule = node.target.rules.get("vjp")
             if rule is None:
@@ -230,9 +231,10 @@ def _drop_unused_inputs(builder: _Builder) -> None:
 
 
 def _opaque_backward(builder: _Builder, node: Node, out_grads: tuple, grads: dict[Node, Any],
-                     active: set[Node]) -> int:
+                     active: set[Node], children: dict[int, Node]) -> int:
     tensor_args = node.tensor_args()
-    values = [builder.value(a) for a in tensor_args] + list(out_grads)
+    # output 0 of a wrapped fallback is the generator state before it ran: no gradient, replayed
+    values = [builder.value(a) for a in tensor_args] + [builder.value(children[0])] + list(out_grads[1:])
     metas = tuple(a.meta for a in tensor_args)
     g = builder.graph
     wanted = [a in active and _float(a.meta) for a in tensor_args]
@@ -261,20 +263,61 @@ def _copy_nodes(graph: Graph, out: Graph, mapping: dict[Node, Node], extra: Call
             extra(node)
 
 
+class _WithRngState:
+    """A fallback torch op that also returns the CPU generator's state from just before it ran: its opaque
+    backward runs it again from that state, so a random op (dropout inside attention, rrelu, ...) draws
+    the same numbers in the backward as in the forward."""
+
+    def __init__(self, fn: Callable[..., Any], multi: bool):
+        self.fn, self.multi = fn, multi
+        self.__name__ = f"with_rng_state_{getattr(fn, '__name__', 'op')}"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> tuple:
+        state = torch.get_rng_state()
+        out = self.fn(*args, **kwargs)
+        return (state, *out) if self.multi else (state, out)
+
+
+_RNG_META = TensorMeta(tuple(torch.get_rng_state().shape), torch.uint8)
+
+
 def _with_all_outputs(graph: Graph) -> Graph:
     """A copy of `graph` with a getitem node for every output of every multi-output prim (the rules see
-    all of a prim's outputs)."""
+    all of a prim's outputs), and every fallback torch op returning the generator state before it as its
+    output 0 (`_WithRngState`), its own outputs after it."""
     out = Graph(graph.name)
     mapping: dict[Node, Node] = {}
     present = {(n.args[0], n.args[1]) for n in graph.nodes if n.op == "getitem"}
+    wrapped: dict[Node, Node] = {}  # original fallback node -> its wrapped copy
 
-    def add_getitems(node: Node) -> None:
+    def sub(v: Any) -> Any:
+        return mapping[v] if isinstance(v, Node) else v
+    for node in graph.nodes:
+        if node.op == "output":
+            break
+        if node.op == "getitem" and node.args[0] in wrapped:
+            mapping[node] = out.getitem(wrapped[node.args[0]], node.args[1] + 1)
+            continue
+        if node.is_fallback and isinstance(node.meta, (TensorMeta, tuple)):
+            multi = isinstance(node.meta, tuple)
+            metas = (_RNG_META,) + (node.meta if multi else (node.meta,))
+            w = out.call_torch(_WithRngState(node.target, multi), map_structure(sub, node.args),
+                               map_structure(sub, node.kwargs), metas, None, node.origin)
+            wrapped[node] = w
+            out.getitem(w, 0)
+            if not multi:
+                mapping[node] = out.getitem(w, 1)
+            continue
+        copy = Node(out, node.name, node.op, node.target, map_structure(sub, node.args),
+                    map_structure(sub, node.kwargs), node.meta, node.decomposition, node.origin)
+        out._names.add(node.name)
+        out.nodes.append(copy)
+        mapping[node] = copy
         if node.op == "call_prim" and isinstance(node.meta, tuple):
             for k in range(len(node.meta)):
                 if (node, k) not in present:
-                    out.getitem(mapping[node], k)
-    _copy_nodes(graph, out, mapping, add_getitems)
-    out.output(map_structure(lambda v: mapping[v] if isinstance(v, Node) else v, graph.output_value))
+                    out.getitem(copy, k)
+    out.output(map_structure(sub, graph.output_value))
     out.mutated_inputs = {k: mapping[v] for k, v in graph.mutated_inputs.items()}
     return out
 

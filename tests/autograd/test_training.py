@@ -190,3 +190,21 @@ def test_outputs_that_are_views_of_inputs_stay_views(counters):
     (view.sum() * 3 + total.sum()).backward()
     torch.testing.assert_close(w.grad, torch.full_like(w, 5.0))
     assert not _handed_to_torch(counters), dict(counters["cpp"])
+
+
+def test_random_fallback_op_replays_its_draws_in_the_backward(counters):
+    # attention with dropout runs as a torch op (a fallback); its opaque backward must see the forward's mask
+    q = torch.randn(2, 2, 8, 4, requires_grad=True)
+    qe = q.detach().clone().requires_grad_(True)
+    w = torch.randn(4, 4)
+
+    def attention(q):
+        k = q @ w
+        return F.scaled_dot_product_attention(q, k, k, dropout_p=0.5, is_causal=True).sum()
+    f = kiln.compile(attention)
+    torch.manual_seed(5)
+    f(q).backward()
+    torch.manual_seed(5)
+    attention(qe).backward()
+    torch.testing.assert_close(q.grad, qe.grad)
+    assert counters["autograd"]["opaque backward of a fallback op"] >= 1
