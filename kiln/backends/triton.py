@@ -153,12 +153,13 @@ def triton(graph: Graph, example_inputs: list, context: CompileContext | None = 
     needs_grad = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in flatten(example_inputs))
     try:
-        if needs_grad:
-            raise NotImplementedError("triton backend: inputs require grad (no autograd through kernels)")
         try:
             import triton as _  # noqa: F401
         except ImportError:
             raise NotImplementedError("triton backend: triton is not installed") from None
+        if needs_grad:
+            from .aot import compile_with_autograd
+            return compile_with_autograd(graph, example_inputs, context, compile_graph)
         return compile_graph(graph, example_inputs, context)
     except Exception as e:
         if context.raises and not isinstance(e, NotImplementedError):

@@ -119,15 +119,19 @@ def test_kiln_compile_backend_triton(counters):
     assert counters["triton"]["graphs run with torch"] == 0
 
 
-def test_mixed_devices_and_grad_run_with_torch(counters):
-    w = torch.randn(4, requires_grad=True)
-    f = kiln.compile(lambda x: x * w + 1, backend="triton")
-    x = torch.randn(3, 4)
-    out = f(x)
-    torch.testing.assert_close(out, x * w + 1)
-    out.sum().backward()  # ran with torch: autograd intact
-    assert w.grad is not None
-    assert counters["triton"]["graphs run with torch"] == 1
+def test_backward_through_triton_kernels(counters):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(6, 5)
+    w = lin.weight.detach().clone().requires_grad_(True)
+    b = lin.bias.detach().clone().requires_grad_(True)
+    f = kiln.compile(lambda x: torch.nn.functional.layer_norm(torch.tanh(lin(x)), (5,)).sum(), backend="triton")
+    x = torch.randn(3, 6)
+    f(x).backward()
+    torch.nn.functional.layer_norm(torch.tanh(torch.nn.functional.linear(x, w, b)), (5,)).sum().backward()
+    torch.testing.assert_close(lin.weight.grad, w.grad)
+    torch.testing.assert_close(lin.bias.grad, b.grad)
+    assert counters["triton"]["graphs compiled"] == 2  # the forward, then the backward
+    assert counters["triton"]["graphs run with torch"] == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
