@@ -117,7 +117,7 @@ def run_sample(op: Any, sample: Any, backend: str = "cpp") -> GradResult | None:
         ref_grads, _ = grads_of(ref_out, ref_in, [s.double() for s in seed])
     except Exception:
         ref_grads = None
-    before = sum(v for k, v in counters[backend].items() if k == "graphs run with torch")
+    before = dict(counters[backend])
     try:
         graph = trace(fn, *inputs())
         compiled = lookup_backend(backend)(graph, inputs())
@@ -127,7 +127,7 @@ def run_sample(op: Any, sample: Any, backend: str = "cpp") -> GradResult | None:
         kiln_grads, _ = grads_of(actual, kiln_in, seed)
     except Exception as e:
         return GradResult(name, str(dtype).removeprefix("torch."), "error", f"{type(e).__name__}: {e}")
-    handed = sum(v for k, v in counters[backend].items() if k == "graphs run with torch") > before
+    handed = counters[backend]["graphs run with torch"] > before.get("graphs run with torch", 0)
     problem = _close(kiln_grads, eager_grads, ref_grads)
     if problem is None:
         problem = _close(_outputs(actual), _outputs(expected), None)
@@ -135,7 +135,7 @@ def run_sample(op: Any, sample: Any, backend: str = "cpp") -> GradResult | None:
     status = ("random" if random else "mismatch") if problem else ("torch" if handed else "compiled")
     message = problem or ""
     if handed and not problem:
-        reasons = [k for k in counters[backend] if k.startswith("ran with torch:")]
+        reasons = [k for k, v in counters[backend].items() if k.startswith("ran with torch:") and v > before.get(k, 0)]
         message = reasons[-1] if reasons else ""
     return GradResult(name, str(dtype).removeprefix("torch."), status, message)
 
