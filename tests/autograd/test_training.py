@@ -208,3 +208,22 @@ def test_random_fallback_op_replays_its_draws_in_the_backward(counters):
     attention(qe).backward()
     torch.testing.assert_close(q.grad, qe.grad)
     assert counters["autograd"]["opaque backward of a fallback op"] >= 1
+
+
+def test_gradients_flow_across_a_graph_break(counters):
+    w = torch.randn(5, requires_grad=True)
+    we = w.detach().clone().requires_grad_(True)
+
+    def fn(x, w):
+        y = torch.tanh(x * w)
+        if y.sum() > 0:  # a branch on a value: the graph breaks here
+            y = y * 2
+        return (y.exp() * w).sum()
+    f = kiln.compile(fn)
+    for x in (torch.randn(5), -torch.ones(5)):
+        w.grad = we.grad = None
+        f(x, w).backward()
+        fn(x, we).backward()
+        torch.testing.assert_close(w.grad, we.grad)
+    assert counters["autograd"]["graphs compiled with a backward"] >= 2
+    assert not _handed_to_torch(counters), dict(counters["cpp"])
