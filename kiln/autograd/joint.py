@@ -153,7 +153,7 @@ def differentiate(graph: Graph, needs_grad: list[bool], skip_leaves: frozenset[i
         ph = next(p for p in graph.placeholders if p.name == name)
         if needs_grad[graph.placeholders.index(ph)]:
             raise NotImplementedError(f"an input that needs a gradient ({name}) is updated in place")
-    graph = _with_all_outputs(graph)
+    graph = _with_all_outputs(graph, _active_nodes(graph, needs_grad))
     active = _active_nodes(graph, needs_grad)
     builder = _Builder(graph)
     outputs = graph.output_value
@@ -247,20 +247,23 @@ def _opaque_backward(builder: _Builder, node: Node, out_grads: tuple, grads: dic
     return 1
 
 
-def _copy_nodes(graph: Graph, out: Graph, mapping: dict[Node, Node], extra: Callable[[Node], None] | None = None
-                ) -> None:
+def _copy_node(out: Graph, node: Node, sub: Callable[[Any], Any]) -> Node:
+    """`node` appended to `out` under its own name, its arguments passed through `sub`."""
+    copy = Node(out, node.name, node.op, node.target, map_structure(sub, node.args),
+                map_structure(sub, node.kwargs), node.meta, node.decomposition, node.origin)
+    out._names.add(node.name)
+    out.nodes.append(copy)
+    return copy
+
+
+def _copy_nodes(graph: Graph, out: Graph, mapping: dict[Node, Node]) -> None:
+    """Every node of `graph` but its output, copied into `out` (`mapping`: original -> copy)."""
     def sub(v: Any) -> Any:
         return mapping[v] if isinstance(v, Node) else v
     for node in graph.nodes:
         if node.op == "output":
             return
-        copy = Node(out, node.name, node.op, node.target, map_structure(sub, node.args),
-                    map_structure(sub, node.kwargs), node.meta, node.decomposition, node.origin)
-        out._names.add(node.name)
-        out.nodes.append(copy)
-        mapping[node] = copy
-        if extra is not None:
-            extra(node)
+        mapping[node] = _copy_node(out, node, sub)
 
 
 class _WithRngState:
@@ -281,10 +284,10 @@ class _WithRngState:
 _RNG_META = TensorMeta(tuple(torch.get_rng_state().shape), torch.uint8)
 
 
-def _with_all_outputs(graph: Graph) -> Graph:
+def _with_all_outputs(graph: Graph, active: set[Node]) -> Graph:
     """A copy of `graph` with a getitem node for every output of every multi-output prim (the rules see
-    all of a prim's outputs), and every fallback torch op returning the generator state before it as its
-    output 0 (`_WithRngState`), its own outputs after it."""
+    all of a prim's outputs), and every `active` fallback torch op (one that gets a backward) returning the
+    generator state before it as its output 0 (`_WithRngState`), its own outputs after it."""
     out = Graph(graph.name)
     mapping: dict[Node, Node] = {}
     present = {(n.args[0], n.args[1]) for n in graph.nodes if n.op == "getitem"}
@@ -298,7 +301,7 @@ def _with_all_outputs(graph: Graph) -> Graph:
         if node.op == "getitem" and node.args[0] in wrapped:
             mapping[node] = out.getitem(wrapped[node.args[0]], node.args[1] + 1)
             continue
-        if node.is_fallback and isinstance(node.meta, (TensorMeta, tuple)):
+        if node.is_fallback and node in active and isinstance(node.meta, (TensorMeta, tuple)):
             multi = isinstance(node.meta, tuple)
             metas = (_RNG_META,) + (node.meta if multi else (node.meta,))
             w = out.call_torch(_WithRngState(node.target, multi), map_structure(sub, node.args),
@@ -308,11 +311,7 @@ def _with_all_outputs(graph: Graph) -> Graph:
             if not multi:
                 mapping[node] = out.getitem(w, 1)
             continue
-        copy = Node(out, node.name, node.op, node.target, map_structure(sub, node.args),
-                    map_structure(sub, node.kwargs), node.meta, node.decomposition, node.origin)
-        out._names.add(node.name)
-        out.nodes.append(copy)
-        mapping[node] = copy
+        copy = mapping[node] = _copy_node(out, node, sub)
         if node.op == "call_prim" and isinstance(node.meta, tuple):
             for k in range(len(node.meta)):
                 if (node, k) not in present:

@@ -18,7 +18,7 @@ from typing import Any
 import networkx as nx
 
 from ..counters import counters
-from ..graph import Graph, Node, TensorMeta, map_structure
+from ..graph import Graph, Node, TensorMeta, inline, map_structure
 from .joint import Joint, _copy_nodes
 
 INF = float("inf")
@@ -132,14 +132,9 @@ def partition(joint: Joint) -> Joint:
             continue
         mapping[node] = new.call_prim(node.target, map_structure(fsub, node.args), map_structure(fsub, node.kwargs),
                                       node.meta, "recomputed for the backward")
-    old_to_new: dict[Node, Node] = dict(grad_placeholders)
-    for (kind, what), ph in zip(joint.backward_inputs, b_placeholders):
-        if kind == "saved":
-            old_to_new[ph] = mapping[old_saved[what]]
-    rest = Graph("rest")
-    rest.nodes = [n for n in backward.nodes if n.op != "placeholder"]
-    _copy_nodes_into(rest, new, old_to_new)
-    new.output(map_structure(lambda v: old_to_new[v] if isinstance(v, Node) else v, backward.output_value))
+    bound = [grad_placeholders[ph] if kind == "grad" else mapping[old_saved[what]]
+             for (kind, what), ph in zip(joint.backward_inputs, b_placeholders)]
+    new.output(inline(new, backward, bound))
     forward_out = Graph(forward.name)
     fmap: dict[Node, Node] = {}
     _copy_nodes(forward, forward_out, fmap)
@@ -151,23 +146,3 @@ def partition(joint: Joint) -> Joint:
     counters["autograd"]["bytes saved for backward"] += int(after)
     counters["autograd"]["bytes the backward recomputes instead of saving"] += int(max(before - after, 0))
     return Joint(forward_out, new, n_user, inputs, joint.differentiable, joint.output_template, joint.opaque)
-
-
-def _copy_nodes_into(source: Graph, into: Graph, mapping: dict[Node, Node]) -> None:
-    """Copy `source`'s nodes (no placeholders) into `into`, renaming where a name is taken."""
-    def sub(v: Any) -> Any:
-        return mapping[v] if isinstance(v, Node) else v
-    for node in source.nodes:
-        if node.op == "output":
-            return
-        if node.op == "constant":
-            mapping[node] = into.constant(node.target, node.name)
-        elif node.op == "getitem":
-            mapping[node] = into.getitem(mapping[node.args[0]], node.args[1])
-        elif node.op == "call_prim":
-            mapping[node] = into.call_prim(node.target, map_structure(sub, node.args), map_structure(sub, node.kwargs),
-                                           node.meta, node.origin)
-        else:
-            mapping[node] = into.call_torch(node.target, map_structure(sub, node.args),
-                                            map_structure(sub, node.kwargs), node.meta, node.decomposition,
-                                            node.origin)

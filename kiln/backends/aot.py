@@ -16,6 +16,8 @@ torch, counted with the reason.
 """
 from __future__ import annotations
 
+import logging
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -84,6 +86,7 @@ class _State:
         self.joint = joint
         self.prim = prim  # the graph before differentiation: create_graph=True recomputes it under autograd
         self.needs = needs
+        self.mutated = {i for i, p in enumerate(prim.placeholders) if p.name in prim.mutated_inputs}
         self.forward = forward
         self.compile_graph = compile_graph
         self.context = context
@@ -121,8 +124,7 @@ class KilnFunction(torch.autograd.Function):
             user[i] = None  # made outside, on the input itself
         ctx.state = state
         # the inputs too (no copies), for create_graph=True; not those the graph updates in place
-        mutated = {i for i, p in enumerate(state.prim.placeholders) if p.name in state.prim.mutated_inputs}
-        kept = [t if i not in mutated else None for i, t in enumerate(inputs)]
+        kept = [t if i not in state.mutated else None for i, t in enumerate(inputs)]
         ctx.n_saved = len(saved)
         ctx.save_for_backward(*saved, *kept)
         tensors = [user[i] for i in state.node_leaves]  # constants in the output are made outside
@@ -203,3 +205,35 @@ def compile_with_autograd(graph: Graph, example_inputs: list, context: CompileCo
             values[i] = _replay(chain, inputs[position])
         return repack(values)
     return call
+
+
+def compile_or_run_with_torch(name: str, graph: Graph, example_inputs: list, context: CompileContext | None,
+                              compile_graph: Callable[..., Any], log: logging.Logger,
+                              check: Callable[[], None] | None = None) -> Callable[..., Any]:
+    """A compiled backend's entry: `compile_graph` (with the backward when an input requires grad and grad
+    mode is on); on failure the graph runs with torch, counted under `name` with the reason — warned for an
+    internal error, raised when the compile asks for it. `check` may refuse first (NotImplementedError)."""
+    context = context or CompileContext()
+    needs_grad = torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in flatten(example_inputs))
+    try:
+        if check is not None:
+            check()
+        if needs_grad:
+            return compile_with_autograd(graph, example_inputs, context, compile_graph)
+        return compile_graph(graph, example_inputs, context)
+    except Exception as e:
+        # NotImplementedError: a graph the backend does not handle (a dtype, a device): not an error
+        if context.raises and not isinstance(e, NotImplementedError):
+            raise
+        counters[name]["graphs run with torch"] += 1
+        counters[name][f"ran with torch: {e}"] += 1
+        if not isinstance(e, NotImplementedError):
+            warnings.warn(f"kiln {name} backend could not compile graph {graph.name}, running it with torch: "
+                          f"{type(e).__name__}: {e}", stacklevel=3)
+        else:
+            log.debug("graph %s runs with torch: %s", graph.name, e)
+
+        def run_eager(*inputs: Any) -> Any:
+            return run(graph, inputs, torch_level=True)
+        return run_eager

@@ -18,7 +18,6 @@ import logging
 import os
 import sys
 import time
-import warnings
 from typing import Any, Callable
 
 import torch
@@ -249,26 +248,5 @@ def _dump(directory: str, graph: Graph, files: dict[str, str]) -> None:
 @register_backend("cpp")
 def cpp(graph: Graph, example_inputs: list, context: CompileContext | None = None) -> Callable[..., Any]:
     """Compile the graph to C++ kernels; on failure run it with torch (or raise when the compile asks to)."""
-    context = context or CompileContext()
-    needs_grad = torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in flatten(example_inputs))
-    try:
-        if needs_grad:
-            from .aot import compile_with_autograd
-            return compile_with_autograd(graph, example_inputs, context, compile_graph)
-        return compile_graph(graph, example_inputs, context)
-    except Exception as e:
-        # NotImplementedError: a graph the backend does not handle (a dtype, a device): not an error
-        if context.raises and not isinstance(e, NotImplementedError):
-            raise
-        counters["cpp"]["graphs run with torch"] += 1
-        counters["cpp"][f"ran with torch: {e}"] += 1
-        if not isinstance(e, NotImplementedError):
-            warnings.warn(f"kiln cpp backend could not compile graph {graph.name}, running it with torch: "
-                          f"{type(e).__name__}: {e}", stacklevel=2)
-        else:
-            log.debug("graph %s runs with torch: %s", graph.name, e)
-
-        def run_eager(*inputs: Any) -> Any:
-            return run(graph, inputs, torch_level=True)
-        return run_eager
+    from .aot import compile_or_run_with_torch
+    return compile_or_run_with_torch("cpp", graph, example_inputs, context, compile_graph, log)

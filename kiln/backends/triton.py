@@ -15,7 +15,6 @@ fastest next to the kernel cache (`kiln.backends.triton_tune`).
 from __future__ import annotations
 
 import time
-import warnings
 from typing import Any, Callable
 
 import torch
@@ -149,29 +148,11 @@ def launch_configs(compiled: CompiledGraph) -> dict[str, dict]:
 @register_backend("triton")
 def triton(graph: Graph, example_inputs: list, context: CompileContext | None = None) -> Callable[..., Any]:
     """Compile the graph to Triton kernels; on failure run it with torch (or raise when the compile asks)."""
-    context = context or CompileContext()
-    needs_grad = torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in flatten(example_inputs))
-    try:
+    from .aot import compile_or_run_with_torch
+
+    def installed() -> None:
         try:
             import triton as _  # noqa: F401
         except ImportError:
             raise NotImplementedError("triton backend: triton is not installed") from None
-        if needs_grad:
-            from .aot import compile_with_autograd
-            return compile_with_autograd(graph, example_inputs, context, compile_graph)
-        return compile_graph(graph, example_inputs, context)
-    except Exception as e:
-        if context.raises and not isinstance(e, NotImplementedError):
-            raise
-        counters["triton"]["graphs run with torch"] += 1
-        counters["triton"][f"ran with torch: {e}"] += 1
-        if not isinstance(e, NotImplementedError):
-            warnings.warn(f"kiln triton backend could not compile graph {graph.name}, running it with torch: "
-                          f"{type(e).__name__}: {e}", stacklevel=2)
-        else:
-            log.debug("graph %s runs with torch: %s", graph.name, e)
-
-        def run_eager(*inputs: Any) -> Any:
-            return run(graph, inputs, torch_level=True)
-        return run_eager
+    return compile_or_run_with_torch("triton", graph, example_inputs, context, compile_graph, log, installed)

@@ -18,7 +18,7 @@ import sympy
 import torch
 
 from ..graph.layout import contiguous_strides
-from ..lower.index import FloorDiv, ModularIndexing, index_bounds, simplify_index
+from ..lower.index import index_bounds, index_code, simplify_index
 from ..lower.ir import Buffer, ComputedBuffer, Reduction
 from ..lower.ops import Handler
 from ..lower.target import ALL_DTYPES, LIBRARY_PRIMS, Target
@@ -41,20 +41,7 @@ CTYPES = {torch.bfloat16: "kiln_bf16", torch.float16: "kiln_fp16", torch.float32
 
 def cexpr(expr: Any) -> str:
     """C++ text of an integer index expression."""
-    expr = sympy.sympify(expr)
-    if expr.is_Integer:
-        return str(int(expr))
-    if expr.is_Symbol:
-        return expr.name
-    if isinstance(expr, FloorDiv):
-        return f"({cexpr(expr.args[0])} / {cexpr(expr.args[1])})"
-    if isinstance(expr, ModularIndexing):
-        return f"({cexpr(expr.args[0])} % {cexpr(expr.args[1])})"
-    if expr.is_Add:
-        return "(" + " + ".join(cexpr(a) for a in expr.args) + ")"
-    if expr.is_Mul:
-        return "(" + " * ".join(cexpr(a) for a in expr.args) + ")"
-    raise NotImplementedError(f"cpp codegen: index expression {expr}")
+    return index_code(expr, "/", "cpp codegen")
 
 
 def cconst(value: Any, dtype: torch.dtype) -> str:

@@ -33,7 +33,7 @@ import sympy
 import torch
 
 from ..graph.layout import contiguous_strides
-from ..lower.index import FloorDiv, ModularIndexing, index_bounds, simplify_index
+from ..lower.index import index_bounds, index_code, simplify_index
 from ..lower.ir import Buffer, Reduction, Scan
 from ..lower.ops import Handler
 from ..lower.target import LIBRARY_PRIMS, Target
@@ -78,22 +78,7 @@ def reg_type(dtype: torch.dtype) -> str:
 
 def index_text(expr: Any) -> str:
     """Triton text of an integer index expression (non-negative operands: `//` and `%` are exact)."""
-    expr = sympy.sympify(expr)
-    if expr.is_Integer:
-        return str(int(expr))
-    if expr.is_Symbol:
-        return expr.name
-    if isinstance(expr, FloorDiv):
-        return f"({index_text(expr.args[0])} // {index_text(expr.args[1])})"
-    if isinstance(expr, ModularIndexing):
-        return f"({index_text(expr.args[0])} % {index_text(expr.args[1])})"
-    if expr.is_Add:
-        return "(" + " + ".join(index_text(a) for a in expr.args) + ")"
-    if expr.is_Mul:
-        return "(" + " * ".join(index_text(a) for a in expr.args) + ")"
-    if expr.is_Pow and expr.exp.is_Integer and int(expr.exp) > 0:
-        return "(" + " * ".join([index_text(expr.base)] * int(expr.exp)) + ")"
-    raise NotImplementedError(f"triton codegen: index expression {expr}")
+    return index_code(expr, "//", "triton codegen")
 
 
 def literal(value: Any, dtype: torch.dtype) -> str:
@@ -472,7 +457,7 @@ class KernelWriter:
         for buf_name, param in self.pointers.items():
             if param in self.used:
                 signature[param] = SIGNATURE_TYPES[self.buffers[buf_name].dtype]
-        head = [f"@triton.jit", f"def {name}({', '.join(params + ['XBLOCK: tl.constexpr', 'RBLOCK: tl.constexpr'])}):",
+        head = ["@triton.jit", f"def {name}({', '.join(params + ['XBLOCK: tl.constexpr', 'RBLOCK: tl.constexpr'])}):",
                 f"    # {group.describe()}"]
         self.lines[header_at:header_at] = head
         if len(self.lines) == len(head):
@@ -532,6 +517,15 @@ class KernelWriter:
                         todo.append(self.buffers[name])
         return reads
 
+    def _open_r_loop(self, rvars: list) -> TritonHandler:
+        """`for roffset in range(0, rnumel, RBLOCK):` with the block's r indices and mask; the handler that
+        writes the loop body."""
+        self.emit(f"for roffset in range(0, {self.rnumel}, RBLOCK):", 1)
+        self.emit("rindex = roffset + tl.arange(0, RBLOCK)[None, :]", 2)
+        self.emit(f"rmask = rindex < {self.rnumel}", 2)
+        self._unravel("rindex", rvars, self.group.inner or (), 2)
+        return TritonHandler(self, "[XBLOCK, RBLOCK]", "xmask & rmask", "        ")
+
     def loop(self, members: list[Member], rvars: list) -> None:
         accs = {}
         for member in members:
@@ -546,11 +540,7 @@ class KernelWriter:
                       f"{reg_type(acc)})", 1)
             if data.reduction_type in ("argmax", "argmin"):
                 self.emit(f"{name}_i = tl.full([XBLOCK, RBLOCK], {2 ** 62}, tl.int64)", 1)
-        self.emit(f"for roffset in range(0, {self.rnumel}, RBLOCK):", 1)
-        self.emit("rindex = roffset + tl.arange(0, RBLOCK)[None, :]", 2)
-        self.emit(f"rmask = rindex < {self.rnumel}", 2)
-        self._unravel("rindex", rvars, self.group.inner or (), 2)
-        handler = TritonHandler(self, "[XBLOCK, RBLOCK]", "xmask & rmask", "        ")
+        handler = self._open_r_loop(rvars)
         in_loop = []
         for member in members:
             value = self._value(member, handler, 2)
@@ -624,11 +614,7 @@ class KernelWriter:
         carry = self.new_name()
         start = "0" if data.scan_type == "sum" else "1"
         self.emit(f"{carry} = tl.full([XBLOCK, 1], {start}, {reg_type(acc)})", 1)
-        self.emit(f"for roffset in range(0, {self.rnumel}, RBLOCK):", 1)
-        self.emit("rindex = roffset + tl.arange(0, RBLOCK)[None, :]", 2)
-        self.emit(f"rmask = rindex < {self.rnumel}", 2)
-        self._unravel("rindex", rvars, self.group.inner or (), 2)
-        handler = TritonHandler(self, "[XBLOCK, RBLOCK]", "xmask & rmask", "        ")
+        handler = self._open_r_loop(rvars)
         value = self._value(member, handler, 2)
         tile = self.new_name()
         self.emit(f"{tile} = tl.where(xmask & rmask, tl.broadcast_to({convert(str(value), value.dtype, acc)}, "

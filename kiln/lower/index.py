@@ -171,3 +171,24 @@ def index_bounds(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> tuple[int
             return b
         return 0, m - 1
     return None
+
+
+def index_code(expr: sympy.Expr, floordiv: str, what: str) -> str:
+    """Source text of an integer index expression for a C-like target: `floordiv` spells FloorDiv ("/" in
+    C++, "//" in Triton), `%` ModularIndexing (exact: their operands are non-negative); integer powers as
+    products. `what` names the emitter in the error for anything else."""
+    expr = sympy.sympify(expr)
+    if expr.is_Integer:
+        return str(int(expr))
+    if expr.is_Symbol:
+        return expr.name
+    if isinstance(expr, FloorDiv):
+        return f"({index_code(expr.args[0], floordiv, what)} {floordiv} {index_code(expr.args[1], floordiv, what)})"
+    if isinstance(expr, ModularIndexing):
+        return f"({index_code(expr.args[0], floordiv, what)} % {index_code(expr.args[1], floordiv, what)})"
+    if expr.is_Add or expr.is_Mul:
+        joint = " + " if expr.is_Add else " * "
+        return "(" + joint.join(index_code(a, floordiv, what) for a in expr.args) + ")"
+    if expr.is_Pow and expr.exp.is_Integer and int(expr.exp) > 0:
+        return "(" + " * ".join([index_code(expr.base, floordiv, what)] * int(expr.exp)) + ")"
+    raise NotImplementedError(f"{what}: index expression {expr}")
