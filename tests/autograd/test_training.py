@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import kiln
+import kiln.ops
 from kiln import config
 
 pytestmark = pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler")
@@ -227,3 +228,55 @@ def test_gradients_flow_across_a_graph_break(counters):
         torch.testing.assert_close(w.grad, we.grad)
     assert counters["autograd"]["graphs compiled with a backward"] >= 2
     assert not _handed_to_torch(counters), dict(counters["cpp"])
+
+
+def test_multi_output_fallback_inside_the_graph_gets_its_gradient(counters):
+    # regression: the outputs of a torch op kiln cannot decompose, with several outputs, got a zero gradient
+    x = torch.randn(5, 4, requires_grad=True)
+    xe = x.detach().clone().requires_grad_(True)
+
+    def fn(x):
+        q, r = torch.linalg.qr(x * 2)
+        return (q.sin() * 3).sum() + r.cos().sum()
+    kiln.compile(fn)(x).backward()
+    fn(xe).backward()
+    torch.testing.assert_close(x.grad, xe.grad)
+    assert counters["autograd"]["opaque backward of a fallback op"] >= 1
+    assert not _handed_to_torch(counters), dict(counters["cpp"])
+
+
+def test_output_straight_from_a_torch_op_is_handed_to_torch_counted(counters):
+    # its result may be a view of an input (tensor_split with tensor indices): autograd must see that
+    x = torch.randn(5, 5, requires_grad=True)
+    parts = kiln.compile(lambda x, i: torch.tensor_split(x, i))(x, torch.tensor([1, 3]))
+    sum(p.sum() * (k + 1) for k, p in enumerate(parts)).backward()
+    expected = torch.tensor([1.0, 2, 2, 3, 3]).unsqueeze(1).expand(5, 5)
+    torch.testing.assert_close(x.grad, expected)
+    assert any("straight from the torch op" in k for k in _handed_to_torch(counters)), dict(counters["cpp"])
+
+
+def test_safe_softmax_fully_masked_rows_have_zero_gradient():
+    # regression: rows that are entirely -inf gave NaN gradients through the where in the decomposition
+    x = torch.randn(2, 3, 4, dtype=torch.float64)
+    x[1, :, :2] = float("-inf")  # softmax over dim 1: columns entirely -inf, and some partly
+    x[0, 1, 0] = x[1, 0, 3] = float("-inf")
+    x.requires_grad_(True)
+    xe = x.detach().clone().requires_grad_(True)
+    op = torch.ops.aten._safe_softmax.default
+    w = torch.randn(2, 3, 4, dtype=torch.float64)
+    from kiln.backends import lookup_backend
+    fn = lambda x: op(x, 1)  # noqa: E731
+    compiled = lookup_backend("cpp")(kiln.ops.trace(fn, x), [x])
+    (compiled(x) * w).sum().backward()
+    (fn(xe) * w).sum().backward()
+    torch.testing.assert_close(x.grad, xe.grad)
+    assert not x.grad.isnan().any()
+
+
+def test_outputs_eager_marks_as_requiring_grad_do_too():
+    # fill(x, v) reads x only nominally: eager's result requires grad (its gradient is zero)
+    x = torch.randn(4, requires_grad=True)
+    out = kiln.compile(lambda x: (torch.fill(x, 2.0), x * 3))(x)
+    assert out[0].requires_grad == torch.fill(x, 2.0).requires_grad
+    (out[0].sum() + out[1].sum()).backward()
+    torch.testing.assert_close(x.grad, torch.full((4,), 3.0))
