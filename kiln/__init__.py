@@ -7,13 +7,13 @@ from . import config
 from .counters import counters
 
 __all__ = ["config", "counters", "compile", "explain", "check", "reset", "register_backend",
-           "GraphBreakError"]
+           "GraphBreakError", "mark_dynamic", "mark_static"]
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str):  # the API imports torch and kiln.ops; load it on first use
     if name in ("compile", "explain", "check", "reset", "register_backend", "GraphBreakError",
-                "CompiledModule"):
+                "CompiledModule", "mark_dynamic", "mark_static"):
         from . import api
         return getattr(api, name)
     raise AttributeError(f"module 'kiln' has no attribute {name!r}")
