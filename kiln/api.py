@@ -18,6 +18,7 @@ import torch
 from .backends import compiler_for, register_backend
 from .capture import cache as _cache
 from .capture.cache import CompiledFunction, recording, warn_once
+from .capture.dynamic import mark_dynamic, mark_static  # noqa: F401  (kiln.mark_dynamic, kiln.mark_static)
 from .capture.entry import NO_SELF
 from .capture.errors import GraphBreakError
 from .counters import counters
@@ -71,7 +72,7 @@ def compile(model: Any = None, *, backend: Any = "auto", fullgraph: bool = False
         warn_once(f"gen:{id(fn)}", f"kiln.compile: {fn.__qualname__} is {kind} function; it runs eagerly")
         return model
     return CompiledFunction(fn, compiler, fullgraph=fullgraph, raise_on_error=context.raise_on_error,
-                            bound_self=bound_self)
+                            bound_self=bound_self, dynamic=dynamic)
 
 
 def _unwrap(model: Any) -> tuple[types.FunctionType | None, Any]:

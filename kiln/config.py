@@ -141,7 +141,7 @@ define("pool_max_bytes", 256 << 20, "cpp backend: the most bytes of freed buffer
 
 # ---- log channels ----------------------------------------------------------------------------------------
 CHANNELS = ("capture", "guards", "recompiles", "breaks", "graph", "prims", "passes", "fusion", "kernels",
-            "cache", "bench")
+            "cache", "bench", "dynamic")
 _handler: logging.Handler | None = None
 
 

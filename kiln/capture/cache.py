@@ -21,7 +21,8 @@ import torch
 from .. import config
 from ..counters import counters
 from ..graph import count_ops
-from .entry import MISS, NO_SELF, make_eager_entry, make_graph_entry
+from .dynamic import changed_dims
+from .entry import MISS, NO_SELF, make_eager_entry, make_graph_entry, source_reader
 from .errors import BreakRecord, GraphBreak, GraphBreakError
 from .calls import bind_arguments, sets_state
 from .frame import StopCapture
@@ -47,6 +48,9 @@ class CacheEntry:
 
     def __init__(self, fn: Callable[..., Any], checks: list, guards: list[str], graph: Any,
                  brk: BreakRecord | None, source: str, ops: dict[str, int], children: list | None = None):
+        self.tensor_inputs: list[tuple[Any, tuple]] = []  # (source, shape) of plain tensor inputs
+        self.reader: Callable[..., Any] | None = None  # reader(expr, *args, **kwargs): a source's value
+        self.symbols: list[str] = []  # the shape env's description (symbols, their sources, facts)
         self.fn = fn
         self.checks = checks
         self.guards = guards
@@ -72,6 +76,7 @@ class CodeCache:
         self.entries: list[CacheEntry] = []
         self.eager = False
         self.warned = False
+        self.dynamic_dims: set[tuple[str, int]] = set()  # (source expr, dim) made symbolic by a recompile
 
 
 _CACHES: "collections.OrderedDict[tuple, CodeCache]" = collections.OrderedDict()
@@ -91,6 +96,7 @@ def reset() -> None:
         cache.entries.clear()
         cache.eager = False
         cache.warned = False
+        cache.dynamic_dims.clear()
 
 
 _WARNED: set[str] = set()
@@ -106,8 +112,10 @@ class CompiledFunction:
     """A function (or a bound method) whose frames kiln captures."""
 
     def __init__(self, fn: Callable[..., Any], backend: Callable[..., Any], fullgraph: bool = False,
-                 raise_on_error: bool = False, bound_self: Any = NO_SELF, family: Any = None):
+                 raise_on_error: bool = False, bound_self: Any = NO_SELF, family: Any = None,
+                 dynamic: bool | None = None):
         self.fn = fn
+        self.dynamic = dynamic
         self.code = fn.__code__
         self.backend = backend  # a compiler: backend(graph, example_inputs), its options bound
         self.fullgraph = fullgraph
@@ -160,6 +168,9 @@ class CompiledFunction:
                 warn_once(f"limit:{id(cache)}", message)
                 log_recompiles.warning(message)
                 return self.run_eagerly(args, kwargs)
+            grown = self._automatic_dynamic(cache, args, kwargs)
+            if grown:
+                reason = f"{reason}; size change {grown}: now dynamic"
             counters["recompiles"][f"{self.name}: {reason}"] += 1
             log_recompiles.info("recompiling %s: guard failed: %s", self.name, reason)
         try:
@@ -186,11 +197,26 @@ class CompiledFunction:
             return self.run_eagerly(args, kwargs)
         return result
 
+    def _automatic_dynamic(self, cache: CodeCache, args: tuple, kwargs: dict) -> str:
+        """Dims whose size differs from the last capture's become symbolic in the next one (unless
+        compiled with dynamic=False). Returns the change, for the recompile reason."""
+        entry = cache.entries[-1]
+        if self.dynamic is False or entry.reader is None or not entry.tensor_inputs:
+            return ""
+        changed = changed_dims(entry.tensor_inputs, lambda expr: entry.reader(expr, *args, **kwargs))
+        new = [c for c in changed if (c[0], c[2]) not in cache.dynamic_dims]
+        for expr, _, d, _, _ in new:
+            cache.dynamic_dims.add((expr, d))
+        if new:
+            counters["automatic_dynamic"][self.name] += 1
+        return ", ".join(f"{name}.size({d}) {old} -> {now}" for _, name, d, old, now in new)
+
     def _interpret(self, args: tuple, kwargs: dict, stop_at: int | None) -> tuple:
         """Run the frame symbolically: (capture, top frame, return value, break, stopped, grad changed)."""
         fn, code = self.fn, self.code
         root = self.bound_self if isinstance(self.bound_self, torch.nn.Module) else None
-        cap = Capture(code.co_name.replace("<", "_").replace(">", "_"), root=root)
+        cap = Capture(code.co_name.replace("<", "_").replace(">", "_"), root=root, dynamic=self.dynamic,
+                      dynamic_dims=self.cache.dynamic_dims)
         rng = torch.random.get_rng_state()
         grad = torch.is_grad_enabled()
         brk: GraphBreak | None = None
@@ -255,6 +281,9 @@ class CompiledFunction:
             counters["graphs"][self.name] += 1
         entry = CacheEntry(entry_fn, checks, guards, graph, record if brk is not None else None, source, ops,
                            children)
+        entry.tensor_inputs = [(src, tuple(t.shape)) for src, t, by_identity in cap.inputs if not by_identity]
+        entry.reader = source_reader(cap, fn, code) if entry.tensor_inputs else None
+        entry.symbols = cap.shape_env.describe() if cap.shape_env.hints else []
         if graph is not None:
             log_graph.info("captured %s:\n%s", self.name, graph.python_code(f"capture of {self.name}")[0])
         log_guards.info("guards of %s:\n  %s", self.name, "\n  ".join(guards))
@@ -268,7 +297,7 @@ class CompiledFunction:
         """The function an entry runs when the frame runs natively: a copy whose calls go through the
         capture wrapper, so the frame's callees are still captured (invariant 6)."""
         try:
-            return routed_function(self.fn, CalleeCaller(self.backend, self.raise_on_error, children))
+            return routed_function(self.fn, CalleeCaller(self.backend, self.raise_on_error, children, self.dynamic))
         except Exception as e:  # an unusual code object: the frame and its callees run natively
             counters["capture_errors"][f"{self.name}: routing calls: {type(e).__name__}: {e}"] += 1
             return self.fn
@@ -285,7 +314,7 @@ class CompiledFunction:
             cap, frame, _, _, stopped, grad_changed = self._interpret(args, kwargs, brk.top_index)
             if not stopped:
                 raise NotResumable("a second capture did not reach the break")
-            caller = CalleeCaller(self.backend, self.raise_on_error, children)
+            caller = CalleeCaller(self.backend, self.raise_on_error, children, self.dynamic)
             entry_fn, checks, source, resumes = make_break_entry(
                 cap, self.fn, self.code, frame, brk, self.backend, self._resume_function, caller,
                 grad_changed)
@@ -310,7 +339,7 @@ class CompiledFunction:
         if compiled is None:
             fn = make_resume_function(self.fn, rcode)
             compiled = _RESUMES[key] = CompiledFunction(fn, self.backend, raise_on_error=self.raise_on_error,
-                                                        family=self.backend)
+                                                        family=self.backend, dynamic=self.dynamic)
         return compiled
 
 
@@ -354,7 +383,9 @@ class CalleeCaller:
     """Calls a function the interpreter could not inline through the capture wrapper, so the callee is
     captured as its own frame (with its own graphs, breaks and resume functions)."""
 
-    def __init__(self, backend: Callable[..., Any], raise_on_error: bool, children: list):
+    def __init__(self, backend: Callable[..., Any], raise_on_error: bool, children: list,
+                 dynamic: bool | None = None):
+        self.dynamic = dynamic
         self.backend = backend
         self.raise_on_error = raise_on_error
         self.children = children
@@ -390,11 +421,11 @@ class CalleeCaller:
         kwdefaults = tuple((fn.__kwdefaults__ or {}).items())
         same = (defaults, kwdefaults) if all(_hashable_constant(v) for v in defaults) and all(
             _hashable_constant(v) for _, v in kwdefaults) else id(fn)
-        key = (fn.__code__, closure_key(fn), id(fn.__globals__), same, id(self.backend))
+        key = (fn.__code__, closure_key(fn), id(fn.__globals__), same, id(self.backend), self.dynamic)
         compiled = _CALLEES.get(key)
         if compiled is None:
             compiled = _CALLEES[key] = CompiledFunction(fn, self.backend, raise_on_error=self.raise_on_error,
-                                                        family=self.backend)
+                                                        family=self.backend, dynamic=self.dynamic)
         if compiled not in self.children:
             self.children.append(compiled)
         return compiled, bound

@@ -27,9 +27,11 @@ from .. import config
 from ..counters import counters
 from ..graph import Proxy
 from ..graph.graph import is_random_target
+from ..graph.symbolic import SymInt, python_expr
 from ..ops.registry import aliases
 from .errors import GraphBreak
 from .guards import check_expr, is_constant
+from .dynamic import SymbolicGraph, is_symbolic_graph
 from .segments import compile_segmented
 from .state import Capture
 from .values import NativeCall
@@ -149,6 +151,8 @@ class Reconstructor:
             return f"__out[{self._index[key]}]"
         if is_constant(v):
             return ns.literal(v)
+        if isinstance(v, SymInt):  # a symbolic size: computed from the inputs' shapes on every call
+            return python_expr(v.expr, cap.symbol_exprs)
         if id(v) in cap.mirrors:
             return cap.mirrors[id(v)][1].expr
         typ = type(v)
@@ -243,7 +247,18 @@ class Reconstructor:
         return self.cap.ns.literal(k)
 
 
+def compile_for_entry(cap: Capture, graph: Any, compile_graph: Any) -> Any:
+    """The compiled graph an entry calls: the backend's, through SymbolicGraph when sizes are symbolic."""
+    if is_symbolic_graph(graph):
+        counters["dynamic_graphs"][graph.name] += 1
+        return SymbolicGraph(graph, lambda g, examples: compile_segmented(g, examples, compile_graph),
+                             graph.name)
+    return compile_segmented(graph, [t for _, t, _ in cap.inputs], compile_graph)
+
+
 def _entry_source(cap: Capture, params: str, body: list[str]) -> str:
+    # the guards are written now: a question about a symbolic size asked later would go unchecked
+    cap.shape_env.freeze()
     guard = check_expr(cap.guards.guards)
     lines = [f"def __entry({params}):",
              "    try:",
@@ -253,6 +268,19 @@ def _entry_source(cap: Capture, params: str, body: list[str]) -> str:
              "        return __MISS"]
     lines += ["    " + line for line in body]
     return "\n".join(lines) + "\n"
+
+
+def source_reader(cap: Capture, fn: Any, code: types.CodeType) -> Any:
+    """reader(expr, *args, **kwargs): the value of a source expression in a call with these arguments
+    (automatic dynamic compares an earlier capture's input sizes with a new call's)."""
+    _, params, _ = parameters(code)
+    env: dict[str, Any] = dict(cap.ns.values)
+    exec(compile(f"def __read(__kiln_expr, {params}):\n    return eval(__kiln_expr)\n", "<kiln reader>",
+                 "exec"), env)
+    reader = env["__read"]
+    reader.__defaults__ = fn.__defaults__
+    reader.__kwdefaults__ = fn.__kwdefaults__
+    return reader
 
 
 def _checks_source(cap: Capture, params: str) -> str:
@@ -392,7 +420,7 @@ def make_graph_entry(cap: Capture, fn: Any, code: types.CodeType, ret: Any,
         inputs = []
         for source, tensor, by_identity in cap.inputs:
             inputs.append(rec.held_inputs[source.expr] if by_identity else source.expr)
-        extra["__graph"] = compile_segmented(graph, [t for _, t, _ in cap.inputs], compile_graph)
+        extra["__graph"] = compile_for_entry(cap, graph, compile_graph)
         body = graph_call(cap, inputs, fn, code, compile_graph, extra) + body
     source = _entry_source(cap, params, body) + _checks_source(cap, params)
     env = _exec(cap, source, fn, extra)

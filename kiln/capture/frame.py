@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..graph import DataDependentError, Proxy
+from ..graph.symbolic import SymInt
 from ..ops import UnsupportedError
 from . import sources as S
 from .errors import HINTS, GraphBreak, RaisedError
@@ -40,7 +41,7 @@ _COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operat
             ">=": operator.ge}
 
 # Types whose operators kiln runs directly on symbolic values (user types with dunders break instead).
-NATIVE_OPERAND_TYPES = (Proxy, type(None), bool, int, float, complex, str, bytes, tuple, list, dict, set,
+NATIVE_OPERAND_TYPES = (Proxy, SymInt, type(None), bool, int, float, complex, str, bytes, tuple, list, dict, set,
                         frozenset, slice, range, torch.Size, torch.dtype, torch.device, type,
                         type(Ellipsis), types.MappingProxyType)
 
@@ -573,6 +574,8 @@ class Frame:
         value = self.pop()
         if isinstance(value, Proxy) or not isinstance(value, NATIVE_OPERAND_TYPES):
             raise GraphBreak(f"formatting a {type(value).__name__} into a string", HINTS["print"])
+        if isinstance(value, SymInt):
+            value = int(value)  # text made from a size specializes it (guarded)
         conv = inst.arg & 0x03
         if conv == 1:
             value = str(value)

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 
 from ..graph import Graph, Proxy, TensorMeta, Tracer, dense_strides
+from ..graph.layout import strides_in_order
+from ..graph.symbolic import ShapeEnv, python_expr, substitute
 from ..ops.registry import aliases
 from .errors import GraphBreak
 from .guards import GuardSet, is_constant
@@ -36,9 +38,18 @@ def trusted_module(mod: types.ModuleType) -> bool:
 class Capture:
     """Everything one capture of one frame collects."""
 
-    def __init__(self, name: str, root: Any = None):
+    def __init__(self, name: str, root: Any = None, dynamic: bool | None = None,
+                 dynamic_dims: "set[tuple[str, int]] | None" = None):
         self.ns = Namespace()
         self.guards = GuardSet(self.ns)
+        # symbolic sizes: `dynamic` is compile's flag (True: every input dim; False: none; None: the dims
+        # marked with kiln.mark_dynamic and those `dynamic_dims` names, after a recompile they caused)
+        self.dynamic = dynamic
+        self.dynamic_dims = dynamic_dims or set()
+        self.shape_env = ShapeEnv()
+        self.shape_env.on_fact = self._shape_fact
+        self.symbol_exprs: dict[Any, str] = {}  # symbol -> its first source's expression (`x.shape[1]`)
+        self.symbol_names: dict[Any, str] = {}  # symbol -> readable (`x.size(1)`)
         self.graph = Graph(name)
         self.tracer = Tracer(self.graph)
         # its graphs serve later calls with other values: ops whose output shape depends on the values
@@ -165,8 +176,11 @@ class Capture:
                 self.guards.add(f"{source.expr} is {first.expr}", f"{source.name} is {first.name}", "alias")
             return known
         by_identity = isinstance(t, torch.nn.Parameter) or source.in_module() or source.kind == "global"
+        meta = None if by_identity else self._symbolic_meta(source, t)
         if by_identity:
             self.guards.parameter(source, t)
+        elif meta is not None:
+            self._guard_symbolic_tensor(source, t, meta)
         else:
             self.guards.tensor(source, t)
         if t.layout != torch.strided or t.is_sparse or t.is_quantized or type(t) not in (torch.Tensor,
@@ -182,7 +196,7 @@ class Capture:
         name = name.removeprefix("self_") or "input"
         with torch.no_grad():
             example = strided_copy(t.detach()) if t.numel() < (1 << 24) else t.detach()
-        node = self.graph.placeholder(name[-48:].strip("_"), TensorMeta.of(t))
+        node = self.graph.placeholder(name[-48:].strip("_"), meta if meta is not None else TensorMeta.of(t))
         proxy = Proxy(node, example=example)
         aliases(self.graph).input_name[proxy] = node.name
         self.tensor_proxies[id(t)] = proxy
@@ -192,6 +206,70 @@ class Capture:
         self.inputs.append((source, t, by_identity))
         self.keep.extend((t, proxy))
         return proxy
+
+    # ---- symbolic sizes ----
+    def _dynamic_dims_of(self, source: Source, t: torch.Tensor) -> list[int]:
+        if self.dynamic is False or type(t) is not torch.Tensor or t.layout != torch.strided:
+            return []
+        static = getattr(t, "_kiln_static_dims", ())
+        marked = getattr(t, "_kiln_dynamic_dims", ())
+        return [d for d in range(t.dim()) if d not in static and
+                (self.dynamic is True or d in marked or (source.expr, d) in self.dynamic_dims)]
+
+    def _symbolic_meta(self, source: Source, t: torch.Tensor) -> TensorMeta | None:
+        """The meta of an input with symbolic sizes in its dynamic dims (None: all static). Strides become
+        expressions when the layout is a dense permutation (contiguous, transposed); any other layout
+        keeps the tensor static."""
+        dims = self._dynamic_dims_of(source, t)
+        if not dims or not (t.is_contiguous() or dense_strides(t.shape, t.stride())):
+            return None
+        shape: list[Any] = list(t.shape)
+        for d in dims:
+            shape[d] = self.shape_env.size(int(t.shape[d]), f"{source.name}.size({d})")
+            sym = getattr(shape[d], "expr", None)
+            if sym is not None and sym not in self.symbol_exprs:
+                self.symbol_exprs[sym] = f"{source.expr}.shape[{d}]"
+                self.symbol_names[sym] = f"{source.name}.size({d})"
+        if all(isinstance(s, int) for s in shape):
+            return None
+        order = sorted(range(t.dim()), key=lambda d: (t.stride(d), -d))
+        strides = strides_in_order(shape, order)
+        if tuple(substitute(strides, self.shape_env.hints)) != tuple(t.stride()):
+            return None  # (a size-1 dim placed oddly): not worth a symbolic layout
+        return TensorMeta(tuple(shape), t.dtype, t.device, strides, t.requires_grad, t.storage_offset())
+
+    def _guard_symbolic_tensor(self, source: Source, t: torch.Tensor, meta: TensorMeta) -> None:
+        e = source.expr
+        typ = self.ns.hold(type(t), "type")
+        dtype = self.ns.hold(t.dtype, "dtype")
+        device = self.ns.hold(t.device, "device")
+        parts = [f"type({e}) is {typ} and {e}.dtype is {dtype} and {e}.dim() == {t.dim()} and "
+                 f"{e}.requires_grad is {t.requires_grad} and {e}.device == {device}"]
+        shown = []
+        for d, size in enumerate(meta.shape):
+            sym = getattr(size, "expr", None)
+            if sym is None:
+                parts.append(f"{e}.shape[{d}] == {size}")
+                shown.append(str(size))
+                continue
+            first = self.symbol_exprs[sym]
+            if first == f"{e}.shape[{d}]":
+                parts.append(f"{e}.shape[{d}] >= 2")
+            else:
+                parts.append(f"{e}.shape[{d}] == {first}")
+            shown.append(str(sym))
+        strides = ", ".join(str(st) if isinstance(st, int) else python_expr(st.expr, self.symbol_exprs)
+                            for st in meta.strides)
+        parts.append(f"{e}.stride() == ({strides}{',' if len(meta.strides) == 1 else ''})")
+        self.guards.add(" and ".join(parts),
+                        f"{source.name}: {type(t).__name__} {str(t.dtype).removeprefix('torch.')}"
+                        f"[{', '.join(shown)}] strides={meta.strides} device={t.device} "
+                        f"requires_grad={t.requires_grad}", "tensor")
+
+    def _shape_fact(self, fact: Any) -> None:
+        """A fact the capture relied on about symbolic sizes becomes a guard (the tensor guards that bind its
+        symbols come first: a symbol exists only once its tensor was read)."""
+        self.guards.add(python_expr(fact, self.symbol_exprs), python_expr(fact, self.symbol_names), "shape")
 
     def _mirror(self, copy: Any, source: Source, original: Any) -> None:
         self.mirrors[id(copy)] = (copy, source, [])

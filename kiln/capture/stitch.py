@@ -23,11 +23,10 @@ from typing import Any, Callable
 from ..graph import Proxy
 from ..ops.registry import aliases
 from .entry import Reconstructor, _entry_source, _checks_source, _exec, _fix_setitem_nodes, \
-    _guard_mutated_aliasing, graph_call, parameters, side_effect_writes
+    _guard_mutated_aliasing, compile_for_entry, graph_call, parameters, side_effect_writes
 from .errors import GraphBreak
 from .frame import _BINARY_BY_ARG, _COMPARE, NULL, Frame
 from .resume import NotResumable, check_resumable, live_locals, resume_code
-from .segments import compile_segmented
 from .state import Capture
 
 _UNARY = {"UNARY_NOT": operator.not_, "UNARY_NEGATIVE": operator.neg, "UNARY_POSITIVE": operator.pos,
@@ -218,7 +217,7 @@ def make_break_entry(cap: Capture, fn: Any, code: types.CodeType, frame: Frame, 
     extra: dict[str, Any] = {"__call": callee_caller}
     if rec.outputs or any(n.op in ("call_torch", "call_prim") for n in graph.nodes):
         inputs = [rec.held_inputs[s.expr] if by_id else s.expr for s, _, by_id in cap.inputs]
-        extra["__graph"] = compile_segmented(graph, [t for _, t, _ in cap.inputs], compile_graph)
+        extra["__graph"] = compile_for_entry(cap, graph, compile_graph)
         body = graph_call(cap, inputs, fn, code, compile_graph, extra) + body
     _, params, _ = parameters(code)
     source = _entry_source(cap, params, body) + _checks_source(cap, params)

@@ -77,9 +77,9 @@ class TensorMeta:
 
     def short(self) -> str:
         """`f32[4, 8]`, with strides when they are not contiguous."""
-        text = f"{dtype_abbrev(self.dtype)}[{', '.join(str(s) for s in self.shape)}]"
+        text = f"{dtype_abbrev(self.dtype)}[{', '.join(repr(s) for s in self.shape)}]"
         if not self.is_contiguous():
-            text += f" strides=({', '.join(str(s) for s in self.strides)})"
+            text += f" strides=({', '.join(repr(s) for s in self.strides)})"
         if self.device.type != "cpu":
             text += f" {self.device}"
         if self.requires_grad:

@@ -67,9 +67,6 @@ class CompileContext:
                       "default mode")
         if dynamic not in (None, False, True):
             raise ValueError(f"kiln.compile: dynamic must be None, True or False, got {dynamic!r}")
-        if dynamic:
-            warn_once("dynamic", "kiln.compile(dynamic=True) is not supported yet: kiln specializes on every "
-                      "size it sees (a new size recompiles, up to the recompile limit)")
         return cls(raise_on_error, mode, dynamic, fullgraph, options)
 
     def key(self) -> tuple:

@@ -19,6 +19,7 @@ from ..prims.registry import check
 from ..prims.shape import dense_strides_like, is_non_overlapping_and_dense
 from .registry import NoDecomposition, mark_inplace, register
 from .utils import is_tensor, result_type, scalar_dtype
+from ..graph.symbolic import SymInt
 
 _Shape = (tuple, list, torch.Size)
 
@@ -32,7 +33,7 @@ def _size(args: Sequence[Any], kwargs: dict, op: str) -> tuple:
     for s in args:
         if is_tensor(s):
             raise NoDecomposition(f"{op} with tensor sizes")
-        check(isinstance(s, int) and not isinstance(s, bool), lambda: f"{op}(): argument 'size' must be "
+        check(isinstance(s, (int, SymInt)) and not isinstance(s, bool), lambda: f"{op}(): argument 'size' must be "
               f"tuple of ints, but found element of type {type(s).__name__}", TypeError)
         check(s >= 0, lambda: f"Trying to create tensor with negative dimension {s}: {list(args)}")
     return tuple(args)

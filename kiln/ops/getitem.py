@@ -16,6 +16,7 @@ from .creation import _fill_value
 from .registry import DataDependentShape, NoDecomposition, mark_inplace, mark_view, register
 from .shape import _expand, _reshape, slice_dim
 from .utils import is_tensor
+from ..graph.symbolic import SymInt
 
 
 def _advanced() -> Any:
@@ -112,7 +113,7 @@ def basic_view(a: Any, index: Any) -> tuple[Any, list]:
             result = prims.expand_dims(result, (dim,))
             advanced.append(_constant([0] if item else [], torch.int64))
             dim += 1
-        elif isinstance(item, int):
+        elif isinstance(item, (int, SymInt)):
             size = result.shape[dim]
             check(-size <= item < size, lambda: f"index {item} is out of bounds for dimension {dim} with "
                   f"size {size}", IndexError)
@@ -170,7 +171,7 @@ def _region(a: Any, index: Any) -> tuple[list, tuple]:
     for item in expanded:
         if item is None:
             continue
-        if isinstance(item, int):
+        if isinstance(item, (int, SymInt)):
             size = a.shape[dim]
             check(-size <= item < size, lambda: f"index {item} is out of bounds for dimension {dim} with "
                   f"size {size}", IndexError)

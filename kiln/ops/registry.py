@@ -28,6 +28,7 @@ from ..graph.graph import is_random_target
 from ..graph import (DataDependentError, Graph, Proxy, TensorMeta, Tracer, current_tracer, dce,
                      dense_strides, flatten, map_structure, torch_name, tracing)
 from ..graph.proxy import set_torch_call_handler
+from ..graph.symbolic import hint_of
 from .overlap import overlaps_itself, shared_memory, uniform_fill
 
 log = config.channel("prims")
@@ -172,8 +173,8 @@ def _shapes(args: tuple, kwargs: dict) -> str:
 
 def _meta_value(v: Any) -> Any:
     if isinstance(v, Proxy):
-        return v.meta.empty()
-    return v
+        return hint_of(v.meta).empty()
+    return hint_of(v)  # a symbolic size runs the example at the size the capture saw (deciding nothing)
 
 
 def _example_value(v: Any) -> Any:
@@ -181,7 +182,7 @@ def _example_value(v: Any) -> Any:
         if v.example is None:
             raise LookupError
         return v.example
-    return v
+    return hint_of(v)
 
 
 class _CannotCheck(Exception):
@@ -190,12 +191,12 @@ class _CannotCheck(Exception):
 
 def _zeros_value(v: Any) -> Any:
     if isinstance(v, Proxy):
-        meta = v.meta
+        meta = hint_of(v.meta)
         if (meta.device.type != "cpu" or not all(isinstance(s, int) for s in meta.shape)
                 or meta.numel() > 1 << 16):
             raise _CannotCheck
         return torch.zeros(meta.shape, dtype=meta.dtype)
-    return v
+    return hint_of(v)
 
 
 def _eager(func: Any, args: tuple, kwargs: dict, on: str) -> Any:
@@ -488,7 +489,8 @@ def _metas_agree(leaves: list[Proxy], real: Any) -> bool:
     reals = [t for t in flatten(real) if isinstance(t, torch.Tensor)]
     if len(reals) != len(leaves):
         return False
-    return all(tuple(p.meta.shape) == tuple(t.shape) and p.meta.dtype == t.dtype for p, t in zip(leaves, reals))
+    return all(tuple(hint_of(p.meta.shape)) == tuple(t.shape) and p.meta.dtype == t.dtype
+               for p, t in zip(leaves, reals))
 
 
 def _named(error: BaseException, name: str, args: tuple, kwargs: dict) -> BaseException:

@@ -17,6 +17,7 @@ from ..prims.registry import check, wrap_dim
 from ..prims.shape import view_strides
 from .registry import NoDecomposition, mark_view, register
 from .utils import broadcast_shapes, is_tensor
+from ..graph.symbolic import SymInt
 
 _Shape = (tuple, list, torch.Size)
 
@@ -26,7 +27,7 @@ def _sizes(args: Sequence[Any], op: str) -> tuple:
     if len(args) == 1 and isinstance(args[0], _Shape):
         args = tuple(args[0])
     for s in args:
-        if isinstance(s, bool) or not isinstance(s, int):
+        if isinstance(s, bool) or not isinstance(s, (int, SymInt)):
             if is_tensor(s):
                 raise NoDecomposition(f"{op} with tensor sizes")
             raise TypeError(f"{op}(): argument 'size' must be tuple of ints, but found element of type "
@@ -46,15 +47,15 @@ def infer_size(shape: Sequence[int], total: Any, op: str = "view") -> tuple:
         else:
             check(s >= 0, lambda: f"invalid shape dimension {s}")
             known = known * s
-    text = f"shape '[{', '.join(map(str, shape))}]' is invalid for input of size {total}"
+    text = lambda: f"shape '[{', '.join(map(str, shape))}]' is invalid for input of size {total}"  # noqa: E731
     if infer is not None:
         check(known != 0, lambda: f"cannot reshape tensor of {total} elements into shape "
               f"[{', '.join(map(str, shape))}] because the unspecified dimension size -1 can be any value "
               f"and is ambiguous")
-        check(total % known == 0, lambda: text)
+        check(total % known == 0, text)
         shape[infer] = total // known
     else:
-        check(known == total, lambda: text)
+        check(known == total, text)
     return tuple(shape)
 
 
@@ -449,7 +450,7 @@ def tensor_split(a: Any, indices_or_sections: Any = None, dim: int = 0, *, secti
           f"{a.ndim} dims")
     d = wrap_dim(dim, a.ndim)
     size = a.shape[d]
-    if isinstance(indices_or_sections, int):
+    if isinstance(indices_or_sections, (int, SymInt)):
         n = indices_or_sections
         check(n > 0, lambda: f"number of sections must be larger than 0, got {n}")
         base, extra = divmod(size, n)
@@ -466,7 +467,7 @@ def tensor_split(a: Any, indices_or_sections: Any = None, dim: int = 0, *, secti
 
 
 def _split_along(a: Any, arg: Any, dim: int, op: str) -> Any:
-    if isinstance(arg, int):
+    if isinstance(arg, (int, SymInt)):
         size = a.shape[dim]
         check(arg != 0 and size % arg == 0, lambda: f"torch.{op} attempted to split along dimension {dim}, "
               f"but the size of the dimension {size} is not divisible by the split_size {arg}!")

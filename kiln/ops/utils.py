@@ -15,6 +15,7 @@ from .. import prims
 from ..graph import Proxy, TensorMeta
 from ..prims.registry import check, shape_text, wrap_dim
 from .registry import NoDecomposition, register
+from ..graph.symbolic import SymInt
 
 Number = (bool, int, float, complex)
 
@@ -69,7 +70,7 @@ def _combine(higher: torch.dtype | None, lower: torch.dtype | None) -> torch.dty
 def scalar_dtype(value: Any) -> torch.dtype:
     if isinstance(value, bool):
         return torch.bool
-    if isinstance(value, int):
+    if isinstance(value, (int, SymInt)):
         return torch.int64
     if isinstance(value, float):
         return torch.get_default_dtype()

@@ -28,6 +28,7 @@ from ..graph import TensorMeta
 from ..graph.layout import (contiguous_strides, dense_strides_like, is_non_overlapping_and_dense, numel,
                             strides_in_order)
 from .registry import check, is_tensor, meta_of, prim, shape_text
+from ..graph.symbolic import SymInt
 
 
 def _broadcast_in_dim_meta(a: Any, shape: Sequence[int], broadcast_dimensions: Sequence[int]) -> TensorMeta:
@@ -82,7 +83,7 @@ def _int_tuple(op: str, what: str, values: Any) -> tuple:
           lambda: f"prims.{op}: {what} must be a tuple of ints, got {type(values).__name__}", TypeError)
     values = tuple(values)
     for v in values:
-        check(not isinstance(v, bool) and isinstance(v, (int, sympy.Expr)),
+        check(not isinstance(v, bool) and isinstance(v, (int, SymInt, sympy.Expr)),
               lambda: f"prims.{op}: {what} must be ints, got {values}", TypeError)
     return values
 
@@ -254,7 +255,7 @@ def _diagonal_meta(a: Any, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Ten
           lambda: f"prims.diagonal: dims {dim1}, {dim2} must be two distinct dims of {shape_text(a)}",
           IndexError)
     s1, s2 = m.shape[dim1], m.shape[dim2]
-    symbolic = not (isinstance(s1, int) and isinstance(s2, int))
+    symbolic = isinstance(s1, sympy.Expr) or isinstance(s2, sympy.Expr)
     smallest = sympy.Min if symbolic else builtins.min
     largest = sympy.Max if symbolic else builtins.max
     if offset >= 0:

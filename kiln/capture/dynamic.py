@@ -1,0 +1,133 @@
+"""Dynamic shapes at the capture boundary: marking dims, automatic dynamic, and graphs with symbolic sizes.
+
+A dimension of an input becomes symbolic when the user marks it (`kiln.mark_dynamic(t, dim)`, or
+`kiln.compile(..., dynamic=True)` for every dim), or automatically: when a cache miss is caused by an
+input's size changing, the changed dims are symbolic in the next capture (Dynamo's automatic dynamic), so
+one graph serves the sizes that follow. `dynamic=False` and `kiln.mark_static(t, dim)` keep dims exact.
+
+A captured graph with symbolic sizes reaches the backend through `SymbolicGraph`: each call reads the
+symbols' values from its inputs' shapes (every symbol is some input's size), and runs the backend's graph
+compiled for those values — specialized on first use, kept per size. Capture, guards and the entry
+function are built once for every size.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable
+
+import torch
+
+from .. import config
+from ..counters import counters
+from ..graph import Graph, Node
+from ..graph.node import map_structure
+from ..graph.symbolic import SymInt, has_symbols, substitute
+
+log = config.channel("recompiles")
+
+
+def mark_dynamic(t: torch.Tensor, dim: int | list[int] | tuple[int, ...]) -> None:
+    """Capture `t`'s dimension `dim` (or each of a list) as a symbolic size: one graph for every size it
+    takes (sizes 0 and 1 are still specialized)."""
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    marked = set(getattr(t, "_kiln_dynamic_dims", ()))
+    for d in dims:
+        if not -t.dim() <= d < max(t.dim(), 1):
+            raise IndexError(f"kiln.mark_dynamic: dimension {d} out of range for a {t.dim()}-d tensor")
+        marked.add(d % t.dim())
+    t._kiln_dynamic_dims = frozenset(marked)
+
+
+def mark_static(t: torch.Tensor, dim: int | list[int] | tuple[int, ...]) -> None:
+    """Keep `t`'s dimension `dim` exact: a new size captures again, even after automatic dynamic."""
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    static = set(getattr(t, "_kiln_static_dims", ()))
+    for d in dims:
+        if not -t.dim() <= d < max(t.dim(), 1):
+            raise IndexError(f"kiln.mark_static: dimension {d} out of range for a {t.dim()}-d tensor")
+        static.add(d % t.dim())
+    t._kiln_static_dims = frozenset(static)
+
+
+def changed_dims(inputs: list[tuple[Any, tuple]], read: Callable[[str], Any]) -> list[tuple[str, str, int, int, int]]:
+    """The dims of an earlier capture's plain tensor inputs whose size differs in this call:
+    (source expr, source name, dim, old size, new size). `inputs` holds (source, shape) pairs;
+    `read(expr)` evaluates a source in this call."""
+    out = []
+    for source, shape in inputs:
+        try:
+            now = read(source.expr)
+        except Exception:
+            continue
+        if not isinstance(now, torch.Tensor) or now.dim() != len(shape):
+            continue
+        for d, (old, new) in enumerate(zip(shape, now.shape)):
+            if old != new and d not in getattr(now, "_kiln_static_dims", ()):
+                out.append((source.expr, source.name, d, int(old), int(new)))
+    return out
+
+
+def specialize_graph(graph: Graph, values: dict) -> Graph:
+    """A copy of `graph` (and its decompositions) with every symbolic size replaced by its value."""
+    done: dict[int, Graph] = {}
+
+    def copy(g: Graph) -> Graph:
+        if id(g) in done:
+            return done[id(g)]
+        new = Graph(g.name)
+        done[id(g)] = new
+        mapping: dict[int, Node] = {}
+
+        def arg(v: Any) -> Any:
+            if isinstance(v, Node):
+                return mapping[id(v)]
+            return substitute(v, values)
+        for node in g.nodes:
+            dec = copy(node.decomposition) if node.decomposition is not None else None
+            n = Node(new, node.name, node.op, node.target, map_structure(arg, node.args),
+                     map_structure(arg, node.kwargs), substitute(node.meta, values), dec, node.origin)
+            new.nodes.append(n)
+            new._names.add(node.name)
+            mapping[id(node)] = n
+        new._counter = g._counter
+        new.mutated_inputs = {k: mapping[id(v)] for k, v in g.mutated_inputs.items()}
+        return new
+    return copy(graph)
+
+
+def is_symbolic_graph(graph: Graph) -> bool:
+    return any(has_symbols(n.meta) or has_symbols(n.args) or has_symbols(n.kwargs) for n in graph.nodes)
+
+
+class SymbolicGraph:
+    """Calls a graph with symbolic sizes: the backend's graph for this call's sizes, compiled on first use."""
+
+    def __init__(self, graph: Graph, compile_graph: Callable[[Graph, list], Any], name: str):
+        self.graph = graph
+        self.compile_graph = compile_graph
+        self.name = name
+        self.bindings: list[tuple[Any, int, int]] = []  # (symbol, placeholder index, dim)
+        seen = set()
+        for i, ph in enumerate(graph.placeholders):
+            for d, size in enumerate(getattr(ph.meta, "shape", ())):
+                if isinstance(size, SymInt) and size.expr.is_Symbol and size.expr not in seen:
+                    seen.add(size.expr)
+                    self.bindings.append((size.expr, i, d))
+        self.compiled: "collections.OrderedDict[tuple, Any]" = collections.OrderedDict()
+
+    def __call__(self, *inputs: Any) -> Any:
+        key = tuple(inputs[i].shape[d] for _, i, d in self.bindings)
+        fn = self.compiled.get(key)
+        if fn is None:
+            fn = self._compile(key, list(inputs))
+        return fn(*inputs)
+
+    def _compile(self, key: tuple, inputs: list) -> Any:
+        values = {sym: v for (sym, _, _), v in zip(self.bindings, key)}
+        graph = specialize_graph(self.graph, values)
+        counters["dynamic_backend_compiles"][self.name] += 1
+        log.info("%s: compiling the backend's graph for sizes %s", self.name,
+                 ", ".join(f"{s}={v}" for s, v in values.items()))
+        fn = self.compile_graph(graph, inputs)
+        self.compiled[key] = fn
+        return fn

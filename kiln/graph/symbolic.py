@@ -1,0 +1,396 @@
+"""Symbolic sizes: `SymInt`, an int-like value standing for a size that varies between calls, and the
+`ShapeEnv` that decides questions about them and remembers what it decided.
+
+A dynamic dimension of a graph input gets a symbol (`s0`) with a hint, the size the capture saw. Code that
+computes with sizes — user code, decompositions, meta rules — runs unchanged on SymInts: arithmetic builds
+sympy expressions, and a question whose answer depends on the size (`if s0 > 1`, `a.shape[0] == b.shape[1]`,
+`range(s0)`) is answered from the hints and recorded as a *fact*. The facts become guards: a later call
+reuses the graph only where every fact still holds, so every branch taken stays the right one.
+
+Symbols stand for sizes of at least 2: sizes 0 and 1 are specialized at capture (as Dynamo does), which
+lets broadcasting checks (`size == 1`) be decided without a guard. A conversion to a plain int (`int(s)`,
+`operator.index(s)`, `str(s)`, `hash(s)`, float arithmetic) specializes: it records `s == hint` and
+returns the hint, so a value kiln cannot keep symbolic costs dynamism, never correctness. Once the guards
+of a capture are written the env is *frozen*: a question asked later raises `FrozenShapeEnv` instead of
+deciding something no guard checks.
+"""
+from __future__ import annotations
+
+import logging
+import operator
+import traceback
+from typing import Any, Callable
+
+import sympy
+
+from .. import config
+
+log = config.channel("dynamic")
+
+MIN_SIZE = 2  # symbols stand for sizes >= 2 (0 and 1 are specialized)
+
+
+class FrozenShapeEnv(RuntimeError):
+    """A symbolic size was questioned after the capture's guards were written."""
+
+
+class FloorDiv(sympy.Function):
+    """Integer division of sizes (positive operands), kept exact: `FloorDiv(s0, 2)` prints as `s0 // 2`."""
+
+    is_integer = True
+
+    @classmethod
+    def eval(cls, a: sympy.Expr, b: sympy.Expr) -> sympy.Expr | None:
+        if b == 1:
+            return a
+        if a.is_Integer and b.is_Integer:
+            return sympy.Integer(int(a) // int(b))
+        q = a / b
+        if q.is_Rational:  # (32*s0) // (2*s0)
+            return sympy.floor(q)
+        if b.is_Integer and a.is_Mul:
+            coeff, rest = a.as_coeff_Mul()
+            if coeff.is_Integer and int(coeff) % int(b) == 0:
+                return sympy.Integer(int(coeff) // int(b)) * rest
+        if a == b:
+            return sympy.Integer(1)
+        return None
+
+
+class ShapeEnv:
+    """The symbols of one capture: their hints, where they came from, and the facts decided about them."""
+
+    def __init__(self) -> None:
+        self.hints: dict[sympy.Symbol, int] = {}
+        self.sources: dict[sympy.Symbol, list[str]] = {}  # readable names: ["x.size(1)", "y.size(0)"]
+        self.facts: list[sympy.Basic] = []  # relationals that held at capture, in the order decided
+        self.on_fact: Callable[[sympy.Basic], None] | None = None
+        self.frozen = False
+        self._by_hint: dict[int, sympy.Symbol] = {}
+        self._shift: dict[sympy.Symbol, sympy.Expr] = {}  # s -> t + MIN_SIZE, t >= 0 (for proofs)
+        self._decided: dict[sympy.Basic, bool] = {}
+        self._subs: dict[sympy.Symbol, sympy.Integer] = {}
+
+    # ---- symbols ----
+    def size(self, hint: int, source: str, duck: bool = True) -> "SymInt | int":
+        """The value for a dynamic size `hint` read at `source`: a symbol (shared with earlier sizes of the
+        same value when `duck`), or the int itself for 0 and 1."""
+        if hint < MIN_SIZE:
+            return hint
+        sym = self._by_hint.get(hint) if duck else None
+        if sym is None:
+            sym = sympy.Symbol(f"s{len(self.hints)}", integer=True, positive=True)
+            self.hints[sym] = hint
+            self._subs[sym] = sympy.Integer(hint)
+            self.sources[sym] = []
+            self._shift[sym] = sympy.Symbol(f"t{len(self.hints)}", integer=True, nonnegative=True) + MIN_SIZE
+            if duck:
+                self._by_hint[hint] = sym
+        self.sources[sym].append(source)
+        return SymInt(sym, self)
+
+    @property
+    def symbols(self) -> list[sympy.Symbol]:
+        return list(self.hints)
+
+    # ---- evaluation and decisions ----
+    def hint(self, expr: sympy.Expr) -> int:
+        return _evaluate(expr, self._subs)
+
+    def decide(self, rel: sympy.Basic) -> bool:
+        """The truth of a relational at the hints; recorded as a fact unless it holds for every size."""
+        if rel is sympy.true or rel is sympy.false:
+            return bool(rel)
+        known = self._decided.get(rel)
+        if known is not None:
+            return known
+        value = bool(rel.xreplace(self._subs))
+        proved = rel.xreplace(self._shift)
+        if not (proved is sympy.true or proved is sympy.false):
+            if self.frozen:
+                raise FrozenShapeEnv(f"the symbolic size fact {rel} was asked for after the capture's guards "
+                                     "were written")
+            fact = rel if value else sympy.Not(rel)
+            self.facts.append(fact)
+            if self.on_fact is not None:
+                self.on_fact(fact)
+        self._decided[rel] = value
+        return value
+
+    def specialize(self, expr: sympy.Expr) -> int:
+        hint = self.hint(expr)
+        if not self.frozen and log.isEnabledFor(logging.INFO):
+            where = next((f"{f.filename}:{f.lineno}" for f in reversed(traceback.extract_stack()[:-2])
+                          if "symbolic.py" not in f.filename), "?")
+            log.info("specializing %s = %d (at %s)", expr, hint, where)
+        self.decide(sympy.Eq(expr, hint))
+        return hint
+
+    def freeze(self) -> None:
+        self.frozen = True
+
+    def describe(self) -> list[str]:
+        """`s0 = x.size(1) (hint 16)` per symbol, then the facts."""
+        lines = [f"{s} = {', '.join(self.sources[s])} (was {self.hints[s]})" for s in self.hints]
+        return lines + [f"{python_expr(f, {s: str(s) for s in self.hints})}" for f in self.facts]
+
+
+def _expr(value: Any) -> sympy.Expr | None:
+    if isinstance(value, SymInt):
+        return value.expr
+    if type(value) is int or type(value) is bool:
+        return sympy.Integer(int(value))
+    return None
+
+
+class SymInt:
+    """An int-like symbolic size. Arithmetic with ints and SymInts stays symbolic; comparisons return bools
+    decided by the env (recorded as facts); conversions to int specialize."""
+
+    __slots__ = ("expr", "env")
+
+    def __init__(self, expr: sympy.Expr, env: ShapeEnv):
+        self.expr = expr
+        self.env = env
+
+    @staticmethod
+    def make(expr: sympy.Expr, env: ShapeEnv) -> "SymInt | int":
+        expr = sympy.expand(expr) if not isinstance(expr, (sympy.Symbol, FloorDiv, sympy.Mod)) else expr
+        return int(expr) if expr.is_Integer else SymInt(expr, env)
+
+    # ---- arithmetic ----
+    def _binary(self, other: Any, fn: Callable[[sympy.Expr, sympy.Expr], sympy.Expr], reverse: bool = False):
+        o = _expr(other)
+        if o is None:
+            if isinstance(other, float):
+                a, b = float(self), other
+                return fn(b, a) if reverse else fn(a, b)
+            return NotImplemented
+        return SymInt.make(fn(o, self.expr) if reverse else fn(self.expr, o), self.env)
+
+    def __add__(self, o): return self._binary(o, operator.add)
+    def __radd__(self, o): return self._binary(o, operator.add, True)
+    def __sub__(self, o): return self._binary(o, operator.sub)
+    def __rsub__(self, o): return self._binary(o, operator.sub, True)
+    def __mul__(self, o): return self._binary(o, operator.mul)
+    def __rmul__(self, o): return self._binary(o, operator.mul, True)
+
+    def _div(self, a: Any, b: Any, fn: Callable) -> Any:
+        ea, eb = _expr(a), _expr(b)
+        if ea is None or eb is None:
+            return NotImplemented if not isinstance(a if ea is None else b, float) else fn(float(a), float(b))
+        if not self.env.decide(sympy.Gt(eb, 0)):  # Python's floor semantics for a negative divisor
+            return fn(_concrete(a), _concrete(b))
+        return SymInt.make(FloorDiv(ea, eb) if fn is operator.floordiv else sympy.Mod(ea, eb), self.env)
+
+    def __floordiv__(self, o): return self._div(self, o, operator.floordiv)
+    def __rfloordiv__(self, o): return self._div(o, self, operator.floordiv)
+    def __mod__(self, o): return self._div(self, o, operator.mod)
+    def __rmod__(self, o): return self._div(o, self, operator.mod)
+
+    def __divmod__(self, o): return self // o, self % o
+    def __rdivmod__(self, o): return o // self, o % self
+
+    def __truediv__(self, o): return float(self) / o
+    def __rtruediv__(self, o): return o / float(self)
+
+    def __pow__(self, o):
+        if type(o) is int and o >= 0:
+            return SymInt.make(self.expr ** o, self.env)
+        return float(self) ** o if isinstance(o, float) else int(self) ** o
+
+    def __rpow__(self, o): return o ** int(self)
+    def __neg__(self): return SymInt.make(-self.expr, self.env)
+    def __pos__(self): return self
+    def __abs__(self): return self if self.env.decide(sympy.Ge(self.expr, 0)) else -self
+
+    # ---- comparisons (decided, recorded) ----
+    def _compare(self, other: Any, rel: Callable) -> Any:
+        o = _expr(other)
+        if o is None:
+            if isinstance(other, float):
+                return rel(float(self), other)
+            return NotImplemented
+        return self.env.decide(rel(self.expr, o))
+
+    def __eq__(self, o): return self._compare(o, sympy.Eq)
+    def __ne__(self, o): return self._compare(o, sympy.Ne)
+    def __lt__(self, o): return self._compare(o, sympy.Lt)
+    def __le__(self, o): return self._compare(o, sympy.Le)
+    def __gt__(self, o): return self._compare(o, sympy.Gt)
+    def __ge__(self, o): return self._compare(o, sympy.Ge)
+
+    def __bool__(self) -> bool:
+        return self.env.decide(sympy.Ne(self.expr, 0))
+
+    # ---- conversions (specialize) ----
+    def __index__(self) -> int:
+        return self.env.specialize(self.expr)
+
+    __int__ = __index__
+
+    def __float__(self) -> float:
+        return float(self.env.specialize(self.expr))
+
+    def __hash__(self) -> int:
+        return hash(self.env.specialize(self.expr))
+
+    def __str__(self) -> str:
+        return str(self.env.specialize(self.expr))
+
+    def __format__(self, spec: str) -> str:
+        return format(self.env.specialize(self.expr), spec)
+
+    def __round__(self, ndigits: Any = None) -> Any:
+        return self if ndigits is None else round(int(self), ndigits)
+
+    def __trunc__(self) -> "SymInt":
+        return self
+
+    __floor__ = __ceil__ = __trunc__
+
+    def __repr__(self) -> str:
+        return str(self.expr)  # kiln's own printing (metas, graphs): the expression, no specialization
+
+    def __reduce__(self):
+        raise TypeError("a symbolic size cannot be pickled")
+
+
+def _evaluate(expr: sympy.Expr, subs: dict) -> int:
+    value = expr.xreplace(subs)
+    if not value.is_Integer:
+        value = sympy.simplify(value)
+    if not value.is_Integer:
+        raise ValueError(f"size expression {expr} does not evaluate to an integer under {subs}")
+    return int(value)
+
+
+def _concrete(v: Any) -> int:
+    return int(v)
+
+
+def is_symbolic(value: Any) -> bool:
+    return isinstance(value, SymInt)
+
+
+def has_symbols(value: Any) -> bool:
+    """Whether a (nested) value holds a SymInt: a meta's shape, strides or offset, or node arguments."""
+    if isinstance(value, SymInt):
+        return True
+    if isinstance(value, (tuple, list)):
+        return any(has_symbols(v) for v in value)
+    if isinstance(value, dict):
+        return any(has_symbols(v) for v in value.values())
+    shape = getattr(value, "shape", None)
+    if shape is not None and type(value).__name__ == "TensorMeta":
+        return has_symbols(value.shape) or has_symbols(value.strides) or has_symbols(value.storage_offset)
+    return False
+
+
+def substitute(value: Any, values: dict[sympy.Symbol, int]) -> Any:
+    """`value` with every SymInt replaced by its int under `values` (nested tuples, lists, dicts, metas)."""
+    if isinstance(value, SymInt):
+        return _evaluate(value.expr, {s: sympy.Integer(v) for s, v in values.items()})
+    if isinstance(value, tuple):
+        items = [substitute(v, values) for v in value]
+        if hasattr(value, "_fields"):
+            return type(value)(*items)
+        return type(value)(items) if hasattr(value, "n_fields") else tuple(items)
+    if isinstance(value, list):
+        return [substitute(v, values) for v in value]
+    if isinstance(value, dict):
+        return {k: substitute(v, values) for k, v in value.items()}
+    if type(value).__name__ == "TensorMeta" and has_symbols(value):
+        return value.with_(shape=substitute(value.shape, values), strides=substitute(value.strides, values),
+                           storage_offset=substitute(value.storage_offset, values))
+    return value
+
+
+def hint_of(value: Any) -> Any:
+    """`value` with each SymInt replaced by its hint, deciding nothing (for example runs while tracing)."""
+    if isinstance(value, SymInt):
+        return value.env.hint(value.expr)
+    if isinstance(value, (tuple, list, dict)) or type(value).__name__ == "TensorMeta":
+        if not has_symbols(value):
+            return value
+        env = _env_of(value)
+        return substitute(value, env.hints) if env is not None else value
+    return value
+
+
+def _env_of(value: Any) -> ShapeEnv | None:
+    if isinstance(value, SymInt):
+        return value.env
+    if isinstance(value, (tuple, list)):
+        items = value
+    elif isinstance(value, dict):
+        items = list(value.values())
+    elif type(value).__name__ == "TensorMeta":
+        items = (*value.shape, *value.strides, value.storage_offset)
+    else:
+        return None
+    for v in items:
+        env = _env_of(v)
+        if env is not None:
+            return env
+    return None
+
+
+# ---- printing expressions as Python -------------------------------------------------------------------
+
+def python_expr(expr: sympy.Basic, names: dict[sympy.Symbol, str]) -> str:
+    """Python source computing a size expression or fact, with each symbol spelled by `names`."""
+    p = lambda e: python_expr(e, names)  # noqa: E731
+    if isinstance(expr, sympy.Symbol):
+        return names[expr]
+    if expr.is_Integer:
+        return str(int(expr))
+    if expr is sympy.true or expr is sympy.false:
+        return str(bool(expr))
+    if isinstance(expr, sympy.Add):
+        return "(" + " + ".join(p(a) for a in expr.args) + ")"
+    if isinstance(expr, sympy.Mul):
+        coeff, rest = expr.as_coeff_Mul()
+        if not coeff.is_Integer:
+            raise ValueError(f"size expression {expr} has a fractional coefficient")
+        factors = ([] if coeff == 1 else [str(int(coeff))]) + [p(a) for a in sympy.Mul.make_args(rest)]
+        return "(" + " * ".join(factors) + ")"
+    if isinstance(expr, sympy.Pow):
+        base, exp = expr.args
+        if not (exp.is_Integer and int(exp) >= 0):
+            raise ValueError(f"size expression {expr} has a negative or fractional power")
+        return f"({p(base)} ** {int(exp)})"
+    if isinstance(expr, FloorDiv):
+        return f"({p(expr.args[0])} // {p(expr.args[1])})"
+    if isinstance(expr, sympy.Mod):
+        return f"({p(expr.args[0])} % {p(expr.args[1])})"
+    if isinstance(expr, (sympy.Max, sympy.Min)):
+        fn = "max" if isinstance(expr, sympy.Max) else "min"
+        return f"{fn}({', '.join(p(a) for a in expr.args)})"
+    if isinstance(expr, sympy.Not):
+        return f"(not {p(expr.args[0])})"
+    ops = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=", sympy.Gt: ">", sympy.Ge: ">="}
+    for kind, op in ops.items():
+        if isinstance(expr, kind):
+            return f"({p(expr.lhs)} {op} {p(expr.rhs)})"
+    if isinstance(expr, (sympy.And, sympy.Or)):
+        op = " and " if isinstance(expr, sympy.And) else " or "
+        return "(" + op.join(p(a) for a in expr.args) + ")"
+    raise ValueError(f"cannot print size expression {expr} ({type(expr).__name__}) as Python")
+
+
+def symbols_of(value: Any) -> set[sympy.Symbol]:
+    out: set[sympy.Symbol] = set()
+    if isinstance(value, SymInt):
+        out |= value.expr.free_symbols
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            out |= symbols_of(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            out |= symbols_of(v)
+    return out
+
+
+__all__ = ["SymInt", "ShapeEnv", "FloorDiv", "FrozenShapeEnv", "MIN_SIZE", "is_symbolic", "has_symbols",
+           "substitute", "hint_of", "python_expr", "symbols_of"]
