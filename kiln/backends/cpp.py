@@ -25,7 +25,7 @@ import torch
 from .. import config
 from ..codegen.cpp import CPP_TARGET, segment_source
 from ..codegen.header import header_for
-from ..codegen.wrapper import load_entry, wrapper_source
+from ..codegen.wrapper import WrapperTimings, load_entry, wrapper_source
 from ..counters import counters
 from ..graph import Graph, cse, dce, flatten, run, to_prims, verify
 from ..graph.pipeline import CompileContext, CompileState, Pass, run_pipeline
@@ -49,7 +49,8 @@ class CompiledGraph:
     """A graph compiled by the cpp backend; call it with the graph's inputs."""
 
     def __init__(self, graph: Graph, loop: LoopGraph, schedule: list, memory: Plan, cpp_source: str,
-                 wrapper: str, call: Callable[..., Any], records: list | None = None):
+                 wrapper: str, call: Callable[..., Any], records: list | None = None,
+                 timings: WrapperTimings | None = None):
         self.graph = graph
         self.loop = loop
         self.schedule = schedule
@@ -58,6 +59,7 @@ class CompiledGraph:
         self.wrapper_source = wrapper
         self.call = call
         self.records = records or []  # each pass: name, ms (and its IR dump with a debug dir)
+        self.timings = timings  # a profiling compile's per-step and per-kernel times (else None)
 
     @property
     def kernels(self) -> list[FusedGroup]:
@@ -146,7 +148,8 @@ def _codegen(state: CompileState, ctx: CompileContext) -> None:
     for step in state.plan.steps:
         if isinstance(step.node, Segment):
             parts.append(segment_source(f"kiln_{step.node.name}", step.node.groups, step.node.args,
-                                        loop.buffers, step.node.aliases, state.target))
+                                        loop.buffers, step.node.aliases, state.target,
+                                        timing=profiling(ctx)))
     state.cpp_source = "\n".join([header_for("\n".join(parts))] + parts) + "\n" if parts else ""
 
 
@@ -154,17 +157,28 @@ def _build(state: CompileState, ctx: CompileContext) -> None:
     """Compile and load the shared object (or take it from the disk cache), then the Python wrapper."""
     graph = state.graph
     lib = build(state.cpp_source) if state.cpp_source else None
+    timed = profiling(ctx)
     entries = {}
     for step in state.plan.steps:
         if isinstance(step.node, Segment):
-            entries[step.node.name] = load_entry(lib, f"kiln_{step.node.name}", len(step.node.args))
+            entries[step.node.name] = load_entry(lib, f"kiln_{step.node.name}", len(step.node.args) + timed)
 
     def fallback(*inputs: Any) -> Any:
         counters["cpp"]["input layout changed: ran the graph with torch"] += 1
         return run(graph, inputs, torch_level=True)
-    state.wrapper_source, env = wrapper_source(state.loop, state.plan, entries, fallback)
+    state.timings = WrapperTimings(state.plan) if timed else None
+    state.wrapper_source, env = wrapper_source(state.loop, state.plan, entries, fallback,
+                                               timings=state.timings)
     exec(compile(state.wrapper_source, f"<kiln cpp wrapper {graph.name}>", "exec"), env)
     state.call = env["kiln_call"]
+
+
+def profiling(ctx: CompileContext) -> bool:
+    """The compile is kiln.profile's: kernels time themselves and the wrapper times its steps.
+
+    A compile-context option (`options["profile"]`, set only by kiln.profile's own compiler, never a
+    process-wide flag); the normal compile emits no timing code at all."""
+    return bool(ctx.options.get("profile", False))
 
 
 def _wrapper_text(state: CompileState) -> str:
@@ -205,7 +219,7 @@ def compile_graph(graph: Graph, example_inputs: list, context: CompileContext | 
         _dump(debug_dir, graph, files)
     counters["cpp"]["graphs compiled"] += 1
     compiled = CompiledGraph(graph, state.loop, state.schedule, state.plan, state.cpp_source,
-                             state.wrapper_source, state.call, state.records)
+                             state.wrapper_source, state.call, state.records, getattr(state, "timings", None))
     call = state.call
 
     def first_call(*inputs: Any) -> Any:

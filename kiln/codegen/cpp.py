@@ -640,24 +640,36 @@ class KernelWriter:
         self.emit("}", depth)
 
 
+TIMES_PARAM = "kiln_times"  # the profiling entry's extra parameter: one double per kernel
+
+
 def _inner_linear(group: FusedGroup) -> str:
     strides = contiguous_strides(group.inner or ())
     return " + ".join(f"r{d} * {s}" for d, s in enumerate(strides)) or "0"
 
 
 def segment_source(entry: str, groups: list[FusedGroup], args: list[str], buffers: dict[str, Buffer],
-                   aliases: dict[str, str] | None = None, target: Target = CPP_TARGET) -> str:
+                   aliases: dict[str, str] | None = None, target: Target = CPP_TARGET,
+                   timing: bool = False) -> str:
     """The C++ of one `extern "C"` entry running `groups` in order; `args` name its pointer parameters.
 
     `aliases` maps a buffer written in place to the parameter (of the same dtype) it is stored through.
+    With `timing` (the profiling compile of kiln.profile) the entry takes one more parameter, `double*
+    kiln_times`, and stores there each kernel's wall seconds, in order; without it no timing code is emitted.
     """
     pointers = {name: f"p_{name}" for name in args}
     pointers.update({name: f"p_{target}" for name, target in (aliases or {}).items()})
     writer = KernelWriter(buffers, pointers, target)
-    params = ", ".join(f"{CTYPES[buffers[n].dtype]}* __restrict__ p_{n}" for n in args)
-    writer.lines.append(f'extern "C" int {entry}({params}) {{')
-    for group in groups:
+    params = [f"{CTYPES[buffers[n].dtype]}* __restrict__ p_{n}" for n in args]
+    if timing:
+        params.append(f"double* __restrict__ {TIMES_PARAM}")
+    writer.lines.append(f'extern "C" int {entry}({", ".join(params)}) {{')
+    for k, group in enumerate(groups):
+        if timing:  # omp_get_wtime: a monotonic wall clock, from <omp.h> which every source includes
+            writer.emit(f"const double kiln_t{k} = omp_get_wtime();", 1)
         writer.kernel(group)
+        if timing:
+            writer.emit(f"{TIMES_PARAM}[{k}] = omp_get_wtime() - kiln_t{k};", 1)
     writer.lines.append("  return 0;")
     writer.lines.append("}")
     return "\n".join(writer.lines)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import time
 import weakref
 from typing import Any, Callable
 
@@ -160,6 +161,52 @@ def _recycle(pool: BufferPool, name: str, nbytes: int) -> torch.Tensor | None:
     return None
 
 
+class WrapperTimings:
+    """What a profiling wrapper (kiln.profile) measured since the last `take()`, summed over its calls.
+
+    Per plan step: nanoseconds of the step as the wrapper saw it (a segment's ctypes call, an extern's torch
+    call with its restride); per kernel of a segment: the seconds its C++ measured around its loop nest
+    (written into `arrays[step]` by the entry, one double per kernel); and the whole call's nanoseconds.
+    """
+
+    def __init__(self, plan: Plan):
+        self.arrays: dict[int, Any] = {}
+        for i, step in enumerate(plan.steps):
+            if isinstance(step.node, Segment):
+                self.arrays[i] = (ctypes.c_double * max(1, len(step.node.groups)))()
+        self.n_steps = len(plan.steps)
+        self._clear()
+
+    def _clear(self) -> None:
+        self.calls = 0
+        self.total_ns = 0
+        self.step_ns = [0] * self.n_steps
+        self.kernel_s = {i: [0.0] * len(a) for i, a in self.arrays.items()}
+
+    def address(self, step: int) -> int:
+        return ctypes.addressof(self.arrays[step])
+
+    def segment(self, step: int, ns: int) -> None:
+        self.step_ns[step] += ns
+        times, array = self.kernel_s[step], self.arrays[step]
+        for k in range(len(times)):
+            times[k] += array[k]
+
+    def step(self, step: int, ns: int) -> None:
+        self.step_ns[step] += ns
+
+    def finish(self, ns: int) -> None:
+        self.total_ns += ns
+        self.calls += 1
+
+    def take(self) -> dict[str, Any]:
+        """The sums since the last take (calls, total_ns, step_ns, kernel_s), and start again from zero."""
+        sample = {"calls": self.calls, "total_ns": self.total_ns, "step_ns": list(self.step_ns),
+                  "kernel_s": {i: list(t) for i, t in self.kernel_s.items()}}
+        self._clear()
+        return sample
+
+
 class _Source:
     def __init__(self) -> None:
         self.lines: list[str] = []
@@ -210,11 +257,17 @@ def _structure_builder(template: Any) -> Callable[..., Any]:
 
 
 def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallback: Callable[..., Any],
-                   device: torch.device | None = None, tensor_args: bool = False) -> tuple[str, dict[str, Any]]:
+                   device: torch.device | None = None, tensor_args: bool = False,
+                   timings: WrapperTimings | None = None) -> tuple[str, dict[str, Any]]:
     """Source of `kiln_call(*inputs)` and its globals (`entries`: segment name → ctypes function, or with
     `tensor_args` a Python launcher taking the tensors themselves). Buffers are allocated on `device` (the
-    CPU when None); an input on another device runs on the fallback."""
+    CPU when None); an input on another device runs on the fallback. With `timings` (kiln.profile's
+    compile: the entries take a times array last) every step and the whole call are timed into it;
+    without it the wrapper has no timing code."""
     src = _Source()
+    if timings is not None:
+        src.globals["_now"] = time.perf_counter_ns
+        src.globals["_timing"] = timings
     on_cpu = device is None or torch.device(device).type == "cpu"
     device_name = None if device is None else src.const(torch.device(device), "device")
     dev = "" if device_name is None else f", device={device_name}"
@@ -227,6 +280,8 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
     for b in graph.constants:
         lines.append(f"# constant {b.name}: {layout_text(b)}")
     lines.append(f"def kiln_call({', '.join(params)}):")
+    if timings is not None:
+        lines.append("    _t0 = _now()")
     checks = []
     for b in graph.inputs:
         dt = src.const(b.dtype, "dtype")
@@ -240,7 +295,7 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
     # buffers allocated fresh (not carved from another freed one, none carved from them) recycle across calls
     pooled = {r for s in plan.steps for _, r in s.allocs if r is not None}
     recyclable = {name for s in plan.steps for name, r in s.allocs if r is None and name not in pooled}
-    for step in plan.steps:
+    for position, step in enumerate(plan.steps):
         node = step.node
         for name, reuse in step.allocs:
             buf = graph.buffers[name]
@@ -263,14 +318,22 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
                     lines.append(f"        {name} = {alloc}{meta}")
                 else:
                     lines.append(f"    {name} = {alloc}{meta}")
+        if timings is not None:
+            lines.append("    _t = _now()")
         if isinstance(node, Segment):
             fn = src.const(entries[node.name], node.name + "_")
-            ptrs = ", ".join(a if tensor_args else f"{a}.data_ptr()" for a in node.args)
+            ptrs = [a if tensor_args else f"{a}.data_ptr()" for a in node.args]
+            if timings is not None:
+                ptrs.append(src.const(timings.address(position), "times"))
             kernels = ", ".join(g.name for g in node.groups)
             writes = ", ".join(f"{w} {layout_text(graph.buffers[w])}" for w in node.writes)
-            lines.append(f"    {fn}({ptrs})  # {kernels} -> {writes or 'nothing'}")
+            lines.append(f"    {fn}({', '.join(ptrs)})  # {kernels} -> {writes or 'nothing'}")
+            if timings is not None:
+                lines.append(f"    _timing.segment({position}, _now() - _t)")
         else:
             lines.extend(_extern_lines(src, node))
+            if timings is not None:
+                lines.append(f"    _timing.step({position}, _now() - _t)")
         for name in step.frees:
             if name in recyclable:
                 nbytes = graph.buffers[name].nbytes()
@@ -283,7 +346,12 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
             src.written_back[value.name] = params[position]
     for name in sorted(recyclable & plan.kept):
         lines.append(f"    _keep(_pool, {name!r}, {name}, {graph.buffers[name].nbytes()})")
-    lines.append(f"    return {_render(src, graph.output)}")
+    if timings is not None:
+        lines.append(f"    _out = {_render(src, graph.output)}")
+        lines.append("    _timing.finish(_now() - _t0)")
+        lines.append("    return _out")
+    else:
+        lines.append(f"    return {_render(src, graph.output)}")
     return "\n".join(lines) + "\n", src.globals
 
 
