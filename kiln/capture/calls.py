@@ -57,6 +57,20 @@ def sets_state(fn: Any) -> bool:
     return name.startswith(_STATE_SETTERS) and not name.endswith("_")
 
 
+# torch.distributed calls that only read the process group (no communication): kept on the normal path
+_DIST_QUERIES = frozenset({"get_rank", "get_world_size", "is_initialized", "is_available", "get_backend",
+                           "is_gloo_available", "is_nccl_available", "is_mpi_available", "get_group_rank",
+                           "get_global_rank", "get_process_group_ranks", "is_torchelastic_launched"})
+
+
+def communicates(fn: Any) -> bool:
+    """A torch.distributed call other than a query of the process group: collectives and point-to-point
+    ops update their tensors in place and wait for the other ranks, so they run natively at a graph break,
+    in program order, after the graph computing their inputs."""
+    module = getattr(fn, "__module__", None) or ""
+    return module.startswith("torch.distributed") and getattr(fn, "__name__", "") not in _DIST_QUERIES
+
+
 def is_torch_callable(fn: Any) -> bool:
     module = getattr(fn, "__module__", None) or ""
     if module.startswith("torch.nn.modules") or module.startswith("torch.nn.utils.parametriz"):
@@ -341,6 +355,9 @@ class CallOps:
         name = _name(fn)
         if fn in _IMPURE_TORCH or sets_state(fn):
             raise GraphBreak(f"call to {name} (it changes global torch state)", HINTS["call"])
+        if communicates(fn):
+            raise GraphBreak(f"call to {name} (torch.distributed communication runs natively, in program "
+                             "order)", "collectives break the graph; the code after one is captured again")
         flat = list(flatten((args, kwargs)))
         has_proxy = any(isinstance(a, Proxy) for a in flat)
         for a in flat:
