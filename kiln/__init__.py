@@ -1,13 +1,13 @@
 """kiln: a compiler for unmodified PyTorch programs.
 
-The public API (DESIGN.md): kiln.compile, kiln.explain, kiln.check, kiln.reset, kiln.counters,
-kiln.register_backend, kiln.GraphBreakError.
+The public API (DESIGN.md): kiln.compile, kiln.explain, kiln.check, kiln.profile, kiln.reset,
+kiln.counters, kiln.register_backend, kiln.GraphBreakError.
 """
 from . import config
 from .counters import counters
 
 __all__ = ["config", "counters", "compile", "explain", "check", "reset", "register_backend",
-           "GraphBreakError", "mark_dynamic", "mark_static"]
+           "GraphBreakError", "mark_dynamic", "mark_static", "profile"]
 __version__ = "0.1.0"
 
 
@@ -16,4 +16,7 @@ def __getattr__(name: str):  # the API imports torch and kiln.ops; load it on fi
                 "CompiledModule", "mark_dynamic", "mark_static"):
         from . import api
         return getattr(api, name)
+    if name == "profile":  # the module is kiln.profiler, so `kiln.profile` stays this function
+        from .profiler import profile
+        return profile
     raise AttributeError(f"module 'kiln' has no attribute {name!r}")
