@@ -244,6 +244,11 @@ class ExplainReport:
         for i, guards in enumerate(self.guards):
             lines.append(f"  guards of capture {i + 1}:")
             lines.extend(f"    {g}" for g in guards)
+        for i, symbols in enumerate(getattr(self, "symbols", ())):
+            if symbols:
+                lines.append(f"  symbolic sizes of capture {i + 1} (symbol = where it is read, then the facts "
+                             "guarded):")
+                lines.extend(f"    {s}" for s in symbols)
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -279,15 +284,22 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
     callees captured as their own frames (graphs, breaks with reason, file:line, source line and hint,
     ops per graph, guards). The call runs for real, side effects included."""
     fn, bound_self = _python_code(fn_or_module, "kiln.explain")
-    # a private cache (family) so that the report sees fresh captures of every frame
-    compiled = CompiledFunction(fn, compiler_for("eager"), bound_self=bound_self, family=object())
+    # a private cache (family) so that the report sees fresh captures of every frame; a compiled function's
+    # dynamic setting and the dims automatic dynamic made symbolic carry over
+    original = fn_or_module._compiled_forward if isinstance(fn_or_module, CompiledModule) else fn_or_module
+    dynamic = original.dynamic if isinstance(original, CompiledFunction) else None
+    compiled = CompiledFunction(fn, compiler_for("eager"), bound_self=bound_self, family=object(),
+                                dynamic=dynamic)
+    if isinstance(original, CompiledFunction):
+        compiled.cache.dynamic_dims |= original.cache.dynamic_dims
     before = dict(counters["callees_run_natively"])
     with recording() as recorded:
         compiled(*args, **kwargs)
     native_callees = [k for k, v in counters["callees_run_natively"].items() if v > before.get(k, 0)]
-    graphs, breaks, guards, ops, fallbacks = [], [], [], [], []
+    graphs, breaks, guards, ops, fallbacks, symbols = [], [], [], [], [], []
     for entry in recorded:
         guards.append(entry.guards)
+        symbols.append(entry.symbols)
         if entry.brk is not None:
             breaks.append(entry.brk)
         if entry.graph is not None and entry.ops:
@@ -296,6 +308,7 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
             fallbacks.append({n.target_name(): 1 for n in entry.graph.fallbacks()
                               if n.target is not torch._C._set_grad_enabled})
     report = ExplainReport(graphs, breaks, guards, ops, fallbacks)
+    report.symbols = symbols
     report.native_callees = native_callees
     print(report)
     return report

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..graph.symbolic import SymInt, has_symbols
 from .. import config
 from ..graph import DataDependentError, Proxy, flatten, tracing
 from ..ops import UnsupportedError
@@ -361,7 +362,7 @@ class CallOps:
         flat = list(flatten((args, kwargs)))
         has_proxy = any(isinstance(a, Proxy) for a in flat)
         for a in flat:
-            if not (isinstance(a, (Proxy, torch.dtype, torch.device, torch.layout, torch.memory_format, type,
+            if not (isinstance(a, (Proxy, SymInt, torch.dtype, torch.device, torch.layout, torch.memory_format, type,
                                    types.FunctionType, types.BuiltinFunctionType)) or is_constant(a)
                     or self.cap.is_local(a)):
                 # e.g. a numpy array or a tensor kiln did not capture: its value would be baked in
@@ -373,6 +374,8 @@ class CallOps:
                         with _RecordMode():
                             return fn(*args, **kwargs)
                     return fn(*args, **kwargs)
+                if has_symbols((args, kwargs)):  # a factory sized by a symbolic size: recorded, never run
+                    return ops_call(fn, tuple(args), dict(kwargs))
                 result = fn(*args, **kwargs)
                 if any(isinstance(v, torch.Tensor) for v in flatten(result)):
                     return ops_call(fn, tuple(args), dict(kwargs))

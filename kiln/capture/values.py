@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ..graph import Proxy
+from ..graph.symbolic import has_symbols, hint_of
 from .errors import GraphBreak, RaisedError
 from .frame import NATIVE_OPERAND_TYPES, NULL, symbolic_break
 from .iterators import DequeIter, DictIter, GeneratorValue, ListIter, LiveListIter, NativeIter, OutsideIterator, SymIter, UserIter, drain, \
@@ -212,6 +213,17 @@ class ValueOps:
                              "use it outside the compiled function")
         if name in ("stride", "is_contiguous") and proxy.example is not None:
             # the layout eager gives this value (its example ran the same ops on equally strided inputs)
+            meta = proxy.meta
+            if has_symbols(meta):
+                # symbolic sizes: the meta's expressions where they agree with the example's layout; else
+                # the example's numbers, valid for these sizes only (each size is specialized, guarded)
+                hinted = hint_of(meta)
+                agrees = tuple(hinted.strides) == tuple(proxy.example.stride()) if name == "stride" else \
+                    hinted.is_contiguous() == proxy.example.is_contiguous()
+                if agrees:
+                    return NativeCall(getattr(proxy, name), f"Tensor.{name}", proxy, name)
+                for size in meta.shape:
+                    int(size)
             return NativeCall(getattr(proxy.example, name), f"Tensor.{name}", proxy, name)
         try:
             value = getattr(proxy, name)

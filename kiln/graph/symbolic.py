@@ -269,6 +269,22 @@ def _concrete(v: Any) -> int:
     return int(v)
 
 
+def same_sizes(a: Any, b: Any) -> bool:
+    """Whether two shapes are the same for every value of the symbols (structurally: equal ints, equal
+    expressions), deciding nothing. For shortcuts whose other branch is also right (`already this shape`)."""
+    a, b = tuple(a), tuple(b)
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if isinstance(x, SymInt) or isinstance(y, SymInt):
+            ex, ey = _expr(x), _expr(y)
+            if ex is None or ey is None or sympy.expand(ex - ey) != 0:
+                return False
+        elif x != y:
+            return False
+    return True
+
+
 def is_symbolic(value: Any) -> bool:
     return isinstance(value, SymInt)
 
@@ -279,6 +295,8 @@ def has_symbols(value: Any) -> bool:
         return True
     if isinstance(value, (tuple, list)):
         return any(has_symbols(v) for v in value)
+    if isinstance(value, slice):
+        return has_symbols((value.start, value.stop, value.step))
     if isinstance(value, dict):
         return any(has_symbols(v) for v in value.values())
     shape = getattr(value, "shape", None)
@@ -291,6 +309,9 @@ def substitute(value: Any, values: dict[sympy.Symbol, int]) -> Any:
     """`value` with every SymInt replaced by its int under `values` (nested tuples, lists, dicts, metas)."""
     if isinstance(value, SymInt):
         return _evaluate(value.expr, {s: sympy.Integer(v) for s, v in values.items()})
+    if isinstance(value, slice):
+        return slice(substitute(value.start, values), substitute(value.stop, values),
+                     substitute(value.step, values))
     if isinstance(value, tuple):
         items = [substitute(v, values) for v in value]
         if hasattr(value, "_fields"):
@@ -310,6 +331,8 @@ def hint_of(value: Any) -> Any:
     """`value` with each SymInt replaced by its hint, deciding nothing (for example runs while tracing)."""
     if isinstance(value, SymInt):
         return value.env.hint(value.expr)
+    if isinstance(value, slice):
+        return slice(hint_of(value.start), hint_of(value.stop), hint_of(value.step))
     if isinstance(value, (tuple, list, dict)) or type(value).__name__ == "TensorMeta":
         if not has_symbols(value):
             return value

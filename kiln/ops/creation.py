@@ -14,12 +14,12 @@ from typing import Any, Sequence
 
 import torch
 
+from ..graph.symbolic import SymInt
 from .. import prims
 from ..prims.registry import check
 from ..prims.shape import dense_strides_like, is_non_overlapping_and_dense
 from .registry import NoDecomposition, mark_inplace, register
 from .utils import is_tensor, result_type, scalar_dtype
-from ..graph.symbolic import SymInt
 
 _Shape = (tuple, list, torch.Size)
 
@@ -311,8 +311,8 @@ def new_full(a: Any, size: Any, fill_value: Any, **kwargs: Any) -> Any:
 def _range_number(v: Any, op: str) -> Any:
     if is_tensor(v):
         raise NoDecomposition(f"{op} with tensor bounds")
-    check(isinstance(v, (bool, int, float)), lambda: f"{op}(): expected a number, got {type(v).__name__}",
-          TypeError)
+    check(isinstance(v, (bool, int, float, SymInt)), lambda: f"{op}(): expected a number, got "
+          f"{type(v).__name__}", TypeError)
     return v
 
 
@@ -334,8 +334,17 @@ def arange(*args: Any, **kwargs: Any) -> Any:
     dtype, device = _options("arange", kwargs, inferred if kwargs.get("dtype") is None else None)
     if dtype == torch.bool or dtype.is_complex:
         raise NoDecomposition(f"arange with dtype {dtype}")
-    check(all(math.isfinite(float(v)) for v in (start, end)), lambda: f"unsupported range: {start} -> {end}")
-    if dtype.is_floating_point:
+    check(all(isinstance(v, SymInt) or math.isfinite(float(v)) for v in (start, end)),
+          lambda: f"unsupported range: {start} -> {end}")
+    if dtype.is_floating_point and any(isinstance(v, SymInt) for v in (start, end, step)) and \
+            all(isinstance(v, (int, SymInt)) and not isinstance(v, bool) for v in (start, end, step)):
+        # integer bounds, one of them a symbolic size: the length is exact integer arithmetic (eager's
+        # ceil of the quotient in double is the same number)
+        check(step != 0, lambda: "step must be nonzero")
+        check((step > 0 and end >= start) or (step < 0 and end <= start),
+              lambda: "upper bound and larger bound inconsistent with step sign")
+        length = (end - start + step - 1) // step if step > 0 else (start - end - step - 1) // (-step)
+    elif dtype.is_floating_point:
         check(step != 0, lambda: "step must be nonzero")
         check((step > 0 and end >= start) or (step < 0 and end <= start),
               lambda: "upper bound and larger bound inconsistent with step sign")
@@ -343,7 +352,7 @@ def arange(*args: Any, **kwargs: Any) -> Any:
     else:
         # eager converts the bounds to integers first (truncating), then checks and sizes with them:
         # int64 with exact integer arithmetic, narrower types in double
-        xstart, xend, xstep = int(start), int(end), int(step)
+        xstart, xend, xstep = (v if isinstance(v, SymInt) else int(v) for v in (start, end, step))
         check(xstep != 0, lambda: "step must be nonzero")
         check((xstep > 0 and xend >= xstart) or (xstep < 0 and xend <= xstart),
               lambda: "upper bound and larger bound inconsistent with step sign")
@@ -354,7 +363,7 @@ def arange(*args: Any, **kwargs: Any) -> Any:
         else:
             length = math.ceil((float(end) - float(start)) / float(step))
         start, step = xstart, xstep
-    return prims.iota(int(length), start, step, dtype, device)
+    return prims.iota(length if isinstance(length, SymInt) else int(length), start, step, dtype, device)
 
 
 def _bound_value(v: Any, op: str, name: str, dtype: torch.dtype, device: Any) -> Any:

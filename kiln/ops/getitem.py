@@ -10,13 +10,13 @@ from typing import Any, Sequence
 
 import torch
 
+from ..graph.symbolic import SymInt
 from .. import prims
 from ..prims.registry import check
 from .creation import _fill_value
 from .registry import DataDependentShape, NoDecomposition, mark_inplace, mark_view, register
 from .shape import _expand, _reshape, slice_dim
 from .utils import is_tensor
-from ..graph.symbolic import SymInt
 
 
 def _advanced() -> Any:
@@ -76,7 +76,7 @@ def _slice_bounds(s: slice, size: int) -> tuple[int, int, int]:
             return default
         if is_tensor(v):
             raise NoDecomposition("a slice with tensor bounds")
-        return operator.index(v)
+        return v if isinstance(v, SymInt) else operator.index(v)
     step = value(s.step, 1)
     check(step > 0, lambda: "step must be greater than zero", ValueError)
     start, stop = value(s.start, 0), value(s.stop, size)

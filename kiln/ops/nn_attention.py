@@ -104,14 +104,14 @@ def multi_head_attention_forward(
             raise RuntimeError(f"attn_mask's dimension {attn_mask.ndim} is not supported")
 
     # (L, N, E) -> (N * H, L, head_dim)
-    q = torch.transpose(torch.reshape(q, [tgt_len, bsz * num_heads, head_dim]), 0, 1)
-    k = torch.transpose(torch.reshape(k, [src_len, bsz * num_heads, head_dim]), 0, 1)
-    v = torch.transpose(torch.reshape(v, [src_len, bsz * num_heads, head_dim]), 0, 1)
+    q = torch.transpose(q.reshape([tgt_len, bsz * num_heads, head_dim]), 0, 1)
+    k = torch.transpose(k.reshape([src_len, bsz * num_heads, head_dim]), 0, 1)
+    v = torch.transpose(v.reshape([src_len, bsz * num_heads, head_dim]), 0, 1)
     if key_padding_mask is not None:
         check(list(key_padding_mask.shape) == [bsz, src_len], lambda: f"expecting key_padding_mask shape of "
               f"{(bsz, src_len)}, but got {torch.Size(key_padding_mask.shape)}", RuntimeError)
-        padding = torch.reshape(key_padding_mask, [bsz, 1, 1, src_len]).expand(-1, num_heads, -1, -1)
-        padding = torch.reshape(padding, [bsz * num_heads, 1, src_len])
+        padding = key_padding_mask.reshape([bsz, 1, 1, src_len]).expand(-1, num_heads, -1, -1)
+        padding = padding.reshape([bsz * num_heads, 1, src_len])
         attn_mask = padding if attn_mask is None else attn_mask + padding
 
     if need_weights:
@@ -119,9 +119,9 @@ def multi_head_attention_forward(
         kt = torch.transpose(k, -2, -1)
         scores = torch.bmm(q_scaled, kt) if attn_mask is None else torch.baddbmm(attn_mask, q_scaled, kt)
         weights = F.softmax(scores, dim=-1)
-        out = torch.reshape(torch.transpose(torch.bmm(weights, v), 0, 1), [tgt_len * bsz, embed])
-        out = torch.reshape(F.linear(out, out_proj_weight, out_proj_bias), [tgt_len, bsz, -1])
-        weights = torch.reshape(weights, [bsz, num_heads, tgt_len, src_len])
+        out = torch.transpose(torch.bmm(weights, v), 0, 1).reshape([tgt_len * bsz, embed])
+        out = F.linear(out, out_proj_weight, out_proj_bias).reshape([tgt_len, bsz, -1])
+        weights = weights.reshape([bsz, num_heads, tgt_len, src_len])
         if average_attn_weights:
             weights = torch.mean(weights, 1)
         if not batched:
@@ -132,13 +132,13 @@ def multi_head_attention_forward(
         if attn_mask.shape[0] == 1 and attn_mask.ndim == 3:
             attn_mask = torch.unsqueeze(attn_mask, 0)
         else:
-            attn_mask = torch.reshape(attn_mask, [bsz, num_heads, -1, src_len])
-    q = torch.reshape(q, [bsz, num_heads, tgt_len, head_dim])
-    k = torch.reshape(k, [bsz, num_heads, src_len, head_dim])
-    v = torch.reshape(v, [bsz, num_heads, src_len, head_dim])
+            attn_mask = attn_mask.reshape([bsz, num_heads, -1, src_len])
+    q = q.reshape([bsz, num_heads, tgt_len, head_dim])
+    k = k.reshape([bsz, num_heads, src_len, head_dim])
+    v = v.reshape([bsz, num_heads, src_len, head_dim])
     out = F.scaled_dot_product_attention(q, k, v, attn_mask, 0.0, is_causal)
-    out = torch.reshape(torch.permute(out, [2, 0, 1, 3]), [bsz * tgt_len, embed])
-    out = torch.reshape(F.linear(out, out_proj_weight, out_proj_bias), [tgt_len, bsz, -1])
+    out = torch.permute(out, [2, 0, 1, 3]).reshape([bsz * tgt_len, embed])
+    out = F.linear(out, out_proj_weight, out_proj_bias).reshape([tgt_len, bsz, -1])
     if not batched:
         out = torch.squeeze(out, 1)
     return out, None

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..graph.symbolic import SymInt
 from .. import prims
 from ..prims.registry import check, wrap_dim
 from .registry import NoDecomposition
@@ -112,7 +113,8 @@ def mean(input: Any, dim: Any = None, keepdim: bool = False, *, dtype: torch.dty
     dims = reduction_dims(input, dim)
     compute = computation_dtype(out_dtype)
     total = prims.sum(convert(convert(input, out_dtype), compute), dims)
-    out = convert(prims.div(total, float(_numel(input, dims))), out_dtype)
+    n = _numel(input, dims)
+    out = convert(prims.div(total, n if isinstance(n, SymInt) else float(n)), out_dtype)
     return keep_dims(out, input, dims, keepdim)
 
 

@@ -12,12 +12,12 @@ from typing import Any, Sequence
 
 import torch
 
+from ..graph.symbolic import SymInt
 from .. import prims
 from ..prims.registry import check, wrap_dim
 from ..prims.shape import view_strides
 from .registry import NoDecomposition, mark_view, register
 from .utils import broadcast_shapes, is_tensor
-from ..graph.symbolic import SymInt
 
 _Shape = (tuple, list, torch.Size)
 

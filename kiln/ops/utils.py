@@ -11,11 +11,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..graph.symbolic import SymInt, same_sizes
 from .. import prims
 from ..graph import Proxy, TensorMeta
 from ..prims.registry import check, shape_text, wrap_dim
 from .registry import NoDecomposition, register
-from ..graph.symbolic import SymInt
 
 Number = (bool, int, float, complex)
 
@@ -163,7 +163,7 @@ def broadcast_to(a: Any, shape: Sequence[Any]) -> Any:
     if not is_tensor(a):
         return a
     shape = tuple(shape)
-    if tuple(a.shape) == shape:
+    if same_sizes(a.shape, shape):
         return a
     check(len(shape) >= a.ndim, lambda: f"cannot broadcast {shape_text(a)} to {list(shape)}")
     offset = len(shape) - a.ndim

@@ -19,9 +19,9 @@ from typing import Any
 import sympy
 import torch
 
+from ..graph.symbolic import SymInt
 from ..graph import TensorMeta
 from .registry import check, is_tensor, meta_of, prim, rule, shape_text
-from ..graph.symbolic import SymInt
 
 
 def _device(device: Any) -> torch.device:

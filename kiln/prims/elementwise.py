@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..graph.symbolic import SymInt
 from ..graph import TensorMeta
 from .registry import Prim, check, is_tensor, meta_of, prim, shape_text
 
@@ -23,7 +24,7 @@ def _kind(dtype_or_value: Any) -> int:
         return 2 if dtype_or_value.is_floating_point else 1
     if isinstance(dtype_or_value, bool):
         return 0
-    if isinstance(dtype_or_value, int):
+    if isinstance(dtype_or_value, (int, SymInt)):
         return 1
     if isinstance(dtype_or_value, float):
         return 2

@@ -23,12 +23,12 @@ from typing import Any, Sequence
 import sympy
 import torch
 
+from ..graph.symbolic import SymInt
 from ..graph import TensorMeta
 # (kiln.ops imports the layout rules it needs from here too)
 from ..graph.layout import (contiguous_strides, dense_strides_like, is_non_overlapping_and_dense, numel,
                             strides_in_order)
 from .registry import check, is_tensor, meta_of, prim, shape_text
-from ..graph.symbolic import SymInt
 
 
 def _broadcast_in_dim_meta(a: Any, shape: Sequence[int], broadcast_dimensions: Sequence[int]) -> TensorMeta:
