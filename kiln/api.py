@@ -16,12 +16,14 @@ from typing import Any, Callable
 import torch
 
 from .backends import compiler_for, register_backend
+from .backends.ddp import BucketSplitCompiler
 from .capture import cache as _cache
 from .capture.cache import CompiledFunction, recording, warn_once
 from .capture.dynamic import mark_dynamic, mark_static  # noqa: F401  (kiln.mark_dynamic, kiln.mark_static)
 from .capture.entry import NO_SELF
 from .capture.errors import GraphBreakError
 from .counters import counters
+from .distributed import CompiledDDP, is_ddp
 from .counters import reset as _reset_counters
 from .graph.pipeline import FUEL, CompileContext
 
@@ -44,6 +46,12 @@ def compile(model: Any = None, *, backend: Any = "auto", fullgraph: bool = False
             return compile(fn, backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode,
                            options=options, disable=disable)
         return decorate
+    if is_ddp(model):
+        # DDP's forward runs eagerly around its module's compiled forward, cut at the gradient buckets
+        if disable:
+            return model
+        return CompiledDDP(model, backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode,
+                           options=options)
     if isinstance(model, torch.nn.Module):
         if disable:
             return model
@@ -249,6 +257,8 @@ class ExplainReport:
                 lines.append(f"  symbolic sizes of capture {i + 1} (symbol = where it is read, then the facts "
                              "guarded):")
                 lines.extend(f"    {s}" for s in symbols)
+        for split in getattr(self, "ddp_splits", ()):
+            lines.append(f"  {split}")
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -256,6 +266,8 @@ class ExplainReport:
 
 def _python_code(fn_or_module: Any, caller: str) -> tuple[types.FunctionType, Any]:
     """The Python function to capture afresh, and its bound self, behind a module or compiled function."""
+    if isinstance(fn_or_module, CompiledDDP) or is_ddp(fn_or_module):
+        fn_or_module = fn_or_module.module  # DDP's own forward runs eagerly: the module it wraps
     target = fn_or_module._orig_mod if isinstance(fn_or_module, CompiledModule) else fn_or_module
     if isinstance(target, CompiledFunction):
         target = target.fn if target.bound_self is NO_SELF else types.MethodType(target.fn,
@@ -284,11 +296,14 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
     callees captured as their own frames (graphs, breaks with reason, file:line, source line and hint,
     ops per graph, guards). The call runs for real, side effects included."""
     fn, bound_self = _python_code(fn_or_module, "kiln.explain")
+    # a DDP module: its module's graphs cut at the gradient buckets, as kiln.compile(ddp) cuts them
+    splitter = (BucketSplitCompiler(compiler_for("eager"), getattr(fn_or_module, "_orig_mod", fn_or_module))
+                if isinstance(fn_or_module, CompiledDDP) or is_ddp(fn_or_module) else None)
     # a private cache (family) so that the report sees fresh captures of every frame; a compiled function's
     # dynamic setting and the dims automatic dynamic made symbolic carry over
     original = fn_or_module._compiled_forward if isinstance(fn_or_module, CompiledModule) else fn_or_module
     dynamic = original.dynamic if isinstance(original, CompiledFunction) else None
-    compiled = CompiledFunction(fn, compiler_for("eager"), bound_self=bound_self, family=object(),
+    compiled = CompiledFunction(fn, splitter or compiler_for("eager"), bound_self=bound_self, family=object(),
                                 dynamic=dynamic)
     if isinstance(original, CompiledFunction):
         compiled.cache.dynamic_dims |= original.cache.dynamic_dims
@@ -310,5 +325,6 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
     report = ExplainReport(graphs, breaks, guards, ops, fallbacks)
     report.symbols = symbols
     report.native_callees = native_callees
+    report.ddp_splits = splitter.splits if splitter is not None else []
     print(report)
     return report

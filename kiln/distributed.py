@@ -1,0 +1,136 @@
+"""kiln under torch.distributed: `kiln.compile(DDP(model))`.
+
+DDP's own forward is Python bookkeeping around one call of the module it wraps: `_pre_forward` (the
+reducer's per-iteration state, buffer broadcast, logging), the call, `_post_forward` (preparing the
+reducer for the backward, the `_DDPSink` that finalizes it). Captured, that code breaks the graph and the
+frame runs natively anyway, and the wrapped module would run eagerly inside it. So `CompiledDDP` runs
+DDP's forward eagerly, untouched, and compiles only the wrapped module's forward, whose graphs are cut at
+DDP's gradient buckets (`kiln.backends.ddp`): DDP's reducer sees each parameter's gradient arrive through
+its usual autograd hooks, bucket by bucket, while the rest of the backward runs. Gradients are DDP's own.
+
+`DDP(kiln.compile(model))` needs nothing from here: DDP wraps a `CompiledModule` like any module (its
+gradients all arrive at the end of the one compiled backward per graph, so nothing overlaps).
+"""
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+import torch
+
+from .backends import compiler_for
+from .backends.ddp import BucketSplitCompiler, SplitPlan
+from .capture.cache import CompiledFunction, warn_once
+from .graph.pipeline import CompileContext
+
+__all__ = ["CompiledDDP", "is_ddp"]
+
+_MISSING = object()
+
+
+def is_ddp(model: Any) -> bool:
+    """`model` is a torch.nn.parallel.DistributedDataParallel (or a subclass)."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.nn.parallel import DistributedDataParallel
+    return isinstance(model, DistributedDataParallel)
+
+
+class CompiledDDP(torch.nn.Module):
+    """`kiln.compile(ddp)`: calls run DDP's forward eagerly around the wrapped module's compiled forward.
+    Parameters, state_dict, train()/eval(), no_sync() and other attributes are the DDP module's.
+    `splits` lists how each captured graph was cut at the bucket boundaries."""
+
+    def __init__(self, ddp: torch.nn.Module, backend: Any = "auto", fullgraph: bool = False, dynamic: Any = None,
+                 mode: str | None = None, options: dict | None = None):
+        super().__init__()
+        self.__dict__.pop("training", None)  # read through to the DDP module
+        context = CompileContext.from_compile(mode=mode, dynamic=dynamic, fullgraph=fullgraph, options=options,
+                                              backend=backend if isinstance(backend, str) else None)
+        splitter = BucketSplitCompiler(compiler_for(backend, context), ddp)
+        inner = ddp.module
+        forward = type(inner).forward
+        object.__setattr__(self, "_orig_mod", ddp)
+        object.__setattr__(self, "_splitter", splitter)
+        if sys.version_info[:2] != (3, 11) or not isinstance(forward, types.FunctionType):
+            warn_once(f"ddp:{id(ddp)}", "kiln.compile(DDP(...)): the wrapped module's forward is not Python "
+                      "code kiln captures here; it runs eagerly")
+            object.__setattr__(self, "_compiled_forward", None)
+        else:
+            object.__setattr__(self, "_compiled_forward", CompiledFunction(
+                forward, splitter, fullgraph=fullgraph, raise_on_error=context.raise_on_error,
+                bound_self=inner))
+
+    @property
+    def splits(self) -> list[SplitPlan]:
+        return self._splitter.splits
+
+    def bucket_splitter(self, inner: Any) -> BucketSplitCompiler:
+        """A bucket-splitting compiler over `inner` for this DDP module (kiln.explain uses one over eager)."""
+        return BucketSplitCompiler(inner, self._orig_mod)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        ddp = self._orig_mod
+        if self._compiled_forward is None:
+            return ddp(*args, **kwargs)
+        inner = ddp.module
+        saved = inner.__dict__.get("forward", _MISSING)
+        inner.forward = self._compiled_forward  # DDP calls self.module(...): the hooks run, then this
+        try:
+            return ddp(*args, **kwargs)
+        finally:
+            if saved is _MISSING:
+                del inner.forward
+            else:
+                inner.forward = saved
+
+    forward = __call__
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "_orig_mod"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._orig_mod, name, value)
+
+    def __repr__(self) -> str:
+        return f"CompiledDDP({self._orig_mod!r})"
+
+    # the module API, the DDP module's
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.load_state_dict(*args, **kwargs)
+
+    def parameters(self, recurse: bool = True) -> Any:
+        return self._orig_mod.parameters(recurse)
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.named_parameters(*args, **kwargs)
+
+    def buffers(self, recurse: bool = True) -> Any:
+        return self._orig_mod.buffers(recurse)
+
+    def named_buffers(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.named_buffers(*args, **kwargs)
+
+    def modules(self) -> Any:
+        return self._orig_mod.modules()
+
+    def named_modules(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.named_modules(*args, **kwargs)
+
+    def children(self) -> Any:
+        return self._orig_mod.children()
+
+    def train(self, mode: bool = True) -> "CompiledDDP":
+        self._orig_mod.train(mode)
+        return self
+
+    def eval(self) -> "CompiledDDP":
+        self._orig_mod.eval()
+        return self
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._orig_mod.zero_grad(set_to_none)
