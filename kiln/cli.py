@@ -2,7 +2,7 @@
 
     kiln bench [--suite quick|full|hf] [--models NAMES] [--backends eager,torch.compile,kiln]
                [--mode inference|training] [--batch N] [--out DIR] [--kiln-backend NAME] [--memory]
-               [--memory-only]
+               [--memory-only] [--profile] [--profile-only]
     kiln explain [--models NAMES|all] [--suite quick|full|hf] [--json PATH] [--isolate] [--batch N]
                  [--threads N]
     kiln cache info|clear
@@ -53,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "process, and print them side by side")
     bench.add_argument("--memory-only", action="store_true",
                        help="only the memory measurement (no timing, accuracy or compile-time runs)")
+    bench.add_argument("--profile", action="store_true",
+                       help="after the rows, run kiln.profile on each model (inference, a fresh process "
+                            "each): per-kernel table, JSON and roofline PNG in OUT/profile/")
+    bench.add_argument("--profile-only", action="store_true",
+                       help="only the kiln.profile runs (no eager/torch.compile/kiln rows)")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--list", action="store_true", help="list the model zoo and exit")
 
@@ -125,14 +130,19 @@ def bench_main(args: argparse.Namespace) -> int:
                                  timeout_s=args.timeout, budget_s=args.budget, threads=args.threads,
                                  warm=not args.no_warm, memory=args.memory or args.memory_only,
                                  memory_only=args.memory_only,
-                                 plots=not args.no_plots)
+                                 plots=not args.no_plots, profile=args.profile,
+                                 profile_only=args.profile_only)
         runner.select_models(options)
     except (KeyError, ValueError) as e:
         print(f"kiln bench: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
     results = runner.run(options)
-    print(report.table(results["rows"], results["meta"]))
-    print()
+    if results["rows"]:
+        print(report.table(results["rows"], results["meta"]))
+        print()
+    for entry in results.get("profiles", ()):
+        print(entry.get("table") or f"kiln.profile {entry['model']}: {entry['status']}: {entry.get('error')}")
+        print()
     if args.no_plots or plots.available():
         print("wrote " + ", ".join(results["files"]))
     else:
