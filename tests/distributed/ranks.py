@@ -1,0 +1,60 @@
+"""Run a function on 2 gloo ranks, processes started here, bounded in time.
+
+    results = run_ranks(worker, args, timeout=120)   # worker(rank, world_size, *args) -> picklable result
+
+Each rank is a spawned process on this machine (torch.multiprocessing, MASTER_ADDR=127.0.0.1, a free port
+found by binding port 0), one torch thread, in a gloo process group. A rank that raises stops all of them
+and the error is raised here; past `timeout` seconds every rank is killed and TimeoutError raised. The
+workers live in importable modules (spawn pickles them by name): this one and ddp_workers.py.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import tempfile
+import time
+from typing import Any, Callable
+
+import torch
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, worker: Callable[..., Any], port: int, world_size: int, out_dir: str,
+           args: tuple) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    dist.init_process_group("gloo", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=90))
+    try:
+        result = worker(rank, world_size, *args)
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(worker: Callable[..., Any], args: tuple = (), world_size: int = 2,
+              timeout: float = 120.0) -> list[Any]:
+    """worker(rank, world_size, *args) on `world_size` gloo ranks; their results, by rank."""
+    with tempfile.TemporaryDirectory(prefix="kiln_ranks_") as out_dir:
+        context = mp.start_processes(_entry, args=(worker, free_port(), world_size, out_dir, args),
+                                     nprocs=world_size, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout
+        try:
+            while not context.join(timeout=0.5):  # raises (and stops the others) when a rank fails
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{worker.__name__} on {world_size} ranks ran past {timeout:.0f} s")
+        finally:
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+                    process.join(5)
+        return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False)
+                for r in range(world_size)]

@@ -1,0 +1,98 @@
+"""kiln under torch.distributed with gloo, 2 ranks on this machine (started by ranks.run_ranks).
+
+- DDP training of the zoo's nanoGPT, both wrappings (DDP(kiln.compile(m)) and kiln.compile(DDP(m))):
+  losses and final parameters equal single-process eager on the full batch (each rank an equal half).
+- kiln.compile(DDP(m)) with a small bucket_bytes_cap: the graph is cut into one piece per bucket, explain
+  and the counters say so, a bucket's all-reduce starts before the backward ends, and the result is DDP's.
+- torch.distributed collectives inside compiled code break the graph and run in program order.
+"""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from kiln import config
+
+from ddp_workers import collectives_in_compiled_code, eager_reference, train
+from ranks import run_ranks
+
+pytestmark = [
+    pytest.mark.distributed,
+    pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+                       reason="torch.distributed with gloo is not available"),
+    pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler"),
+]
+STEPS = 5
+RTOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("kiln_cache"))
+
+
+def _assert_matches(result: dict, reference: dict, what: str) -> None:
+    assert result["losses"] == pytest.approx(reference["losses"], rel=RTOL), (what, result["losses"],
+                                                                             reference["losses"])
+    for name, expected in reference["params"].items():
+        torch.testing.assert_close(result["params"][name], expected, rtol=RTOL, atol=1e-6,
+                                   msg=lambda m: f"{what} {name}: {m}")
+
+
+def _handed_to_torch(counters: dict) -> dict:
+    return {k: v for k, v in counters.get("cpp", {}).items() if k.startswith("ran with torch")}
+
+
+def test_nanogpt_ddp_training_both_wrappings_match_full_batch_eager(cache_dir):
+    wrappings = ["ddp_of_compiled", "compiled_ddp"]
+    ranks = run_ranks(train, ("nanogpt", 4, STEPS, wrappings, cache_dir, {}), timeout=150)
+    reference = eager_reference("nanogpt", 4, STEPS)
+    for wrapping in wrappings:
+        for rank, result in enumerate(ranks):
+            _assert_matches(result[wrapping], reference, f"{wrapping} rank {rank}")
+            counters = result[wrapping]["counters"]
+            assert counters["autograd"]["backward graphs compiled"] >= 1, counters
+            assert not _handed_to_torch(counters), counters["cpp"]
+    # nanoGPT's parameters fit DDP's first bucket (1 MiB): one piece
+    assert ranks[0]["compiled_ddp"]["piece_counts"] == [1]
+
+
+def test_small_buckets_split_the_graph_and_overlap_the_backward(cache_dir):
+    cap_mb = 0.01  # 10485 bytes: nanogpt_tiny's ~70 KB of parameters make 4 buckets
+    ranks = run_ranks(train, ("nanogpt_tiny", 4, 3, ["compiled_ddp", "ddp_of_compiled"], cache_dir,
+                              {"bucket_cap_mb": cap_mb}, True), timeout=150)
+    reference = eager_reference("nanogpt_tiny", 4, 3)
+    for rank, result in enumerate(ranks):
+        split = result["compiled_ddp"]
+        _assert_matches(split, reference, f"split rank {rank}")
+        assert split["piece_counts"] == [4], split["splits"]
+        assert split["counters"]["ddp"]["pieces"] == 4
+        assert split["counters"]["ddp"]["graphs split at bucket boundaries"] == 1
+        assert not _handed_to_torch(split["counters"]), split["counters"]["cpp"]
+        # the first piece holds the embeddings; the last, the last block's MLP output and ln_f
+        params = split["piece_params"][0]
+        assert params[0][:2] == ["wte.weight", "wpe.weight"]
+        assert params[-1][-2:] == ["ln_f.weight", "ln_f.bias"]
+        assert sorted(p for piece in params for p in piece) == sorted(reference["params"])
+        assert split["explain_pieces"] == [4] and "DDP bucket split" in split["explain"]
+        # after DDP rebuilds its buckets (step 2 on): an all-reduce is launched while backwards remain
+        for log in split["events"][1:]:
+            assert log.count("backward") == 4, log
+            assert log.index("allreduce") < len(log) - 1 - log[::-1].index("backward"), log
+        # one compiled graph: every gradient arrives when the whole backward is done
+        whole = result["ddp_of_compiled"]
+        _assert_matches(whole, reference, f"unsplit rank {rank}")
+        for log in whole["events"][1:]:
+            assert log.index("allreduce") > log.index("backward"), log
+
+
+def test_collectives_inside_compiled_code_break_the_graph_in_program_order(cache_dir):
+    ranks = run_ranks(collectives_in_compiled_code, (cache_dir,), timeout=90)
+    for rank, result in enumerate(ranks):
+        torch.testing.assert_close(result["actual"], result["expected"], msg=f"rank {rank}")
+        torch.testing.assert_close(result["second"], result["expected_second"], msg=f"rank {rank}")
+        comm = [k for k in result["breaks"] if "torch.distributed communication" in k]
+        assert any("all_reduce" in k for k in comm) and any("broadcast" in k for k in comm), result["breaks"]
+        assert result["explain_breaks"] >= 2, result["explain"]
