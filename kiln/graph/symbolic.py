@@ -48,6 +48,9 @@ class FloorDiv(sympy.Function):
         q = a / b
         if q.is_Rational:  # (32*s0) // (2*s0)
             return sympy.floor(q)
+        num, den = sympy.fraction(sympy.cancel(q))
+        if den == 1:  # (s0*s1) // s1: exact
+            return num
         if b.is_Integer and a.is_Mul:
             coeff, rest = a.as_coeff_Mul()
             if coeff.is_Integer and int(coeff) % int(b) == 0:
@@ -290,9 +293,13 @@ def is_symbolic(value: Any) -> bool:
 
 
 def has_symbols(value: Any) -> bool:
-    """Whether a (nested) value holds a SymInt: a meta's shape, strides or offset, or node arguments."""
+    """Whether a (nested) value holds a SymInt: a meta's shape, strides or offset, node arguments, or a
+    proxy (anything with a TensorMeta `.meta`) with symbolic sizes."""
     if isinstance(value, SymInt):
         return True
+    meta = getattr(value, "meta", None) if type(value).__name__ == "Proxy" else None
+    if meta is not None:
+        return has_symbols(meta)
     if isinstance(value, (tuple, list)):
         return any(has_symbols(v) for v in value)
     if isinstance(value, slice):
@@ -339,6 +346,29 @@ def hint_of(value: Any) -> Any:
         env = _env_of(value)
         return substitute(value, env.hints) if env is not None else value
     return value
+
+
+def specialize_all(value: Any) -> None:
+    """Specialize every symbol a (nested) value mentions — SymInts, and the shapes, strides and offsets of
+    proxies (anything with a `.meta`) — to its hint, each recorded as a fact."""
+    for v in _leaves(value):
+        meta = getattr(v, "meta", None) if not isinstance(v, SymInt) else None
+        for d in ((v,) if isinstance(v, SymInt) else
+                  (*meta.shape, *meta.strides, meta.storage_offset) if type(meta).__name__ == "TensorMeta"
+                  else ()):
+            if isinstance(d, SymInt):
+                for sym in d.expr.free_symbols:
+                    d.env.specialize(sym)
+
+
+def _leaves(value: Any) -> list:
+    if isinstance(value, (tuple, list)):
+        return [x for v in value for x in _leaves(v)]
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _leaves(v)]
+    if isinstance(value, slice):
+        return [value.start, value.stop, value.step]
+    return [value]
 
 
 def _env_of(value: Any) -> ShapeEnv | None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..graph.symbolic import SymInt
 from .. import prims
 from ..graph import TensorMeta
 from ..prims.registry import check
@@ -463,7 +464,7 @@ def _converted(input: Any, dtype: torch.dtype | None, copy_: bool,
     """Tensor.to's rules: self itself when nothing changes (eager's `to_will_alias`), else a converted copy
     laid out as eager lays it out."""
     meta = input.meta
-    if any(not isinstance(v, int) for v in (*meta.shape, *meta.strides)):
+    if any(not isinstance(v, (int, SymInt)) for v in (*meta.shape, *meta.strides)):
         raise NoDecomposition("a conversion of a tensor with symbolic sizes")
     same_dtype = dtype is None or dtype == input.dtype
     if not copy_ and same_dtype and (memory_format == torch.preserve_format or
@@ -484,7 +485,7 @@ def _converted(input: Any, dtype: torch.dtype | None, copy_: bool,
 def _dense_order(meta: TensorMeta) -> tuple[int, ...] | None:
     """For a non-contiguous input whose strides are a permutation of dense strides: the dims from the
     largest stride to the smallest; None otherwise (contiguous, overlapping, or with gaps)."""
-    if meta.is_contiguous() or any(not isinstance(v, int) for v in (*meta.shape, *meta.strides)):
+    if meta.is_contiguous() or any(not isinstance(v, (int, SymInt)) for v in (*meta.shape, *meta.strides)):
         return None
     order = tuple(sorted(range(meta.ndim), key=lambda d: (-meta.strides[d], d)))
     expected = 1

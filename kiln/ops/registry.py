@@ -28,7 +28,7 @@ from ..graph.graph import is_random_target
 from ..graph import (DataDependentError, Graph, Proxy, TensorMeta, Tracer, current_tracer, dce,
                      dense_strides, flatten, map_structure, torch_name, tracing)
 from ..graph.proxy import set_torch_call_handler
-from ..graph.symbolic import hint_of
+from ..graph.symbolic import has_symbols, hint_of, specialize_all
 from .overlap import overlaps_itself, shared_memory, uniform_fill
 
 log = config.channel("prims")
@@ -373,6 +373,11 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
             except Exception as e:
                 raise UnsupportedError(f"{name} has no decomposition and no meta implementation, so kiln "
                                        f"cannot know its output shape ({type(e).__name__}: {e})") from None
+        if has_symbols((args, kwargs)) and not all(isinstance(v, bool) for v in flatten(real)):
+            # a torch op kiln cannot see into: its output sizes (or values) are the example's, right only
+            # at these sizes, so every symbol of its inputs is specialized (guarded), counted
+            counters["dynamic_specialized"][f"{name} (runs with torch)"] += 1
+            specialize_all((args, kwargs))
         structure = real
         metas = tuple(TensorMeta.of(t) for t in flatten(real) if isinstance(t, torch.Tensor))
 
