@@ -4,7 +4,8 @@ For each model and compiler, a fresh worker process (`python -m kiln.bench.worke
 caches, checks accuracy (kiln.testing.accuracy), and times eager and compiled calls interleaved; a second
 fresh process compiles again with the caches the first one filled (warm compile time); with `memory`, a
 third fresh process measures peak and steady RSS (worker.memory), so each model's eager and compiled
-memory stand side by side. Every finished row
+memory stand side by side; with `profile`, a last fresh process per model runs kiln.profile on it (its
+table, JSON and roofline PNG under OUT/profile/). Every finished row
 is written at once to results.json and results.md, so Ctrl-C (or a crash) leaves the finished rows; a
 model that errors, misses accuracy or times out is a row, never the end of the run.
 """
@@ -51,6 +52,9 @@ class Options:
     memory_only: bool = False             # only that: no timing, accuracy or compile-time runs
     plots: bool = True
     progress: bool = True
+    profile: bool = False                 # also kiln.profile each model after its rows (OUT/profile/)
+    profile_only: bool = False            # only that: no eager/torch.compile/kiln rows
+    profile_repeat: int = 10              # timed calls per profile
 
 
 class Progress:
@@ -195,6 +199,22 @@ def bench_one(model: str, compiler: str, options: Options, progress: Progress,
         shutil.rmtree(cache_dir, ignore_errors=True)
 
 
+def profile_one(model: str, options: Options, progress: Progress,
+                launch: Callable[[dict[str, Any], float], dict[str, Any]] = run_worker) -> dict[str, Any]:
+    """kiln.profile of one model in a fresh process (inference): MODEL.txt/.json/.png in OUT/profile."""
+    progress.show(f"{model}: kiln.profile")
+    job = {"phase": "profile", "model": model, "batch": options.batch, "mode": "inference",
+           "threads": options.threads, "repeat": options.profile_repeat,
+           "out": os.path.join(options.out, "profile")}
+    result = launch(job, options.timeout_s)
+    progress.step(f"{model}: profile {result['status']}")
+    entry = {"model": model, "status": result["status"]}
+    for key in ("error", "table", "files", "wall_us", "outside_kernels_share", "accuracy", "plot_error"):
+        if key in result:
+            entry[key] = result[key]
+    return entry
+
+
 MEMORY_FIELDS = ("rss_base_mb", "rss_first_peak_mb", "rss_peak_mb", "rss_steady_mb", "peak_reset")
 
 
@@ -218,15 +238,23 @@ def run(options: Options, launch: Callable[[dict[str, Any], float], dict[str, An
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "interrupted": False, "load_average_start": load_average()}
     results: dict[str, Any] = {"meta": meta, "rows": []}
-    progress = Progress(2 * len(models) * len(options.backends), stream=stream, enabled=options.progress)
+    profiling = options.profile or options.profile_only
+    steps = (0 if options.profile_only else 2 * len(models) * len(options.backends)) + \
+        (len(models) if profiling else 0)
+    progress = Progress(steps, stream=stream, enabled=options.progress)
     start = time.monotonic()
     try:
-        for model in models:
+        for model in models if not options.profile_only else ():
             for compiler in options.backends:
                 row = bench_one(model, compiler, options, progress, launch)
                 results["rows"].append(row)
                 report.write(results, options.out)
                 log.info("%s / %s: %s", model, compiler, row["status"])
+        if profiling:
+            results["profiles"] = []
+            for model in models:
+                results["profiles"].append(profile_one(model, options, progress, launch))
+                report.write(results, options.out)
     except KeyboardInterrupt:
         meta["interrupted"] = True
     finally:
@@ -234,6 +262,8 @@ def run(options: Options, launch: Callable[[dict[str, Any], float], dict[str, An
     meta["wall_s"] = round(time.monotonic() - start, 1)
     meta["load_average"] = load_average()
     results["files"] = report.write(results, options.out)
+    for entry in results.get("profiles", ()):
+        results["files"] += entry.get("files", [])
     if options.plots:
         results["files"] += plots.write(results["rows"], options.out)
     return results

@@ -8,6 +8,7 @@ job names a cache directory, empty for a cold compile and reused for the warm on
   compile  the first call only (warm compile time), and one steady call to subtract
   census   kiln.explain on the model: graphs, breaks grouped by reason, frames run natively (census.py)
   memory   resident memory (Linux /proc/self/status): peak and steady RSS of steady calls (`memory`)
+  profile  kiln.profile on the model: per-kernel table, JSON and roofline PNG into the job's `out` dir
 The result is written as JSON to RESULT_FILE; errors become {"status": "error", ...}, never a crash.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import copy
 import gc
 import json
+import os
 import resource
 import statistics
 import sys
@@ -243,6 +245,41 @@ def memory(job: dict[str, Any]) -> dict[str, Any]:
             "rss_steady_mb": steady, "peak_reset": peak_reset}
 
 
+PROFILE_REPEAT = 10
+
+
+def profile(job: dict[str, Any]) -> dict[str, Any]:
+    """The `profile` phase: kiln.profile on the model (inference, under no_grad), its table, JSON and
+    roofline PNG written as MODEL.txt, MODEL.json, MODEL.png into the job's `out` directory."""
+    import kiln
+    model, example = zoo.build(job["model"], batch=job.get("batch"))
+    args, kwargs = example
+    with torch.no_grad():
+        report = kiln.profile(model, *args, repeat=int(job.get("repeat", PROFILE_REPEAT)), **kwargs)
+    fp64_model = copy.deepcopy(model).double()
+    with torch.no_grad():   # the profiled call's result against eager's and the fp64 reference
+        eager_out = model(*args, **kwargs)
+        fp64_out = fp64_model(*accuracy.to_fp64(args), **accuracy.to_fp64(kwargs))
+    verdict = accuracy.check(report.result, eager_out, accuracy.to_fp64(fp64_out),
+                             tol=job.get("tol", accuracy.MODEL_TOL))
+    out = job["out"]
+    os.makedirs(out, exist_ok=True)
+    base = os.path.join(out, job["model"])
+    text = str(report)
+    with open(base + ".txt", "w") as f:
+        f.write(text + "\n")
+    files = [base + ".txt", report.save_json(base + ".json")]
+    result: dict[str, Any] = {"status": "pass" if verdict.passed else "fail_accuracy", "table": text,
+                              "accuracy": verdict.to_dict(), "wall_us": report.wall_us,
+                              "outside_kernels_share": report.outside_kernels_share, "rows": len(report.rows)}
+    try:
+        files.append(report.plot(base + ".png"))
+    except ImportError as e:
+        result["plot_error"] = str(e)
+    result["files"] = files
+    return result
+
+
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
     """Run one job; every failure is a result with a status, never an exception."""
     torch.manual_seed(0)
@@ -255,10 +292,12 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             return compile_only(job)
         if job["phase"] == "memory":
             return memory(job)
+        if job["phase"] == "profile":
+            return profile(job)
         if job["phase"] == "census":   # kiln explain --isolate: one model's graph-break census
             from . import census
             return census.census_one(job["model"], job.get("batch"))
-        raise ValueError(f"unknown phase {job['phase']!r} (measure, compile, memory, census)")
+        raise ValueError(f"unknown phase {job['phase']!r} (measure, compile, memory, profile, census)")
     except adapters.Unavailable as e:
         return {"status": "unavailable", "error": str(e)}
     except Exception as e:
