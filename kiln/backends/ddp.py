@@ -14,7 +14,7 @@ use in the forward (a tied weight used again at the end is counted where its gra
 joins the current bucket there, with its bytes. When the current bucket holds its limit (DDP's
 first-bucket size for the first, the last in the forward; `bucket_bytes_cap` for the others) and a node
 brings new parameters, the graph is cut after that node. A cut is moved towards the output when a value
-crossing it could not leave a compiled graph (not a tensor, or straight from a torch fallback op) and is
+crossing it could not leave a compiled graph (not a dense tensor, or straight from a torch fallback op) and is
 dropped when no position up to the next cut works. `plan_pieces` is pure (it reads the graph and which
 inputs are parameters); `BucketSplitCompiler` compiles the pieces with the user's backend, lazily on the
 first call with the real inputs, and records each plan for `kiln.explain` and the counters (`ddp`).
@@ -30,7 +30,7 @@ from typing import Any, Callable
 import torch
 
 from ..counters import counters
-from ..graph import Graph, Node, TensorMeta, flatten, map_structure
+from ..graph import Graph, Node, TensorMeta, contiguous_strides, flatten, map_structure
 
 _BODY_OPS = ("call_prim", "call_torch", "getitem")
 
@@ -69,11 +69,15 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _leaves_torch_op(node: Node) -> bool:
-    """A value that comes straight from a torch fallback op (a compiled graph must not return it)."""
-    if node.op == "getitem":
-        node = node.args[0]
-    return node.op == "call_torch" and node.is_fallback
+def _can_cross(node: Node) -> bool:
+    """A value one piece may return and the next take: a dense tensor not straight from a torch fallback op
+    (a compiled graph hands that to torch). Non-contiguous values (a transpose) stay inside a piece: the
+    gradient arriving for such an output is made contiguous, which its backward does not expect."""
+    meta = node.meta
+    if not isinstance(meta, TensorMeta) or tuple(meta.strides) != tuple(contiguous_strides(meta.shape)):
+        return False
+    source = node.args[0] if node.op == "getitem" else node
+    return not (source.op == "call_torch" and source.is_fallback)
 
 
 def plan_pieces(graph: Graph, example_inputs: list, param_names: dict[int, str], bucket_bytes_cap: int,
@@ -117,7 +121,7 @@ def plan_pieces(graph: Graph, example_inputs: list, param_names: dict[int, str],
                 continue
             for inp in node.inputs():
                 if inp in source_position and source_position[inp] <= cut:
-                    if not isinstance(inp.meta, TensorMeta) or _leaves_torch_op(inp):
+                    if not _can_cross(inp):
                         return False
         return True
 
