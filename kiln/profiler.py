@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from . import config
+from .counters import counters
 from .api import _python_code
 from .backends import GraphCompiler
 from .backends.aot import compile_or_run_with_torch
@@ -343,8 +344,8 @@ class ProfileReport:
             table.append((r.graph, r.kind, f"{r.name} {_short_op(r)}", f"{r.time_us:.1f}", _size(r.bytes),
                           "-" if r.flops is None else f"{r.flops / 1e6:.2f}", _num(r.gbps),
                           _pct(r.pct_bandwidth), _num(r.gflops), _pct(r.pct_peak), r.label,
-                          r.origins[0] if r.origins else r.op))
-            continuation[len(table) - 1] = r.origins[1:]
+                          _relative(r.origins[0]) if r.origins else r.op))
+            continuation[len(table) - 1] = [_relative(o) for o in r.origins[1:]]
         widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
         right = {3, 4, 5, 6, 7, 8, 9}
         for i, row in enumerate(table):
@@ -368,8 +369,7 @@ class ProfileReport:
                      f"fallback: {self.outside_kernels_us:.1f} us = "
                      f"{100 * self.outside_kernels_share:.0f}% of "
                      f"wall (wrappers, guards, Python between graphs)")
-        if any((r.pct_peak or 0) > 120 or (r.pct_bandwidth or 0) > 120 and (r.bytes or 0) > 64 << 20
-               for r in self.rows):
+        if any(_above_roofs(r) for r in self.rows):
             lines.append("note: a row runs well above a roof: the cached roofs look low (measured on a busy "
                          "machine?); kiln.profiler.machine_peaks(remeasure=True) measures them again")
         for g in self.graphs:
@@ -384,6 +384,20 @@ class ProfileReport:
         """A roofline PNG: each row at (FLOP per byte, GFLOP/s) under the two measured roofs."""
         from .profile_plot import roofline
         return roofline(self, path)
+
+
+def _above_roofs(row: ProfileRow) -> bool:
+    """A long row well above a roof: the roofs were mismeasured (a small kernel whose buffers sit in cache
+    may beat the copy roof; that says nothing)."""
+    if row.time_us < 20 * OVERHEAD_US:
+        return False
+    return (row.pct_peak or 0) > 120 or ((row.pct_bandwidth or 0) > 120 and (row.bytes or 0) > 64 << 20)
+
+
+def _relative(origin: str) -> str:
+    """An origin with its file relative to the working directory when it lies below it (the table only)."""
+    here = os.getcwd() + os.sep
+    return origin[len(here):] if origin.startswith(here) else origin
 
 
 def _short_op(row: ProfileRow) -> str:
@@ -447,10 +461,13 @@ def _profiling_compiler(entries: list[_Entry]) -> GraphCompiler:
             compiled = compile_graph(g, inputs, ctx, passes=passes)
             entry.compiled.append(compiled)
             return compiled
+        before = dict(counters["cpp"])
         call = compile_or_run_with_torch("cpp", graph, example_inputs, context, compile_profiled, log)
         if entry.compiled:
             return call
-        entry.note = "handed to torch (see kiln.counters['cpp'] for the reason)"
+        reasons = [k for k, v in counters["cpp"].items()
+                   if k.startswith("ran with torch") and v > before.get(k, 0)]
+        entry.note = f"handed to torch: {reasons[0] if reasons else 'see kiln.counters'}"
 
         def timed_torch_run(*inputs: Any) -> Any:
             start = time.perf_counter_ns()

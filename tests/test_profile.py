@@ -218,3 +218,17 @@ def test_cli_parses_profile_flags():
     args = build_parser().parse_args(["bench", "--models", "mlp", "--profile"])
     assert args.profile and not args.profile_only
     assert build_parser().parse_args(["bench", "--profile-only"]).profile_only
+
+
+def test_graph_handed_to_torch_is_a_row(monkeypatch):
+    monkeypatch.setattr(profiler, "machine_peaks", lambda remeasure=False: dict(FAKE_PEAKS, cached=True))
+
+    def on_complex(x):
+        return (x * 2).abs() + 1
+    x = torch.randn(8, dtype=torch.complex64)
+    report = profiler.profile(on_complex, x, repeat=2, warmup=0)
+    torch.testing.assert_close(report.result, on_complex(x))
+    (row,) = report.rows
+    assert row.kind == "torch graph" and row.time_us > 0 and row.bytes is None
+    assert report.graphs[0].note.startswith("handed to torch")
+    assert "graph(s) run with torch" in str(report)
