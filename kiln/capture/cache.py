@@ -21,7 +21,7 @@ import torch
 from .. import config
 from ..counters import counters
 from ..graph import count_ops
-from .dynamic import changed_dims
+from .dynamic import changed_dims, changed_ints
 from .entry import MISS, NO_SELF, make_eager_entry, make_graph_entry, source_reader
 from .errors import BreakRecord, GraphBreak, GraphBreakError
 from .calls import bind_arguments, sets_state
@@ -49,6 +49,7 @@ class CacheEntry:
     def __init__(self, fn: Callable[..., Any], checks: list, guards: list[str], graph: Any,
                  brk: BreakRecord | None, source: str, ops: dict[str, int], children: list | None = None):
         self.tensor_inputs: list[tuple[Any, tuple]] = []  # (source, shape) of plain tensor inputs
+        self.int_inputs: list[tuple[Any, int]] = []  # (source, value) of int inputs guarded as constants
         self.reader: Callable[..., Any] | None = None  # reader(expr, *args, **kwargs): a source's value
         self.symbols: list[str] = []  # the shape env's description (symbols, their sources, facts)
         self.fn = fn
@@ -201,15 +202,16 @@ class CompiledFunction:
         """Dims whose size differs from the last capture's become symbolic in the next one (unless
         compiled with dynamic=False). Returns the change, for the recompile reason."""
         entry = cache.entries[-1]
-        if self.dynamic is False or entry.reader is None or not entry.tensor_inputs:
+        if self.dynamic is False or entry.reader is None:
             return ""
-        changed = changed_dims(entry.tensor_inputs, lambda expr: entry.reader(expr, *args, **kwargs))
+        read = lambda expr: entry.reader(expr, *args, **kwargs)  # noqa: E731
+        changed = changed_dims(entry.tensor_inputs, read) + changed_ints(entry.int_inputs, read)
         new = [c for c in changed if (c[0], c[2]) not in cache.dynamic_dims]
         for expr, _, d, _, _ in new:
             cache.dynamic_dims.add((expr, d))
         if new:
             counters["automatic_dynamic"][self.name] += 1
-        return ", ".join(f"{name}.size({d}) {old} -> {now}" for _, name, d, old, now in new)
+        return ", ".join(f"{name}{'' if d < 0 else f'.size({d})'} {old} -> {now}" for _, name, d, old, now in new)
 
     def _interpret(self, args: tuple, kwargs: dict, stop_at: int | None) -> tuple:
         """Run the frame symbolically: (capture, top frame, return value, break, stopped, grad changed)."""
@@ -282,7 +284,9 @@ class CompiledFunction:
         entry = CacheEntry(entry_fn, checks, guards, graph, record if brk is not None else None, source, ops,
                            children)
         entry.tensor_inputs = [(src, tuple(t.shape)) for src, t, by_identity in cap.inputs if not by_identity]
-        entry.reader = source_reader(cap, fn, code) if entry.tensor_inputs else None
+        entry.tensor_inputs += cap.alias_inputs
+        entry.int_inputs = list(cap.int_inputs)
+        entry.reader = source_reader(cap, fn, code) if entry.tensor_inputs or entry.int_inputs else None
         entry.symbols = cap.shape_env.describe() if cap.shape_env.hints else []
         if graph is not None:
             log_graph.info("captured %s:\n%s", self.name, graph.python_code(f"capture of {self.name}")[0])

@@ -67,6 +67,19 @@ def changed_dims(inputs: list[tuple[Any, tuple]], read: Callable[[str], Any]) ->
     return out
 
 
+def changed_ints(inputs: list[tuple[Any, int]], read: Callable[[str], Any]) -> list[tuple[str, str, int, int, int]]:
+    """Int arguments of an earlier capture whose value differs in this call (dim -1 marks an int)."""
+    out = []
+    for source, old in inputs:
+        try:
+            now = read(source.expr)
+        except Exception:
+            continue
+        if type(now) is int and now != old:
+            out.append((source.expr, source.name, -1, old, now))
+    return out
+
+
 def specialize_graph(graph: Graph, values: dict) -> Graph:
     """A copy of `graph` (and its decompositions) with every symbolic size replaced by its value."""
     done: dict[int, Graph] = {}

@@ -50,6 +50,8 @@ class Capture:
         self.shape_env.on_fact = self._shape_fact
         self.symbol_exprs: dict[Any, str] = {}  # symbol -> its first source's expression (`x.shape[1]`)
         self.symbol_names: dict[Any, str] = {}  # symbol -> readable (`x.size(1)`)
+        self.int_inputs: list[tuple[Source, int]] = []  # ints read from outside, guarded as constants
+        self.alias_inputs: list[tuple[Source, tuple]] = []  # (source, shape): another source's tensor
         self.graph = Graph(name)
         self.tracer = Tracer(self.graph)
         # its graphs serve later calls with other values: ops whose output shape depends on the values
@@ -78,7 +80,11 @@ class Capture:
         """The symbolic value for an outside value found at `source`, guarded as it is read."""
         if isinstance(value, torch.Tensor):
             return self._wrap_tensor(value, source)
+        if type(value) is int and self._dynamic_int(source, value):
+            return self._symbolic_int(source, value)
         if is_constant(value):
+            if type(value) is int:
+                self.int_inputs.append((source, value))
             self.guards.constant(source, value)
             return value
         known = self.sources.get(id(value))
@@ -174,6 +180,7 @@ class Capture:
             first = self.proxy_sources.get(id(known))
             if first is not None and first.expr != source.expr:
                 self.guards.add(f"{source.expr} is {first.expr}", f"{source.name} is {first.name}", "alias")
+                self.alias_inputs.append((source, tuple(t.shape)))  # (automatic dynamic compares it too)
             return known
         by_identity = isinstance(t, torch.nn.Parameter) or source.in_module() or source.kind == "global"
         meta = None if by_identity else self._symbolic_meta(source, t)
@@ -237,6 +244,26 @@ class Capture:
         if tuple(substitute(strides, self.shape_env.hints)) != tuple(t.stride()):
             return None  # (a size-1 dim placed oddly): not worth a symbolic layout
         return TensorMeta(tuple(shape), t.dtype, t.device, strides, t.requires_grad, t.storage_offset())
+
+    def _dynamic_int(self, source: Source, value: int) -> bool:
+        """An int argument is symbolic with dynamic=True, or after a recompile its change caused."""
+        if self.dynamic is False or value < 2 or source.kind not in ("local", "item", "attr"):
+            return False
+        return self.dynamic is True and source.kind == "local" or (source.expr, -1) in self.dynamic_dims
+
+    def _symbolic_int(self, source: Source, value: int) -> Any:
+        size = self.shape_env.size(value, source.name)
+        sym = size.expr
+        if sym not in self.symbol_exprs:
+            self.symbol_exprs[sym] = source.expr
+            self.symbol_names[sym] = source.name
+            self.guards.add(f"type({source.expr}) is int and {source.expr} >= 2",
+                            f"{source.name}: int >= 2 (symbolic {sym})", "shape")
+        else:
+            first = self.symbol_exprs[sym]
+            self.guards.add(f"type({source.expr}) is int and {source.expr} == {first}",
+                            f"{source.name} == {self.symbol_names[sym]}", "shape")
+        return size
 
     def _guard_symbolic_tensor(self, source: Source, t: torch.Tensor, meta: TensorMeta) -> None:
         e = source.expr

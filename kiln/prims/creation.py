@@ -48,7 +48,7 @@ def _dtype(op: str, dtype: Any) -> torch.dtype:
 
 
 def _number(op: str, value: Any) -> None:
-    check(isinstance(value, (bool, int, float, complex)) and not is_tensor(value),
+    check(isinstance(value, (bool, int, float, complex, SymInt)) and not is_tensor(value),
           lambda: f"prims.{op}: expected a Python number, got {type(value).__name__}", TypeError)
 
 
