@@ -3,6 +3,7 @@
     kiln bench [--suite quick|full|hf] [--models NAMES] [--backends eager,torch.compile,kiln]
                [--mode inference|training] [--batch N] [--out DIR] [--kiln-backend NAME] [--memory]
                [--memory-only] [--profile] [--profile-only]
+    kiln bench --distributed N [--models NAMES] [--bucket-cap-mb MB]
     kiln explain [--models NAMES|all] [--suite quick|full|hf] [--json PATH] [--isolate] [--batch N]
                  [--threads N]
     kiln cache info|clear
@@ -60,6 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="only the kiln.profile runs (no eager/torch.compile/kiln rows)")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--list", action="store_true", help="list the model zoo and exit")
+    bench.add_argument("--distributed", type=int, default=None, metavar="N",
+                       help="DDP training step time on N gloo ranks: eager DDP, kiln.compile(DDP), "
+                       "DDP(kiln.compile) and torch.compile(DDP) (models: --models, default nanogpt)")
+    bench.add_argument("--bucket-cap-mb", type=float, default=None,
+                       help="with --distributed: DDP's bucket_cap_mb for every variant (default DDP's)")
 
     explain = commands.add_parser(
         "explain", help="graph-break census: kiln.explain on zoo models, breaks grouped by reason",
@@ -118,6 +124,10 @@ def bench_main(args: argparse.Namespace) -> int:
     from .bench import plots, report, runner
     from .testing import models as zoo
 
+    if args.distributed:
+        from .bench import distributed
+        return distributed.main(args.distributed, args.models, timeout_s=args.timeout * 2,
+                                bucket_cap_mb=args.bucket_cap_mb)
     if args.list:
         for name, spec in zoo.ZOO.items():
             extra = "" if spec.available() else f"  (needs {', '.join(spec.requires)})"
