@@ -42,12 +42,13 @@ class CompiledDDP(torch.nn.Module):
     Parameters, state_dict, train()/eval(), no_sync() and other attributes are the DDP module's.
     `splits` lists how each captured graph was cut at the bucket boundaries."""
 
-    def __init__(self, ddp: torch.nn.Module, backend: Any = "auto", fullgraph: bool = False, dynamic: Any = None,
-                 mode: str | None = None, options: dict | None = None):
+    def __init__(self, ddp: torch.nn.Module, backend: Any = "auto", fullgraph: bool = False,
+                 dynamic: Any = None, mode: str | None = None, options: dict | None = None):
         super().__init__()
         self.__dict__.pop("training", None)  # read through to the DDP module
-        context = CompileContext.from_compile(mode=mode, dynamic=dynamic, fullgraph=fullgraph, options=options,
-                                              backend=backend if isinstance(backend, str) else None)
+        name = backend if isinstance(backend, str) else None
+        context = CompileContext.from_compile(mode=mode, dynamic=dynamic, fullgraph=fullgraph,
+                                              options=options, backend=name)
         splitter = BucketSplitCompiler(compiler_for(backend, context), ddp)
         inner = ddp.module
         forward = type(inner).forward

@@ -60,8 +60,8 @@ class SplitPlan:
         lines = [head]
         for i, p in enumerate(self.pieces):
             shown = ", ".join(p.params[:6]) + (f", ... ({len(p.params)} in all)" if len(p.params) > 6 else "")
-            lines.append(f"    piece {i + 1}: {p.nodes} nodes, {len(p.params)} parameter(s), {p.nbytes} bytes: "
-                         f"{shown}")
+            lines.append(f"    piece {i + 1}: {p.nodes} nodes, {len(p.params)} parameter(s), "
+                         f"{p.nbytes} bytes: {shown}")
         return "\n".join(lines)
 
 

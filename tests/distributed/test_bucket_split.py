@@ -32,7 +32,8 @@ def _like_ddp(module: torch.nn.Module, cap: int) -> types.SimpleNamespace:
                                  _bucket_config=types.SimpleNamespace(first_bucket_bytes_cap=cap))
 
 
-@pytest.mark.parametrize("name,cap,pieces", [("llama", 20000, 12), ("resnet_tiny", 20000, 2), ("mlp", 20000, 3)])
+@pytest.mark.parametrize("name,cap,pieces", [("llama", 20000, 12), ("resnet_tiny", 20000, 2),
+                                             ("mlp", 20000, 3)])
 def test_split_pieces_train_like_eager(name, cap, pieces, counters):
     model, (args, kwargs) = zoo.build(name, batch=2)
     model.train()
@@ -56,5 +57,7 @@ def test_split_pieces_train_like_eager(name, cap, pieces, counters):
     [plan] = splitter.splits
     assert len(plan.pieces) == pieces, str(plan)
     assert counters["ddp"]["pieces"] == pieces
-    assert sorted(p for piece in plan.pieces for p in piece.params) == sorted(n for n, _ in model.named_parameters())
-    assert not {k: v for k, v in counters["cpp"].items() if k.startswith("ran with torch")}, dict(counters["cpp"])
+    names = sorted(n for n, _ in model.named_parameters())
+    assert sorted(p for piece in plan.pieces for p in piece.params) == names
+    handed = {k: v for k, v in counters["cpp"].items() if k.startswith("ran with torch")}
+    assert not handed, dict(counters["cpp"])
