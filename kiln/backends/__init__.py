@@ -15,7 +15,7 @@ import importlib
 import inspect
 from typing import Any, Callable
 
-from ..graph import Graph, compile_python, run, to_prims
+from ..graph import Graph, run, to_prims, torch_callable
 from ..graph.pipeline import CompileContext
 
 Backend = Callable[..., Callable[..., Any]]
@@ -113,12 +113,7 @@ def eager(graph: Graph, example_inputs: list, context: CompileContext | None = N
     """Run the captured torch-level graph with torch: as its printed Python (one generated function, the
     same torch calls as the node-by-node interpreter with less per-call overhead), or on the interpreter
     when the printer cannot spell the graph."""
-    try:
-        return compile_python(graph)
-    except Exception:
-        def run_eager(*inputs: Any) -> Any:
-            return run(graph, inputs, torch_level=True)
-        return run_eager
+    return torch_callable(graph)
 
 
 eager.keeps_views = True  # type: ignore[attr-defined]  # outputs that are views stay views

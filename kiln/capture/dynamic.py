@@ -13,6 +13,7 @@ function are built once for every size.
 from __future__ import annotations
 
 import collections
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -113,12 +114,23 @@ def is_symbolic_graph(graph: Graph) -> bool:
 
 
 class SymbolicGraph:
-    """Calls a graph with symbolic sizes: the backend's graph for this call's sizes, compiled on first use."""
+    """Calls a graph with symbolic sizes at this call's sizes (read from the inputs' shapes).
 
-    def __init__(self, graph: Graph, compile_graph: Callable[[Graph, list], Any], name: str):
+    Sizes are tiered, as a JIT tiers code: the first calls at a size (`dynamic_compile_after` - 1) run the
+    captured graph, specialized to the size, with torch; the next one compiles the backend's graph for it,
+    which serves every later call at that size. A loop where every call brings a new size (decoding with a
+    growing cache) so pays no compile per call. After `dynamic_size_limit` compiled sizes, further sizes
+    run with torch (counted, warned once). Every call at an uncompiled size is counted in
+    `dynamic_torch_calls`."""
+
+    def __init__(self, graph: Graph, compile_graph: Callable[[Graph, list], Any], name: str,
+                 run_with_torch: Callable[[Graph, list], Any]):
         self.graph = graph
         self.compile_graph = compile_graph
+        self.run_with_torch = run_with_torch
         self.name = name
+        self.seen: collections.Counter = collections.Counter()
+        self.warned = False
         self.bindings: list[tuple[Any, int, int]] = []  # (symbol, placeholder index, dim)
         seen = set()
         for i, ph in enumerate(graph.placeholders):
@@ -132,15 +144,27 @@ class SymbolicGraph:
         key = tuple(inputs[i].shape[d] for _, i, d in self.bindings)
         fn = self.compiled.get(key)
         if fn is None:
-            fn = self._compile(key, list(inputs))
+            fn = self._tier(key, list(inputs))
         return fn(*inputs)
 
-    def _compile(self, key: tuple, inputs: list) -> Any:
+    def _tier(self, key: tuple, inputs: list) -> Any:
+        self.seen[key] += 1
         values = {sym: v for (sym, _, _), v in zip(self.bindings, key)}
+        sizes = ", ".join(f"{s}={v}" for s, v in values.items())
         graph = specialize_graph(self.graph, values)
+        full = len(self.compiled) >= config.get("dynamic_size_limit")
+        if self.seen[key] < config.get("dynamic_compile_after") or full:
+            counters["dynamic_torch_calls"][f"{self.name}: {'size limit reached' if full else 'size not hot yet'}"] += 1
+            if full and not self.warned:
+                self.warned = True
+                limit = config.get("dynamic_size_limit")
+                message = (f"kiln: {self.name} was compiled for {limit} sizes (dynamic_size_limit={limit}); "
+                           f"calls at further sizes run with torch ({sizes})")
+                warnings.warn(message, RuntimeWarning, stacklevel=4)
+                log.warning(message)
+            return self.run_with_torch(graph, inputs)
         counters["dynamic_backend_compiles"][self.name] += 1
-        log.info("%s: compiling the backend's graph for sizes %s", self.name,
-                 ", ".join(f"{s}={v}" for s, v in values.items()))
+        log.info("%s: compiling the backend's graph for sizes %s", self.name, sizes)
         fn = self.compile_graph(graph, inputs)
         self.compiled[key] = fn
         return fn

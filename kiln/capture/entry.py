@@ -25,7 +25,7 @@ import torch
 
 from .. import config
 from ..counters import counters
-from ..graph import Proxy
+from ..graph import Proxy, torch_callable
 from ..graph.graph import is_random_target
 from ..graph.symbolic import SymInt, python_expr
 from ..ops.registry import aliases
@@ -247,12 +247,17 @@ class Reconstructor:
         return self.cap.ns.literal(k)
 
 
+def run_with_torch(graph: Any, example_inputs: list) -> Any:
+    """The captured graph as torch calls (the eager backend's way): for sizes not compiled yet."""
+    return torch_callable(graph)
+
+
 def compile_for_entry(cap: Capture, graph: Any, compile_graph: Any) -> Any:
     """The compiled graph an entry calls: the backend's, through SymbolicGraph when sizes are symbolic."""
     if is_symbolic_graph(graph):
         counters["dynamic_graphs"][graph.name] += 1
         return SymbolicGraph(graph, lambda g, examples: compile_segmented(g, examples, compile_graph),
-                             graph.name)
+                             graph.name, lambda g, examples: compile_segmented(g, examples, run_with_torch))
     return compile_segmented(graph, [t for _, t, _ in cap.inputs], compile_graph)
 
 

@@ -72,3 +72,15 @@ def write_back(target: Any, value: Any) -> None:
         target = target.narrow(d, target.shape[d] - 1, 1)
         value = value.narrow(d, value.shape[d] - 1, 1)
     target.copy_(value)
+
+
+def torch_callable(graph: Graph) -> Any:
+    """The captured torch-level graph as one Python function of torch calls (its printed source), or on
+    the interpreter when the printer cannot spell the graph."""
+    from .printer import compile_python
+    try:
+        return compile_python(graph)
+    except Exception:
+        def run_eager(*inputs: Any) -> Any:
+            return run(graph, inputs, torch_level=True)
+        return run_eager

@@ -271,3 +271,27 @@ def test_symint_arithmetic_and_facts():
     env.freeze()
     with pytest.raises(Exception, match="after the capture's guards"):
         bool(a > 12)
+
+
+def test_sizes_are_tiered_torch_first_then_compiled_and_limited():
+    from kiln import config
+
+    def f(x):
+        return torch.nn.functional.gelu(x * 2 + 1).sum(-1)
+    g = kiln.compile(f, backend="cpp", dynamic=True)
+    x5, x7 = torch.randn(3, 5), torch.randn(3, 7)
+    for x in (x5, x5, x5, x7):
+        _same(f(x), g(x))
+    # size 5: the first call ran with torch, the second compiled, the third reused; size 7: torch
+    assert sum(counters["dynamic_backend_compiles"].values()) == 1
+    assert sum(counters["dynamic_torch_calls"].values()) == 2
+    old = config.get("dynamic_size_limit")
+    config.set("dynamic_size_limit", 1)
+    try:
+        with pytest.warns(RuntimeWarning, match="dynamic_size_limit=1"):
+            for x in (x7, x7, x7):
+                _same(f(x), g(x))  # a second size beyond the limit: torch, every time
+    finally:
+        config.set("dynamic_size_limit", old)
+    assert sum(counters["dynamic_backend_compiles"].values()) == 1
+    assert counters["dynamic_torch_calls"][[k for k in counters["dynamic_torch_calls"] if "limit" in k][0]] == 3
