@@ -15,8 +15,9 @@ call counts twice). Per row:
   registers) and writes, each at its size (numel x itemsize over its storage span), the same for an extern;
 - FLOPs: matmul 2·n·k·m (bmm per batch, addmm + n·m), convolution 2 x output elements x the kernel's
   input-channel window (+ bias), sdpa its two products; a fused kernel counts one FLOP per scalar
-  arithmetic or math op per element of its iteration space (exp and erf count 1 like an add; loads,
-  stores, casts, constants, index arithmetic and `where` count 0), a reduction one more per reduced
+  arithmetic or math op (exp and erf count 1 like an add; loads, stores, casts, constants, index
+  arithmetic and `where` count 0) times the sizes of the loop variables the op's value depends on (an op on
+  per-channel values counts once per channel, as the compiler hoists it), a reduction one more per reduced
   element; fallbacks and graphs run with torch: unknown (None);
 - GB/s and GFLOP/s, and their share of this machine's copy bandwidth and matmul peak (measured once — a
   128 MB copy, a 1024² torch.mm, at the current thread count — and cached in `cache_dir`);
@@ -41,6 +42,7 @@ import statistics
 import time
 from typing import Any
 
+import sympy
 import torch
 
 from . import config
@@ -53,7 +55,8 @@ from .capture.cache import CompiledFunction
 from .graph import Graph, flatten
 from .graph.pipeline import CompileContext, Pass
 from .lower.ir import BufferRef, ComputedBuffer, ExternNode, LoopGraph, Reduction, Scan, ViewRef
-from .lower.ops import DepsHandler
+from .lower.index import index_var
+from .lower.ops import Handler
 from .numerics import _OriginLowering, _with_source
 from .schedule.fusion import FusedGroup
 from .schedule.memory import Segment
@@ -130,31 +133,56 @@ def machine_peaks(remeasure: bool = False) -> dict[str, Any]:
 
 # ---- bytes and FLOPs ------------------------------------------------------------------------------------
 
-class _FlopCounter(DepsHandler):
-    """Counts a body's scalar arithmetic ops (the FLOP rule of the module docstring)."""
+class _FlopCounter(Handler):
+    """Counts a body's scalar arithmetic (the FLOP rule of the module docstring) where each op runs once per
+    distinct value of the loop variables it depends on: a value computed from per-channel loads only
+    (batch norm's rsqrt(var + eps)) counts once per channel, as the compiler hoists it out of the loops.
+    Each value is the set of loop variables it depends on."""
 
-    FREE = frozenset({"where", "identity"})
+    FREE = frozenset({"where"})
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, sizes: dict[sympy.Symbol, int]):
+        self.sizes = sizes
         self.flops = 0
 
-    def op(self, name: str, *args: Any) -> None:
+    def _vars(self, expr: Any) -> frozenset:
+        return frozenset(v for v in sympy.sympify(expr).free_symbols if v in self.sizes)
+
+    def op(self, name: str, *args: Any) -> frozenset:
+        deps = frozenset().union(*(a for a in args if isinstance(a, frozenset)))
         if name not in self.FREE:
-            self.flops += 1
+            self.flops += math.prod(self.sizes[v] for v in deps)
+        return deps
+
+    def load(self, name: str, index: sympy.Expr) -> frozenset:
+        return self._vars(index)
+
+    def constant(self, value: Any, dtype: Any) -> frozenset:
+        return frozenset()
+
+    def index_expr(self, expr: sympy.Expr, dtype: Any) -> frozenset:
+        return self._vars(expr)
+
+    def to_dtype(self, x: Any, dtype: Any) -> Any:
+        return x
+
+    def masked(self, cond: Any, body: Any, other: Any, dtype: Any) -> frozenset:
+        parts = [cond, body(), other() if callable(other) else other]
+        return frozenset().union(*(p for p in parts if isinstance(p, frozenset)))
 
 
 def buffer_flops(buf: ComputedBuffer) -> int:
-    """FLOPs to compute one computed buffer: ops per element x elements (+ the reduction's combines)."""
-    counter = _FlopCounter()
-    buf.data.body(counter)
-    elements = math.prod(buf.data.ranges)
-    if isinstance(buf.data, Reduction):
-        elements *= math.prod(buf.data.reduction_ranges)
-        return elements * (counter.flops + 1)
-    if isinstance(buf.data, Scan):
-        return elements * (counter.flops + 1)
-    return elements * counter.flops
+    """FLOPs to compute one computed buffer: its ops, each over the loop variables it depends on, and a
+    reduction's or scan's combine once per element."""
+    data = buf.data
+    sizes = {index_var("i", d): n for d, n in enumerate(data.ranges)}
+    elements = math.prod(data.ranges)
+    if isinstance(data, Reduction):
+        sizes.update({index_var("r", d): n for d, n in enumerate(data.reduction_ranges)})
+        elements *= math.prod(data.reduction_ranges)
+    counter = _FlopCounter(sizes)
+    data.body(counter)
+    return counter.flops + (elements if isinstance(data, (Reduction, Scan)) else 0)
 
 
 def kernel_bytes(group: FusedGroup, loop: LoopGraph) -> int:

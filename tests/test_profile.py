@@ -232,3 +232,18 @@ def test_graph_handed_to_torch_is_a_row(monkeypatch):
     assert row.kind == "torch graph" and row.time_us > 0 and row.bytes is None
     assert report.graphs[0].note.startswith("handed to torch")
     assert "graph(s) run with torch" in str(report)
+
+
+def test_flops_count_per_channel_math_once_per_channel(monkeypatch):
+    monkeypatch.setattr(profiler, "machine_peaks", lambda remeasure=False: dict(FAKE_PEAKS, cached=True))
+    bn = torch.nn.BatchNorm2d(8).eval()
+    x = torch.randn(4, 8, 16, 16)
+
+    def norm_relu(x):
+        return torch.relu(bn(x))
+    with torch.no_grad():
+        report = profiler.profile(norm_relu, x, repeat=2, warmup=0)
+    (row,) = [r for r in report.rows if r.kind == "kernel"]
+    # a few ops per element (sub, mul, add, max); rsqrt(var + eps) and its products once per channel
+    assert x.numel() <= row.flops <= 5 * x.numel() + 16 * 8
+    assert row.bytes == 2 * x.nbytes + 4 * 8 * 4  # x in, out, four per-channel vectors
