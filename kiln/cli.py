@@ -64,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--distributed", type=int, default=None, metavar="N",
                        help="DDP training step time on N gloo ranks: eager DDP, kiln.compile(DDP), "
                        "DDP(kiln.compile) and torch.compile(DDP) (models: --models, default nanogpt)")
+    bench.add_argument("--dynamic", action="store_true",
+                       help="dynamic shapes: a decoder block at 30 shapes, HF GPT-2/LLaMA at 8 lengths, "
+                            "greedy decoding with a growing KV cache; kiln beside torch.compile "
+                            "(bench/bench_dynamic.py; table, OUT/dynamic.json)")
     bench.add_argument("--bucket-cap-mb", type=float, default=None,
                        help="with --distributed: DDP's bucket_cap_mb for every variant (default DDP's)")
 
@@ -124,6 +128,17 @@ def bench_main(args: argparse.Namespace) -> int:
     from .bench import plots, report, runner
     from .testing import models as zoo
 
+    if args.dynamic:
+        import os
+        import subprocess
+        from .bench.adapters import BASELINES_FILE
+        script = BASELINES_FILE.parent / "bench_dynamic.py"
+        if not script.is_file():
+            print(f"kiln bench --dynamic: {script} not found (run from a source checkout)", file=sys.stderr)
+            return 2
+        os.makedirs(args.out, exist_ok=True)
+        return subprocess.call([sys.executable, str(script), "--threads", str(args.threads or 1), "--json",
+                                os.path.join(args.out, "dynamic.json")])
     if args.distributed:
         from .bench import distributed
         return distributed.main(args.distributed, args.models, timeout_s=args.timeout * 2,
