@@ -14,11 +14,12 @@ call counts twice). Per row:
 - time; bytes moved: the distinct buffers a kernel reads (not written by the kernel itself, not kept in
   registers) and writes, each at its size (numel x itemsize over its storage span), the same for an extern;
 - FLOPs: matmul 2·n·k·m (bmm per batch, addmm + n·m), convolution 2 x output elements x the kernel's
-  input-channel window (+ bias), sdpa its two products; a fused kernel counts one FLOP per scalar
-  arithmetic or math op (exp and erf count 1 like an add; loads, stores, casts, constants, index
-  arithmetic and `where` count 0) times the sizes of the loop variables the op's value depends on (an op on
-  per-channel values counts once per channel, as the compiler hoists it), a reduction one more per reduced
-  element; fallbacks and graphs run with torch: unknown (None);
+  input-channel window (+ bias), sdpa its two products (their backwards likewise, run as extern or
+  fallback); a fused kernel counts one FLOP per scalar arithmetic or math op (exp and erf count 1 like an
+  add; loads, stores, casts, constants, index arithmetic and `where` count 0) times the sizes of the loop
+  variables the op's value depends on (an op on per-channel values counts once per channel, as the
+  compiler hoists it), a reduction one more per reduced element; other fallbacks and graphs run with
+  torch: unknown (None);
 - GB/s and GFLOP/s, and their share of this machine's copy bandwidth and matmul peak (measured once — a
   128 MB copy, a 1024² torch.mm, at the current thread count — and cached in `cache_dir`);
 - a label: overhead-bound when it takes under OVERHEAD_US, or when the roofline time (bytes ÷ bandwidth,
@@ -238,6 +239,15 @@ def extern_flops(node: ExternNode, loop: LoopGraph) -> int | None:
             q, k, v = shapes[0], shapes[1], shapes[2]
             batch = math.prod(q[:-2])
             return 2 * batch * q[-2] * k[-2] * (q[-1] + v[-1])
+        if name == "sdpa_backward":  # the scores again, then dV, dP, dQ and dK
+            q, k, v = shapes[1], shapes[2], shapes[3]
+            batch = math.prod(q[:-2])
+            return 2 * batch * q[-2] * k[-2] * (3 * q[-1] + 2 * v[-1])
+        if name == "convolution_backward":  # the gradients output_mask selects: input, weight, bias
+            g, x, w = shapes[0], shapes[1], shapes[2]
+            transposed, mask = bool(node.args[7]), node.args[10]
+            forward = 2 * (math.prod(x) if transposed else math.prod(g)) * w[1] * math.prod(w[2:])
+            return forward * (bool(mask[0]) + bool(mask[1])) + (math.prod(g) if mask[2] else 0)
     except (TypeError, IndexError):
         return None
     return None
@@ -569,7 +579,7 @@ def _report(function: str, entries: list[_Entry], runs: list[list[dict[str, Any]
             continue
         for c, compiled in enumerate(entry.compiled):
             timings = [s["compiled"][c] for s in samples if c < len(s["compiled"])]
-            name = entry.graph.name if c == 0 else f"{entry.graph.name}[{c}]"  # [1]: its backward
+            name = entry.graph.name if c == 0 else f"{entry.graph.name}.backward"  # compiled on .backward()
             origins = entry.origins.get(id(compiled.loop), {})
             graph_rows, per_run_rows = _graph_rows(name, compiled, timings, origins)
             for row in graph_rows:
@@ -617,7 +627,7 @@ def _graph_rows(graph_name: str, compiled: CompiledGraph, timings: list[dict[str
             for r, us in enumerate(times):
                 per_run[r] += us
             lines = list(dict.fromkeys(o for out in node.outputs for o in origins.get(out.name, ())))
-            flops = extern_flops(node, loop) if node.kind == "extern" else None
+            flops = extern_flops(node, loop)  # a fallback too, where it is a library op it knows
             rows.append(ProfileRow(graph_name, node.kind, node.outputs[0].name if node.outputs else node.name,
                                    node.target_name, _median(times), extern_bytes(node, loop), flops,
                                    origins=[_with_source(o) for o in lines]))

@@ -247,3 +247,22 @@ def test_flops_count_per_channel_math_once_per_channel(monkeypatch):
     # a few ops per element (sub, mul, add, max); rsqrt(var + eps) and its products once per channel
     assert x.numel() <= row.flops <= 5 * x.numel() + 16 * 8
     assert row.bytes == 2 * x.nbytes + 4 * 8 * 4  # x in, out, four per-channel vectors
+
+
+def test_training_step_profiles_the_backward_too(monkeypatch):
+    monkeypatch.setattr(profiler, "machine_peaks", lambda remeasure=False: dict(FAKE_PEAKS, cached=True))
+    conv = torch.nn.Conv2d(4, 8, 3, padding=1)
+    x = torch.randn(2, 4, 8, 8)
+
+    def step(x):
+        loss = conv(x).relu().sum()
+        loss.backward()
+        return loss
+    report = profiler.profile(step, x, repeat=2, warmup=0)
+    graphs = {r.graph for r in report.rows}
+    assert any(g.endswith(".backward") for g in graphs), graphs
+    conv_backward = [r for r in report.rows if r.op.endswith("convolution_backward")]
+    assert conv_backward and conv_backward[0].time_us > 0
+    (node,) = [n for c in report.compiled_graphs for n in c.externs if n.target_name.endswith("_backward")]
+    mask = node.args[10]  # the gradients it computes: input, weight, bias
+    assert conv_backward[0].flops == 2 * 2 * 8 * 64 * 4 * 9 * (mask[0] + mask[1]) + 2 * 8 * 64 * mask[2]
