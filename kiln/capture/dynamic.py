@@ -22,7 +22,7 @@ from .. import config
 from ..counters import counters
 from ..graph import Graph, Node
 from ..graph.node import map_structure
-from ..graph.symbolic import SymInt, has_symbols, substitute
+from ..graph.symbolic import SymInt, has_symbols, substitute, symbols_of
 
 log = config.channel("recompiles")
 
@@ -109,6 +109,14 @@ def specialize_graph(graph: Graph, values: dict) -> Graph:
     return copy(graph)
 
 
+def has_symbols_bound(node: Node, graph: Graph) -> bool:
+    """Whether every symbol the node's arguments mention is some input dim (the printer binds those)."""
+    bound = {size.expr for ph in graph.placeholders for size in getattr(ph.meta, "shape", ())
+             if isinstance(size, SymInt) and size.expr.is_Symbol}
+    return symbols_of((node.args, node.kwargs)) <= bound and not any(
+        n.op == "call_torch" and n.target is torch._C._set_grad_enabled for n in [node])
+
+
 def is_symbolic_graph(graph: Graph) -> bool:
     return any(has_symbols(n.meta) or has_symbols(n.args) or has_symbols(n.kwargs) for n in graph.nodes)
 
@@ -131,6 +139,10 @@ class SymbolicGraph:
         self.name = name
         self.seen: collections.Counter = collections.Counter()
         self.warned = False
+        self.torch_fns: dict[tuple, Any] = {}
+        self.any_size: Any = None  # one torch function for every size, when the printer binds all symbols
+        if all(has_symbols_bound(n, graph) for n in graph.nodes):
+            self.any_size = run_with_torch(graph, [])
         self.bindings: list[tuple[Any, int, int]] = []  # (symbol, placeholder index, dim)
         seen = set()
         for i, ph in enumerate(graph.placeholders):
@@ -151,7 +163,6 @@ class SymbolicGraph:
         self.seen[key] += 1
         values = {sym: v for (sym, _, _), v in zip(self.bindings, key)}
         sizes = ", ".join(f"{s}={v}" for s, v in values.items())
-        graph = specialize_graph(self.graph, values)
         full = len(self.compiled) >= config.get("dynamic_size_limit")
         if self.seen[key] < config.get("dynamic_compile_after") or full:
             counters["dynamic_torch_calls"][f"{self.name}: {'size limit reached' if full else 'size not hot yet'}"] += 1
@@ -162,7 +173,13 @@ class SymbolicGraph:
                            f"calls at further sizes run with torch ({sizes})")
                 warnings.warn(message, RuntimeWarning, stacklevel=4)
                 log.warning(message)
-            return self.run_with_torch(graph, inputs)
+            if self.any_size is not None:
+                return self.any_size
+            fn = self.torch_fns.get(key)
+            if fn is None:
+                fn = self.torch_fns[key] = self.run_with_torch(specialize_graph(self.graph, values), inputs)
+            return fn
+        graph = specialize_graph(self.graph, values)
         counters["dynamic_backend_compiles"][self.name] += 1
         log.info("%s: compiling the backend's graph for sizes %s", self.name, sizes)
         fn = self.compile_graph(graph, inputs)

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from .node import Node, meta_text, nan_safe_repr, torch_name
+from .symbolic import SymInt, python_expr
 
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.memory_format, torch.layout)
 
@@ -34,6 +35,7 @@ class _Emitter:
                                         "device": torch.device}
         self.prims: dict[str, Any] = {}
         self._objects: dict[int, str] = {}
+        self.symbols: set[Any] = set()  # symbolic sizes bound to input shapes at the function's top
 
     def hold(self, obj: Any, hint: str) -> str:
         """Name an object the source cannot spell; it goes into the globals."""
@@ -47,6 +49,10 @@ class _Emitter:
     def value(self, v: Any) -> str:
         if isinstance(v, Node):
             return v.name
+        if isinstance(v, SymInt):
+            if v.expr.free_symbols <= self.symbols:  # computed from the inputs' shapes bound on top
+                return python_expr(v.expr, {s: str(s) for s in self.symbols})
+            return self.hold(v, "size")
         if isinstance(v, float):
             return nan_safe_repr(v)
         if isinstance(v, _PLAIN):
@@ -91,6 +97,11 @@ def python_code(graph: Any, header: str | None = None) -> tuple[str, dict[str, A
     lines.append(f"def {graph.name}({', '.join(params)}):")
     for node in graph.placeholders:
         lines.append(f"    # {node.name}: {meta_text(node.meta)}")
+    for node in graph.placeholders:  # each symbolic size, from the first input dim it is
+        for d, size in enumerate(getattr(node.meta, "shape", ())):
+            if isinstance(size, SymInt) and size.expr.is_Symbol and size.expr not in em.symbols:
+                em.symbols.add(size.expr)
+                lines.append(f"    {size.expr} = {node.name}.shape[{d}]")
     body = 0
     for node in graph.nodes:
         if node.op in ("placeholder", "output"):

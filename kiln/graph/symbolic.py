@@ -442,6 +442,8 @@ def symbols_of(value: Any) -> set[sympy.Symbol]:
     elif isinstance(value, dict):
         for v in value.values():
             out |= symbols_of(v)
+    elif isinstance(value, slice):
+        out |= symbols_of((value.start, value.stop, value.step))
     return out
 
 
