@@ -145,7 +145,7 @@ def test_normal_compile_has_no_timing_code():
     assert normal.timings is None and profiled.timings is not None
     for word in ("omp_get_wtime", "kiln_times"):
         assert word not in normal.cpp_source and word in profiled.cpp_source
-    for word in ("_now", "_timing"):
+    for word in ("_kiln_now", "_kiln_timing"):
         assert word not in normal.wrapper_source and word in profiled.wrapper_source
     assert normal.cpp_source != profiled.cpp_source  # a separate entry in the kernel cache
     # the same kernels either way, the profiled source only adds the timing lines

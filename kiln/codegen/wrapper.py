@@ -266,8 +266,9 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
     without it the wrapper has no timing code."""
     src = _Source()
     if timings is not None:
-        src.globals["_now"] = time.perf_counter_ns
-        src.globals["_timing"] = timings
+        # names no parameter takes (inputs are named after the user's arguments)
+        src.globals["_kiln_now"] = time.perf_counter_ns
+        src.globals["_kiln_timing"] = timings
     on_cpu = device is None or torch.device(device).type == "cpu"
     device_name = None if device is None else src.const(torch.device(device), "device")
     dev = "" if device_name is None else f", device={device_name}"
@@ -281,7 +282,7 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
         lines.append(f"# constant {b.name}: {layout_text(b)}")
     lines.append(f"def kiln_call({', '.join(params)}):")
     if timings is not None:
-        lines.append("    _t0 = _now()")
+        lines.append("    _kiln_t0 = _kiln_now()")
     checks = []
     for b in graph.inputs:
         dt = src.const(b.dtype, "dtype")
@@ -295,7 +296,7 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
     # buffers allocated fresh (not carved from another freed one, none carved from them) recycle across calls
     pooled = {r for s in plan.steps for _, r in s.allocs if r is not None}
     recyclable = {name for s in plan.steps for name, r in s.allocs if r is None and name not in pooled}
-    for position, step in enumerate(plan.steps):
+    for step_index, step in enumerate(plan.steps):
         node = step.node
         for name, reuse in step.allocs:
             buf = graph.buffers[name]
@@ -319,21 +320,21 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
                 else:
                     lines.append(f"    {name} = {alloc}{meta}")
         if timings is not None:
-            lines.append("    _t = _now()")
+            lines.append("    _kiln_t = _kiln_now()")
         if isinstance(node, Segment):
             fn = src.const(entries[node.name], node.name + "_")
             ptrs = [a if tensor_args else f"{a}.data_ptr()" for a in node.args]
             if timings is not None:
-                ptrs.append(src.const(timings.address(position), "times"))
+                ptrs.append(src.const(timings.address(step_index), "times"))
             kernels = ", ".join(g.name for g in node.groups)
             writes = ", ".join(f"{w} {layout_text(graph.buffers[w])}" for w in node.writes)
             lines.append(f"    {fn}({', '.join(ptrs)})  # {kernels} -> {writes or 'nothing'}")
             if timings is not None:
-                lines.append(f"    _timing.segment({position}, _now() - _t)")
+                lines.append(f"    _kiln_timing.segment({step_index}, _kiln_now() - _kiln_t)")
         else:
             lines.extend(_extern_lines(src, node))
             if timings is not None:
-                lines.append(f"    _timing.step({position}, _now() - _t)")
+                lines.append(f"    _kiln_timing.step({step_index}, _kiln_now() - _kiln_t)")
         for name in step.frees:
             if name in recyclable:
                 nbytes = graph.buffers[name].nbytes()
@@ -347,9 +348,9 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
     for name in sorted(recyclable & plan.kept):
         lines.append(f"    _keep(_pool, {name!r}, {name}, {graph.buffers[name].nbytes()})")
     if timings is not None:
-        lines.append(f"    _out = {_render(src, graph.output)}")
-        lines.append("    _timing.finish(_now() - _t0)")
-        lines.append("    return _out")
+        lines.append(f"    _kiln_out = {_render(src, graph.output)}")
+        lines.append("    _kiln_timing.finish(_kiln_now() - _kiln_t0)")
+        lines.append("    return _kiln_out")
     else:
         lines.append(f"    return {_render(src, graph.output)}")
     return "\n".join(lines) + "\n", src.globals
