@@ -117,6 +117,19 @@ def has_symbols_bound(node: Node, graph: Graph) -> bool:
         n.op == "call_torch" and n.target is torch._C._set_grad_enabled for n in [node])
 
 
+def unbound_symbols(graph: Graph) -> list:
+    """Symbols the graph mentions that are no input's dim (int arguments made symbolic), sorted by name."""
+    bound = {size.expr for ph in graph.placeholders for size in getattr(ph.meta, "shape", ())
+             if isinstance(size, SymInt) and size.expr.is_Symbol}
+    used: set = set()
+    for n in graph.nodes:
+        used |= symbols_of((n.args, n.kwargs))
+        for m in (n.meta if isinstance(n.meta, tuple) else (n.meta,)):
+            if hasattr(m, "shape"):
+                used |= symbols_of((tuple(m.shape), tuple(m.strides), m.storage_offset))
+    return sorted(used - bound, key=str)
+
+
 def is_symbolic_graph(graph: Graph) -> bool:
     return any(has_symbols(n.meta) or has_symbols(n.args) or has_symbols(n.kwargs) for n in graph.nodes)
 
@@ -132,16 +145,17 @@ class SymbolicGraph:
     `dynamic_torch_calls`."""
 
     def __init__(self, graph: Graph, compile_graph: Callable[[Graph, list], Any], name: str,
-                 run_with_torch: Callable[[Graph, list], Any]):
+                 run_with_torch: Callable[[Graph, list], Any], loose: list | None = None):
         self.graph = graph
         self.compile_graph = compile_graph
         self.run_with_torch = run_with_torch
         self.name = name
+        self.loose = list(loose or [])  # symbols passed as ints after the tensors, in this order
         self.seen: collections.Counter = collections.Counter()
         self.warned = False
         self.torch_fns: dict[tuple, Any] = {}
         self.any_size: Any = None  # one torch function for every size, when the printer binds all symbols
-        if all(has_symbols_bound(n, graph) for n in graph.nodes):
+        if not self.loose and all(has_symbols_bound(n, graph) for n in graph.nodes):
             self.any_size = run_with_torch(graph, [])
         self.bindings: list[tuple[Any, int, int]] = []  # (symbol, placeholder index, dim)
         seen = set()
@@ -151,9 +165,14 @@ class SymbolicGraph:
                     seen.add(size.expr)
                     self.bindings.append((size.expr, i, d))
         self.compiled: "collections.OrderedDict[tuple, Any]" = collections.OrderedDict()
+        self.bindings += [(sym, -1, k) for k, sym in enumerate(self.loose)]
 
     def __call__(self, *inputs: Any) -> Any:
-        key = tuple(inputs[i].shape[d] for _, i, d in self.bindings)
+        if self.loose:
+            sizes, inputs = inputs[len(inputs) - len(self.loose):], inputs[:len(inputs) - len(self.loose)]
+            key = tuple(inputs[i].shape[d] if i >= 0 else sizes[d] for _, i, d in self.bindings)
+        else:
+            key = tuple(inputs[i].shape[d] for _, i, d in self.bindings)
         fn = self.compiled.get(key)
         if fn is None:
             fn = self._tier(key, list(inputs))

@@ -27,11 +27,11 @@ from .. import config
 from ..counters import counters
 from ..graph import Proxy, torch_callable
 from ..graph.graph import is_random_target
-from ..graph.symbolic import SymInt, python_expr
+from ..graph.symbolic import SymInt, has_symbols, python_expr, specialize_all, substitute
 from ..ops.registry import aliases
 from .errors import GraphBreak
 from .guards import check_expr, is_constant
-from .dynamic import SymbolicGraph, is_symbolic_graph
+from .dynamic import SymbolicGraph, is_symbolic_graph, unbound_symbols
 from .segments import compile_segmented
 from .state import Capture
 from .values import NativeCall
@@ -239,6 +239,9 @@ class Reconstructor:
         if chain is None or src is None or not self.cap.graph.mutated_inputs:
             return None
         base = self.held_inputs.get(src.expr, src.expr)
+        if has_symbols(chain):  # replayed on the real input after the graph: at these sizes (guarded)
+            specialize_all(chain.sizes())
+            chain = substitute(chain, self.cap.shape_env.hints)
         return self._once(v, f"{self.cap.ns.hold(chain, 'view')}.apply({base})")
 
     def key(self, k: Any) -> str:
@@ -252,12 +255,20 @@ def run_with_torch(graph: Any, example_inputs: list) -> Any:
     return torch_callable(graph)
 
 
-def compile_for_entry(cap: Capture, graph: Any, compile_graph: Any) -> Any:
-    """The compiled graph an entry calls: the backend's, through SymbolicGraph when sizes are symbolic."""
+def compile_for_entry(cap: Capture, graph: Any, compile_graph: Any, inputs: list[str]) -> Any:
+    """The compiled graph an entry calls: the backend's, through SymbolicGraph when sizes are symbolic.
+    A symbolic size that is no input's dim (an int argument) is passed after the tensors: its source
+    expression is appended to `inputs`."""
     if is_symbolic_graph(graph):
         counters["dynamic_graphs"][graph.name] += 1
+        loose = unbound_symbols(graph)
+        missing = [s for s in loose if s not in cap.symbol_exprs]
+        if missing:
+            raise GraphBreak(f"symbolic sizes {missing} of the graph have no source kiln can read")
+        inputs.extend(f"({cap.symbol_exprs[s]})" for s in loose)
         return SymbolicGraph(graph, lambda g, examples: compile_segmented(g, examples, compile_graph),
-                             graph.name, lambda g, examples: compile_segmented(g, examples, run_with_torch))
+                             graph.name, lambda g, examples: compile_segmented(g, examples, run_with_torch),
+                             loose)
     return compile_segmented(graph, [t for _, t, _ in cap.inputs], compile_graph)
 
 
@@ -425,7 +436,7 @@ def make_graph_entry(cap: Capture, fn: Any, code: types.CodeType, ret: Any,
         inputs = []
         for source, tensor, by_identity in cap.inputs:
             inputs.append(rec.held_inputs[source.expr] if by_identity else source.expr)
-        extra["__graph"] = compile_for_entry(cap, graph, compile_graph)
+        extra["__graph"] = compile_for_entry(cap, graph, compile_graph, inputs)
         body = graph_call(cap, inputs, fn, code, compile_graph, extra) + body
     source = _entry_source(cap, params, body) + _checks_source(cap, params)
     env = _exec(cap, source, fn, extra)

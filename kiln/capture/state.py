@@ -18,7 +18,7 @@ import torch
 
 from ..graph import Graph, Proxy, TensorMeta, Tracer, dense_strides
 from ..graph.layout import strides_in_order
-from ..graph.symbolic import ShapeEnv, python_expr, substitute
+from ..graph.symbolic import ShapeEnv, dim_text, python_expr, substitute
 from ..ops.registry import aliases
 from .errors import GraphBreak
 from .guards import GuardSet, is_constant
@@ -290,7 +290,7 @@ class Capture:
         parts.append(f"{e}.stride() == ({strides}{',' if len(meta.strides) == 1 else ''})")
         self.guards.add(" and ".join(parts),
                         f"{source.name}: {type(t).__name__} {str(t.dtype).removeprefix('torch.')}"
-                        f"[{', '.join(shown)}] strides={meta.strides} device={t.device} "
+                        f"[{', '.join(shown)}] strides=({', '.join(dim_text(st) for st in meta.strides)}) device={t.device} "
                         f"requires_grad={t.requires_grad}", "tensor")
 
     def _shape_fact(self, fact: Any) -> None:

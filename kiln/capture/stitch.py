@@ -217,7 +217,7 @@ def make_break_entry(cap: Capture, fn: Any, code: types.CodeType, frame: Frame, 
     extra: dict[str, Any] = {"__call": callee_caller}
     if rec.outputs or any(n.op in ("call_torch", "call_prim") for n in graph.nodes):
         inputs = [rec.held_inputs[s.expr] if by_id else s.expr for s, _, by_id in cap.inputs]
-        extra["__graph"] = compile_for_entry(cap, graph, compile_graph)
+        extra["__graph"] = compile_for_entry(cap, graph, compile_graph, inputs)
         body = graph_call(cap, inputs, fn, code, compile_graph, extra) + body
     _, params, _ = parameters(code)
     source = _entry_source(cap, params, body) + _checks_source(cap, params)

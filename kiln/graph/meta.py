@@ -8,7 +8,7 @@ import dataclasses
 
 import torch
 
-from .symbolic import hint_of
+from .symbolic import dim_text, hint_of
 from .layout import Dim, contiguous_strides, is_contiguous, is_non_overlapping_and_dense, numel
 
 # `dense_strides` is the name capture imports (a bool: the strides are some permutation of a dense layout)
@@ -78,9 +78,9 @@ class TensorMeta:
 
     def short(self) -> str:
         """`f32[4, 8]`, with strides when they are not contiguous."""
-        text = f"{dtype_abbrev(self.dtype)}[{', '.join(repr(s) for s in self.shape)}]"
+        text = f"{dtype_abbrev(self.dtype)}[{', '.join(dim_text(s) for s in self.shape)}]"
         if not hint_of(self).is_contiguous():  # (printing decides nothing about symbolic sizes)
-            text += f" strides=({', '.join(repr(s) for s in self.strides)})"
+            text += f" strides=({', '.join(dim_text(s) for s in self.strides)})"
         if self.device.type != "cpu":
             text += f" {self.device}"
         if self.requires_grad:

@@ -48,8 +48,8 @@ class FloorDiv(sympy.Function):
         q = a / b
         if q.is_Rational:  # (32*s0) // (2*s0)
             return sympy.floor(q)
-        num, den = sympy.fraction(sympy.cancel(q))
-        if den == 1:  # (s0*s1) // s1: exact
+        num, den = sympy.fraction(sympy.together(q))
+        if den == 1 and _integer_coefficients(num):  # (s0*s1) // s1: exact
             return num
         if b.is_Integer and a.is_Mul:
             coeff, rest = a.as_coeff_Mul()
@@ -58,6 +58,13 @@ class FloorDiv(sympy.Function):
         if a == b:
             return sympy.Integer(1)
         return None
+
+
+def _integer_coefficients(expr: sympy.Expr) -> bool:
+    try:
+        return all(c.is_Integer for c in sympy.Poly(expr).coeffs())
+    except (sympy.PolynomialError, sympy.polys.polyerrors.GeneratorsNeeded):
+        return False
 
 
 class ShapeEnv:
@@ -253,10 +260,17 @@ class SymInt:
     __floor__ = __ceil__ = __trunc__
 
     def __repr__(self) -> str:
-        return str(self.expr)  # kiln's own printing (metas, graphs): the expression, no specialization
+        # user code sees a number (repr of a list holding a size, f"{x!r}"): specialized like str();
+        # kiln's own printing (metas, graphs) uses dim_text, which decides nothing
+        return repr(self.env.specialize(self.expr))
 
     def __reduce__(self):
         raise TypeError("a symbolic size cannot be pickled")
+
+
+def dim_text(d: Any) -> str:
+    """A size as kiln prints it: the expression of a SymInt (deciding nothing), else repr."""
+    return str(d.expr) if isinstance(d, SymInt) else repr(d)
 
 
 def _evaluate(expr: sympy.Expr, subs: dict) -> int:
@@ -304,6 +318,8 @@ def has_symbols(value: Any) -> bool:
         return any(has_symbols(v) for v in value)
     if isinstance(value, slice):
         return has_symbols((value.start, value.stop, value.step))
+    if hasattr(value, "map_sizes") and hasattr(value, "sizes"):  # a view chain: its steps' arguments
+        return has_symbols(value.sizes())
     if isinstance(value, dict):
         return any(has_symbols(v) for v in value.values())
     shape = getattr(value, "shape", None)
@@ -319,6 +335,8 @@ def substitute(value: Any, values: dict[sympy.Symbol, int]) -> Any:
     if isinstance(value, slice):
         return slice(substitute(value.start, values), substitute(value.stop, values),
                      substitute(value.step, values))
+    if hasattr(value, "map_sizes") and hasattr(value, "sizes"):
+        return value.map_sizes(lambda v: substitute(v, values)) if has_symbols(value) else value
     if isinstance(value, tuple):
         items = [substitute(v, values) for v in value]
         if hasattr(value, "_fields"):
@@ -444,8 +462,10 @@ def symbols_of(value: Any) -> set[sympy.Symbol]:
             out |= symbols_of(v)
     elif isinstance(value, slice):
         out |= symbols_of((value.start, value.stop, value.step))
+    elif hasattr(value, "map_sizes") and hasattr(value, "sizes"):
+        out |= symbols_of(value.sizes())
     return out
 
 
-__all__ = ["SymInt", "ShapeEnv", "FloorDiv", "FrozenShapeEnv", "MIN_SIZE", "is_symbolic", "has_symbols",
+__all__ = ["dim_text", "SymInt", "ShapeEnv", "FloorDiv", "FrozenShapeEnv", "MIN_SIZE", "is_symbolic", "has_symbols",
            "substitute", "hint_of", "python_expr", "symbols_of"]

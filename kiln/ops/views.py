@@ -35,6 +35,15 @@ class ViewChain:
     def then(self, func: Any, rest: tuple, kwargs: dict, index: int | None) -> "ViewChain":
         return ViewChain(self.steps + ((func, rest, kwargs, index),), self.base_strides)
 
+    def sizes(self) -> tuple:
+        """Every argument of the steps (where symbolic sizes may be: kiln.graph.symbolic looks here)."""
+        return tuple((rest, kwargs) for _, rest, kwargs, _ in self.steps)
+
+    def map_sizes(self, fn: Any) -> "ViewChain":
+        """The chain with `fn` applied to each step's arguments (symbolic sizes replaced by numbers)."""
+        return ViewChain(tuple((f, fn(rest), fn(kwargs), i) for f, rest, kwargs, i in self.steps),
+                         self.base_strides)
+
     def apply(self, t: Any, invoke: Any = None) -> Any:
         """The view of `t`; `invoke(func, args, kwargs)` records each op when t is a proxy."""
         for func, rest, kwargs, index in self.steps:

@@ -507,14 +507,16 @@ def _error_text(error: BaseException | None) -> str:
     return text + (f" ... {detail[:200]}" if detail else "")
 
 
-def check_seed(seed: int, backends: tuple[str, ...] = BACKENDS, calls: int = 2) -> list[str]:
+def check_seed(seed: int, backends: tuple[str, ...] = BACKENDS, calls: int = 2,
+               dynamic: bool | None = None) -> list[str]:
     """Differences between eager and each backend on program `seed`, one line each (empty: it agrees).
-    Internal errors raise (raise_on_error), so none hides behind an eager fallback."""
+    Internal errors raise (raise_on_error), so none hides behind an eager fallback. `dynamic=True`
+    captures every input dim as a symbolic size (and compiles each size on its first call)."""
     source = generate(seed)
     env = load(source, seed)
     ref_env = load(source, seed, torch.float64)
     problems: list[str] = []
-    compiled = {b: api.compile(env["program"], backend=b) for b in backends}
+    compiled = {b: api.compile(env["program"], backend=b, dynamic=dynamic) for b in backends}
     for variant in range(calls):
         inputs = env["inputs"](variant)
         eager_args = clone_inputs(inputs)
@@ -523,7 +525,7 @@ def check_seed(seed: int, backends: tuple[str, ...] = BACKENDS, calls: int = 2) 
         reference, _ = _run(ref_env["program"], ref_args)
         for backend in backends:
             args = clone_inputs(inputs)
-            with config.patch(raise_on_error=True):  # an internal error must not hide behind eager
+            with config.patch(raise_on_error=True, dynamic_compile_after=1):  # no error hides behind eager
                 actual, error = _run(compiled[backend], args)
             tag = f"{backend} call {variant}"
             if eager_error is not None or error is not None:
@@ -542,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0:100", help="START:STOP")
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--show", type=int, help="print the program of one seed")
+    parser.add_argument("--dynamic", action="store_true", help="compile with dynamic=True (symbolic sizes)")
     args = parser.parse_args(argv)
     if args.show is not None:
         print(generate(args.show))
@@ -551,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     failing = 0
     for seed in range(start, stop):
         try:
-            problems = check_seed(seed, backends)
+            problems = check_seed(seed, backends, dynamic=True if args.dynamic else None)
         except Exception as e:  # the harness itself: report it as the seed's failure
             problems = [f"harness: {type(e).__name__}: {e}"]
         if problems:

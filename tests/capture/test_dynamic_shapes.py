@@ -262,7 +262,7 @@ def test_symint_arithmetic_and_facts():
     c = env.size(7, "z.size(0)")
     assert isinstance(a, SymInt) and a.expr is b.expr  # duck sizing
     assert env.size(1, "w.size(0)") == 1  # 1 and 0 stay ints
-    assert repr(a * 4 + c) == "4*s0 + s1" and repr((a * 4) // 2) == "2*s0"
+    assert str((a * 4 + c).expr) == "4*s0 + s1" and str(((a * 4) // 2).expr) == "2*s0"
     assert (a == 1) is False and not env.facts  # decided by s0 >= 2, no guard
     assert a > 10 and c < 8
     assert [python_expr(f, {s: str(s) for s in env.symbols}) for f in env.facts] == ["(s0 > 10)", "(s1 < 8)"]
