@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..graph.symbolic import MIN_SIZE, SymInt
 from ..graph import Proxy
 from .errors import HINTS, GraphBreak, RaisedError
 from .frame import NATIVE_OPERAND_TYPES, Frame
@@ -28,6 +29,8 @@ def _isinstance(frame: Frame, args: list, kwargs: dict) -> bool:
             isinstance(None, classinfo)  # eager's TypeError for a bad classinfo
             cls = torch.nn.Parameter if id(obj) in frame.cap.param_proxies else torch.Tensor
             return issubclass(cls, classinfo)
+        if isinstance(obj, SymInt):  # a symbolic size is an int to the program
+            return isinstance(MIN_SIZE, classinfo)
         return isinstance(obj, classinfo)
     except TypeError as e:
         raise RaisedError(e, "isinstance()") from None
@@ -39,6 +42,8 @@ def _type(frame: Frame, args: list, kwargs: dict) -> Any:
     obj = args[0]
     if isinstance(obj, Proxy):
         return torch.nn.Parameter if id(obj) in frame.cap.param_proxies else torch.Tensor
+    if isinstance(obj, SymInt):
+        return int
     cls = type(obj)
     src = frame.cap.source_of(obj)
     if src is not None and frame.cap.source_of(cls) is None and cls.__module__ != "builtins":

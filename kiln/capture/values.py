@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..graph import Proxy
-from ..graph.symbolic import has_symbols, hint_of
+from ..graph.symbolic import SymInt, has_symbols, hint_of
 from .errors import GraphBreak, RaisedError
 from .frame import NATIVE_OPERAND_TYPES, NULL, symbolic_break
 from .iterators import DequeIter, DictIter, GeneratorValue, ListIter, LiveListIter, NativeIter, OutsideIterator, SymIter, UserIter, drain, \
@@ -87,6 +87,8 @@ class ValueOps:
         cap = self.cap
         if isinstance(obj, Proxy):
             return self.proxy_attr(obj, name)
+        if isinstance(obj, SymInt):  # an int to the program: its class is int, its methods specialize it
+            return int if name == "__class__" else getattr(int(obj), name)
         if isinstance(obj, SymIter):
             return self.iterator_attr(obj, name)
         if isinstance(obj, (types.ModuleType, type, super)) or obj is NULL:

@@ -295,3 +295,15 @@ def test_sizes_are_tiered_torch_first_then_compiled_and_limited():
         config.set("dynamic_size_limit", old)
     assert sum(counters["dynamic_backend_compiles"].values()) == 1
     assert counters["dynamic_torch_calls"][[k for k in counters["dynamic_torch_calls"] if "limit" in k][0]] == 3
+
+
+def test_symbolic_int_is_an_int_to_the_program():
+    # regressions (pyfuzz 144, 463, 52): an int argument made symbolic after it changed
+    def f(x, items):
+        ints = [e for e in items if isinstance(e, int) and type(e) is int]
+        return x + len(ints), repr(items[1:]), items[1].bit_length(), items[1].__class__.__name__
+    g = kiln.compile(f, backend="eager")
+    for n in (2, 5, 9, 5):
+        items = [torch.ones(1), n, 3]
+        assert f(torch.ones(2), list(items))[1:] == g(torch.ones(2), list(items))[1:]
+        _same(f(torch.ones(2), list(items))[0], g(torch.ones(2), list(items))[0])
