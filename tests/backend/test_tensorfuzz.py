@@ -222,3 +222,17 @@ def test_sign_of_nan():
     x = torch.tensor([float("nan"), -2.0, 0.0, 3.0])
     fn = lambda x: torch.sign(x) + 1  # noqa: E731
     torch.testing.assert_close(_cpp(fn, x), fn(x), equal_nan=True)
+
+
+DYNAMIC_SEEDS = 80
+# seeds the dynamic sweep found failing (fixed): a size expression with a fractional part (FloorDiv took
+# (s + 2) / 3 for exact), a view chain replayed on an input with symbolic sizes
+DYNAMIC_REGRESSIONS = [65, 125, 186, 348, 1100]
+
+
+@pytest.mark.parametrize("start", range(0, DYNAMIC_SEEDS, CHUNK), ids=lambda s: f"seeds{s}-{s + CHUNK - 1}")
+def test_seeds_with_symbolic_sizes(start):
+    """dynamic=True: every input dim a symbolic size, each size compiled on its first call."""
+    seeds = list(range(start, start + CHUNK)) + (DYNAMIC_REGRESSIONS if start == 0 else [])
+    failures = {s: p for s in seeds if (p := tensorfuzz.check_seed(s, ("eager", "cpp"), dynamic=True))}
+    assert not failures, _report(failures)
