@@ -307,3 +307,21 @@ def test_symbolic_int_is_an_int_to_the_program():
         items = [torch.ones(1), n, 3]
         assert f(torch.ones(2), list(items))[1:] == g(torch.ones(2), list(items))[1:]
         _same(f(torch.ones(2), list(items))[0], g(torch.ones(2), list(items))[0])
+
+
+@pytest.mark.parametrize("name", ["hf_gpt2", "hf_llama"])
+def test_hf_decoders_at_eight_lengths(name):
+    """transformers' defaults from configs: correct at every length, no capture after the second length."""
+    pytest.importorskip("transformers")
+    from kiln.testing import models as zoo
+    torch.manual_seed(0)
+    model = zoo.get(name).factory().eval()
+    compiled = kiln.compile(model, backend="eager")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for i, length in enumerate((8, 12, 16, 20, 24, 28, 32, 40)):
+            ids = torch.randint(0, 1000, (2, length))
+            _same(model(input_ids=ids).last_hidden_state, compiled(input_ids=ids).last_hidden_state)
+            if i == 1:
+                after_second = sum(counters["captures"].values())
+    assert sum(counters["captures"].values()) == after_second <= 2
