@@ -23,7 +23,7 @@ from .capture.dynamic import mark_dynamic, mark_static  # noqa: F401  (kiln.mark
 from .capture.entry import NO_SELF
 from .capture.errors import GraphBreakError
 from .counters import counters
-from .distributed import CompiledDDP, is_ddp
+from .distributed import CompiledDDP, CompiledFSDP, is_ddp, is_fsdp
 from .counters import reset as _reset_counters
 from .graph.pipeline import FUEL, CompileContext
 
@@ -52,6 +52,12 @@ def compile(model: Any = None, *, backend: Any = "auto", fullgraph: bool = False
             return model
         return CompiledDDP(model, backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode,
                            options=options)
+    if isinstance(model, torch.nn.Module) and any(is_fsdp(m) for m in model.modules()):
+        # FSDP2: each sharded module's forward compiled, FSDP's hooks eager around it
+        if disable:
+            return model
+        return CompiledFSDP(model, backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode,
+                            options=options)
     if isinstance(model, torch.nn.Module):
         if disable:
             return model
@@ -268,6 +274,8 @@ def _python_code(fn_or_module: Any, caller: str) -> tuple[types.FunctionType, An
     """The Python function to capture afresh, and its bound self, behind a module or compiled function."""
     if isinstance(fn_or_module, CompiledDDP) or is_ddp(fn_or_module):
         fn_or_module = fn_or_module.module  # DDP's own forward runs eagerly: the module it wraps
+    if isinstance(fn_or_module, CompiledFSDP):
+        fn_or_module = fn_or_module._orig_mod
     target = fn_or_module._orig_mod if isinstance(fn_or_module, CompiledModule) else fn_or_module
     if isinstance(target, CompiledFunction):
         target = target.fn if target.bound_self is NO_SELF else types.MethodType(target.fn,
@@ -308,6 +316,9 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
     if isinstance(original, CompiledFunction):
         compiled.cache.dynamic_dims |= original.cache.dynamic_dims
     before = dict(counters["callees_run_natively"])
+    if isinstance(fn_or_module, CompiledFSDP):  # through the model: FSDP's hooks around each forward
+        compiled = fn_or_module.calling_with(lambda m: CompiledFunction(type(m).forward, compiler_for("eager"),
+                                                                        bound_self=m, family=object()))
     with recording() as recorded:
         compiled(*args, **kwargs)
     native_callees = [k for k, v in counters["callees_run_natively"].items() if v > before.get(k, 0)]
