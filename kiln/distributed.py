@@ -10,12 +10,18 @@ its usual autograd hooks, bucket by bucket, while the rest of the backward runs.
 
 `DDP(kiln.compile(model))` needs nothing from here: DDP wraps a `CompiledModule` like any module (its
 gradients all arrive at the end of the one compiled backward per graph, so nothing overlaps).
+
+FSDP2 (`fully_shard`) works the same way, per sharded module: `CompiledFSDP` compiles the forward of every
+module `fully_shard` wrapped, and calls run with those installed, so FSDP's hooks (all-gather before a
+block, reshard after it, the gradients' reduce-scatter) run eagerly around each block's compiled graph.
+Where a parent's code calls a sharded block, capture meets a module with hooks and breaks there (named by
+kiln.explain); the block's own forward is a graph of its own.
 """
 from __future__ import annotations
 
 import sys
 import types
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -24,7 +30,7 @@ from .backends.ddp import BucketSplitCompiler, SplitPlan
 from .capture.cache import CompiledFunction, warn_once
 from .graph.pipeline import CompileContext
 
-__all__ = ["CompiledDDP", "is_ddp"]
+__all__ = ["CompiledDDP", "CompiledFSDP", "is_ddp", "is_fsdp"]
 
 _MISSING = object()
 
@@ -130,6 +136,105 @@ class CompiledDDP(torch.nn.Module):
         return self
 
     def eval(self) -> "CompiledDDP":
+        self._orig_mod.eval()
+        return self
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._orig_mod.zero_grad(set_to_none)
+
+
+def is_fsdp(model: Any) -> bool:
+    """`model` was wrapped by FSDP2's `fully_shard` (an FSDPModule)."""
+    if not torch.distributed.is_available():
+        return False
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return False
+    return isinstance(model, FSDPModule)
+
+
+class CompiledFSDP(torch.nn.Module):
+    """`kiln.compile(model)` for a model with modules `fully_shard` wrapped: the forward of each of them and
+    of the model compiled (one graph per block at least), FSDP's hooks eager around them. Attributes are the
+    model's own."""
+
+    def __init__(self, model: torch.nn.Module, backend: Any = "auto", fullgraph: bool = False,
+                 dynamic: Any = None, mode: str | None = None, options: dict | None = None):
+        super().__init__()
+        self.__dict__.pop("training", None)  # read through to the model
+        name = backend if isinstance(backend, str) else None
+        context = CompileContext.from_compile(mode=mode, dynamic=dynamic, fullgraph=fullgraph,
+                                              options=options, backend=name)
+        compiler = compiler_for(backend, context)
+        forwards = []
+        if sys.version_info[:2] == (3, 11):
+            for module in model.modules():  # the sharded modules, and the model itself
+                forward = type(module).forward
+                if (is_fsdp(module) or module is model) and isinstance(forward, types.FunctionType):
+                    forwards.append((module, CompiledFunction(forward, compiler, fullgraph=fullgraph,
+                                                              raise_on_error=context.raise_on_error,
+                                                              bound_self=module)))
+        else:
+            warn_once(f"fsdp:{id(model)}", "kiln.compile(fully_shard(...)): kiln captures CPython 3.11 "
+                      "bytecode; the model runs eagerly")
+        object.__setattr__(self, "_orig_mod", model)
+        object.__setattr__(self, "_compiled_forwards", forwards)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call_with(self._compiled_forwards, args, kwargs)
+
+    def calling_with(self, make: Callable[[torch.nn.Module], Any]) -> Callable[..., Any]:
+        """A call of the model with `make(module)` as the forward of each module this one compiles
+        (kiln.explain passes fresh captures with the eager backend: FSDP's hooks run as they do here)."""
+        forwards = [(module, make(module)) for module, _ in self._compiled_forwards]
+        return lambda *args, **kwargs: self._call_with(forwards, args, kwargs)
+
+    def _call_with(self, forwards: list, args: tuple, kwargs: dict) -> Any:
+        saved = []
+        for module, compiled in forwards:
+            saved.append(module.__dict__.get("forward", _MISSING))
+            module.forward = compiled  # nn.Module.__call__ runs FSDP's hooks, then this
+        try:
+            return self._orig_mod(*args, **kwargs)
+        finally:
+            for (module, _), before in zip(forwards, saved):
+                if before is _MISSING:
+                    del module.forward
+                else:
+                    module.forward = before
+
+    forward = __call__
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "_orig_mod"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._orig_mod, name, value)
+
+    def __repr__(self) -> str:
+        return f"CompiledFSDP({self._orig_mod!r})"
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.load_state_dict(*args, **kwargs)
+
+    def parameters(self, recurse: bool = True) -> Any:
+        return self._orig_mod.parameters(recurse)
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.named_parameters(*args, **kwargs)
+
+    def modules(self) -> Any:
+        return self._orig_mod.modules()
+
+    def train(self, mode: bool = True) -> "CompiledFSDP":
+        self._orig_mod.train(mode)
+        return self
+
+    def eval(self) -> "CompiledFSDP":
         self._orig_mod.eval()
         return self
 

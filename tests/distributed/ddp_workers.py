@@ -18,7 +18,7 @@ LR = 0.05
 
 def batches(model: torch.nn.Module, example: torch.Tensor, steps: int) -> list[torch.Tensor]:
     """One token batch per step, the same on every rank and in the single-process reference."""
-    vocab = model.wte.num_embeddings
+    vocab = (model.wte if hasattr(model, "wte") else model.embed).num_embeddings
     gen = torch.Generator().manual_seed(1234)
     return [torch.randint(0, vocab, example.shape, generator=gen) for _ in range(steps)]
 
@@ -154,3 +154,41 @@ def collectives_in_compiled_code(rank: int, world: int, cache_dir: str) -> dict[
     return {"expected": expected, "actual": first, "expected_second": expected_second, "second": second,
             "breaks": dict(kiln.counters["graph_breaks"]), "explain_breaks": report.graph_break_count,
             "explain": str(report)}
+
+
+def train_fsdp(rank: int, world: int, name: str, batch: int, steps: int, cache_dir: str) -> dict[str, Any]:
+    """FSDP2 (fully_shard on each block, then the model) training of the zoo's `name`, eager and through
+    kiln.compile, on this rank's half of each batch: losses, full parameters, counters, explain's breaks."""
+    from torch.distributed.fsdp import fully_shard
+
+    results: dict[str, Any] = {}
+    with config.patch(cache_dir=cache_dir):
+        for variant in ("eager", "kiln"):
+            kiln.reset()
+            model, (args, _) = zoo.build(name, batch=batch)
+            model.train()
+            data = batches(model, args[0], steps)
+            for block in model.blocks:
+                fully_shard(block)
+            fully_shard(model)
+            run = kiln.compile(model) if variant == "kiln" else model
+            opt = torch.optim.SGD(model.parameters(), lr=LR)
+            half = batch // world
+            losses = []
+            for idx in data:
+                mine = idx[rank * half:(rank + 1) * half]
+                opt.zero_grad()
+                loss = lm_loss(run(mine), mine)
+                loss.backward()
+                opt.step()
+                total = loss.detach().clone()
+                dist.all_reduce(total)
+                losses.append(total.item() / world)
+            results[variant] = {"losses": losses,
+                                "params": {n: p.full_tensor().clone() for n, p in model.named_parameters()},
+                                "counters": {k: dict(v) for k, v in kiln.counters.items()},
+                                "type": type(run).__name__}
+            if variant == "kiln":
+                report = kiln.explain(run, data[0][rank * half:(rank + 1) * half])
+                results[variant]["explain"] = str(report)
+    return results

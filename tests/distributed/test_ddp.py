@@ -15,7 +15,7 @@ import torch
 
 from kiln import config
 
-from ddp_workers import collectives_in_compiled_code, eager_reference, train
+from ddp_workers import collectives_in_compiled_code, eager_reference, train, train_fsdp
 from ranks import run_ranks
 
 pytestmark = [
@@ -96,3 +96,21 @@ def test_collectives_inside_compiled_code_break_the_graph_in_program_order(cache
         comm = [k for k in result["breaks"] if "torch.distributed communication" in k]
         assert any("all_reduce" in k for k in comm) and any("broadcast" in k for k in comm), result["breaks"]
         assert result["explain_breaks"] >= 2, result["explain"]
+
+
+@pytest.mark.parametrize("name", ["nanogpt", "llama"])
+def test_fsdp2_blocks_compile_and_match_eager_fsdp2(name, cache_dir):
+    ranks = run_ranks(train_fsdp, (name, 4, STEPS, cache_dir), timeout=150)
+    for rank, result in enumerate(ranks):
+        eager, mine = result["eager"], result["kiln"]
+        assert mine["type"] == "CompiledFSDP"
+        _assert_matches(mine, eager, f"fsdp2 {name} rank {rank}")
+        counters = mine["counters"]
+        # each block's forward is a graph of its own, compiled with its backward
+        blocks = counters["graphs"].get("GPTBlock.forward", 0) + counters["graphs"].get("LlamaBlock.forward", 0)
+        assert blocks >= 1, counters["graphs"]
+        assert counters["autograd"]["backward graphs compiled"] >= 1, counters
+        assert not _handed_to_torch(counters), counters["cpp"]
+        # the model's own frame breaks where it calls a sharded block (FSDP's hooks run there), named
+        assert any("has hooks" in k for k in counters["graph_breaks"]), counters["graph_breaks"]
+        assert "has hooks" in mine["explain"]
