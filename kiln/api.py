@@ -21,6 +21,7 @@ from .capture import cache as _cache
 from .capture.cache import CompiledFunction, recording, warn_once
 from .capture.dynamic import mark_dynamic, mark_static  # noqa: F401  (kiln.mark_dynamic, kiln.mark_static)
 from .capture.entry import NO_SELF
+from .optim import CompiledOptimizerStep, is_optimizer_step
 from .capture.errors import GraphBreakError
 from .counters import counters
 from .distributed import CompiledDDP, CompiledFSDP, is_ddp, is_fsdp
@@ -72,6 +73,9 @@ def compile(model: Any = None, *, backend: Any = "auto", fullgraph: bool = False
         warn_once("python", f"kiln captures CPython {_SUPPORTED_PYTHON[0]}.{_SUPPORTED_PYTHON[1]} bytecode; "
                   f"on Python {sys.version_info[0]}.{sys.version_info[1]} compiled code runs eagerly")
         return model
+    if is_optimizer_step(model):  # opt.step of SGD/Adam/AdamW: one fused update (kiln.optim)
+        return CompiledOptimizerStep(model, lambda f: compile(f, backend=backend, fullgraph=fullgraph,
+                                                              dynamic=dynamic, mode=mode, options=options))
     context = CompileContext.from_compile(mode=mode, dynamic=dynamic, fullgraph=fullgraph, options=options,
                                           backend=backend if isinstance(backend, str) else None)
     compiler = compiler_for(backend, context)

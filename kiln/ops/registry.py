@@ -743,9 +743,11 @@ def _apply_inplace(graph: Graph, target: Proxy, result: Any) -> Proxy:
         raise UnsupportedError(f"in-place result {check_same.short()} does not match the updated tensor "
                            f"{target.meta.short()}")
     name = aliases(graph).input_name.get(target)
-    if name is not None and any(ph.name == name and ph.meta.requires_grad for ph in graph.placeholders):
-        # eager's own checks and autograd history (a leaf refuses it with grad on; under no_grad the
-        # version counter moves) belong to the real tensor: the update runs eagerly
+    if name is not None and torch.is_grad_enabled() and \
+            any(ph.name == name and ph.meta.requires_grad for ph in graph.placeholders):
+        # eager's own checks and autograd history (a leaf refuses it with grad on) belong to the real
+        # tensor: the update runs eagerly. Under no_grad (an optimizer step) the graph's write-back is an
+        # in-place copy_ under no_grad too, which moves the version counter as eager's update does.
         raise UnsupportedError(f"in-place update of input {name}, which requires grad")
     target.node = new.node
     target.example = new.example
