@@ -67,6 +67,25 @@ def _integer_coefficients(expr: sympy.Expr) -> bool:
         return False
 
 
+class Mod(sympy.Function):
+    """Python's `a % b` of sizes, kept opaque: sympy's own Mod rewrites Mod(3*Mod(3*s, 7), 7) as
+    3*Mod(3*s, 7) (wrong: for s = 4 it gives 15, Python 1), so only exact cases evaluate here."""
+
+    is_integer = True
+
+    @classmethod
+    def eval(cls, a: sympy.Expr, b: sympy.Expr) -> sympy.Expr | None:
+        if a.is_Integer and b.is_Integer and int(b) != 0:
+            return sympy.Integer(int(a) % int(b))
+        if b == 1 or a == 0:
+            return sympy.Integer(0)
+        if b.is_Integer and a.is_Mul:
+            coeff, _ = a.as_coeff_Mul()
+            if coeff.is_Integer and int(b) != 0 and int(coeff) % int(b) == 0:
+                return sympy.Integer(0)  # (8*s0) % 4
+        return None
+
+
 class ShapeEnv:
     """The symbols of one capture: their hints, where they came from, and the facts decided about them."""
 
@@ -165,7 +184,7 @@ class SymInt:
 
     @staticmethod
     def make(expr: sympy.Expr, env: ShapeEnv) -> "SymInt | int":
-        expr = sympy.expand(expr) if not isinstance(expr, (sympy.Symbol, FloorDiv, sympy.Mod)) else expr
+        expr = sympy.expand(expr) if not isinstance(expr, (sympy.Symbol, FloorDiv, Mod)) else expr
         return int(expr) if expr.is_Integer else SymInt(expr, env)
 
     # ---- arithmetic ----
@@ -191,7 +210,7 @@ class SymInt:
             return NotImplemented if not isinstance(a if ea is None else b, float) else fn(float(a), float(b))
         if not self.env.decide(sympy.Gt(eb, 0)):  # Python's floor semantics for a negative divisor
             return fn(_concrete(a), _concrete(b))
-        return SymInt.make(FloorDiv(ea, eb) if fn is operator.floordiv else sympy.Mod(ea, eb), self.env)
+        return SymInt.make(FloorDiv(ea, eb) if fn is operator.floordiv else Mod(ea, eb), self.env)
 
     def __floordiv__(self, o): return self._div(self, o, operator.floordiv)
     def __rfloordiv__(self, o): return self._div(o, self, operator.floordiv)
@@ -433,7 +452,7 @@ def python_expr(expr: sympy.Basic, names: dict[sympy.Symbol, str]) -> str:
         return f"({p(base)} ** {int(exp)})"
     if isinstance(expr, FloorDiv):
         return f"({p(expr.args[0])} // {p(expr.args[1])})"
-    if isinstance(expr, sympy.Mod):
+    if isinstance(expr, (Mod, sympy.Mod)):
         return f"({p(expr.args[0])} % {p(expr.args[1])})"
     if isinstance(expr, (sympy.Max, sympy.Min)):
         fn = "max" if isinstance(expr, sympy.Max) else "min"
@@ -467,5 +486,5 @@ def symbols_of(value: Any) -> set[sympy.Symbol]:
     return out
 
 
-__all__ = ["dim_text", "SymInt", "ShapeEnv", "FloorDiv", "FrozenShapeEnv", "MIN_SIZE", "is_symbolic", "has_symbols",
+__all__ = ["dim_text", "SymInt", "ShapeEnv", "FloorDiv", "Mod", "FrozenShapeEnv", "MIN_SIZE", "is_symbolic", "has_symbols",
            "substitute", "hint_of", "python_expr", "symbols_of"]

@@ -268,6 +268,10 @@ def test_symint_arithmetic_and_facts():
     assert [python_expr(f, {s: str(s) for s in env.symbols}) for f in env.facts] == ["(s0 > 10)", "(s1 < 8)"]
     assert list(range(c)) == list(range(7))  # specializes
     assert "(s1 == 7)" in env.describe()
+    # Python's % and //, exact (sympy's Mod simplifies Mod(3*Mod(3*s, 7), 7) to 3*Mod(3*s, 7): pyfuzz 822)
+    n = env.size(4, "n.size(0)")
+    for e, want in (((n * 3 % 7) * 3 % 7, 1), ((n + 2) // 3, 2), ((n * 8) % 4, 0), (-n // 3, -2), (-n % 3, 2)):
+        assert env.hint(e.expr) == want if isinstance(e, SymInt) else e == want
     env.freeze()
     with pytest.raises(Exception, match="after the capture's guards"):
         bool(a > 12)
