@@ -512,7 +512,7 @@ def _raising(graph):
 
 
 def test_a_graph_failing_where_eager_does_not_runs_eagerly_once_warned(counters, monkeypatch):
-    monkeypatch.setattr(kiln.backends, "compile_python", _raising)  # a bug planted in the eager backend
+    monkeypatch.setattr(kiln.backends, "torch_callable", _raising)  # a bug planted in the eager backend
     fn = kiln.compile(_update_then_index, backend="eager")
     x = torch.zeros(4)
     with pytest.warns(RuntimeWarning, match="raised RuntimeError: a planted backend failure, where eager"):

@@ -15,6 +15,7 @@ import torch
 
 from ..graph import Graph, Node, TensorMeta, flatten
 from ..graph.graph import map_structure
+from ..graph.interpreter import write_back
 
 
 def is_grad_switch(node: Node) -> bool:
@@ -48,7 +49,7 @@ class SegmentedGraph:
             raise
         for position, node in self.writebacks:
             if env[id(node)] is not inputs[position]:
-                inputs[position].copy_(env[id(node)])
+                write_back(inputs[position], env[id(node)])
         return tuple(env[id(n)] for n in self.outputs)
 
 

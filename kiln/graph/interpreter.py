@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import torch
+
 from .graph import Graph, Node, map_structure
 
 
@@ -63,6 +65,12 @@ def write_back(target: Any, value: Any) -> None:
     its elements in order, as eager's own in-place op leaves it (copy_ refuses overlapping destinations)."""
     if value is target:
         return  # the graph updated the input itself (an in-place op the eager backend ran on it)
+    if target.requires_grad and torch.is_grad_enabled():
+        # a tensor that requires grad is updated in place only under no_grad (capture refuses it with
+        # grad on), so its write-back runs under no_grad too, wherever the graph's grad mode ended
+        with torch.no_grad():
+            write_back(target, value)
+        return
     overlap = [d for d, (size, stride) in enumerate(zip(target.shape, target.stride()))
                if stride == 0 and size > 1]
     if not overlap:

@@ -124,7 +124,9 @@ def python_code(graph: Any, header: str | None = None) -> tuple[str, dict[str, A
     for name, node in graph.mutated_inputs.items():
         lines.append(f"    if {node.name} is not {name}:"
                      f"  # input {name} is mutated (unless updated in place)")
-        lines.append(f"        {name}.copy_({node.name})")
+        lines.append(f"        _write_back({name}, {node.name})")
+        from .interpreter import write_back  # (interpreter imports the graph, which imports this module)
+        em.globals["_write_back"] = write_back
     if graph.nodes and graph.nodes[-1].op == "output":
         lines.append(f"    return {em.value(graph.output_value)}")
     elif body == 0:
