@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import torch
 
 from .graph import Graph, Node, map_structure
+from .node import write_back  # noqa: F401  (kiln.graph.interpreter.write_back, as before)
 
 
 def run(graph: Graph, inputs: Sequence[Any], torch_level: bool = False) -> Any:
@@ -60,32 +60,10 @@ def run(graph: Graph, inputs: Sequence[Any], torch_level: bool = False) -> Any:
     return result
 
 
-def write_back(target: Any, value: Any) -> None:
-    """`target.copy_(value)`; an expanded target (a stride-0 dim) gets the last value written to each of
-    its elements in order, as eager's own in-place op leaves it (copy_ refuses overlapping destinations)."""
-    if value is target:
-        return  # the graph updated the input itself (an in-place op the eager backend ran on it)
-    if target.requires_grad and torch.is_grad_enabled():
-        # a tensor that requires grad is updated in place only under no_grad (capture refuses it with
-        # grad on), so its write-back runs under no_grad too, wherever the graph's grad mode ended
-        with torch.no_grad():
-            write_back(target, value)
-        return
-    overlap = [d for d, (size, stride) in enumerate(zip(target.shape, target.stride()))
-               if stride == 0 and size > 1]
-    if not overlap:
-        target.copy_(value)
-        return
-    for d in overlap:
-        target = target.narrow(d, target.shape[d] - 1, 1)
-        value = value.narrow(d, value.shape[d] - 1, 1)
-    target.copy_(value)
-
-
 def torch_callable(graph: Graph) -> Any:
     """The captured torch-level graph as one Python function of torch calls (its printed source), or on
     the interpreter when the printer cannot spell the graph."""
-    from .printer import compile_python
+    from .printer import compile_python  # (the printer imports nothing of the interpreter)
     try:
         return compile_python(graph)
     except Exception:

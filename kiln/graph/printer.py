@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .node import Node, meta_text, nan_safe_repr, torch_name
+from .node import Node, meta_text, nan_safe_repr, torch_name, write_back
 from .symbolic import SymInt, python_expr
 
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.memory_format, torch.layout)
@@ -125,7 +125,6 @@ def python_code(graph: Any, header: str | None = None) -> tuple[str, dict[str, A
         lines.append(f"    if {node.name} is not {name}:"
                      f"  # input {name} is mutated (unless updated in place)")
         lines.append(f"        _write_back({name}, {node.name})")
-        from .interpreter import write_back  # (interpreter imports the graph, which imports this module)
         em.globals["_write_back"] = write_back
     if graph.nodes and graph.nodes[-1].op == "output":
         lines.append(f"    return {em.value(graph.output_value)}")
