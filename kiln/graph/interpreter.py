@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-
 from .graph import Graph, Node, map_structure
 from .node import write_back  # noqa: F401  (kiln.graph.interpreter.write_back, as before)
 
