@@ -75,6 +75,8 @@ def fresh_caches() -> Any:
         config.set("cache_dir", os.path.join(tmp, "kiln"))
         kiln.reset()
         torch._dynamo.reset()
+        import torch._dynamo.utils
+        torch._dynamo.utils.counters.clear()  # (unique_graphs counts this workload only)
         try:
             yield
         finally:
