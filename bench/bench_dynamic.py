@@ -32,6 +32,7 @@ import warnings
 from typing import Any, Callable
 
 import torch
+import torch._dynamo.utils
 import torch.nn.functional as F
 from torch import nn
 
@@ -75,7 +76,6 @@ def fresh_caches() -> Any:
         config.set("cache_dir", os.path.join(tmp, "kiln"))
         kiln.reset()
         torch._dynamo.reset()
-        import torch._dynamo.utils
         torch._dynamo.utils.counters.clear()  # (unique_graphs counts this workload only)
         try:
             yield
@@ -99,7 +99,6 @@ def compile_with(name: str, model: Any, **kw: Any) -> Any:
 def captures(name: str) -> int:
     if name == "kiln":
         return sum(kiln.counters["captures"].values())
-    import torch._dynamo.utils
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
