@@ -22,7 +22,7 @@ import torch
 from .. import config
 from ..graph import map_structure
 from ..graph.interpreter import write_back
-from ..lower.ir import BufferRef, ExternNode, LoopGraph, OutputView, ViewRef
+from ..lower.ir import BufferRef, ExternNode, InputBuffer, LoopGraph, OutputView, ViewRef
 from ..lower.printer import layout_text
 from ..schedule.memory import Plan, Segment
 
@@ -212,7 +212,8 @@ class _Source:
         self.lines: list[str] = []
         self.globals: dict[str, Any] = {"torch": torch, "_restride": _restride, "_recycle": _recycle,
                                         "_fresh": _fresh, "_view": _view, "_write_back": write_back,
-                                        "_keep": _keep, "_pool": BufferPool()}
+                                        "_keep": _keep, "_pool": BufferPool(),
+                                        "_bump_version": torch.autograd.graph.increment_version}
         self.count = 0
         # buffer -> the input it was copied back into: outputs of that value are the input (or its views),
         # as in eager, where `x.add_(1); return x[1]` returns a view of x itself
@@ -319,6 +320,11 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
                     lines.append(f"        {name} = {alloc}{meta}")
                 else:
                     lines.append(f"    {name} = {alloc}{meta}")
+        for source in step.inplace.values():
+            if isinstance(graph.buffers[source], InputBuffer):
+                # the kernel writes into an input's memory: its version moves as eager's in-place op moves
+                # it (and a graph that raises after this is never re-run on the half-updated input)
+                lines.append(f"    _bump_version({source})")
         if timings is not None:
             lines.append("    _kiln_t = _kiln_now()")
         if isinstance(node, Segment):

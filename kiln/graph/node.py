@@ -165,6 +165,9 @@ def write_back(target: Any, value: Any) -> None:
     its elements in order, as eager's own in-place op leaves it (copy_ refuses overlapping destinations)."""
     if value is target:
         return  # the graph updated the input itself (an in-place op the eager backend ran on it)
+    if isinstance(value, torch.Tensor) and value.data_ptr() == target.data_ptr() and \
+            value.shape == target.shape and value.stride() == target.stride() and value.dtype == target.dtype:
+        return  # a compiled kernel wrote the new value into the input's own memory
     if target.requires_grad and torch.is_grad_enabled():
         # a tensor that requires grad is updated in place only under no_grad (capture refuses it with
         # grad on), so its write-back runs under no_grad too, wherever the graph's grad mode ended

@@ -133,6 +133,10 @@ class Lowering:
     # -- the walk --
     def run(self) -> LoopGraph:
         position = 0
+        # the final value of a mutated input is a buffer anyway (it is written back): computed once there,
+        # and read by the ops after it from there, instead of recomputed from the input's old value (which
+        # lets the memory plan write it into the input itself)
+        final = {id(n) for n in self.graph.mutated_inputs.values()}
         for node in self.graph.nodes:
             if node.op == "placeholder":
                 self.env[id(node)] = self.input(node, position)
@@ -143,6 +147,10 @@ class Lowering:
                 self.env[id(node)] = self.env[id(node.args[0])][node.args[1]]
             elif node.op == "call_prim":
                 self.env[id(node)] = self.call_prim(node)
+                value = self.env[id(node)]
+                if id(node) in final and isinstance(value, Box) and value.view is None and \
+                        isinstance(node.meta, TensorMeta) and tuple(node.meta.shape) == value.shape:
+                    self.env[id(node)] = self.realized_box(value, node.meta)
             elif node.op == "call_torch":
                 self.env[id(node)] = self.fallback(node, node.target, _torch_name(node), kind="fallback")
             elif node.op == "output":

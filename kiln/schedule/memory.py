@@ -18,7 +18,7 @@ from .. import config
 from ..lower.index import simplify_index
 from ..graph.layout import is_non_overlapping_and_dense, numel
 from ..graph.pipeline import FUEL
-from ..lower.ir import ComputedBuffer, ExternNode, InputBuffer, LoopGraph, Pointwise
+from ..lower.ir import BufferRef, ComputedBuffer, ExternNode, InputBuffer, LoopGraph, Pointwise
 from ..lower.target import Target
 from .fusion import FusedGroup
 from .locality import local_buffers
@@ -85,6 +85,8 @@ def peak_bytes(graph: LoopGraph, steps: list[Step]) -> int:
         for name, reuse in step.allocs:
             if reuse is None:
                 fresh(name, graph.buffers[name].nbytes())
+            elif reuse not in block:
+                continue  # written into a graph input's memory (inputs are not counted)
             else:
                 block[name] = block[reuse]
                 if name in step.inplace:
@@ -152,6 +154,22 @@ def _in_place(graph: LoopGraph, seg: Segment, name: str, candidates: set[str]) -
     return None
 
 
+def _mutation_targets(graph: LoopGraph, kept: set[str]) -> dict[str, str]:
+    """Buffer holding a mutated input's final value -> that input's buffer, for inputs nothing else keeps
+    (not an output, not the base of an output view) whose new value is a kernel's own buffer, written back
+    into this one input only."""
+    by_position = {b.position: b.name for b in graph.inputs if isinstance(b, InputBuffer) and b.position >= 0}
+    values = [getattr(v, "name", None) for _, v in graph.mutations]
+    out: dict[str, str] = {}
+    for position, value in graph.mutations:
+        name, source = getattr(value, "name", None), by_position.get(position)
+        if not isinstance(value, BufferRef) or source is None or source in kept or values.count(name) != 1 \
+                or not isinstance(graph.buffers.get(name), ComputedBuffer):
+            continue
+        out[name] = source
+    return out
+
+
 def plan(graph: LoopGraph, schedule: list[FusedGroup | ExternNode], target: Target, in_place: bool = True,
          simulate: bool = False) -> Plan:
     """Steps with allocations and frees for the scheduled kernels of `graph`.
@@ -197,6 +215,7 @@ def plan(graph: LoopGraph, schedule: list[FusedGroup | ExternNode], target: Targ
                      for name in node.reads()}
     extern_reads = {name for node in nodes if isinstance(node, ExternNode) for name in node.reads()}
     kernel_written = {name for node in nodes if isinstance(node, Segment) for name in node.writes}
+    into_input = _mutation_targets(graph, kept)
     free_pool: dict[tuple, list[str]] = {}
     steps: list[Step] = []
     for i, node in enumerate(nodes):
@@ -211,6 +230,12 @@ def plan(graph: LoopGraph, schedule: list[FusedGroup | ExternNode], target: Targ
                 source = None
                 if in_place:  # over an intermediate it reads last at the same index
                     source = _in_place(graph, node, name, dead - set(inplace.values()))
+                target = into_input.get(name)
+                if in_place and source is None and target is not None and last_use.get(target, -1) <= i \
+                        and target not in extern_reads and target not in inplace.values():
+                    # the final value of a mutated input, computed where the input is last read at the
+                    # same index: written into the input's own memory (no write-back copy)
+                    source = _in_place(graph, node, name, {target})
                     if source is not None and not simulate and \
                             not FUEL.take("plan", f"write {name} in place of {source}"):
                         source = None
