@@ -136,7 +136,7 @@ class CompiledOptimizerStep:
     def _sgd_group(self, group: dict, params: list) -> None:
         opt, momentum = self.opt, group["momentum"]
         lr = group["lr"]
-        neg_lr = [_scalar(-lr, p) for p in params]
+        neg_lr = _shared(params, lambda p: _scalar(-lr, p))
         bufs = [opt.state[p].get("momentum_buffer") if momentum != 0 else None for p in params]
         new = self.sgd(params, [p.grad for p in params], bufs, neg_lr, momentum, group["dampening"],
                        group["weight_decay"], group["nesterov"], group["maximize"])
@@ -164,12 +164,23 @@ class CompiledOptimizerStep:
         wd = group["weight_decay"]
         bc1, bc2 = 1 - beta1 ** step, 1 - beta2 ** step
         decoupled = isinstance(opt, torch.optim.AdamW) or bool(group.get("decoupled_weight_decay", False))
-        scalars = [(_scalar(1 - lr * wd, p), _scalar(bc2 ** 0.5, p), _scalar(-(lr / bc1), p)) for p in params]
+        scalars = _shared(params, lambda p: (_scalar(1 - lr * wd, p), _scalar(bc2 ** 0.5, p),
+                                             _scalar(-(lr / bc1), p)))
         self.adam(params, [p.grad for p in params], [opt.state[p]["exp_avg"] for p in params],
                   [opt.state[p]["exp_avg_sq"] for p in params],
                   [opt.state[p]["max_exp_avg_sq"] for p in params] if group["amsgrad"] else [], scalars,
                   beta1, beta2, group["eps"], wd, decoupled, group["amsgrad"], group["maximize"])
         return True
+
+
+def _shared(params: list, make: Callable[[torch.Tensor], Any]) -> list:
+    """make(p) per parameter, made once per (dtype, device): parameters alike share the same 0-d tensors,
+    so the graph has a few scalar inputs, not a few per parameter."""
+    made: dict[tuple, Any] = {}
+    for p in params:
+        if (p.dtype, p.device) not in made:
+            made[(p.dtype, p.device)] = make(p)
+    return [made[(p.dtype, p.device)] for p in params]
 
 
 def _number(v: Any) -> float:
