@@ -95,22 +95,37 @@ torch.testing.assert_close(kiln.compile(model, backend="cpp")(x, w), model(x, w)
 '''
 
 
-def _decisions(monkeypatch, tmp_path):
-    """The decisions compiling MODEL makes, in order (in this process, nothing planted)."""
-    namespace = {"torch": torch}
-    exec(MODEL, namespace)
-    taken = []
-    real_take = FUEL.take
+DECISIONS = '''
+import json, sys
+import torch
+import kiln
+from kiln.graph.pipeline import FUEL
+taken = []
+real_take = FUEL.take
+def take(pass_name, decision):
+    allowed = real_take(pass_name, decision)
+    taken.append((pass_name, decision() if callable(decision) else decision))
+    return allowed
+FUEL.take = take
+x, w = torch.randn(16, 32), torch.randn(32, 32)
+kiln.compile(model, backend="cpp")(x, w)
+print(json.dumps(taken))
+'''
 
-    def take(pass_name, decision):
-        allowed = real_take(pass_name, decision)
-        taken.append((pass_name, decision() if callable(decision) else decision))
-        return allowed
-    monkeypatch.setattr(FUEL, "take", take)
-    x, w = torch.randn(16, 32), torch.randn(32, 32)
-    with config.patch(cache_dir=str(tmp_path / "cache"), fuel=-1):
-        kiln.compile(namespace["model"], backend="cpp")(x, w)
-    return taken
+
+def _decisions(monkeypatch, tmp_path):
+    """The decisions compiling MODEL makes, in order, nothing planted: in a fresh process, as bisect's runs
+    are (this process's earlier tests may have left state that changes the count)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "decisions.py"
+    script.write_text(MODEL + DECISIONS)
+    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path / "cache"), KILN_FUEL="-1")
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300,
+                         check=True).stdout
+    return [tuple(d) for d in json.loads(out.strip().splitlines()[-1])]
 
 
 @pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler")
