@@ -47,7 +47,7 @@ def sgd_update(params: list, grads: list, bufs: list, neg_lr: list, momentum: fl
         if momentum != 0:
             buf = bufs[i]
             if buf is None:
-                buf = grad.detach().clone()
+                buf = grad.clone()  # (eager's detach() is a no-op here: the step runs under no_grad)
             else:
                 buf.mul_(momentum).add_(grad, alpha=1 - dampening)
             out.append(buf)
@@ -73,7 +73,7 @@ def adam_update(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, ma
         exp_avg.lerp_(grad, 1 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
         if amsgrad:
-            max_sqs[i].copy_(torch.maximum(max_sqs[i], exp_avg_sq))
+            torch.maximum(max_sqs[i], exp_avg_sq, out=max_sqs[i])
             denom = (max_sqs[i].sqrt() / bc2_sqrt).add_(eps)
         else:
             denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)

@@ -68,7 +68,7 @@ def test_compiled_step_equals_eager(name, cls, kw):
     _same_state(model, ref, opt, ref_opt)
     assert counters["optimizer_compiled"][cls.__name__] == 5 and not counters["optimizer_native"]
     assert sum(counters["captures"].values()) <= 2  # (SGD with momentum: a first step makes the buffers)
-    assert not counters["graph_breaks"] and not counters["frames_run_natively"]
+    assert not counters["graph_breaks"] and not counters["frames_run_natively"] and not counters["fallback"]
     assert opt.state_dict()["state"].keys() == ref_opt.state_dict()["state"].keys()
 
 
