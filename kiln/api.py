@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -22,6 +22,7 @@ from .capture.cache import CompiledFunction, recording, warn_once
 from .capture.dynamic import mark_dynamic, mark_static  # noqa: F401  (kiln.mark_dynamic, kiln.mark_static)
 from .capture.entry import NO_SELF
 from .optim import CompiledOptimizerStep, is_optimizer_step
+from .wrapping import WrappedModule
 from .capture.errors import GraphBreakError
 from .counters import counters
 from .distributed import CompiledDDP, CompiledFSDP, is_ddp, is_fsdp
@@ -108,15 +109,14 @@ def _unwrap(model: Any) -> tuple[types.FunctionType | None, Any]:
     return None, NO_SELF
 
 
-class CompiledModule(torch.nn.Module):
+class CompiledModule(WrappedModule):
     """Wraps an nn.Module: calls run the original module's hooks and a compiled `forward`; parameters,
     buffers, state_dict, train()/eval() and attribute access are the original module's."""
 
     def __init__(self, module: torch.nn.Module, backend: Any = "auto", fullgraph: bool = False,
                  dynamic: Any = None, mode: str | None = None, options: dict | None = None):
         super().__init__()
-        self.__dict__.pop("training", None)  # read through to the original module
-        object.__setattr__(self, "_orig_mod", module)
+        self._wrap(module)
         object.__setattr__(self, "_compiled_forward", compile(module.forward, backend=backend,
                                                               fullgraph=fullgraph, dynamic=dynamic, mode=mode,
                                                               options=options))
@@ -136,77 +136,6 @@ class CompiledModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._compiled_forward(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(object.__getattribute__(self, "_orig_mod"), name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._orig_mod, name, value)
-
-    def __delattr__(self, name: str) -> None:
-        delattr(self._orig_mod, name)
-
-    def __dir__(self) -> list[str]:
-        return dir(self._orig_mod)
-
-    def __repr__(self) -> str:
-        return f"CompiledModule({self._orig_mod!r})"
-
-    # the module API, delegated to the original module
-    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        return self._orig_mod.state_dict(*args, **kwargs)
-
-    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        return self._orig_mod.load_state_dict(*args, **kwargs)
-
-    def parameters(self, recurse: bool = True) -> Any:
-        return self._orig_mod.parameters(recurse)
-
-    def named_parameters(self, *args: Any, **kwargs: Any) -> Any:
-        return self._orig_mod.named_parameters(*args, **kwargs)
-
-    def buffers(self, recurse: bool = True) -> Any:
-        return self._orig_mod.buffers(recurse)
-
-    def named_buffers(self, *args: Any, **kwargs: Any) -> Any:
-        return self._orig_mod.named_buffers(*args, **kwargs)
-
-    def children(self) -> Any:
-        return self._orig_mod.children()
-
-    def named_children(self) -> Any:
-        return self._orig_mod.named_children()
-
-    def modules(self) -> Any:
-        return self._orig_mod.modules()
-
-    def named_modules(self, *args: Any, **kwargs: Any) -> Any:
-        return self._orig_mod.named_modules(*args, **kwargs)
-
-    def train(self, mode: bool = True) -> "CompiledModule":
-        self._orig_mod.train(mode)
-        return self
-
-    def eval(self) -> "CompiledModule":
-        self._orig_mod.eval()
-        return self
-
-    def to(self, *args: Any, **kwargs: Any) -> "CompiledModule":
-        self._orig_mod.to(*args, **kwargs)
-        return self
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self._orig_mod.zero_grad(set_to_none)
-
-    def register_forward_hook(self, *args: Any, **kwargs: Any) -> Any:
-        return self._orig_mod.register_forward_hook(*args, **kwargs)
-
-    def register_forward_pre_hook(self, *args: Any, **kwargs: Any) -> Any:
-        return self._orig_mod.register_forward_pre_hook(*args, **kwargs)
-
-    def apply(self, fn: Callable[[torch.nn.Module], None]) -> "CompiledModule":
-        self._orig_mod.apply(fn)
-        return self
 
 
 def reset() -> None:

@@ -29,6 +29,7 @@ from .backends import compiler_for
 from .backends.ddp import BucketSplitCompiler, SplitPlan
 from .capture.cache import CompiledFunction, warn_once
 from .graph.pipeline import CompileContext
+from .wrapping import WrappedModule
 
 __all__ = ["CompiledDDP", "CompiledFSDP", "is_ddp", "is_fsdp"]
 
@@ -43,7 +44,7 @@ def is_ddp(model: Any) -> bool:
     return isinstance(model, DistributedDataParallel)
 
 
-class CompiledDDP(torch.nn.Module):
+class CompiledDDP(WrappedModule):
     """`kiln.compile(ddp)`: calls run DDP's forward eagerly around the wrapped module's compiled forward.
     Parameters, state_dict, train()/eval(), no_sync() and other attributes are the DDP module's.
     `splits` lists how each captured graph was cut at the bucket boundaries."""
@@ -51,14 +52,13 @@ class CompiledDDP(torch.nn.Module):
     def __init__(self, ddp: torch.nn.Module, backend: Any = "auto", fullgraph: bool = False,
                  dynamic: Any = None, mode: str | None = None, options: dict | None = None):
         super().__init__()
-        self.__dict__.pop("training", None)  # read through to the DDP module
+        self._wrap(ddp)
         name = backend if isinstance(backend, str) else None
         context = CompileContext.from_compile(mode=mode, dynamic=dynamic, fullgraph=fullgraph,
                                               options=options, backend=name)
         splitter = BucketSplitCompiler(compiler_for(backend, context), ddp)
         inner = ddp.module
         forward = type(inner).forward
-        object.__setattr__(self, "_orig_mod", ddp)
         object.__setattr__(self, "_splitter", splitter)
         if sys.version_info[:2] != (3, 11) or not isinstance(forward, types.FunctionType):
             warn_once(f"ddp:{id(ddp)}", "kiln.compile(DDP(...)): the wrapped module's forward is not Python "
@@ -94,54 +94,6 @@ class CompiledDDP(torch.nn.Module):
 
     forward = __call__
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(object.__getattribute__(self, "_orig_mod"), name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._orig_mod, name, value)
-
-    def __repr__(self) -> str:
-        return f"CompiledDDP({self._orig_mod!r})"
-
-    # the module API, the DDP module's
-    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        return self._orig_mod.state_dict(*args, **kwargs)
-
-    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        return self._orig_mod.load_state_dict(*args, **kwargs)
-
-    def parameters(self, recurse: bool = True) -> Any:
-        return self._orig_mod.parameters(recurse)
-
-    def named_parameters(self, *args: Any, **kwargs: Any) -> Any:
-        return self._orig_mod.named_parameters(*args, **kwargs)
-
-    def buffers(self, recurse: bool = True) -> Any:
-        return self._orig_mod.buffers(recurse)
-
-    def named_buffers(self, *args: Any, **kwargs: Any) -> Any:
-        return self._orig_mod.named_buffers(*args, **kwargs)
-
-    def modules(self) -> Any:
-        return self._orig_mod.modules()
-
-    def named_modules(self, *args: Any, **kwargs: Any) -> Any:
-        return self._orig_mod.named_modules(*args, **kwargs)
-
-    def children(self) -> Any:
-        return self._orig_mod.children()
-
-    def train(self, mode: bool = True) -> "CompiledDDP":
-        self._orig_mod.train(mode)
-        return self
-
-    def eval(self) -> "CompiledDDP":
-        self._orig_mod.eval()
-        return self
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self._orig_mod.zero_grad(set_to_none)
-
 
 def is_fsdp(model: Any) -> bool:
     """`model` was wrapped by FSDP2's `fully_shard` (an FSDPModule)."""
@@ -154,7 +106,7 @@ def is_fsdp(model: Any) -> bool:
     return isinstance(model, FSDPModule)
 
 
-class CompiledFSDP(torch.nn.Module):
+class CompiledFSDP(WrappedModule):
     """`kiln.compile(model)` for a model with modules `fully_shard` wrapped: the forward of each of them and
     of the model compiled (one graph per block at least), FSDP's hooks eager around them. Attributes are the
     model's own."""
@@ -162,7 +114,7 @@ class CompiledFSDP(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, backend: Any = "auto", fullgraph: bool = False,
                  dynamic: Any = None, mode: str | None = None, options: dict | None = None):
         super().__init__()
-        self.__dict__.pop("training", None)  # read through to the model
+        self._wrap(model)
         name = backend if isinstance(backend, str) else None
         context = CompileContext.from_compile(mode=mode, dynamic=dynamic, fullgraph=fullgraph,
                                               options=options, backend=name)
@@ -178,7 +130,6 @@ class CompiledFSDP(torch.nn.Module):
         else:
             warn_once(f"fsdp:{id(model)}", "kiln.compile(fully_shard(...)): kiln captures CPython 3.11 "
                       "bytecode; the model runs eagerly")
-        object.__setattr__(self, "_orig_mod", model)
         object.__setattr__(self, "_compiled_forwards", forwards)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -205,38 +156,3 @@ class CompiledFSDP(torch.nn.Module):
                     module.forward = before
 
     forward = __call__
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(object.__getattribute__(self, "_orig_mod"), name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._orig_mod, name, value)
-
-    def __repr__(self) -> str:
-        return f"CompiledFSDP({self._orig_mod!r})"
-
-    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        return self._orig_mod.state_dict(*args, **kwargs)
-
-    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        return self._orig_mod.load_state_dict(*args, **kwargs)
-
-    def parameters(self, recurse: bool = True) -> Any:
-        return self._orig_mod.parameters(recurse)
-
-    def named_parameters(self, *args: Any, **kwargs: Any) -> Any:
-        return self._orig_mod.named_parameters(*args, **kwargs)
-
-    def modules(self) -> Any:
-        return self._orig_mod.modules()
-
-    def train(self, mode: bool = True) -> "CompiledFSDP":
-        self._orig_mod.train(mode)
-        return self
-
-    def eval(self) -> "CompiledFSDP":
-        self._orig_mod.eval()
-        return self
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self._orig_mod.zero_grad(set_to_none)
