@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--list", action="store_true", help="list the model zoo and exit")
     bench.add_argument("--distributed", type=int, default=None, metavar="N",
                        help="DDP training step time on N gloo ranks: eager DDP, kiln.compile(DDP), "
-                       "DDP(kiln.compile) and torch.compile(DDP) (models: --models, default nanogpt)")
+                       "DDP(kiln.compile) and the torch.compile baseline wrapping DDP "
+                       "(models: --models, default nanogpt)")
     bench.add_argument("--dynamic", action="store_true",
                        help="dynamic shapes: a decoder block at 30 shapes, HF GPT-2/LLaMA at 8 lengths, "
                             "greedy decoding with a growing KV cache; kiln beside torch.compile "

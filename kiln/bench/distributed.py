@@ -6,7 +6,7 @@ step) of the same zoo model on the same data, every rank taking an equal slice o
     eager DDP           DDP(model)
     kiln DDP            kiln.compile(DDP(model))   (DDP's forward eager; graphs cut at its buckets)
     DDP(kiln)           DDP(kiln.compile(model))
-    torch.compile DDP   torch.compile(DDP(model))  (Dynamo's DDPOptimizer; from bench/baselines.py)
+    torch.compile DDP   the torch.compile baseline wrapping the DDP module (bench/baselines.py)
 
 All in one run on the same ranks: after the warm-up steps (the compiles, timed as `first step`), the
 variants take turns step by step, each step between barriers; a step's time is the slowest rank's, and

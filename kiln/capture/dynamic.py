@@ -30,24 +30,21 @@ log = config.channel("recompiles")
 def mark_dynamic(t: torch.Tensor, dim: int | list[int] | tuple[int, ...]) -> None:
     """Capture `t`'s dimension `dim` (or each of a list) as a symbolic size: one graph for every size it
     takes (sizes 0 and 1 are still specialized)."""
-    dims = [dim] if isinstance(dim, int) else list(dim)
-    marked = set(getattr(t, "_kiln_dynamic_dims", ()))
-    for d in dims:
-        if not -t.dim() <= d < max(t.dim(), 1):
-            raise IndexError(f"kiln.mark_dynamic: dimension {d} out of range for a {t.dim()}-d tensor")
-        marked.add(d % t.dim())
-    t._kiln_dynamic_dims = frozenset(marked)
+    _mark(t, dim, "_kiln_dynamic_dims", "kiln.mark_dynamic")
 
 
 def mark_static(t: torch.Tensor, dim: int | list[int] | tuple[int, ...]) -> None:
     """Keep `t`'s dimension `dim` exact: a new size captures again, even after automatic dynamic."""
-    dims = [dim] if isinstance(dim, int) else list(dim)
-    static = set(getattr(t, "_kiln_static_dims", ()))
-    for d in dims:
+    _mark(t, dim, "_kiln_static_dims", "kiln.mark_static")
+
+
+def _mark(t: torch.Tensor, dim: int | list[int] | tuple[int, ...], attr: str, who: str) -> None:
+    dims = set(getattr(t, attr, ()))
+    for d in ([dim] if isinstance(dim, int) else list(dim)):
         if not -t.dim() <= d < max(t.dim(), 1):
-            raise IndexError(f"kiln.mark_static: dimension {d} out of range for a {t.dim()}-d tensor")
-        static.add(d % t.dim())
-    t._kiln_static_dims = frozenset(static)
+            raise IndexError(f"{who}: dimension {d} out of range for a {t.dim()}-d tensor")
+        dims.add(d % t.dim())
+    setattr(t, attr, frozenset(dims))
 
 
 def changed_dims(inputs: list[tuple[Any, tuple]], read: Callable[[str], Any]) -> list[tuple[str, str, int, int, int]]:
