@@ -574,8 +574,6 @@ class Frame:
         value = self.pop()
         if isinstance(value, Proxy) or not isinstance(value, NATIVE_OPERAND_TYPES):
             raise GraphBreak(f"formatting a {type(value).__name__} into a string", HINTS["print"])
-        if isinstance(value, SymInt):
-            value = int(value)  # text made from a size specializes it (guarded)
         conv = inst.arg & 0x03
         if conv == 1:
             value = str(value)

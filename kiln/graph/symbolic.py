@@ -209,7 +209,7 @@ class SymInt:
         if ea is None or eb is None:
             return NotImplemented if not isinstance(a if ea is None else b, float) else fn(float(a), float(b))
         if not self.env.decide(sympy.Gt(eb, 0)):  # Python's floor semantics for a negative divisor
-            return fn(_concrete(a), _concrete(b))
+            return fn(int(a), int(b))
         return SymInt.make(FloorDiv(ea, eb) if fn is operator.floordiv else Mod(ea, eb), self.env)
 
     def __floordiv__(self, o): return self._div(self, o, operator.floordiv)
@@ -299,10 +299,6 @@ def _evaluate(expr: sympy.Expr, subs: dict) -> int:
     if not value.is_Integer:
         raise ValueError(f"size expression {expr} does not evaluate to an integer under {subs}")
     return int(value)
-
-
-def _concrete(v: Any) -> int:
-    return int(v)
 
 
 def same_sizes(a: Any, b: Any) -> bool:
