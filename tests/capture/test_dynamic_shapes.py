@@ -251,6 +251,7 @@ def test_explain_lists_symbols_and_their_guards():
     report = kiln.explain(kiln.compile(p_branch, dynamic=True), torch.randn(6, 3))
     text = str(report)
     assert "s0 = x.size(0)" in text and "(x.size(0) <= 10)" in text, text
+    assert "dynamic_torch_calls" in text  # the per-size torch runs below capture are named
 
 
 # ---- the symbolic values themselves --------------------------------------------------------------------
