@@ -126,8 +126,11 @@ define("strict_decompositions", False,
        "raise when a decomposition disagrees with eager instead of falling back to the torch op")
 define("fuel", -1, "optimization fuel: allow this many optimizing decisions (fusions, rewrites, in-place "
        "writes) in this process, then refuse the rest (-1: unlimited); bisects a miscompile to one decision")
-define("dynamic_compile_after", 2, "dynamic shapes: a graph with symbolic sizes is compiled for a size on its "
-       "Nth call at that size; earlier calls run the captured graph with torch (1: compile every new size)")
+define("dynamic_compile_after", 2, "dynamic shapes: a graph with symbolic sizes is compiled on its Nth call "
+       "(once for every size where the backend can, else per size: on the Nth call at that size); earlier "
+       "calls run the captured graph with torch (1: compile at once)")
+define("dynamic_symbolic", True, "dynamic shapes: compile a graph with symbolic sizes once for every size "
+       "(kernels take the sizes as arguments) where the backend can; off: always compile per size")
 define("dynamic_size_limit", 16, "dynamic shapes: sizes compiled per graph with symbolic sizes; calls at further "
        "sizes run the captured graph with torch, counted and warned once")
 define("cxx", "g++", "C++ compiler used by the cpp backend", type=str)

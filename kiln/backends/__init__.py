@@ -88,6 +88,15 @@ class GraphCompiler:
             return self.backend(graph, example_inputs, self.context)
         return self.backend(graph, example_inputs)
 
+    @property
+    def compile_symbolic(self) -> Callable[[Graph, list], Callable[..., Any]] | None:
+        """`fn(graph, example_inputs)` compiling a graph with symbolic sizes once for every size, when the
+        backend can (its `symbolic` attribute); None when it compiles per size."""
+        symbolic = getattr(self.backend, "symbolic", None)
+        if symbolic is None:
+            return None
+        return lambda graph, example_inputs: symbolic(graph, example_inputs, self.context)
+
     def __repr__(self) -> str:
         return f"GraphCompiler({getattr(self.backend, '__name__', self.backend)!r}, {self.context})"
 

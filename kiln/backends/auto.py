@@ -30,3 +30,16 @@ def auto(graph: Graph, example_inputs: list, context: CompileContext | None = No
             return backend(graph, example_inputs, context)
     counters["auto"][f"graphs on {sorted({t.device.type for t in tensors})} run with torch"] += 1
     return eager(graph, example_inputs, context)
+
+
+def _symbolic(graph: Graph, example_inputs: list, context: CompileContext | None = None) -> Callable[..., Any]:
+    """A graph with symbolic sizes compiled once for every size: by `cpp` for CPU tensors (the only backend
+    whose kernels take sizes as arguments today); anything else raises, and compiles per size."""
+    tensors = [t for t in flatten(example_inputs) if isinstance(t, torch.Tensor)]
+    symbolic = getattr(lookup_backend("cpp"), "symbolic", None)
+    if symbolic is None or not all(t.device.type == "cpu" for t in tensors):
+        raise NotImplementedError("only the cpp backend compiles symbolic sizes once for every size")
+    return symbolic(graph, example_inputs, context)
+
+
+auto.symbolic = _symbolic

@@ -30,8 +30,11 @@ from ..counters import counters
 from ..graph import Graph, cse, dce, flatten, run, to_prims, verify
 from ..graph.pipeline import CompileContext, CompileState, Pass, run_pipeline
 from ..lower import lower
+from ..graph.specialize import size_bindings, specialize_graph
+from ..graph.symbolic import SymInt
 from ..lower.ir import LoopGraph
 from ..lower.patterns import fold_bias_into_mm
+from ..lower.sizes import size_hints
 from ..lower.target import Target
 from ..lower.verify import verify_loop
 from ..runtime import build
@@ -145,11 +148,12 @@ def _plan(state: CompileState, ctx: CompileContext) -> None:
 
 def _codegen(state: CompileState, ctx: CompileContext) -> None:
     loop, parts = state.loop, []
+    sizes = loop.size_symbols()
     for step in state.plan.steps:
         if isinstance(step.node, Segment):
             parts.append(segment_source(f"kiln_{step.node.name}", step.node.groups, step.node.args,
                                         loop.buffers, step.node.aliases, state.target,
-                                        timing=profiling(ctx)))
+                                        timing=profiling(ctx), sizes=sizes))
     state.cpp_source = "\n".join([header_for("\n".join(parts))] + parts) + "\n" if parts else ""
 
 
@@ -159,12 +163,18 @@ def _build(state: CompileState, ctx: CompileContext) -> None:
     lib = build(state.cpp_source) if state.cpp_source else None
     timed = profiling(ctx)
     entries = {}
+    nsizes = len(state.loop.size_symbols())
     for step in state.plan.steps:
         if isinstance(step.node, Segment):
-            entries[step.node.name] = load_entry(lib, f"kiln_{step.node.name}", len(step.node.args) + timed)
+            entries[step.node.name] = load_entry(lib, f"kiln_{step.node.name}", len(step.node.args) + timed,
+                                                 nsizes)
+    bindings = size_bindings(graph) if nsizes else []
 
     def fallback(*inputs: Any) -> Any:
         counters["cpp"]["input layout changed: ran the graph with torch"] += 1
+        if bindings:  # a graph compiled for every size: run with torch at this call's sizes
+            values = {sym: inputs[i].shape[d] for sym, i, d in bindings}
+            return run(specialize_graph(graph, values), inputs, torch_level=True)
         return run(graph, inputs, torch_level=True)
     state.timings = WrapperTimings(state.plan) if timed else None
     state.wrapper_source, env = wrapper_source(state.loop, state.plan, entries, fallback,
@@ -205,8 +215,9 @@ def compile_graph(graph: Graph, example_inputs: list, context: CompileContext | 
     context = context or CompileContext()
     start = time.perf_counter()
     debug_dir = context.flag("debug_dir")
-    state = run_pipeline(f"cpp {graph.name}", passes or PASSES, CompileState(graph, example_inputs, target),
-                         context, dump=bool(debug_dir))
+    with size_hints(_hints_of(graph)):
+        state = run_pipeline(f"cpp {graph.name}", passes or PASSES, CompileState(graph, example_inputs, target),
+                             context, dump=bool(debug_dir))
     if fusion_log.isEnabledFor(logging.DEBUG):
         fusion_log.debug("%s: %d kernels, %d externs/fallbacks\n%s", graph.name,
                          sum(isinstance(s, FusedGroup) for s in state.schedule),
@@ -230,6 +241,15 @@ def compile_graph(graph: Graph, example_inputs: list, context: CompileContext | 
         return call(*inputs)
     compiled.call = first_call
     return compiled
+
+
+def _hints_of(graph: Graph) -> dict:
+    """The hints of a graph's symbolic sizes (the sizes its capture saw); {} for static sizes."""
+    for ph in graph.placeholders:
+        for size in getattr(ph.meta, "shape", ()):
+            if isinstance(size, SymInt):
+                return dict(size.env.hints)
+    return {}
 
 
 @functools.lru_cache(maxsize=None)
@@ -264,3 +284,19 @@ def cpp(graph: Graph, example_inputs: list, context: CompileContext | None = Non
     """Compile the graph to C++ kernels; on failure run it with torch (or raise when the compile asks to)."""
     from .aot import compile_or_run_with_torch
     return compile_or_run_with_torch("cpp", graph, example_inputs, context, compile_graph, log)
+
+
+def compile_symbolic(graph: Graph, example_inputs: list, context: CompileContext | None = None) -> CompiledGraph:
+    """Compile a graph with symbolic sizes once for every size: kernels take the sizes as int64 arguments,
+    the wrapper reads them from the inputs' shapes and sizes buffers from expressions of them. Raises
+    (never falls back) where it cannot: autograd (the per-size path compiles the backward), grad-mode
+    switches inside the graph, a size question whose answer differs between sizes (`SizeDecision`)."""
+    if any(n.op == "call_torch" and n.target is torch._C._set_grad_enabled for n in graph.nodes):
+        raise NotImplementedError("grad-mode switches inside the graph: its segments compile per size")
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                       for t in flatten(example_inputs)):
+        raise NotImplementedError("inputs require grad: the forward and backward compile per size")
+    return compile_graph(graph, example_inputs, context)
+
+
+cpp.symbolic = compile_symbolic

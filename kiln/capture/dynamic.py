@@ -21,8 +21,8 @@ import torch
 from .. import config
 from ..counters import counters
 from ..graph import Graph, Node
-from ..graph.node import map_structure
-from ..graph.symbolic import SymInt, has_symbols, substitute, symbols_of
+from ..graph.specialize import size_bindings, specialize_graph
+from ..graph.symbolic import SymInt, has_symbols, symbols_of
 
 log = config.channel("recompiles")
 
@@ -78,34 +78,6 @@ def changed_ints(inputs: list[tuple[Any, int]], read: Callable[[str], Any]) -> l
     return out
 
 
-def specialize_graph(graph: Graph, values: dict) -> Graph:
-    """A copy of `graph` (and its decompositions) with every symbolic size replaced by its value."""
-    done: dict[int, Graph] = {}
-
-    def copy(g: Graph) -> Graph:
-        if id(g) in done:
-            return done[id(g)]
-        new = Graph(g.name)
-        done[id(g)] = new
-        mapping: dict[int, Node] = {}
-
-        def arg(v: Any) -> Any:
-            if isinstance(v, Node):
-                return mapping[id(v)]
-            return substitute(v, values)
-        for node in g.nodes:
-            dec = copy(node.decomposition) if node.decomposition is not None else None
-            n = Node(new, node.name, node.op, node.target, map_structure(arg, node.args),
-                     map_structure(arg, node.kwargs), substitute(node.meta, values), dec, node.origin)
-            new.nodes.append(n)
-            new._names.add(node.name)
-            mapping[id(node)] = n
-        new._counter = g._counter
-        new.mutated_inputs = {k: mapping[id(v)] for k, v in g.mutated_inputs.items()}
-        return new
-    return copy(graph)
-
-
 def has_symbols_bound(node: Node, graph: Graph) -> bool:
     """Whether every symbol the node's arguments mention is some input dim (the printer binds those)."""
     bound = {size.expr for ph in graph.placeholders for size in getattr(ph.meta, "shape", ())
@@ -134,37 +106,45 @@ def is_symbolic_graph(graph: Graph) -> bool:
 class SymbolicGraph:
     """Calls a graph with symbolic sizes at this call's sizes (read from the inputs' shapes).
 
-    Sizes are tiered, as a JIT tiers code: the first calls at a size (`dynamic_compile_after` - 1) run the
-    captured graph, specialized to the size, with torch; the next one compiles the backend's graph for it,
-    which serves every later call at that size. A loop where every call brings a new size (decoding with a
-    growing cache) so pays no compile per call. After `dynamic_size_limit` compiled sizes, further sizes
-    run with torch (counted, warned once). Every call at an uncompiled size is counted in
+    Where the backend compiles graphs with symbolic sizes (`compile_symbolic`: the cpp backend's kernels
+    take the sizes as int64 arguments), the graph is compiled once, on its `dynamic_compile_after`-th call
+    (any sizes), and that one compiled graph serves every size: counted in `dynamic_symbolic_compiles`.
+    Calls before it run the graph with torch.
+
+    Otherwise — the backend cannot, or the symbolic compile failed (counted in `dynamic_symbolic_failed`
+    with the reason: a size question whose answer differs between sizes, an int argument used as a size,
+    autograd) — sizes are tiered, as a JIT tiers code: the first calls at a size (`dynamic_compile_after` -
+    1) run the captured graph, specialized to the size, with torch; the next one compiles the backend's
+    graph for it, which serves every later call at that size. A loop where every call brings a new size
+    (decoding with a growing cache) so pays no compile per call. After `dynamic_size_limit` compiled sizes,
+    further sizes run with torch (counted, warned once). Every call at an uncompiled size is counted in
     `dynamic_torch_calls`."""
 
     def __init__(self, graph: Graph, compile_graph: Callable[[Graph, list], Any], name: str,
-                 run_with_torch: Callable[[Graph, list], Any], loose: list | None = None):
+                 run_with_torch: Callable[[Graph, list], Any], loose: list | None = None,
+                 compile_symbolic: Callable[[Graph, list], Any] | None = None):
         self.graph = graph
         self.compile_graph = compile_graph
         self.run_with_torch = run_with_torch
         self.name = name
         self.loose = list(loose or [])  # symbols passed as ints after the tensors, in this order
         self.seen: collections.Counter = collections.Counter()
+        self.calls = 0
         self.warned = False
         self.torch_fns: dict[tuple, Any] = {}
         self.any_size: Any = None  # one torch function for every size, when the printer binds all symbols
         if not self.loose and all(has_symbols_bound(n, graph) for n in graph.nodes):
             self.any_size = run_with_torch(graph, [])
-        self.bindings: list[tuple[Any, int, int]] = []  # (symbol, placeholder index, dim)
-        seen = set()
-        for i, ph in enumerate(graph.placeholders):
-            for d, size in enumerate(getattr(ph.meta, "shape", ())):
-                if isinstance(size, SymInt) and size.expr.is_Symbol and size.expr not in seen:
-                    seen.add(size.expr)
-                    self.bindings.append((size.expr, i, d))
+        self.bindings: list[tuple[Any, int, int]] = size_bindings(graph)  # (symbol, placeholder, dim)
         self.compiled: "collections.OrderedDict[tuple, Any]" = collections.OrderedDict()
         self.bindings += [(sym, -1, k) for k, sym in enumerate(self.loose)]
+        self.compile_symbolic = compile_symbolic if not self.loose else None
+        self.symbolic: Any = None  # the graph compiled once for every size
+        self.symbolic_failed: str | None = None
 
     def __call__(self, *inputs: Any) -> Any:
+        if self.symbolic is not None:
+            return self.symbolic(*inputs)
         if self.loose:
             sizes, inputs = inputs[len(inputs) - len(self.loose):], inputs[:len(inputs) - len(self.loose)]
             key = tuple(inputs[i].shape[d] if i >= 0 else sizes[d] for _, i, d in self.bindings)
@@ -175,12 +155,34 @@ class SymbolicGraph:
             fn = self._tier(key, list(inputs))
         return fn(*inputs)
 
+    def _try_symbolic(self, inputs: list) -> Any:
+        """The graph compiled once for every size, or None (the reason counted and logged)."""
+        try:
+            fn = self.compile_symbolic(self.graph, inputs)
+        except Exception as e:  # noqa: BLE001 - any failure falls back to compiling per size
+            self.compile_symbolic = None
+            self.symbolic_failed = f"{type(e).__name__}: {e}"
+            counters["dynamic_symbolic_failed"][f"{self.name}: {self.symbolic_failed}"[:300]] += 1
+            log.info("%s: no symbolic compile (%s); compiling per size", self.name, self.symbolic_failed)
+            return None
+        counters["dynamic_symbolic_compiles"][self.name] += 1
+        log.info("%s: compiled once for every size of %s", self.name,
+                 ", ".join(str(s) for s, _, _ in self.bindings))
+        self.symbolic = fn
+        return fn
+
     def _tier(self, key: tuple, inputs: list) -> Any:
         self.seen[key] += 1
+        self.calls += 1
         values = {sym: v for (sym, _, _), v in zip(self.bindings, key)}
         sizes = ", ".join(f"{s}={v}" for s, v in values.items())
+        hot = config.get("dynamic_compile_after")
+        if self.compile_symbolic is not None and self.calls >= hot and config.get("dynamic_symbolic"):
+            fn = self._try_symbolic(inputs)
+            if fn is not None:
+                return fn
         full = len(self.compiled) >= config.get("dynamic_size_limit")
-        if self.seen[key] < config.get("dynamic_compile_after") or full:
+        if self.seen[key] < hot or full:
             counters["dynamic_torch_calls"][f"{self.name}: {'size limit reached' if full else 'size not hot yet'}"] += 1
             if full and not self.warned:
                 self.warned = True

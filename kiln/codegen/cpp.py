@@ -21,6 +21,7 @@ from ..graph.layout import contiguous_strides
 from ..lower.index import index_bounds, index_code, simplify_index
 from ..lower.ir import Buffer, ComputedBuffer, Reduction
 from ..lower.ops import Handler
+from ..lower.sizes import hint, is_static, known_lt, nonnegative
 from ..lower.target import ALL_DTYPES, LIBRARY_PRIMS, Target
 from ..schedule.fusion import FusedGroup, Member
 from ..schedule.locality import runs_parallel, splits_inner
@@ -40,8 +41,12 @@ CTYPES = {torch.bfloat16: "kiln_bf16", torch.float16: "kiln_fp16", torch.float32
           torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool"}
 
 def cexpr(expr: Any) -> str:
-    """C++ text of an integer index expression."""
+    """C++ text of an integer index expression (or size: symbolic sizes are the kernel's int64 arguments)."""
     return index_code(expr, "/", "cpp codegen")
+
+
+def csize(size: Any) -> str:
+    return cexpr(sympy.sympify(size))
 
 
 def cconst(value: Any, dtype: torch.dtype) -> str:
@@ -300,7 +305,7 @@ class KernelWriter:
         self.lines.append("  " * depth + line)
 
     def kernel(self, group: FusedGroup) -> None:
-        if math.prod(group.outer) == 0:
+        if is_static(group.outer) and math.prod(group.outer) == 0:
             return
         self.emit(f"// {group.describe()}", 1)
         self.emit("{", 1)
@@ -315,15 +320,15 @@ class KernelWriter:
 
     def _outer_header(self, group: FusedGroup, depth: int) -> None:
         outer_n = math.prod(group.outer)
-        self.emit(f"for (int64_t xo = 0; xo < {outer_n}; ++xo) {{", depth)
+        self.emit(f"for (int64_t xo = 0; xo < {csize(outer_n)}; ++xo) {{", depth)
         rest = "xo"
         for d in reversed(range(len(group.outer))):
             size = group.outer[d]
             if d == 0:
                 self.emit(f"  const int64_t x{d} = {rest};", depth)
             else:
-                self.emit(f"  const int64_t x{d} = {rest} % {size};", depth)
-                rest = f"({rest} / {size})"
+                self.emit(f"  const int64_t x{d} = {rest} % {csize(size)};", depth)
+                rest = f"({rest} / {csize(size)})"
 
     def split_outer(self, group: FusedGroup, parallel: bool) -> None:
         arrays = [n for n, kind in group.local.items() if kind == "array"]
@@ -336,8 +341,8 @@ class KernelWriter:
             self.emit("{", depth)
             for name in arrays:
                 ctype = CTYPES[self.buffers[name].dtype]
-                self.emit(f"std::unique_ptr<{ctype}[]> vec_{name}(new {ctype}[{max(inner_n, 1)}]);",
-                          depth + 1)
+                rows = max(inner_n, 1) if is_static(inner_n) else f"kiln_imax({csize(inner_n)}, 1)"
+                self.emit(f"std::unique_ptr<{ctype}[]> vec_{name}(new {ctype}[{rows}]);", depth + 1)
                 self.emit(f"{ctype}* __restrict__ loc_{name} = vec_{name}.get();", depth + 1)
             depth += 1
             if parallel:
@@ -408,7 +413,7 @@ class KernelWriter:
         index = simplify_index(sympy.expand(group.store_index(member)), group.var_ranges())
         bounds = index_bounds(index, group.var_ranges())
         size = buf.layout.storage_size()
-        if bounds is None or (size > 0 and (bounds[0] < 0 or bounds[1] >= size)):
+        if not _inside(bounds, size):
             # never write outside a buffer: a kiln bug must fail the compile (the graph then runs on torch)
             raise RuntimeError(f"kiln cpp codegen: store to {buf.name} at {index} may leave its {size} "
                                f"elements (bounds {bounds}) in {group.describe()}")
@@ -423,7 +428,7 @@ class KernelWriter:
         runs in blocks of BLOCK elements, each summed into a fresh `accb` of that type (see `reduction`)."""
         inner = group.inner or ()
         if split and len(inner) == 1:
-            size = inner[0]
+            size = csize(inner[0])
             self.emit("const int64_t kiln_chunk = "
                       f"({size} + omp_get_num_threads() - 1) / omp_get_num_threads();", depth)
             self.emit(f"const int64_t kiln_lo = kiln_imin({size}, kiln_tid * kiln_chunk);", depth)
@@ -433,8 +438,8 @@ class KernelWriter:
             if split and d == 0:
                 self.emit("#pragma omp for schedule(static)", depth)
             if d == len(inner) - 1:
-                return self._innermost(d, "0", str(size), pragma, block, depth)
-            self.emit(f"for (int64_t r{d} = 0; r{d} < {size}; ++r{d}) {{", depth)
+                return self._innermost(d, "0", csize(size), pragma, block, depth)
+            self.emit(f"for (int64_t r{d} = 0; r{d} < {csize(size)}; ++r{d}) {{", depth)
             depth += 1
         return depth
 
@@ -493,14 +498,14 @@ class KernelWriter:
         inner = group.inner or ()
         if not inner or buf.name in group.local:
             return None
-        if buf.layout.storage_size() * buf.dtype.itemsize < STREAM_BYTES:
+        if hint(buf.layout.storage_size()) * buf.dtype.itemsize < STREAM_BYTES:
             return None
-        if inner[-1] < STREAM_TILE // 4:
+        if hint(inner[-1]) < STREAM_TILE // 4:
             return None
         ranges = group.var_ranges()
         index = simplify_index(sympy.expand(group.store_index(member)), ranges)
         bounds = index_bounds(index, ranges)
-        if bounds is None or bounds[0] < 0 or bounds[1] >= buf.layout.storage_size():
+        if not _inside(bounds, buf.layout.storage_size()):
             return None  # the plain store path refuses it loudly
         r = group.inner_vars()[-1]
         if r not in index.free_symbols or sympy.expand(index.subs(r, r + 1) - index) != 1:
@@ -598,7 +603,7 @@ class KernelWriter:
         value = self._body(group, member, inner_depth)
         if is_arg:
             strides = contiguous_strides(inner)
-            rlin = " + ".join(f"r{d} * {s}" for d, s in enumerate(strides)) or "0"
+            rlin = " + ".join(f"r{d} * {csize(s)}" for d, s in enumerate(strides)) or "0"
             self.emit(f"kiln_{rtype}<{actype}>(acc, acci, {value}, {rlin});", inner_depth)
         elif blocked:
             self.emit(f"accb = accb + static_cast<float>({value});", inner_depth)
@@ -640,18 +645,30 @@ class KernelWriter:
         self.emit("}", depth)
 
 
+def _inside(bounds: tuple | None, size: Any) -> bool:
+    """Index bounds [lo, hi] inside a buffer of `size` elements (proved for every size when symbolic); an
+    empty buffer is never written."""
+    if bounds is None:
+        return False
+    if is_static((bounds, size)):
+        return size <= 0 or (bounds[0] >= 0 and bounds[1] < size)
+    return nonnegative(bounds[0]) and known_lt(bounds[1], size)
+
+
 TIMES_PARAM = "kiln_times"  # the profiling entry's extra parameter: one double per kernel
 
 
 def _inner_linear(group: FusedGroup) -> str:
     strides = contiguous_strides(group.inner or ())
-    return " + ".join(f"r{d} * {s}" for d, s in enumerate(strides)) or "0"
+    return " + ".join(f"r{d} * {csize(s)}" for d, s in enumerate(strides)) or "0"
 
 
 def segment_source(entry: str, groups: list[FusedGroup], args: list[str], buffers: dict[str, Buffer],
                    aliases: dict[str, str] | None = None, target: Target = CPP_TARGET,
-                   timing: bool = False) -> str:
-    """The C++ of one `extern "C"` entry running `groups` in order; `args` name its pointer parameters.
+                   timing: bool = False, sizes: list | None = None) -> str:
+    """The C++ of one `extern "C"` entry running `groups` in order; `args` name its pointer parameters,
+    `sizes` the symbolic sizes it takes after them (`const int64_t s0`: what the kernels' loops and index
+    expressions read).
 
     `aliases` maps a buffer written in place to the parameter (of the same dtype) it is stored through.
     With `timing` (the profiling compile of kiln.profile) the entry takes one more parameter, `double*
@@ -663,6 +680,7 @@ def segment_source(entry: str, groups: list[FusedGroup], args: list[str], buffer
     params = [f"{CTYPES[buffers[n].dtype]}* __restrict__ p_{n}" for n in args]
     if timing:
         params.append(f"double* __restrict__ {TIMES_PARAM}")
+    params += [f"const int64_t {s.name}" for s in sizes or ()]
     writer.lines.append(f'extern "C" int {entry}({", ".join(params)}) {{')
     for k, group in enumerate(groups):
         if timing:  # omp_get_wtime: a monotonic wall clock, from <omp.h> which every source includes

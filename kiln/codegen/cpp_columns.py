@@ -25,6 +25,7 @@ from typing import Any
 import sympy
 import torch
 
+from ..lower.sizes import is_static
 from ..lower.index import FloorDiv, ModularIndexing
 from ..schedule.fusion import FusedGroup, Member
 from ..schedule.locality import runs_parallel, splits_inner
@@ -58,6 +59,8 @@ def column_plan(group: FusedGroup, target: Any) -> ColumnPlan | None:
     reduced dim."""
     if not group.inner or not group.outer or group.expand is not None or splits_inner(group, target):
         return None
+    if not is_static((group.outer, group.inner)):
+        return None  # tiles are sized from the sizes: symbolic kernels take the general path
     if any(m.role not in ("reduction", "outer") for m in group.members):
         return None
     if any(kind != "scalar" for kind in group.local.values()):

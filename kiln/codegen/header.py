@@ -13,6 +13,7 @@ HEADER_BASE = r"""
 #include <omp.h>
 
 static inline int64_t kiln_imin(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t kiln_imax(int64_t a, int64_t b) { return a > b ? a : b; }
 
 // bfloat16 and float16 values are stored as such and computed in float, rounded after every op (as eager)
 struct kiln_bf16 {

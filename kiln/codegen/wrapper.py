@@ -17,9 +17,12 @@ import time
 import weakref
 from typing import Any, Callable
 
+import sympy
 import torch
 
 from .. import config
+from ..graph.symbolic import has_symbols, python_expr, substitute
+from ..lower.sizes import SizeDecision, hint, size_symbols
 from ..graph import map_structure
 from ..graph.interpreter import write_back
 from ..lower.ir import BufferRef, ExternNode, InputBuffer, LoopGraph, OutputView, ViewRef
@@ -218,6 +221,17 @@ class _Source:
         # buffer -> the input it was copied back into: outputs of that value are the input (or its views),
         # as in eager, where `x.add_(1); return x[1]` returns a view of x itself
         self.written_back: dict[str, str] = {}
+        self.names: dict = {}  # symbolic size -> the wrapper's local holding its value in this call
+
+    def size(self, value: Any) -> str:
+        """Python text of a size: an int literal, or an expression of the call's symbolic sizes."""
+        if isinstance(value, sympy.Basic) and not value.is_Integer:
+            return python_expr(value, self.names)
+        return str(int(value))
+
+    def sizes(self, values: Any) -> str:
+        items = [self.size(v) for v in values]
+        return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
 
     def const(self, value: Any, hint: str = "c") -> str:
         self.count += 1
@@ -232,7 +246,7 @@ def _render(src: _Source, value: Any) -> str:
         return src.written_back.get(value.name, value.name)
     if isinstance(value, OutputView):
         base = src.written_back.get(value.name, value.name)
-        return f"_view({base}, {tuple(value.shape)}, {tuple(value.strides)}, {value.offset})"
+        return f"_view({base}, {src.sizes(value.shape)}, {src.sizes(value.strides)}, {src.size(value.offset)})"
     if isinstance(value, tuple) and type(value) is tuple:
         inner = ", ".join(_render(src, v) for v in value)
         return f"({inner},)" if value else "()"
@@ -284,11 +298,15 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
     lines.append(f"def kiln_call({', '.join(params)}):")
     if timings is not None:
         lines.append("    _kiln_t0 = _kiln_now()")
+    symbols = graph.size_symbols()
+    if symbols:
+        _bind_sizes(src, graph, symbols, params)
     checks = []
     for b in graph.inputs:
         dt = src.const(b.dtype, "dtype")
-        checks.append(f"{b.name}.stride() != {tuple(b.layout.strides)} or {b.name}.shape != {tuple(b.shape)} "
-                      f"or {b.name}.dtype != {dt}" + (f" or {b.name}.device != {device_name}" if device_name else ""))
+        checks.append(f"{b.name}.stride() != {src.sizes(b.layout.strides)} or {b.name}.shape != "
+                      f"{src.sizes(b.shape)} or {b.name}.dtype != {dt}" +
+                      (f" or {b.name}.device != {device_name}" if device_name else ""))
     if checks:
         lines.append(f"    if {' or '.join(f'({c})' for c in checks)}:")
         lines.append(f"        return _fallback({', '.join(params)})")
@@ -296,7 +314,8 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
         src.globals[b.name] = b.constant
     # buffers allocated fresh (not carved from another freed one, none carved from them) recycle across calls
     pooled = {r for s in plan.steps for _, r in s.allocs if r is not None}
-    recyclable = {name for s in plan.steps for name, r in s.allocs if r is None and name not in pooled}
+    recyclable = {name for s in plan.steps for name, r in s.allocs if r is None and name not in pooled
+                  and not size_symbols(graph.buffers[name].layout.shape)}  # a symbolic size varies by call
     for step_index, step in enumerate(plan.steps):
         node = step.node
         for name, reuse in step.allocs:
@@ -304,16 +323,17 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
             meta = f"  # {layout_text(buf)}"
             if reuse is not None and name in step.inplace:
                 # written in place by this step's kernels: `reuse` is still passed to them, freed after
-                lines.append(f"    {name} = {reuse}.as_strided({tuple(buf.shape)}, "
-                             f"{tuple(buf.layout.strides)}){meta}")
+                lines.append(f"    {name} = {reuse}.as_strided({src.sizes(buf.shape)}, "
+                             f"{src.sizes(buf.layout.strides)}){meta}")
             elif reuse is not None:
-                lines.append(f"    {name} = {reuse}.as_strided({tuple(buf.shape)}, "
-                             f"{tuple(buf.layout.strides)}); del {reuse}{meta}")
+                lines.append(f"    {name} = {reuse}.as_strided({src.sizes(buf.shape)}, "
+                             f"{src.sizes(buf.layout.strides)}); del {reuse}{meta}")
             else:
                 dt = src.const(buf.dtype, "dtype")
-                alloc = f"torch.empty_strided({tuple(buf.shape)}, {tuple(buf.layout.strides)}, dtype={dt}{dev})"
-                if on_cpu and buf.layout.storage_size() * buf.dtype.itemsize >= HUGE_BYTES:
-                    alloc = f"_fresh({tuple(buf.shape)}, {tuple(buf.layout.strides)}, {dt})"
+                shape, strides = src.sizes(buf.shape), src.sizes(buf.layout.strides)
+                alloc = f"torch.empty_strided({shape}, {strides}, dtype={dt}{dev})"
+                if on_cpu and hint(buf.layout.storage_size()) * buf.dtype.itemsize >= HUGE_BYTES:
+                    alloc = f"_fresh({shape}, {strides}, {dt})"
                 if name in recyclable:
                     lines.append(f"    {name} = _recycle(_pool, {name!r}, {buf.nbytes()}){meta}")
                     lines.append(f"    if {name} is None:")
@@ -332,6 +352,7 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
             ptrs = [a if tensor_args else f"{a}.data_ptr()" for a in node.args]
             if timings is not None:
                 ptrs.append(src.const(timings.address(step_index), "times"))
+            ptrs += [src.names[s] for s in symbols]
             kernels = ", ".join(g.name for g in node.groups)
             writes = ", ".join(f"{w} {layout_text(graph.buffers[w])}" for w in node.writes)
             lines.append(f"    {fn}({', '.join(ptrs)})  # {kernels} -> {writes or 'nothing'}")
@@ -362,6 +383,25 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
     return "\n".join(lines) + "\n", src.globals
 
 
+def _bind_sizes(src: _Source, graph: LoopGraph, symbols: list, params: list[str]) -> None:
+    """Read each symbolic size from the first input dim that is exactly it (`kiln_s0 = x.shape[1]`)."""
+    where: dict = {}
+    for b in graph.inputs:
+        for d, size in enumerate(b.shape):
+            if isinstance(size, sympy.Symbol) and size not in where:
+                where[size] = (b.name, d)
+    missing = [s for s in symbols if s not in where]
+    if missing:
+        raise SizeDecision(f"symbolic sizes {missing} are no input's dim: the wrapper cannot read them")
+    src.names = {s: f"kiln_{s.name}" for s in symbols}
+    src.lines.append("    try:")
+    for s in symbols:
+        name, d = where[s]
+        src.lines.append(f"        {src.names[s]} = {name}.shape[{d}]")
+    src.lines.append("    except IndexError:")
+    src.lines.append(f"        return _fallback({', '.join(params)})")
+
+
 def _extern_lines(src: _Source, node: ExternNode) -> list[str]:
     refs: list[str] = []
 
@@ -369,16 +409,25 @@ def _extern_lines(src: _Source, node: ExternNode) -> list[str]:
         if isinstance(v, BufferRef):
             refs.append(v.name)
         elif isinstance(v, ViewRef):
-            refs.append(f"_view({v.name}, {tuple(v.shape)}, {tuple(v.strides)}, {v.offset})")
+            refs.append(f"_view({v.name}, {src.sizes(v.shape)}, {src.sizes(v.strides)}, {src.size(v.offset)})")
     map_structure(ref, (node.args, node.kwargs))
     template = (node.args, node.kwargs)
     target = node.target
+    symbolic = has_symbols(template)
+    symbols = list(src.names)
 
     def call(*tensors: Any) -> Any:
+        if symbolic:  # the first argument holds this call's symbolic sizes
+            sizes, tensors = tensors[0], tensors[1:]
+            args, kwargs = substitute(template, dict(zip(symbols, sizes)))
+        else:
+            args, kwargs = template
         it = iter(tensors)
         args, kwargs = map_structure(lambda v: next(it) if isinstance(v, (BufferRef, ViewRef)) else v,
-                                     template)
+                                     (args, kwargs))
         return target(*args, **kwargs)
+    if symbolic:
+        refs.insert(0, "(" + "".join(f"{src.names[s]}, " for s in symbols) + ")")
     fn = src.const(call, f"{node.kind}_")
     lines = [f"    # {node.describe()}"]
     outs = [o.name for o in node.outputs]
@@ -388,12 +437,13 @@ def _extern_lines(src: _Source, node: ExternNode) -> list[str]:
     else:
         lines.append(f"    {outs[0]} = {fn}({', '.join(refs)}){meta}")
     for o in node.outputs:
-        lines.append(f"    {o.name} = _restride({o.name}, {tuple(o.layout.strides)})")
+        lines.append(f"    {o.name} = _restride({o.name}, {src.sizes(o.layout.strides)})")
     return lines
 
 
-def load_entry(lib: ctypes.CDLL, name: str, nargs: int) -> Any:
+def load_entry(lib: ctypes.CDLL, name: str, nargs: int, nsizes: int = 0) -> Any:
+    """The ctypes function of a segment: `nargs` pointers, then `nsizes` int64 symbolic sizes."""
     fn = getattr(lib, name)
-    fn.argtypes = [ctypes.c_void_p] * nargs
+    fn.argtypes = [ctypes.c_void_p] * nargs + [ctypes.c_int64] * nsizes
     fn.restype = ctypes.c_int
     return fn

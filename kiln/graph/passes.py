@@ -15,6 +15,7 @@ from .. import config
 from .graph import Graph, Node, flatten, is_random_target, map_structure
 from .meta import TensorMeta
 from .pipeline import FUEL, CompileContext, CompileState, Pass, run_pipeline
+from .symbolic import SymInt
 
 log = config.channel("graph")
 
@@ -120,6 +121,8 @@ def _key(value: Any) -> Any:
         return ("nan",)
     if isinstance(value, slice):
         return ("slice", _key(value.start), _key(value.stop), _key(value.step))
+    if isinstance(value, SymInt):  # by its expression (hashing a SymInt specializes it)
+        return ("symint", value.expr)
     try:
         hash(value)
     except TypeError:

@@ -13,6 +13,8 @@ from typing import Sequence
 import sympy
 
 from ..graph.layout import contiguous_strides
+from ..graph.symbolic import FloorDiv as SizeFloorDiv, Mod as SizeMod
+from .sizes import is_size_symbol, known_le, known_lt, nonnegative
 
 
 class FloorDiv(sympy.Function):
@@ -67,84 +69,134 @@ def unravel(linear: sympy.Expr, shape: Sequence[int]) -> list[sympy.Expr]:
     strides = contiguous_strides(shape)
     out = []
     for size, stride in zip(shape, strides):
-        if size <= 1:  # size 0: the tensor is empty, no loop runs
+        if isinstance(size, int) and size <= 1:  # size 0: the tensor is empty, no loop runs
             out.append(sympy.Integer(0))
         else:
             out.append(ModularIndexing(FloorDiv(linear, stride), size))
     return out
 
 
-def _bounds(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> tuple[int, int] | None:
-    """Inclusive [lo, hi] of a linear expression with non-negative coefficients, or None if unknown."""
+def _size_factor(term: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
+    """(the product of a term's size symbols, the rest): sizes are positive, so they scale bounds."""
+    sizes, rest = sympy.Integer(1), sympy.Integer(1)
+    for f in sympy.Mul.make_args(term):
+        if is_size_symbol(f) or (f.is_Pow and is_size_symbol(f.base) and f.exp.is_Integer and f.exp > 0):
+            sizes *= f
+        else:
+            rest *= f
+    return sizes, rest
+
+
+def _bounds(expr: sympy.Expr, ranges: dict) -> tuple | None:
+    """Inclusive [lo, hi] of a linear expression in the loop variables (ints, or expressions of symbolic
+    sizes), or None if unknown."""
     expr = sympy.expand(expr)
-    lo = hi = 0
+    lo = hi = sympy.Integer(0)
     for term in sympy.Add.make_args(expr):
         coeff, rest = term.as_coeff_Mul()
-        if rest == 1:
-            lo += int(coeff)
-            hi += int(coeff)
-            continue
-        if not isinstance(rest, sympy.Symbol) or rest not in ranges or not coeff.is_Integer:
+        if not coeff.is_Integer:
             return None
-        top = int(coeff) * (ranges[rest] - 1)
-        lo, hi = lo + min(0, top), hi + max(0, top)
-    return lo, hi
+        sizes, var = _size_factor(rest)
+        if var == 1:
+            lo, hi = lo + term, hi + term
+            continue
+        if not isinstance(var, sympy.Symbol) or var not in ranges:
+            return None
+        top = coeff * sizes * (ranges[var] - 1)
+        if coeff > 0:
+            hi = hi + top
+        else:
+            lo = lo + top
+    return _number(lo), _number(hi)
 
 
-def _split_terms(expr: sympy.Expr, d: int) -> tuple[sympy.Expr, sympy.Expr]:
-    """(terms whose coefficient is a multiple of d, the other terms)."""
+def _number(e: sympy.Expr) -> object:
+    e = sympy.expand(e)
+    return int(e) if e.is_Integer else e
+
+
+def _exact_multiple(term: sympy.Expr, d: object) -> bool:
+    """`term` is `d` times a polynomial with integer coefficients (so it drops out of `% d`)."""
+    if isinstance(d, int):
+        coeff, _ = term.as_coeff_Mul()
+        return coeff.is_Integer and int(coeff) % d == 0
+    q = sympy.cancel(term / d)
+    num, den = sympy.fraction(q)
+    if den != 1:
+        return False
+    try:
+        return all(c.is_Integer for c in sympy.Poly(num).coeffs())
+    except (sympy.PolynomialError, sympy.polys.polyerrors.GeneratorsNeeded):
+        return bool(num.is_Integer)
+
+
+def _split_terms(expr: sympy.Expr, d: object) -> tuple[sympy.Expr, sympy.Expr]:
+    """(terms that are multiples of d, the other terms)."""
     exact, rest = sympy.Integer(0), sympy.Integer(0)
     for term in sympy.Add.make_args(sympy.expand(expr)):
-        coeff, _ = term.as_coeff_Mul()
-        if coeff.is_Integer and int(coeff) % d == 0:
+        if _exact_multiple(term, d):
             exact += term
         else:
             rest += term
     return exact, rest
 
 
-def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
-    """Remove FloorDiv/ModularIndexing that the loop ranges make redundant (bottom-up)."""
+def _within(b: tuple | None, m: object) -> bool:
+    """Bounds [lo, hi] inside [0, m) at every size."""
+    return b is not None and nonnegative(b[0]) and known_lt(b[1], m)
+
+
+def _divisor(e: sympy.Expr) -> object:
+    """A FloorDiv/ModularIndexing divisor as an int, or its expression when symbolic (None: not positive
+    at every size, so left alone)."""
+    if e.is_Integer:
+        return int(e) if int(e) > 0 else None
+    return e if known_le(1, e) else None
+
+
+def simplify_index(expr: sympy.Expr, ranges: dict) -> sympy.Expr:
+    """Remove FloorDiv/ModularIndexing that the loop ranges make redundant (bottom-up). Ranges and divisors
+    may be symbolic: a division goes only where that is proved for every size."""
     if not expr.has(FloorDiv, ModularIndexing):
         return expr
     args = [simplify_index(a, ranges) for a in expr.args]
-    if isinstance(expr, (FloorDiv, ModularIndexing)) and int(args[1]) <= 0:
+    if not isinstance(expr, (FloorDiv, ModularIndexing)):
+        return expr.func(*args)
+    base, d = args
+    d = _divisor(d)
+    if d is None:
         return expr.func(*args)
     if isinstance(expr, FloorDiv):
-        base, d = args
-        d = int(d)
         exact, rest = _split_terms(base, d)
-        b = _bounds(rest, ranges)
-        if b is not None and b[0] >= 0 and b[1] < d:
+        if _within(_bounds(rest, ranges), d):
             return sympy.expand(exact / d)
-        b = _bounds(base, ranges)
-        if b is not None and b[0] >= 0 and b[1] < d:
+        if _within(_bounds(base, ranges), d):
             return sympy.Integer(0)
         return FloorDiv(base, d)
-    if isinstance(expr, ModularIndexing):
-        base, m = args
-        m = int(m)
-        _, rest = _split_terms(base, m)
-        b = _bounds(rest, ranges)
-        if b is not None and b[0] >= 0 and b[1] < m:
-            return rest
-        if isinstance(rest, FloorDiv):
-            inner_b = _bounds(rest.args[0], ranges)
-            if inner_b is not None and inner_b[0] >= 0 and inner_b[1] // int(rest.args[1]) < m:
-                return rest
-        return ModularIndexing(rest, m)
-    return expr.func(*args)
+    _, rest = _split_terms(base, d)
+    if _within(_bounds(rest, ranges), d):
+        return rest
+    if isinstance(rest, FloorDiv):
+        inner_b = _bounds(rest.args[0], ranges)
+        inner_d = _divisor(rest.args[1])
+        if inner_d is not None and _within(inner_b, sympy.expand(d * inner_d)):
+            return rest  # hi // inner_d < d exactly when hi < d * inner_d
+    return ModularIndexing(rest, d)
 
 
-def index_bounds(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> tuple[int, int] | None:
-    """Inclusive [lo, hi] of an index expression over the loop ranges (interval arithmetic), or None."""
+def index_bounds(expr: sympy.Expr, ranges: dict) -> tuple | None:
+    """Inclusive [lo, hi] of an index expression over the loop ranges (interval arithmetic), or None.
+    With symbolic sizes the bounds are expressions of them (valid at every size; maybe not tight)."""
     expr = sympy.sympify(expr)
     if expr.is_Integer:
         return int(expr), int(expr)
     if expr.is_Symbol:
+        if is_size_symbol(expr):
+            return expr, expr
         if expr not in ranges:
             return None
-        return 0, max(ranges[expr] - 1, 0)
+        size = ranges[expr]
+        return 0, (max(size - 1, 0) if isinstance(size, int) else _number(size - 1))
     if expr.is_Add:
         lo = hi = 0
         for arg in expr.args:
@@ -152,24 +204,38 @@ def index_bounds(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> tuple[int
             if b is None:
                 return None
             lo, hi = lo + b[0], hi + b[1]
-        return lo, hi
+        return _number(sympy.sympify(lo)), _number(sympy.sympify(hi))
     if expr.is_Mul:
         coeff, rest = expr.as_coeff_Mul()
-        b = index_bounds(rest, ranges) if rest != expr else None
-        if b is None or not coeff.is_Integer:
+        if not coeff.is_Integer:
             return None
-        c = int(coeff)
-        return min(c * b[0], c * b[1]), max(c * b[0], c * b[1])
+        sizes, var = _size_factor(rest)
+        if var == rest and rest == expr:
+            return None
+        b = index_bounds(var, ranges) if var != 1 else (1, 1)
+        if b is None:
+            return None
+        c = coeff * sizes
+        lo, hi = (c * b[0], c * b[1]) if coeff > 0 else (c * b[1], c * b[0])
+        return _number(sympy.sympify(lo)), _number(sympy.sympify(hi))
     if isinstance(expr, FloorDiv):
         b = index_bounds(expr.args[0], ranges)
-        d = int(expr.args[1])
-        return None if b is None else (b[0] // d, b[1] // d)
+        d = _divisor(expr.args[1])
+        if b is None or d is None:
+            return None
+        if isinstance(d, int) and isinstance(b[0], int) and isinstance(b[1], int):
+            return b[0] // d, b[1] // d
+        if not nonnegative(b[0]):
+            return None
+        return 0, b[1]  # hi // d <= hi for hi >= 0, d >= 1
     if isinstance(expr, ModularIndexing):
         b = index_bounds(expr.args[0], ranges)
-        m = int(expr.args[1])
-        if b is not None and 0 <= b[0] and b[1] < m:
+        m = _divisor(expr.args[1])
+        if m is None:
+            return None
+        if _within(b, m):
             return b
-        return 0, m - 1
+        return 0, _number(sympy.sympify(m) - 1)
     return None
 
 
@@ -182,9 +248,9 @@ def index_code(expr: sympy.Expr, floordiv: str, what: str) -> str:
         return str(int(expr))
     if expr.is_Symbol:
         return expr.name
-    if isinstance(expr, FloorDiv):
+    if isinstance(expr, (FloorDiv, SizeFloorDiv)):
         return f"({index_code(expr.args[0], floordiv, what)} {floordiv} {index_code(expr.args[1], floordiv, what)})"
-    if isinstance(expr, ModularIndexing):
+    if isinstance(expr, (ModularIndexing, SizeMod)):
         return f"({index_code(expr.args[0], floordiv, what)} % {index_code(expr.args[1], floordiv, what)})"
     if expr.is_Add or expr.is_Mul:
         joint = " + " if expr.is_Add else " * "

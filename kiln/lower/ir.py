@@ -19,6 +19,7 @@ from ..graph.layout import numel, storage_size
 from ..graph.meta import dtype_abbrev
 from .index import index_var
 from .ops import DepsHandler, PrintHandler
+from .sizes import size_symbols
 
 
 @dataclasses.dataclass
@@ -203,6 +204,26 @@ class LoopGraph:
     output: Any  # structure of BufferRef / OutputView / Python constants
     mutations: list[tuple[int, Any]]  # (input position, BufferRef or OutputView of the final value)
     buffers: dict[str, Buffer] = dataclasses.field(default_factory=dict)
+
+    def size_symbols(self) -> list:
+        """The symbolic sizes the graph's layouts, views and extern arguments mention, sorted by name (what
+        every kernel entry takes as int64 arguments, in this order); [] for a graph of static sizes."""
+        from ..graph import flatten
+        from ..graph.symbolic import SymInt
+        found: set = set()
+        for b in self.buffers.values():
+            found |= size_symbols((b.layout.shape, b.layout.strides, b.layout.offset))
+        for node in self.nodes:
+            if isinstance(node, ExternNode):
+                for v in flatten((node.args, node.kwargs)):
+                    if isinstance(v, SymInt):
+                        found |= size_symbols(v.expr)
+                    elif isinstance(v, ViewRef):
+                        found |= size_symbols((v.shape, v.strides, v.offset))
+        for v in flatten(self.output):
+            if isinstance(v, OutputView):
+                found |= size_symbols((v.shape, v.strides, v.offset))
+        return sorted(found, key=str)
 
     def kept_buffers(self) -> set[str]:
         """Buffers alive at the end: outputs, bases of output views, final values of mutated inputs."""

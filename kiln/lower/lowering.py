@@ -19,8 +19,10 @@ from .. import config, prims
 from ..counters import counters
 from ..graph import Graph, Node, TensorMeta, flatten, map_structure
 from ..graph.layout import contiguous_strides, is_non_overlapping_and_dense
+from ..graph.symbolic import SymInt
 from ..prims import Prim
 from .index import linear_index, simplify_index, unravel
+from .sizes import dense, dim, dims, is_positive, is_static, known_le, nonnegative
 from .ir import (BufferRef, ComputedBuffer, ExternNode, InputBuffer, Layout, LoopGraph, OutputView,
                  Pointwise, Reduction, Scan, ViewRef)
 from .ops import BINARY_OPS, UNARY_OPS, CountHandler
@@ -44,7 +46,7 @@ class Box:
 
     def __init__(self, shape: tuple, dtype: torch.dtype, loader: Callable[..., Any],
                  view: tuple[str, tuple, int] | None = None):
-        self.shape = tuple(int(s) for s in shape)
+        self.shape = dims(shape)
         self.dtype = dtype
         self.loader = loader
         self.view = view
@@ -65,13 +67,14 @@ def _buffer_box(name: str, dtype: torch.dtype, shape: tuple, strides: tuple, off
     return Box(shape, dtype, load, view=(name, tuple(strides), offset))
 
 
-def _ints(values: Any) -> tuple[int, ...]:
-    return tuple(int(v) for v in values)
+_ints = dims  # sizes as the loop IR holds them: ints, or expressions of symbolic sizes
 
 
 def _dense_strides(meta: TensorMeta) -> tuple[int, ...]:
     """The meta's strides when they are non-overlapping and dense, else row-major strides."""
     shape, strides = _ints(meta.shape), _ints(meta.strides)
+    if not is_static((shape, strides)):
+        return strides if dense(shape, strides) else contiguous_strides(shape)
     return strides if is_non_overlapping_and_dense(shape, strides) else contiguous_strides(shape)
 
 
@@ -107,7 +110,7 @@ class Lowering:
                 return name
         if box.realized is not None:
             return box.realized
-        strides = _dense_strides(meta) if meta is not None and meta.shape == box.shape else \
+        strides = _dense_strides(meta) if meta is not None and _ints(meta.shape) == box.shape else \
             contiguous_strides(box.shape)
         name = self.new_name()
         box.realized = name
@@ -149,7 +152,7 @@ class Lowering:
                 self.env[id(node)] = self.call_prim(node)
                 value = self.env[id(node)]
                 if id(node) in final and isinstance(value, Box) and value.view is None and \
-                        isinstance(node.meta, TensorMeta) and tuple(node.meta.shape) == value.shape:
+                        isinstance(node.meta, TensorMeta) and _ints(node.meta.shape) == value.shape:
                     self.env[id(node)] = self.realized_box(value, node.meta)
             elif node.op == "call_torch":
                 self.env[id(node)] = self.fallback(node, node.target, _torch_name(node), kind="fallback")
@@ -163,8 +166,8 @@ class Lowering:
     def input(self, node: Node, position: int) -> Box:
         meta = node.meta
         self.check_dtype(meta.dtype, node)
-        strides = tuple(int(s) for s in meta.strides)
-        buf = InputBuffer(node.name, meta.dtype, Layout(tuple(int(s) for s in meta.shape), strides),
+        strides = _ints(meta.strides)
+        buf = InputBuffer(node.name, meta.dtype, Layout(_ints(meta.shape), strides),
                           position=position)
         self.loop.inputs.append(buf)
         self.loop.buffers[buf.name] = buf
@@ -250,7 +253,7 @@ class Lowering:
                 raise NotImplementedError(f"{self.target.name} backend: {target_name} returns a non-tensor "
                                           f"({m})")
             self.check_dtype(m.dtype, node)
-            shape = tuple(int(s) for s in m.shape)
+            shape = _ints(m.shape)
             outputs.append(InputBuffer(self.new_name(), m.dtype, Layout(shape, _eager_strides(m))))
         counters[kind][target_name] += 1
         self.add_node(ExternNode(outputs[0].name if len(outputs) == 1 else self.new_name(), kind, target,
@@ -314,6 +317,9 @@ def _operand(value: Any, dtype: torch.dtype) -> Callable[..., Any]:
     """A loader for a Box or a Python number (converted to dtype, as the prim converts it)."""
     if isinstance(value, Box):
         return value.loader
+    if isinstance(value, SymInt):  # a symbolic size used as a number: read from the kernel's size arguments
+        expr = dim(value)
+        return lambda h, index: h.to_dtype(h.index_expr(sympy.sympify(expr), torch.int64), dtype)
     if isinstance(value, complex):
         raise Unlowerable("complex scalar")
     if dtype == torch.bool:
@@ -385,14 +391,14 @@ def lower_view(ctx: Lowering, node: Node, a: Box, *args: Any, **kwargs: Any) -> 
             # offset, which the compiled graph does not check; torch computes it on the real input
             raise Unlowerable("as_strided of a graph input")
         if source is not None and _laid_out_as(source.meta, a.shape, strides):
-            moved = int(out.storage_offset) - int(source.meta.storage_offset)
+            moved = dim(out.storage_offset) - dim(source.meta.storage_offset)
             return _buffer_box(name, a.dtype, _ints(out.shape), _ints(out.strides), _start(offset + moved))
         # the buffer is laid out otherwise than eager lays out the value (kiln made it dense)
         out = _view_over(node, a.shape, strides, offset, args, kwargs)
         return _buffer_box(name, a.dtype, _ints(out.shape), _ints(out.strides), _start(out.storage_offset))
     in_shape = a.shape
     if source is not None and _laid_out_as(source.meta, in_shape, contiguous_strides(in_shape)):
-        out_offset = _start(int(out.storage_offset) - int(source.meta.storage_offset))
+        out_offset = _start(dim(out.storage_offset) - dim(source.meta.storage_offset))
     else:
         out = _view_over(node, in_shape, contiguous_strides(in_shape), 0, args, kwargs)
         out_offset = _start(out.storage_offset)
@@ -403,7 +409,7 @@ def lower_view(ctx: Lowering, node: Node, a: Box, *args: Any, **kwargs: Any) -> 
     # of the next view's dims, and sympy time grows exponentially with the chain).
     places = [sympy.Dummy(f"v{d}", integer=True, nonnegative=True) for d in range(len(out_shape))]
     template = unravel(linear_index(places, out_strides, out_offset), in_shape)
-    if all(s > 0 for s in out_shape):
+    if all(is_positive(s) for s in out_shape):
         template = [simplify_index(e, dict(zip(places, out_shape))) for e in template]
 
     def load(h: Any, index: list) -> Any:
@@ -415,9 +421,14 @@ def lower_view(ctx: Lowering, node: Node, a: Box, *args: Any, **kwargs: Any) -> 
 def _start(offset: Any) -> int:
     """A view's offset from its value's first element; only as_strided can point before it (into eager's
     storage, which the value's buffer need not have)."""
-    if offset < 0:
-        raise Unlowerable("a view starting before the first element of its input")
-    return int(offset)
+    offset = dim(offset)
+    if not nonnegative(offset):
+        raise Unlowerable("a view starting before the first element of its input (or not at every size)")
+    return offset
+
+
+def _symint(value: Any, env: Any) -> Any:
+    return SymInt.make(value, env) if isinstance(value, sympy.Basic) else value
 
 
 def _laid_out_as(meta: TensorMeta, shape: tuple, strides: tuple) -> bool:
@@ -432,6 +443,10 @@ def _view_over(node: Node, shape: tuple, strides: tuple, offset: int, args: tupl
     if node.target is prims.as_strided:
         # its storage offset counts from the start of eager's storage, which this layout does not stand for
         raise Unlowerable("as_strided of a value kiln lays out otherwise than eager")
+    env = next((v.env for v in node.meta.shape if isinstance(v, SymInt)), None)
+    if env is not None:  # symbolic sizes stay SymInts: a decision no guard checked raises (never a guess)
+        shape, strides = [_symint(v, env) for v in shape], [_symint(v, env) for v in strides]
+        offset = _symint(offset, env)
     probe = TensorMeta(shape, node.meta.dtype, node.meta.device, strides, storage_offset=offset)
     return node.target.meta(probe, *args, **kwargs)
 
@@ -471,7 +486,7 @@ def lower_cat(ctx: Lowering, node: Node, tensors: Any, dim: int) -> Box:
 
     def load(h: Any, index: list) -> Any:
         return _select_part(h, index, parts, dim, dtype)
-    return Box(tuple(int(s) for s in node.meta.shape), dtype, load)
+    return Box(node.meta.shape, dtype, load)
 
 
 @lowering(prims.pad)
@@ -488,11 +503,13 @@ def lower_pad(ctx: Lowering, node: Node, a: Box, value: Any, config_: Any) -> Bo
         shifted = [i - lo for i, lo in zip(index, lows)]
         cond = None
         for d, (i, lo) in enumerate(zip(index, lows)):
-            if lo <= 0 and lo + sizes[d] >= node.meta.shape[d]:
+            if lo <= 0 and known_le(dim(node.meta.shape[d]), lo + sizes[d]):
                 continue  # this dim never leaves `a`
             pos = h.index_expr(i, torch.int64)
+            end = sympy.sympify(lo + sizes[d])
             inside = h.op("logical_and", h.op("ge", pos, h.constant(lo, torch.int64)),
-                          h.op("lt", pos, h.constant(lo + sizes[d], torch.int64)))
+                          h.op("lt", pos, h.constant(int(end), torch.int64) if end.is_Integer else
+                               h.index_expr(end, torch.int64)))
             cond = inside if cond is None else h.op("logical_and", cond, inside)
         if cond is None:
             return a.loader(h, shifted)
@@ -512,7 +529,8 @@ def _select_part(h: Any, index: list, parts: list, dim: int, dtype: torch.dtype)
     value = t.loader(h, shifted) if len(live) == 1 else None
     if value is not None:
         return value
-    cond = h.op("ge", h.index_expr(pos, torch.int64), h.constant(begin, torch.int64))
+    first = h.constant(begin, torch.int64) if is_static(begin) else h.index_expr(sympy.sympify(begin), torch.int64)
+    cond = h.op("ge", h.index_expr(pos, torch.int64), first)
     return h.masked(cond, lambda: t.loader(h, shifted),
                     lambda: _select_part(h, index, live[:-1], dim, dtype), dtype)
 
@@ -582,15 +600,24 @@ def lower_var(ctx: Lowering, node: Node, a: Box, dims: Any, correction: Any) -> 
     src = a if acc == dtype else Box(a.shape, acc, lambda h, i: h.to_dtype(a.loader(h, i), acc))
     total = _reduction(ctx, node, src, dims, "sum", acc)
 
+    if is_static(n):
+        count = lambda h: h.constant(float(n), acc)  # noqa: E731
+        denominator = lambda h: h.constant(max(float(n) - float(correction), 0.0), acc)  # noqa: E731
+    else:  # the element count from the kernel's size arguments (as exact as the float of an int)
+        if float(correction) != int(correction) or not nonnegative(n - int(correction)):
+            raise Unlowerable("var with a correction that may exceed a symbolic element count")
+        count = lambda h: h.to_dtype(h.index_expr(sympy.sympify(n), torch.int64), acc)  # noqa: E731
+        denominator = lambda h: h.to_dtype(  # noqa: E731
+            h.index_expr(sympy.sympify(n - int(correction)), torch.int64), acc)
+
     def centered_sq(h: Any, value: Any, index: list) -> Any:
-        mean = h.op("div", total.loader(h, index), h.constant(float(n), acc))
+        mean = h.op("div", total.loader(h, index), count(h))
         diff = h.op("sub", value, mean)
         return h.op("mul", diff, diff)
     squares = _reduction(ctx, node, src, dims, "sum", acc, centered_sq)
-    denom = float(n) - float(correction)
 
     def load(h: Any, index: list) -> Any:
-        value = h.op("div", squares.loader(h, index), h.constant(max(denom, 0.0), acc))
+        value = h.op("div", squares.loader(h, index), denominator(h))
         return value if acc == dtype else h.to_dtype(value, dtype)
     return Box(squares.shape, dtype, load)
 

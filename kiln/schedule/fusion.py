@@ -21,6 +21,7 @@ from ..graph.pipeline import FUEL
 from ..lower.index import FloorDiv, ModularIndexing, index_var, linear_index, simplify_index
 from ..lower.ir import ComputedBuffer, ExternNode, LoopGraph, Pointwise, Reduction, Scan
 from ..lower.ops import DepsHandler
+from ..lower.sizes import size_symbols
 from ..lower.target import Target
 
 log = config.channel("fusion")
@@ -248,7 +249,10 @@ def _collapse(group: FusedGroup) -> None:
                 if any(f.has(v) for f in e.atoms(FloorDiv, ModularIndexing)):
                     return False
             outer, inner = sympy.diff(e, variables[prev]), sympy.diff(e, variables[d])
-            if not (outer.is_Integer and inner.is_Integer and outer == inner * shape[d]):
+            # affine in both (coefficients free of loop variables; symbolic sizes allowed), and the outer
+            # dim steps over the inner one exactly
+            if (outer.free_symbols | inner.free_symbols) - size_symbols((outer, inner)) or \
+                    sympy.expand(outer - inner * shape[d]) != 0:
                 return False
         return True
     # size-1 dims always have index 0: leave them out, and merge the others where memory allows

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from ..lower.ir import ExternNode
+from ..lower.sizes import hint
 from ..lower.target import Target
 from .fusion import FusedGroup
 
@@ -20,13 +21,14 @@ def splits_inner(group: FusedGroup, target: Target) -> bool:
     """Threads split the kernel's inner loops: its outer ranges are too few to feed them."""
     if any(m.role == "scan" for m in group.members):
         return False  # a scan runs its inner loop in order
-    return math.prod(group.outer) < target.min_parallel_outer and \
-        math.prod(group.inner or ()) >= target.parallel_threshold
+    # heuristics: asked of the sizes' hints when they are symbolic (either answer is right at every size)
+    return hint(math.prod(group.outer)) < target.min_parallel_outer and \
+        hint(math.prod(group.inner or ())) >= target.parallel_threshold
 
 
 def runs_parallel(group: FusedGroup, target: Target) -> bool:
     """The kernel's iterations are spread over threads (it is big enough to pay for starting them)."""
-    return math.prod(group.outer) * max(math.prod(group.inner or ()), 1) >= target.parallel_threshold
+    return hint(math.prod(group.outer)) * max(hint(math.prod(group.inner or ())), 1) >= target.parallel_threshold
 
 
 def item_reads(item: FusedGroup | ExternNode) -> list[str]:

@@ -18,6 +18,7 @@ from .. import config
 from ..lower.index import simplify_index
 from ..graph.layout import is_non_overlapping_and_dense, numel
 from ..graph.pipeline import FUEL
+from ..lower.sizes import dense, hint, is_static
 from ..lower.ir import BufferRef, ComputedBuffer, ExternNode, InputBuffer, LoopGraph, Pointwise
 from ..lower.target import Target
 from .fusion import FusedGroup
@@ -65,6 +66,7 @@ def peak_bytes(graph: LoopGraph, steps: list[Step]) -> int:
     releases nothing. A buffer written in place (`inplace`) shares its source's block, which the source's
     free (after the same step) leaves to it. A block is released when its last buffer is freed. Graph
     inputs and constants are not counted; the peak is taken after each step's allocations, before its frees.
+    Symbolic sizes count at their hints.
     (The wrapper's cross-call recycling of fresh buffers is not modelled: this is the plan's memory.)
     """
     handed_on = {reuse for s in steps for name, reuse in s.allocs
@@ -84,7 +86,7 @@ def peak_bytes(graph: LoopGraph, steps: list[Step]) -> int:
     for step in steps:
         for name, reuse in step.allocs:
             if reuse is None:
-                fresh(name, graph.buffers[name].nbytes())
+                fresh(name, hint(graph.buffers[name].nbytes()))
             elif reuse not in block:
                 continue  # written into a graph input's memory (inputs are not counted)
             else:
@@ -93,7 +95,7 @@ def peak_bytes(graph: LoopGraph, steps: list[Step]) -> int:
                     refs[block[name]] += 1
         if isinstance(step.node, ExternNode):
             for out in step.node.outputs:
-                fresh(out.name, out.nbytes())
+                fresh(out.name, hint(out.nbytes()))
         peak = max(peak, live)
         for name in step.frees:
             b = block.get(name)
@@ -116,6 +118,8 @@ def _segment_reads(seg: Segment) -> list[str]:
 
 def _dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     """Each element at its own address, no gaps (a permutation of a contiguous layout), not empty."""
+    if not is_static((shape, strides)):
+        return dense(shape, strides)
     return numel(shape) > 0 and is_non_overlapping_and_dense(shape, strides)
 
 
@@ -262,7 +266,7 @@ def plan(graph: LoopGraph, schedule: list[FusedGroup | ExternNode], target: Targ
             if last_use.get(name, -1) <= i:
                 frees.append(name)
                 # a fallback's result may alias its inputs (a view op run by torch): never reuse them
-                if isinstance(buf, ComputedBuffer) and buf.layout.storage_size() > 0 and \
+                if isinstance(buf, ComputedBuffer) and hint(buf.layout.storage_size()) > 0 and \
                         name not in extern_inputs and name not in inplace.values():
                     free_pool.setdefault((buf.dtype, buf.layout.storage_size()), []).append(name)
         if inplace:

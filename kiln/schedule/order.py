@@ -25,6 +25,7 @@ import time
 
 from .. import config
 from ..graph.pipeline import FUEL
+from ..lower.sizes import hint
 from ..lower.ir import ExternNode, LoopGraph
 from ..lower.target import Target
 from .fusion import FusedGroup
@@ -59,7 +60,7 @@ class _Items:
         # buffers living inside one kernel: never allocated
         self.local = set(local_buffers(schedule, self.kept, target))
         self.allocated = [[w for w in ws if w not in self.local] for ws in self.writes]
-        self.nbytes = {name: graph.buffers[name].nbytes() for ws in self.allocated for name in ws}
+        self.nbytes = {name: hint(graph.buffers[name].nbytes()) for ws in self.allocated for name in ws}
         self.n = n
 
     def dependencies(self) -> list[set[int]]:

@@ -278,7 +278,17 @@ def test_symint_arithmetic_and_facts():
         bool(a > 12)
 
 
-def test_sizes_are_tiered_torch_first_then_compiled_and_limited():
+@pytest.fixture
+def per_size():
+    """dynamic_symbolic off: graphs with symbolic sizes compile per size (the tiering below)."""
+    from kiln import config
+    old = config.get("dynamic_symbolic")
+    config.set("dynamic_symbolic", False)
+    yield
+    config.set("dynamic_symbolic", old)
+
+
+def test_sizes_are_tiered_torch_first_then_compiled_and_limited(per_size):
     from kiln import config
 
     def f(x):
