@@ -4,7 +4,9 @@ backward graph built from the prims' VJP rules.
 `differentiate(graph, needs_grad)` walks the prim graph in reverse. Every node that depends on an input
 needing a gradient (and is floating point) gets its output gradients accumulated (`prims.add`); its rule
 (`@rule("vjp", prim)`, called as `rule(grads, outputs, *args, **kwargs)`) is traced into the backward
-graph on proxies. A forward value a rule reads becomes a backward input ("saved"); the forward graph returns
+graph on proxies. A rule marked `takes_grad_mask` also gets `grad_mask=` (one bool per positional argument:
+whether it needs a gradient; eager's grad_input_mask), so that it skips the gradients nobody reads (the
+convolution's). A forward value a rule reads becomes a backward input ("saved"); the forward graph returns
 it after the user's outputs. `kiln.autograd.partition` then decides which saved values the backward
 recomputes instead. Fallback nodes (torch ops kiln cannot decompose) get an opaque backward: the op run
 again under torch.autograd inside the backward (counted).
@@ -22,7 +24,8 @@ from typing import Any, Callable
 import torch
 
 from ..counters import counters
-from ..graph import Graph, Node, Proxy, TensorMeta, flatten, map_structure, tracing
+from ..graph import Graph, Node, Proxy, TensorMeta, dce, flatten, map_structure, tracing
+from .layout import in_input_layout
 
 
 @dataclasses.dataclass
@@ -81,6 +84,13 @@ class _Builder:
         proxy = Proxy(self.graph.placeholder(f"grad_{index}", meta))
         self.inputs.append(("grad", index))
         return proxy
+
+
+def _needs_gradient(arg: Any, active: set[Node]) -> bool:
+    """Whether a prim argument (a value, or a list of them) leads back to an input needing a gradient."""
+    if isinstance(arg, (list, tuple)):
+        return any(_needs_gradient(a, active) for a in arg)
+    return isinstance(arg, Node) and arg in active
 
 
 def _accumulate(grads: dict[Node, Any], node: Node, g: Any) -> None:
@@ -188,6 +198,9 @@ def differentiate(graph: Graph, needs_grad: list[bool], skip_leaves: frozenset[i
                 raise NotImplementedError(f"prims.{node.target.name} has no vjp rule")
             args = map_structure(builder.value, node.args)
             kwargs = map_structure(builder.value, node.kwargs)
+            if getattr(rule, "takes_grad_mask", False):
+                # eager's grad_input_mask: the rule computes only the gradients some input needs
+                kwargs = dict(kwargs, grad_mask=tuple(_needs_gradient(a, active) for a in node.args))
             result = rule(out_grads, outs, *args, **kwargs)
             if not isinstance(result, (tuple, list)) or len(result) != len(node.args):
                 raise NotImplementedError(f"the vjp rule of prims.{node.target.name} returned {len(result)} "
@@ -199,9 +212,10 @@ def differentiate(graph: Graph, needs_grad: list[bool], skip_leaves: frozenset[i
                             _accumulate(grads, a, ga)
                 elif isinstance(arg, Node) and arg in active:
                     _accumulate(grads, arg, g)
-        input_grads = tuple(grads.get(p) if needs else None
+        input_grads = tuple(in_input_layout(grads.get(p), p.meta) if needs else None
                             for p, needs in zip(graph.placeholders, needs_grad))
         builder.graph.output(tuple(g.node if isinstance(g, Proxy) else g for g in input_grads))
+    dce(builder.graph)  # gradients no input needs (a rule computes all of its own), and the rewritten ones
     if opaque:
         counters["autograd"]["opaque backward of a fallback op"] += opaque
     _drop_unused_inputs(builder)

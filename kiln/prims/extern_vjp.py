@@ -43,14 +43,24 @@ def _bmm_vjp(grads: tuple, outputs: tuple, a: Any, b: Any) -> tuple:
 @vjp(convolution)
 def _convolution_vjp(grads: tuple, outputs: tuple, x: Any, w: Any, bias: Any, stride: Sequence[int],
                      padding: Sequence[int], dilation: Sequence[int], transposed: bool,
-                     output_padding: Sequence[int], groups: int) -> tuple:
+                     output_padding: Sequence[int], groups: int,
+                     grad_mask: Sequence[bool] = (True, True, True)) -> tuple:
+    """`grad_mask` (passed by kiln.autograd.joint, see `takes_grad_mask`): which of x, w, bias need a
+    gradient. It becomes convolution_backward's output_mask, so that, as in eager, the first convolution of
+    a network (whose input needs none) computes no input gradient, and frozen weights no weight gradient."""
     (g,) = grads
     refuse_complex("convolution", x)
     has_bias = bias is not None
     bias_sizes = list(meta_of(bias).shape) if has_bias else None
-    results = convolution_backward(g, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding,
-                                   groups, (True, True, has_bias))
-    return (results[0], results[1], results[2] if has_bias else None) + (None,) * 6
+    mask = (bool(grad_mask[0]), bool(grad_mask[1]), has_bias and bool(grad_mask[2]))
+    if not any(mask):
+        return (None,) * 9
+    results = iter(convolution_backward(g, x, w, bias_sizes, stride, padding, dilation, transposed,
+                                        output_padding, groups, mask))
+    return tuple(next(results) if wanted else None for wanted in mask) + (None,) * 6
+
+
+_convolution_vjp.takes_grad_mask = True  # type: ignore[attr-defined]
 
 
 @vjp(sdpa)
