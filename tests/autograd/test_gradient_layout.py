@@ -1,0 +1,71 @@
+"""Weight gradients come out of kiln's backward in their parameters' layout (kiln.autograd.layout), so eager's
+AccumulateGrad keeps them without a copy; and the backward computes no gradient an input does not need."""
+from __future__ import annotations
+
+import copy
+import shutil
+
+import pytest
+import torch
+
+import kiln
+import kiln.ops
+from kiln import config
+from kiln.autograd.joint import differentiate
+from kiln.backends import aot
+from kiln.graph import to_prims
+
+pytestmark = pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def shared_cache(tmp_path_factory):
+    with config.patch(cache_dir=str(tmp_path_factory.getbasetemp() / "kiln_cache")):
+        yield
+
+
+def _backward_results(monkeypatch):
+    results = []
+    run = aot._State.run_backward
+
+    def recording(self, inputs):
+        out = run(self, inputs)
+        results.append(out)
+        return out
+    monkeypatch.setattr(aot._State, "run_backward", recording)
+    return results
+
+
+@pytest.mark.parametrize("shape", [(5, 12), (2, 5, 12)], ids=["2-D input", "3-D input"])
+def test_linear_weight_gradients_are_contiguous_and_equal_eager(shape, monkeypatch):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    eager = copy.deepcopy(model)
+    results = _backward_results(monkeypatch)
+    x = torch.randn(shape)
+    kiln.reset()
+    kiln.compile(model)(x).square().sum().backward()
+    eager(x).square().sum().backward()
+    (grads,) = results
+    weights = [g for g in grads if g is not None and g.dim() == 2]
+    assert len(weights) == 2 and all(g.is_contiguous() for g in weights)
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_batched_product_gradient_is_contiguous():
+    def fn(a, b):
+        return torch.bmm(a, b).sin().sum()
+    a, b = torch.randn(2, 3, 4), torch.randn(2, 4, 5, requires_grad=True)
+    joint = differentiate(to_prims(kiln.ops.trace(fn, a, b)), [False, True])
+    (grad_b,) = [g for g in joint.backward.output_value if g is not None]
+    assert grad_b.target.name == "bmm" and grad_b.meta.strides == (20, 5, 1)
+    # no gradient for `a`: only one product in the backward, and `b` is not saved for it
+    assert sum(n.op == "call_prim" and n.target.name == "bmm" for n in joint.backward.nodes) == 1
+    saved = [p.name for p in joint.backward.placeholders if p.name.startswith("saved")]
+    assert "saved_a" in saved and "saved_b" not in saved
+    bc = b.detach().clone().requires_grad_(True)
+    kiln.reset()
+    kiln.compile(fn)(a, bc).backward()
+    fn(a, b).backward()
+    torch.testing.assert_close(bc.grad, b.grad)
