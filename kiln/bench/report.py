@@ -9,6 +9,9 @@ The summary gives, per compiler, the pass rate and the geometric-mean speedup ov
 accuracy (as PyTorch reports its compiler), and the median compile times.
 With `kiln bench --memory` a row also has rss_base_mb, rss_first_peak_mb, rss_peak_mb, rss_steady_mb (the
 worker's `memory` phase) or memory_error, and a memory table compares each compiler with eager per model.
+In training mode a row also has saved_mb, saved_tensors, saved_storages (what autograd holds for the
+backward over one step, worker.saved_activations) and, for kiln, planned_saved_mb and planned_recomputed_mb
+(its partitioner's plan); a training table then sets each compiler against eager and torch.compile.
 """
 from __future__ import annotations
 
@@ -178,6 +181,78 @@ def memory_summary(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+TRAINING_COLUMNS = ("model", "compiler", "step ms", "vs eager", "vs torch.compile", "peak RSS MB",
+                    "RSS/eager", "saved MB", "saved/eager", "cold s", "warm s")
+BASELINE = "torch.compile"
+
+
+def _by_model(rows: list[dict[str, Any]], compiler: str) -> dict[str, dict[str, Any]]:
+    return {row["model"]: row for row in rows if row["compiler"] == compiler and row["status"] == "pass"}
+
+
+def training_cells(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """One line per training row that passed: step time and its speedup over eager and over torch.compile
+    (the ratio of the two speedups, each timed against eager in its own process), peak RSS (the memory
+    run), the bytes autograd saved for the backward (worker.saved_activations), compile times."""
+    training = [row for row in rows if row.get("mode") == "training" and row["status"] == "pass"]
+    eager, baseline = _by_model(rows, "eager"), _by_model(rows, BASELINE)
+    cells = []
+    for row in training:
+        model = row["model"]
+        base = baseline.get(model)
+        versus = (row["speedup"] / base["speedup"] if base and row.get("speedup") and base.get("speedup")
+                  else None)
+        cold = None if row["compiler"] == "eager" else row.get("compile_cold_s")
+        cells.append([model, row["compiler"], _num(row.get("time_ms"), ".2f"),
+                      _num(row.get("speedup"), ".2f", "x"), _num(versus, ".2f", "x"),
+                      _num(row.get("rss_peak_mb"), ".0f"), _num(_ratio(row, eager.get(model), "rss_peak_mb"),
+                                                               ".2f", "x"),
+                      _num(row.get("saved_mb"), ".2f"), _num(_ratio(row, eager.get(model), "saved_mb"),
+                                                             ".2f", "x"),
+                      _num(cold, ".1f"), _num(row.get("compile_warm_s"), ".1f")])
+    return cells
+
+
+def training_summary(rows: list[dict[str, Any]]) -> list[str]:
+    """Per compiler other than eager, over the models where it and the baseline passed: geomean speedup
+    over eager and over torch.compile, how many keep peak RSS and saved bytes at or under eager's, and the
+    median cold compile time against torch.compile's."""
+    eager, baseline = _by_model(rows, "eager"), _by_model(rows, BASELINE)
+    lines = []
+    compilers = dict.fromkeys(row["compiler"] for row in rows if row.get("mode") == "training")
+    for compiler in compilers:
+        if compiler == "eager":
+            continue
+        mine = _by_model(rows, compiler)
+        if not mine:
+            continue
+        line = f"{compiler} training: geomean {_num(geomean([r.get('speedup') for r in mine.values()]), '.2f', 'x')}"
+        line += f" vs eager over {len(mine)} models"
+        if compiler != BASELINE:
+            pairs = [(r["speedup"], baseline[m]["speedup"]) for m, r in mine.items()
+                     if m in baseline and r.get("speedup") and baseline[m].get("speedup")]
+            line += f", {_num(geomean([a / b for a, b in pairs]), '.2f', 'x')} vs {BASELINE} over {len(pairs)}"
+            colds = [r["compile_cold_s"] / baseline[m]["compile_cold_s"] for m, r in mine.items()
+                     if m in baseline and r.get("compile_cold_s") is not None and baseline[m].get("compile_cold_s")]
+            if colds:
+                line += f"; cold compile {statistics.median(colds):.2f} of {BASELINE}'s (median)"
+        for key, what in (("rss_peak_mb", "peak RSS"), ("saved_mb", "saved bytes")):
+            ratios = [_ratio(r, eager.get(m), key) for m, r in mine.items()]
+            ratios = [x for x in ratios if x is not None]
+            if ratios:
+                line += f"; {what} <= eager for {sum(x <= 1.0 for x in ratios)}/{len(ratios)}"
+        lines.append(line)
+    return lines
+
+
+def training_table(rows: list[dict[str, Any]]) -> str:
+    """The training comparison (empty without passing training rows)."""
+    cells = training_cells(rows)
+    if not cells:
+        return ""
+    return "\n".join(_aligned([list(TRAINING_COLUMNS)] + cells, {0, 1}) + [""] + training_summary(rows))
+
+
 def _aligned(cells: list[list[str]], left: set[int]) -> list[str]:
     widths = [max(len(line[i]) for line in cells) for i in range(len(cells[0]))]
 
@@ -214,6 +289,9 @@ def table(rows: list[dict[str, Any]], meta: dict[str, Any] | None = None) -> str
     memory = memory_table(rows)
     if memory:
         out += ["", memory]
+    training = training_table(rows)
+    if training:
+        out += ["", training]
     return "\n".join(out)
 
 
@@ -239,6 +317,17 @@ def markdown(run: dict[str, Any]) -> str:
         out += ["", "RSS in MiB, each compiler in its own fresh process: base = model and inputs built; "
                 "peak = the highest RSS over steady calls (the last output held); steady = RSS between "
                 "calls; 1st call = the peak over the first call (compile included)."]
+    training = training_cells(rows)
+    if training:
+        out += ["", "## Training", "", "| " + " | ".join(TRAINING_COLUMNS) + " |",
+                "|" + "|".join("---" if i < 2 else "---:" for i in range(len(TRAINING_COLUMNS))) + "|"]
+        out += ["| " + " | ".join(line) + " |" for line in training]
+        out += [""] + [f"- {line}" for line in training_summary(rows)]
+        out += ["", "A step is forward, backward and an SGD step. vs eager: median eager step ÷ median "
+                "compiled step, interleaved in one process; vs torch.compile: that speedup ÷ "
+                "torch.compile's; peak RSS: the memory run (MiB); saved MB: the distinct storages autograd "
+                "holds for the backward over one step (its saved-tensor pack hook), parameters, buffers "
+                "and inputs left out."]
     failed = problems(rows)
     if failed:
         out += ["", "## Not passing", ""] + [f"- {line}" for line in failed]

@@ -2,7 +2,8 @@
 
 For each model and compiler, a fresh worker process (`python -m kiln.bench.worker`) compiles with empty
 caches, checks accuracy (kiln.testing.accuracy), and times eager and compiled calls interleaved; a second
-fresh process compiles again with the caches the first one filled (warm compile time); with `memory`, a
+fresh process compiles again with the caches the first one filled (warm compile time); with `memory` (and
+always in training mode, where the measuring run also counts the bytes autograd saves for the backward), a
 third fresh process measures peak and steady RSS (worker.memory), so each model's eager and compiled
 memory stand side by side; with `profile`, a last fresh process per model runs kiln.profile on it (its
 table, JSON and roofline PNG under OUT/profile/). Every finished row
@@ -48,7 +49,8 @@ class Options:
     budget_s: float = 2.0                 # timing budget per (model, compiler) after warm-up
     threads: int | None = None            # torch threads in the workers (None: torch's default)
     warm: bool = True                     # also measure the warm compile time
-    memory: bool = False                  # also measure peak and steady RSS (a fresh process each)
+    memory: bool = False                  # also measure peak and steady RSS (a fresh process each;
+                                          # always in training mode)
     memory_only: bool = False             # only that: no timing, accuracy or compile-time runs
     plots: bool = True
     progress: bool = True
@@ -179,7 +181,8 @@ def bench_one(model: str, compiler: str, options: Options, progress: Progress,
                    compile_cold_s=result.get("compile_s"), peak_mem_mb=result.get("peak_mem_mb"),
                    graph_count=result.get("graph_count"), graph_break_count=result.get("graph_break_count"),
                    counters=result.get("counters"), threads=result.get("threads"))
-        if options.memory and result["status"] in ("pass", "fail_accuracy"):
+        row.update({key: result[key] for key in SAVED_FIELDS if key in result})
+        if (options.memory or options.mode == "training") and result["status"] in ("pass", "fail_accuracy"):
             progress.show(f"{model} / {compiler}: memory")
             row.update(_memory_fields(launch(dict(job, phase="memory"), options.timeout_s)))
         if compiler == "eager" or result["status"] not in ("pass", "fail_accuracy") or not options.warm:
@@ -215,6 +218,9 @@ def profile_one(model: str, options: Options, progress: Progress,
     return entry
 
 
+# training mode: the bytes autograd holds for the backward (worker.saved_activations), kiln's partitioner plan
+SAVED_FIELDS = ("saved_mb", "saved_tensors", "saved_storages", "saved_error", "planned_saved_mb",
+                "planned_recomputed_mb")
 MEMORY_FIELDS = ("rss_base_mb", "rss_first_peak_mb", "rss_peak_mb", "rss_steady_mb", "peak_reset")
 
 

@@ -4,7 +4,8 @@
 
 `kiln bench` runs this for every (model, compiler) pair, so each compile starts with no in-memory cache; the
 job names a cache directory, empty for a cold compile and reused for the warm one. Phases:
-  measure  compile (cold), accuracy against eager and fp64, interleaved eager/compiled timing, peak memory
+  measure  compile (cold), accuracy against eager and fp64, interleaved eager/compiled timing, peak memory;
+           in training mode also the bytes autograd saves for the backward (saved_activations)
   compile  the first call only (warm compile time), and one steady call to subtract
   census   kiln.explain on the model: graphs, breaks grouped by reason, frames run natively (census.py)
   memory   resident memory (Linux /proc/self/status): peak and steady RSS of steady calls (`memory`)
@@ -110,6 +111,40 @@ def detach(value: Any) -> Any:
     return value
 
 
+def saved_activations(step: Step) -> dict[str, Any]:
+    """What autograd holds for the backward over one training step of `step`: the distinct storages handed
+    to its pack hook (torch.autograd.graph.saved_tensors_hooks) other than the module's parameters and
+    buffers and the example's tensors, which live anyway. Eager's ops, kiln's autograd Function and
+    torch.compile's all save through that hook, so the three columns are measured alike. A view saved
+    counts its whole storage (it keeps it alive)."""
+    live = {t.untyped_storage().data_ptr() for t in (*step.module.parameters(), *step.module.buffers())}
+    live |= {t.untyped_storage().data_ptr() for _, t in accuracy.flatten((step.args, step.kwargs))
+             if isinstance(t, torch.Tensor)}
+    storages: dict[int, int] = {}
+    count = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal count
+        count += 1
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in live and storage.nbytes():
+            storages[storage.data_ptr()] = storage.nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        step()
+    return {"saved_mb": sum(storages.values()) / 2**20, "saved_tensors": count,
+            "saved_storages": len(storages)}
+
+
+def kiln_partitioner_bytes(counters: dict[str, Any] | None) -> dict[str, Any]:
+    """What kiln's partitioner planned when it compiled (kiln.counters' autograd entries), in MiB."""
+    planned = (counters or {}).get("autograd", {})
+    if "bytes saved for backward" not in planned:
+        return {}
+    return {"planned_saved_mb": planned["bytes saved for backward"] / 2**20,
+            "planned_recomputed_mb": planned.get("bytes the backward recomputes instead of saving", 0) / 2**20}
+
+
 def timed(step: Callable[[], Any]) -> tuple[Any, float]:
     start = time.perf_counter()
     out = step()
@@ -182,12 +217,19 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     result["reps"] = len(compiled_times)
     result["speedup"] = result["eager_ms"] / result["compiled_ms"]
     result["compile_s"] = 0.0 if is_eager else max(0.0, result["first_call_s"] - min(compiled_times))
+    if mode == "training":   # after the timing: the hooks slow the step they watch
+        try:
+            result.update(saved_activations(compiled))
+        except Exception as e:   # extra information; a failure is noted, not fatal
+            result["saved_error"] = f"{type(e).__name__}: {e}"
 
     if adapters.kiln_backend_of(name, "auto") is not None:
         try:
             result.update(adapters.kiln_graph_counts(copy.deepcopy(model), *example))
         except Exception as e:   # the counts are extra information; a failure is noted, not fatal
             result["graph_count_error"] = f"{type(e).__name__}: {e}"
+        if mode == "training":
+            result.update(kiln_partitioner_bytes(result.get("counters")))
     result["status"] = "pass" if verdict.passed else "fail_accuracy"
     return result
 
