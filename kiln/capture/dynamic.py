@@ -22,7 +22,7 @@ from .. import config
 from ..counters import counters
 from ..graph import Graph, Node
 from ..graph.specialize import size_bindings, specialize_graph
-from ..graph.symbolic import SymInt, has_symbols, symbols_of
+from ..graph.symbolic import FrozenShapeEnv, SymInt, has_symbols, symbols_of
 
 log = config.channel("recompiles")
 
@@ -160,6 +160,8 @@ class SymbolicGraph:
         try:
             fn = self.compile_symbolic(self.graph, inputs)
         except Exception as e:  # noqa: BLE001 - any failure falls back to compiling per size
+            if config.get("raise_on_error") and not isinstance(e, (NotImplementedError, FrozenShapeEnv)):
+                raise  # an internal error, not a graph the symbolic compile refuses
             self.compile_symbolic = None
             self.symbolic_failed = f"{type(e).__name__}: {e}"
             counters["dynamic_symbolic_failed"][f"{self.name}: {self.symbolic_failed}"[:300]] += 1

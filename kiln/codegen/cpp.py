@@ -21,7 +21,7 @@ from ..graph.layout import contiguous_strides
 from ..lower.index import index_bounds, index_code, simplify_index
 from ..lower.ir import Buffer, ComputedBuffer, Reduction
 from ..lower.ops import Handler
-from ..lower.sizes import hint, is_static, known_lt, nonnegative
+from ..lower.sizes import SizeDecision, hint, is_static, known_lt, nonnegative
 from ..lower.target import ALL_DTYPES, LIBRARY_PRIMS, Target
 from ..schedule.fusion import FusedGroup, Member
 from ..schedule.locality import runs_parallel, splits_inner
@@ -414,6 +414,9 @@ class KernelWriter:
         bounds = index_bounds(index, group.var_ranges())
         size = buf.layout.storage_size()
         if not _inside(bounds, size):
+            if not is_static((bounds, size, index)):  # not provable for every size: compile per size
+                raise SizeDecision(f"cpp codegen: store to {buf.name} at {index} within its {size} elements "
+                                   "is not proved for every size")
             # never write outside a buffer: a kiln bug must fail the compile (the graph then runs on torch)
             raise RuntimeError(f"kiln cpp codegen: store to {buf.name} at {index} may leave its {size} "
                                f"elements (bounds {bounds}) in {group.describe()}")
@@ -648,10 +651,12 @@ class KernelWriter:
 def _inside(bounds: tuple | None, size: Any) -> bool:
     """Index bounds [lo, hi] inside a buffer of `size` elements (proved for every size when symbolic); an
     empty buffer is never written."""
+    if isinstance(size, int) and size <= 0:
+        return True
     if bounds is None:
         return False
     if is_static((bounds, size)):
-        return size <= 0 or (bounds[0] >= 0 and bounds[1] < size)
+        return bounds[0] >= 0 and bounds[1] < size
     return nonnegative(bounds[0]) and known_lt(bounds[1], size)
 
 

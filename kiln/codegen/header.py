@@ -14,6 +14,12 @@ HEADER_BASE = r"""
 
 static inline int64_t kiln_imin(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t kiln_imax(int64_t a, int64_t b) { return a > b ? a : b; }
+// Python's // and % of symbolic sizes (floored, for any signs)
+static inline int64_t kiln_floordiv(int64_t a, int64_t b) {
+  int64_t q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+static inline int64_t kiln_floormod(int64_t a, int64_t b) { return a - kiln_floordiv(a, b) * b; }
 
 // bfloat16 and float16 values are stored as such and computed in float, rounded after every op (as eager)
 struct kiln_bf16 {

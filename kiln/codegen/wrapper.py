@@ -23,7 +23,7 @@ import torch
 from .. import config
 from ..graph.symbolic import has_symbols, python_expr, substitute
 from ..lower.sizes import SizeDecision, hint, size_symbols
-from ..graph import map_structure
+from ..graph import flatten, map_structure
 from ..graph.interpreter import write_back
 from ..lower.ir import BufferRef, ExternNode, InputBuffer, LoopGraph, OutputView, ViewRef
 from ..lower.printer import layout_text
@@ -402,6 +402,18 @@ def _bind_sizes(src: _Source, graph: LoopGraph, symbols: list, params: list[str]
     src.lines.append(f"        return _fallback({', '.join(params)})")
 
 
+def _at_sizes(template: Any, values: dict) -> Any:
+    """An extern's arguments with each symbolic size (a SymInt of the graph, or an expression the lowering
+    made) evaluated at this call's sizes."""
+    subs = {s: sympy.Integer(v) for s, v in values.items()}
+
+    def leaf(v: Any) -> Any:
+        if isinstance(v, sympy.Basic):
+            return int(v.xreplace(subs))
+        return substitute(v, values) if has_symbols(v) else v
+    return map_structure(leaf, template)
+
+
 def _extern_lines(src: _Source, node: ExternNode) -> list[str]:
     refs: list[str] = []
 
@@ -413,13 +425,14 @@ def _extern_lines(src: _Source, node: ExternNode) -> list[str]:
     map_structure(ref, (node.args, node.kwargs))
     template = (node.args, node.kwargs)
     target = node.target
-    symbolic = has_symbols(template)
+    symbolic = has_symbols(template) or bool(size_symbols(
+        [v for v in flatten(template) if isinstance(v, sympy.Basic)]))
     symbols = list(src.names)
 
     def call(*tensors: Any) -> Any:
         if symbolic:  # the first argument holds this call's symbolic sizes
             sizes, tensors = tensors[0], tensors[1:]
-            args, kwargs = substitute(template, dict(zip(symbols, sizes)))
+            args, kwargs = _at_sizes(template, dict(zip(symbols, sizes)))
         else:
             args, kwargs = template
         it = iter(tensors)

@@ -57,7 +57,7 @@ def index_var(prefix: str, i: int) -> sympy.Symbol:
 
 def linear_index(index: Sequence[sympy.Expr], strides: Sequence[int], offset: int = 0) -> sympy.Expr:
     """offset + sum(index[i] * strides[i]) (size-1 dims may carry any stride; their index is 0)."""
-    expr = sympy.Integer(offset)
+    expr = sympy.sympify(offset)
     for i, s in zip(index, strides):
         if s != 0:
             expr = expr + i * s
@@ -248,9 +248,15 @@ def index_code(expr: sympy.Expr, floordiv: str, what: str) -> str:
         return str(int(expr))
     if expr.is_Symbol:
         return expr.name
-    if isinstance(expr, (FloorDiv, SizeFloorDiv)):
+    if isinstance(expr, (SizeFloorDiv, SizeMod)):
+        # sizes' // and % are Python's (floored; an operand may be negative): C's / and % truncate
+        if floordiv != "/":
+            raise NotImplementedError(f"{what}: size expression {expr}")
+        fn = "kiln_floordiv" if isinstance(expr, SizeFloorDiv) else "kiln_floormod"
+        return f"{fn}({index_code(expr.args[0], floordiv, what)}, {index_code(expr.args[1], floordiv, what)})"
+    if isinstance(expr, FloorDiv):
         return f"({index_code(expr.args[0], floordiv, what)} {floordiv} {index_code(expr.args[1], floordiv, what)})"
-    if isinstance(expr, (ModularIndexing, SizeMod)):
+    if isinstance(expr, ModularIndexing):
         return f"({index_code(expr.args[0], floordiv, what)} % {index_code(expr.args[1], floordiv, what)})"
     if expr.is_Add or expr.is_Mul:
         joint = " + " if expr.is_Add else " * "

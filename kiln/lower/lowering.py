@@ -661,7 +661,7 @@ def lower_iota(ctx: Lowering, node: Node, length: int, start: Any, step: Any, dt
                device: Any = None) -> Box:
     if dtype.is_floating_point or node.meta.device.type != "cpu":
         raise Unlowerable("floating iota (eager's arange kernel rounds its own way)")
-    start, step = int(start), int(step)
+    start, step = dim(start), dim(step)  # a symbolic start (arange(pos, pos + n)) is a size argument
 
     def load(h: Any, index: list) -> Any:
         return h.to_dtype(h.index_expr(start + step * index[0], torch.int64), dtype)

@@ -9,7 +9,6 @@ lowering has inlined the add into that op's kernel and nothing here matches.
 """
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import sympy
@@ -49,7 +48,7 @@ class _TreeHandler(Handler):
         return ("masked",)
 
 
-def _addmm(shape: tuple[int, ...], bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     return torch.addmm(bias, a, b).view(shape)
 
 
@@ -124,9 +123,10 @@ def fold_bias_into_mm(graph: LoopGraph) -> int:
             if not FUEL.take("fold_bias", lambda: f"{node.name} = addmm({operand.name}, mm {out.name})"):
                 break
             a, b = mm.args
-            target = functools.partial(_addmm, tuple(node.shape))
             result = InputBuffer(node.name, node.dtype, node.layout)
-            extern = ExternNode(node.name, "extern", target, "torch.addmm", (operand, a, b), {}, [result], False)
+            # the shape is an argument (not baked into the target): symbolic sizes in it are evaluated per call
+            extern = ExternNode(node.name, "extern", _addmm, "torch.addmm", (operand, a, b),
+                                {"shape": tuple(node.shape)}, [result], False)
             graph.nodes[next(i for i, x in enumerate(graph.nodes) if x is node)] = extern
             graph.nodes.remove(mm)
             del graph.buffers[out.name]

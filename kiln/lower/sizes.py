@@ -110,17 +110,29 @@ def nonnegative(expr: Any) -> bool:
     """Whether `expr` (ints and size symbols; no loop variables) is >= 0 at every size: True only when
     proved — with each symbol s = t + MIN_SIZE (t >= 0), a polynomial in the t's with no negative
     coefficient."""
-    expr = sympy.sympify(expr)
+    expr = sympy.expand(sympy.sympify(expr))
     if expr.is_Integer:
         return int(expr) >= 0
     syms = expr.free_symbols
     if not syms or not all(is_size_symbol(s) for s in syms):
         return False
-    if expr.has(SizeFloorDiv, SizeMod, sympy.floor, sympy.Mod):
+    if expr.has(sympy.floor, sympy.Mod):
         return False
+    # a floor division or remainder of sizes is an unknown >= 0 where its operands are provably so (a
+    # variable of its own, not shifted): `s1*(FloorDiv(s0 + 2, 3) - 1) + s1 - ...` still proves
+    opaque: dict = {}
+    for atom in sorted(expr.atoms(SizeFloorDiv, SizeMod), key=str):
+        if not (nonnegative(atom.args[0]) and known_le(1, atom.args[1])):
+            return False
+        opaque[atom] = sympy.Symbol(f"_u{len(opaque)}", integer=True, nonnegative=True)
+    expr = sympy.expand(expr.xreplace(opaque))
+    syms = {s for s in expr.free_symbols if s not in opaque.values()}
     shift = {s: sympy.Symbol(f"_t_{s.name}", integer=True, nonnegative=True) + MIN_SIZE for s in syms}
+    gens = [shift[s] - MIN_SIZE for s in syms] + list(opaque.values())
+    if not gens:
+        return bool(expr.is_Integer and int(expr) >= 0)
     try:
-        poly = sympy.Poly(sympy.expand(expr.xreplace(shift)), *[shift[s] - MIN_SIZE for s in syms])
+        poly = sympy.Poly(sympy.expand(expr.xreplace(shift)), *gens)
     except sympy.PolynomialError:
         return False
     return all(c.is_Rational and c >= 0 for c in poly.coeffs())

@@ -128,6 +128,8 @@ def convert(a: Any, dtype: torch.dtype) -> Any:
         return bool(a)
     if dtype.is_complex:
         return complex(a)
+    if isinstance(a, SymInt):  # a symbolic size stays one (float() would specialize it); kernels convert it
+        return a
     if dtype.is_floating_point:
         return float(a) if not isinstance(a, complex) else a
     return int(a) if not isinstance(a, (float, complex)) else a
