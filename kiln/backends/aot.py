@@ -150,7 +150,10 @@ class KilnFunction(torch.autograd.Function):
                 g = by_leaf[k]
                 inputs.append(g.contiguous() if g is not None else None)
         result = state.run_backward(inputs)
-        return (None,) + tuple(result)
+        # A new tensor object per gradient (same memory): the generated wrapper keeps its output buffers for
+        # reuse next call (it reuses one only when nothing else holds it), and autograd's AccumulateGrad
+        # would copy a gradient whose tensor has another owner instead of keeping it as `.grad`.
+        return (None,) + tuple(g.detach() if isinstance(g, torch.Tensor) else g for g in result)
 
 
 def compile_with_autograd(graph: Graph, example_inputs: list, context: CompileContext,

@@ -69,3 +69,34 @@ def test_batched_product_gradient_is_contiguous():
     kiln.compile(fn)(a, bc).backward()
     fn(a, b).backward()
     torch.testing.assert_close(bc.grad, b.grad)
+
+
+def _stolen(model, backward_results):
+    returned = {g.data_ptr() for g in backward_results[-1] if isinstance(g, torch.Tensor)}
+    return [p.grad.data_ptr() in returned for p in model.parameters()]
+
+
+def test_gradients_become_grad_without_a_copy_and_stay_intact(monkeypatch):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 3))
+    eager = copy.deepcopy(model)
+    results = _backward_results(monkeypatch)
+    kiln.reset()
+    compiled = kiln.compile(model)
+    x1, x2 = torch.randn(5, 12), torch.randn(5, 12)
+    compiled(x1).square().sum().backward()
+    eager(x1).square().sum().backward()
+    assert all(_stolen(model, results))   # the backward's own buffers, not AccumulateGrad's copies
+    held = [p.grad for p in model.parameters()]
+    expected = [p.grad.clone() for p in eager.parameters()]
+    model.zero_grad(set_to_none=True)
+    compiled(x2).square().sum().backward()   # the wrapper must not reuse a buffer `held` still owns
+    for g, e in zip(held, expected):
+        torch.testing.assert_close(g, e)
+    eager.zero_grad(set_to_none=True)
+    eager(x2).square().sum().backward()
+    for _ in range(2):   # accumulation into existing .grad (zero_grad(set_to_none=False) keeps them)
+        compiled(x1).sum().backward()
+        eager(x1).sum().backward()
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
