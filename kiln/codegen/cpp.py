@@ -314,6 +314,10 @@ class KernelWriter:
             ColumnWriter(self, group, columns, runs_parallel(group, self.target)).write()
         elif splits_inner(group, self.target):
             self.split_inner(group)
+        elif not is_static((group.outer, group.inner)):
+            # threads or not is decided per call, from this call's sizes
+            work = math.prod(group.outer) * math.prod(group.inner or ())
+            self.split_outer(group, f"if({csize(work)} >= {self.target.parallel_threshold})")
         else:
             self.split_outer(group, runs_parallel(group, self.target))
         self.emit("}", 1)
@@ -330,14 +334,16 @@ class KernelWriter:
                 self.emit(f"  const int64_t x{d} = {rest} % {csize(size)};", depth)
                 rest = f"({rest} / {csize(size)})"
 
-    def split_outer(self, group: FusedGroup, parallel: bool) -> None:
+    def split_outer(self, group: FusedGroup, parallel: bool | str) -> None:
+        """The outer loop over threads when `parallel` (a string: the OpenMP `if` clause deciding it)."""
+        clause = f" {parallel}" if isinstance(parallel, str) else ""
         arrays = [n for n, kind in group.local.items() if kind == "array"]
         inner_n = math.prod(group.inner or ())
         depth = 2
         if arrays:
             # per-thread scratch rows for buffers that never leave the kernel
             if parallel:
-                self.emit("#pragma omp parallel", depth)
+                self.emit(f"#pragma omp parallel{clause}", depth)
             self.emit("{", depth)
             for name in arrays:
                 ctype = CTYPES[self.buffers[name].dtype]
@@ -348,7 +354,7 @@ class KernelWriter:
             if parallel:
                 self.emit("#pragma omp for schedule(static)", depth)
         elif parallel:
-            self.emit("#pragma omp parallel for schedule(static)", depth)
+            self.emit(f"#pragma omp parallel for schedule(static){clause}", depth)
         self._outer_header(group, depth)
         for name, kind in group.local.items():
             if kind == "scalar":

@@ -21,7 +21,7 @@ import sympy
 import torch
 
 from .. import config
-from ..graph.symbolic import has_symbols, python_expr, substitute
+from ..graph.symbolic import SymInt, has_symbols, python_expr, substitute
 from ..lower.sizes import SizeDecision, hint, size_symbols
 from ..graph import flatten, map_structure
 from ..graph.interpreter import write_back
@@ -414,6 +414,42 @@ def _at_sizes(template: Any, values: dict) -> Any:
     return map_structure(leaf, template)
 
 
+def _inline_text(src: _Source, v: Any, top: bool = True) -> str | None:
+    """Python text of one extern argument for a straight call, or None where the closure must rebuild it:
+    a buffer or view, a size (symbolic ones as expressions of the call's sizes), a list or tuple of sizes,
+    or any other constant (held as a global, so it is passed as the very object)."""
+    if isinstance(v, BufferRef):
+        return v.name
+    if isinstance(v, ViewRef):
+        return f"_view({v.name}, {src.sizes(v.shape)}, {src.sizes(v.strides)}, {src.size(v.offset)})"
+    if isinstance(v, SymInt):
+        return src.size(v.expr)
+    if isinstance(v, sympy.Basic):
+        return src.size(v) if v.is_Integer or size_symbols(v) else None
+    if type(v) in (int, bool) or v is None:
+        return repr(v)
+    if type(v) in (list, tuple) and top:
+        items = [_inline_text(src, e, False) for e in v]
+        if any(t is None for t in items) or not all(type(e) in (int, bool) or isinstance(e, (SymInt, sympy.Basic))
+                                                     for e in v):
+            return None
+        return "[" + ", ".join(items) + "]" if type(v) is list else f"({''.join(t + ', ' for t in items)})"
+    if isinstance(v, (list, tuple, dict)):
+        return None
+    return src.const(v, "arg")
+
+
+def _inline_call(src: _Source, node: ExternNode) -> str | None:
+    """`target(a, b, key=c)` as text, when every argument has an inline text."""
+    args = [_inline_text(src, a) for a in node.args]
+    kwargs = {k: _inline_text(src, v) for k, v in node.kwargs.items()}
+    if any(t is None for t in args) or any(t is None for t in kwargs.values()) or \
+            not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
+        return None
+    fn = src.const(node.target, f"{node.kind}_")
+    return f"{fn}({', '.join(args + [f'{k}={t}' for k, t in kwargs.items()])})"
+
+
 def _extern_lines(src: _Source, node: ExternNode) -> list[str]:
     refs: list[str] = []
 
@@ -425,6 +461,9 @@ def _extern_lines(src: _Source, node: ExternNode) -> list[str]:
     map_structure(ref, (node.args, node.kwargs))
     template = (node.args, node.kwargs)
     target = node.target
+    inline = _inline_call(src, node)
+    if inline is not None:  # a straight call in the wrapper: no per-call rebuilding of the arguments
+        refs, call_text = [], inline
     symbolic = has_symbols(template) or bool(size_symbols(
         [v for v in flatten(template) if isinstance(v, sympy.Basic)]))
     symbols = list(src.names)
@@ -439,16 +478,17 @@ def _extern_lines(src: _Source, node: ExternNode) -> list[str]:
         args, kwargs = map_structure(lambda v: next(it) if isinstance(v, (BufferRef, ViewRef)) else v,
                                      (args, kwargs))
         return target(*args, **kwargs)
-    if symbolic:
-        refs.insert(0, "(" + "".join(f"{src.names[s]}, " for s in symbols) + ")")
-    fn = src.const(call, f"{node.kind}_")
+    if inline is None:
+        if symbolic:
+            refs.insert(0, "(" + "".join(f"{src.names[s]}, " for s in symbols) + ")")
+        call_text = f"{src.const(call, f'{node.kind}_')}({', '.join(refs)})"
     lines = [f"    # {node.describe()}"]
     outs = [o.name for o in node.outputs]
     meta = f"  # {', '.join(layout_text(o) for o in node.outputs)}"
     if node.multi_output:
-        lines.append(f"    {', '.join(outs)}, = {fn}({', '.join(refs)}){meta}")
+        lines.append(f"    {', '.join(outs)}, = {call_text}{meta}")
     else:
-        lines.append(f"    {outs[0]} = {fn}({', '.join(refs)}){meta}")
+        lines.append(f"    {outs[0]} = {call_text}{meta}")
     for o in node.outputs:
         lines.append(f"    {o.name} = _restride({o.name}, {src.sizes(o.layout.strides)})")
     return lines

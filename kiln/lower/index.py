@@ -174,14 +174,19 @@ def simplify_index(expr: sympy.Expr, ranges: dict) -> sympy.Expr:
             return sympy.Integer(0)
         return FloorDiv(base, d)
     _, rest = _split_terms(base, d)
-    if _within(_bounds(rest, ranges), d):
+    b = _bounds(rest, ranges)
+    if _within(b, d):
         return rest
     if isinstance(rest, FloorDiv):
         inner_b = _bounds(rest.args[0], ranges)
         inner_d = _divisor(rest.args[1])
         if inner_d is not None and _within(inner_b, sympy.expand(d * inner_d)):
             return rest  # hi // inner_d < d exactly when hi < d * inner_d
-    return ModularIndexing(rest, d)
+    if b is not None and nonnegative(b[0]):
+        return ModularIndexing(rest, d)
+    # dropping the multiples of d could leave a negative base (`(s0 - 1 + 2*i) % s0` -> `(2*i - 1) % s0`),
+    # and the emitted % truncates: keep the whole (non-negative) base
+    return ModularIndexing(base, d)
 
 
 def index_bounds(expr: sympy.Expr, ranges: dict) -> tuple | None:

@@ -22,7 +22,7 @@ from ..graph.layout import contiguous_strides, is_non_overlapping_and_dense
 from ..graph.symbolic import SymInt
 from ..prims import Prim
 from .index import linear_index, simplify_index, unravel
-from .sizes import dense, dim, dims, is_positive, is_static, known_le, nonnegative
+from .sizes import SizeDecision, dense, dim, dims, hint, is_positive, is_static, known_le, nonnegative, same
 from .ir import (BufferRef, ComputedBuffer, ExternNode, InputBuffer, Layout, LoopGraph, OutputView,
                  Pointwise, Reduction, Scan, ViewRef)
 from .ops import BINARY_OPS, UNARY_OPS, CountHandler
@@ -456,11 +456,29 @@ def lower_broadcast(ctx: Lowering, node: Node, a: Box, shape: Any, dims: Any) ->
     if a.view is not None or id(node) in ctx.aliased_by_output:
         return lower_view(ctx, node, a, shape, dims)
     in_shape = a.shape
+    out_shape = _ints(shape)
     zero = sympy.Integer(0)
+    kept = [_broadcast_keeps(in_shape[i], out_shape[d]) for i, d in enumerate(dims)]
 
     def load(h: Any, index: list) -> Any:
-        return a.loader(h, [index[d] if in_shape[i] != 1 else zero for i, d in enumerate(dims)])
-    return Box(tuple(shape), a.dtype, load)
+        return a.loader(h, [index[d] if keep else zero for keep, d in zip(kept, dims)])
+    return Box(out_shape, a.dtype, load)
+
+
+def _broadcast_keeps(size: Any, out: Any) -> bool:
+    """Whether a broadcast input dim of `size` walks the output dim (else it is a size-1 dim, index 0).
+
+    A symbolic size is compared by value, not by its spelling: `s1 - 2` may be 1 at every size the graph
+    runs at (the capture's broadcast decided `s1 - 2 == 1` and guarded it). Equal expressions walk; a size
+    whose hint is 1 is the size-1 dim the capture guarded (a broadcast of unequal sizes needs it); anything
+    else the compile cannot decide for every size."""
+    if is_static((size, out)):
+        return size != 1
+    if same(size, out):
+        return True
+    if hint(size) == 1:
+        return False
+    raise SizeDecision(f"broadcast of a dim of size {size} to {out}")
 
 
 @lowering(prims.rev)

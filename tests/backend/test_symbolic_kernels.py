@@ -49,6 +49,9 @@ def test_divisions_go_only_where_every_size_allows():
     # j < 64 but not below s0 at every size: kept
     kept = simplify_index(FloorDiv(j, S0), ranges)
     assert isinstance(kept, FloorDiv)
+    # (s0 - 1 + 2*i) % s0 keeps its non-negative base: (2*i - 1) % s0 is -1 in C at i = 0 (tensorfuzz 245)
+    last = simplify_index(ModularIndexing(S0 - 1 + 2 * i, S0), {i: 1})
+    assert last in (S0 - 1, ModularIndexing(S0 - 1 + 2 * i, S0)), last
 
 
 # ---- programs at many sizes -------------------------------------------------------------------------

@@ -226,8 +226,10 @@ def test_sign_of_nan():
 
 DYNAMIC_SEEDS = 80
 # seeds the dynamic sweep found failing (fixed): a size expression with a fractional part (FloorDiv took
-# (s + 2) / 3 for exact), a view chain replayed on an input with symbolic sizes
-DYNAMIC_REGRESSIONS = [65, 125, 186, 348, 1100]
+# (s + 2) / 3 for exact), a view chain replayed on an input with symbolic sizes; with kernels compiled for
+# every size: C's truncating / for a floored size (125), a remainder left with a negative base (195, 245),
+# a broadcast dim `s1 - 2` guarded to be 1 (271), stores into empty buffers (114, 141), ceil sizes (24)
+DYNAMIC_REGRESSIONS = [24, 65, 114, 125, 141, 186, 195, 245, 271, 348, 1100]
 
 
 @pytest.mark.parametrize("start", range(0, DYNAMIC_SEEDS, CHUNK), ids=lambda s: f"seeds{s}-{s + CHUNK - 1}")
