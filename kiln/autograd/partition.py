@@ -8,7 +8,11 @@ must not be recomputed are tied to the source: matmul, convolution, attention an
 is exactly the forward's), fallback torch ops, nodes with side effects, multi-output nodes and their
 results. Graph inputs are free to save (the caller holds them anyway). Everything else — pointwise ops,
 views, reductions — is recomputed in the backward when that saves bytes, where it fuses into the backward's
-kernels.
+kernels. Recomputing is not free, though: each recomputable value also has an edge from the source whose
+capacity is its recompute cost in the same unit (`recompute_cost`: a small fraction of the bytes it writes,
+more for a reduction, which reads all of its input; nothing for a view), cut exactly when the value is
+recomputed. So the cut recomputes only where that saves more bytes than it costs, and of two cuts that save
+the same bytes (a softmax's input or its output) it takes the one that recomputes less.
 """
 from __future__ import annotations
 
@@ -43,6 +47,22 @@ def _banned(node: Node) -> bool:
     return "extern" in prim.tags or prim.random or prim.side_effects
 
 
+POINTWISE_COST = 1 / 32   # of the bytes written: fused into a backward kernel, a recomputed value is cheap
+REDUCTION_COST = 1 / 8    # of the bytes read: a reduction reads its whole input again
+
+
+def recompute_cost(node: Node) -> float:
+    """What recomputing `node` in the backward costs, in bytes-equivalent (see the module docstring)."""
+    if node.op != "call_prim" or not isinstance(node.meta, TensorMeta):
+        return 0.0
+    tags = node.target.tags
+    if "view" in tags or ("creation" in tags and not node.target.random):
+        return 0.0
+    if "reduction" in tags:
+        return REDUCTION_COST * sum(nbytes(i.meta) for i in node.inputs() if isinstance(i.meta, TensorMeta))
+    return POINTWISE_COST * nbytes(node.meta)
+
+
 def _ancestors(saved: list[Node]) -> list[Node]:
     seen: dict[Node, None] = {}
     todo = list(saved)
@@ -67,6 +87,8 @@ def min_cut_saved(forward: Graph, saved: list[Node]) -> tuple[list[Node], list[N
         g.add_edge((node, "in"), (node, "out"), capacity=cost)
         if node.op == "placeholder" or _banned(node):
             g.add_edge("source", (node, "in"), capacity=INF)
+        elif recompute_cost(node) > 0:
+            g.add_edge("source", (node, "in"), capacity=recompute_cost(node))
         for inp in node.inputs():
             if inp in region and inp.op != "constant":
                 g.add_edge((inp, "out"), (node, "in"), capacity=INF)

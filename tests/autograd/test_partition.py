@@ -1,0 +1,70 @@
+"""The partitioner (kiln.autograd.partition): it recomputes what saves bytes, and not what costs more to
+recompute than it saves (a small reduction of a value saved anyway is saved); the gradients stay eager's."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+import kiln
+import kiln.ops
+from kiln import config
+from kiln.autograd.joint import differentiate
+from kiln.autograd.partition import partition
+from kiln.graph import to_prims
+
+
+@pytest.fixture(autouse=True, scope="module")
+def shared_cache(tmp_path_factory):
+    with config.patch(cache_dir=str(tmp_path_factory.getbasetemp() / "kiln_cache")):
+        yield
+
+
+def exp_of_product(x, w):
+    return torch.exp(x @ w).sum()   # the backward needs exp(x @ w): save it, or save x @ w and recompute it
+
+
+def softmax_of_product(x, w):
+    return (torch.softmax(x @ w, -1) * torch.arange(32.0)).sum()
+
+
+def sin_times_cos(x, w):
+    h = x @ w
+    return (torch.sin(h) * torch.cos(h)).sum()   # needs sin(h), cos(h) and h: save h, recompute the others
+
+
+def _saved_ops(fn):
+    x, w = torch.randn(8, 16), torch.randn(16, 32, requires_grad=True)
+    joint = partition(differentiate(to_prims(kiln.ops.trace(fn, x, w)), [False, True]))
+    saved = list(joint.forward.output_value)[joint.user_leaves:]
+    return [n.op if n.op == "placeholder" else n.target.name for n in saved]
+
+
+def test_saves_the_value_itself_when_recomputing_it_saves_nothing():
+    assert sorted(_saved_ops(exp_of_product)) == ["exp", "placeholder"]   # exp(x @ w) and x (for grad w)
+
+
+def test_a_small_reduction_of_a_saved_value_is_saved_not_recomputed():
+    # the backward reads x @ w anyway (amax's gradient finds the maxima in it): recomputing the softmax
+    # from it is cheaper than saving it, but the row maxima cost a few bytes against a pass over the rows
+    saved = _saved_ops(softmax_of_product)
+    assert "mm" in saved and "amax" in saved and "exp" not in saved
+
+
+def test_recomputes_what_saves_bytes():
+    assert sorted(_saved_ops(sin_times_cos)) == ["mm", "placeholder"]   # h and x; sin and cos recomputed
+
+
+@pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler")
+@pytest.mark.parametrize("fn", [exp_of_product, softmax_of_product, sin_times_cos])
+def test_gradients_equal_eager(fn):
+    x, w = torch.randn(8, 16), torch.randn(16, 32) * 0.1
+    wk, we = w.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    kiln.reset()
+    out = kiln.compile(fn)(x, wk)
+    ref = fn(x, we)
+    torch.testing.assert_close(out, ref)
+    out.backward()
+    ref.backward()
+    torch.testing.assert_close(wk.grad, we.grad)
