@@ -22,7 +22,7 @@ from ..graph.layout import contiguous_strides, is_non_overlapping_and_dense
 from ..graph.symbolic import SymInt
 from ..prims import Prim
 from .index import linear_index, simplify_index, unravel
-from .sizes import SizeDecision, dense, dim, dims, hint, is_positive, is_static, known_le, nonnegative, same
+from .sizes import dense, dim, dims, hint, is_positive, is_static, known_le, nonnegative, same
 from .ir import (BufferRef, ComputedBuffer, ExternNode, InputBuffer, Layout, LoopGraph, OutputView,
                  Pointwise, Reduction, Scan, ViewRef)
 from .ops import BINARY_OPS, UNARY_OPS, CountHandler
@@ -469,16 +469,12 @@ def _broadcast_keeps(size: Any, out: Any) -> bool:
     """Whether a broadcast input dim of `size` walks the output dim (else it is a size-1 dim, index 0).
 
     A symbolic size is compared by value, not by its spelling: `s1 - 2` may be 1 at every size the graph
-    runs at (the capture's broadcast decided `s1 - 2 == 1` and guarded it). Equal expressions walk; a size
-    whose hint is 1 is the size-1 dim the capture guarded (a broadcast of unequal sizes needs it); anything
-    else the compile cannot decide for every size."""
+    runs at. The capture decided it: broadcast_in_dim's meta rule asks `size == out`, then `size == 1`, and
+    guards the answers. So where the hints are equal, `size == out` holds at every call the graph serves
+    (walk); where they differ, `size == 1` does (index 0)."""
     if is_static((size, out)):
         return size != 1
-    if same(size, out):
-        return True
-    if hint(size) == 1:
-        return False
-    raise SizeDecision(f"broadcast of a dim of size {size} to {out}")
+    return same(size, out) or hint(size) == hint(out)
 
 
 @lowering(prims.rev)

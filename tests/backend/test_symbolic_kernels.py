@@ -189,3 +189,22 @@ def test_training_inputs_compile_per_size(counters):
         torch.testing.assert_close(loss, lin(x).relu().sum())
     assert not counters["dynamic_symbolic_compiles"]
     assert any("require grad" in k for k in counters["dynamic_symbolic_failed"])
+
+
+@needs_cpp
+@pytest.mark.parametrize("name", ["hf_gpt2", "hf_llama"])
+def test_hf_decoders_compile_once_for_every_length(name, counters):
+    """transformers' defaults from configs, through the cpp backend: one compile serves every length."""
+    pytest.importorskip("transformers")
+    from kiln.testing import models as zoo
+    torch.manual_seed(0)
+    model = zoo.get(name).factory().eval()
+    compiled = kiln.compile(model)
+    with torch.no_grad(), config.patch(raise_on_error=True):
+        for length in (8, 12, 21, 40, 9):
+            ids = torch.randint(0, 1000, (2, length))
+            torch.testing.assert_close(compiled(input_ids=ids).last_hidden_state,
+                                       model(input_ids=ids).last_hidden_state)
+    assert sum(counters["dynamic_symbolic_compiles"].values()) == 1, dict(counters["dynamic_symbolic_failed"])
+    assert not counters["dynamic_backend_compiles"]
+    assert sum(counters["captures"].values()) <= 2
