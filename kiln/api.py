@@ -196,9 +196,12 @@ class ExplainReport:
                 lines.append(f"  symbolic sizes of capture {i + 1} (symbol = where it is read, then the facts "
                              "guarded):")
                 lines.extend(f"    {s}" for s in symbols)
-                lines.append("    (kernels are compiled per size: a size's first call runs the graph with torch, "
-                             "its next compiles it, up to KILN_DYNAMIC_SIZE_LIMIT sizes; counted in "
-                             "kiln.counters['dynamic_torch_calls'] and ['dynamic_backend_compiles'])")
+                lines.append("    (the cpp backend compiles the graph once for every size, on its second call, "
+                             "kernels taking the sizes as arguments: kiln.counters['dynamic_symbolic_compiles']; "
+                             "where it cannot, the reason is in ['dynamic_symbolic_failed'] and sizes compile "
+                             "one by one: a size's first call runs with torch, its next compiles it, up to "
+                             "KILN_DYNAMIC_SIZE_LIMIT sizes, counted in ['dynamic_torch_calls'] and "
+                             "['dynamic_backend_compiles'])")
         for split in getattr(self, "ddp_splits", ()):
             lines.append(f"  {split}")
         return "\n".join(lines)
