@@ -1,9 +1,14 @@
 """Per-call overhead of kiln (backend eager) against torch.compile(backend="eager") and plain eager.
 
-Two programs: `a + b` on tiny tensors (pure overhead) and a 20-layer MLP on a small batch. Each variant is
-timed interleaved in one run; the figures that matter are the ratios to eager printed at the end.
+Programs: `a + b` on tiny tensors (pure overhead), a 20-layer MLP on a small batch and nanoGPT tiny (the
+zoo's). Each variant is timed interleaved in one run; the figures that matter are the ratios to eager.
 
-    python bench/bench_overhead.py [--repeat 7] [--calls 2000]
+Then kiln's capture-side overhead alone: each compiled call with its graph replaced by a stub returning the
+graph's outputs, so what is timed is what runs before and after the graph (the module wrapper, the cache
+lookup, the guards, the entry function's glue), for `a + b`, a 3-layer MLP and nanoGPT tiny. Medians and
+minimums over the repeats (the minimum is the steadier figure on a shared machine).
+
+    python bench/bench_overhead.py [--repeat 7] [--calls 2000] [--only capture]
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import warnings
 import torch
 
 import kiln
+from kiln.testing.models import build
 
 
 def add(a, b):
@@ -52,13 +58,56 @@ def bench(name: str, variants: dict, args: tuple, repeat: int, calls: int) -> di
     return medians
 
 
+def stub_graph(compiled, args: tuple, kwargs: dict) -> None:
+    """Replace the graph the (single) cache entry of `compiled` calls by a stub returning its outputs."""
+    fn = getattr(compiled, "_compiled_forward", compiled)
+    (entry,) = fn.cache.entries
+    env = entry.fn.__globals__  # the generated entry function's namespace holds the graph as __graph
+    graph = env["__graph"]
+    seen = []
+    env["__graph"] = lambda *inputs: seen.append(graph(*inputs)) or seen[-1]
+    compiled(*args, **kwargs)
+    out = seen[-1]
+    env["__graph"] = lambda *inputs: out
+
+
+def capture_side(repeat: int, calls: int) -> dict[str, float]:
+    """Microseconds per call spent outside the graph, per program (median and minimum of `repeat`)."""
+    model, (nargs, nkwargs) = build("nanogpt_tiny")
+    programs = [("a + b  (1 op)", add, (torch.randn(8), torch.randn(8)), {}),
+                ("MLP 3 x (Linear 32x32 + ReLU)", make_mlp(3), (torch.randn(4, 32),), {}),
+                ("nanoGPT tiny", model, tuple(nargs), dict(nkwargs))]
+    compiled = []
+    for name, fn, args, kwargs in programs:
+        c = kiln.compile(fn, backend="eager")
+        for _ in range(3):
+            c(*args, **kwargs)
+        stub_graph(c, args, kwargs)
+        compiled.append((name, c, args, kwargs))
+    times: dict[str, list[float]] = {name: [] for name, *_ in compiled}
+    for _ in range(repeat):
+        for name, c, args, kwargs in compiled:
+            start = time.perf_counter()
+            for _ in range(calls):
+                c(*args, **kwargs)
+            times[name].append((time.perf_counter() - start) / calls * 1e6)
+    print("\nkiln capture-side overhead (graph stubbed): us per call, median / min")
+    for name, ts in times.items():
+        print(f"  {name:<32} {statistics.median(ts):8.2f} / {min(ts):8.2f}")
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--only", choices=["capture"], help="only the capture-side overhead")
     opts = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_grad_enabled(False)
+    if opts.only == "capture":
+        capture_side(max(opts.repeat, 15), opts.calls)
+        return
     a, b = torch.randn(8), torch.randn(8)
     bench("a + b  (8 floats)", {
         "eager": add,
@@ -72,6 +121,13 @@ def main() -> None:
         "kiln (eager)": kiln.compile(mlp, backend="eager"),
         "torch.compile (eager)": torch.compile(mlp, backend="eager"),
     }, (x,), opts.repeat, max(opts.calls // 10, 50))
+    gpt, (gargs, _) = build("nanogpt_tiny")
+    bench("nanoGPT tiny (1 block, dim 32, 32 tokens)", {
+        "eager": gpt,
+        "kiln (eager)": kiln.compile(gpt, backend="eager"),
+        "torch.compile (eager)": torch.compile(gpt, backend="eager"),
+    }, tuple(gargs), opts.repeat, max(opts.calls // 10, 50))
+    capture_side(max(opts.repeat, 15), opts.calls)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import re
 import types
 import warnings
 from typing import Any
@@ -44,6 +45,7 @@ class _Miss:
 
 
 MISS = _Miss()
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def build_object(cls: type, attrs: dict, items: dict | None) -> Any:
@@ -268,14 +270,16 @@ def compile_for_entry(cap: Capture, graph: Any, compile_graph: Any, inputs: list
         inputs.extend(f"({cap.symbol_exprs[s]})" for s in loose)
         return SymbolicGraph(graph, lambda g, examples: compile_segmented(g, examples, compile_graph),
                              graph.name, lambda g, examples: compile_segmented(g, examples, run_with_torch),
-                             loose)
+                             loose, getattr(compile_graph, "compile_symbolic", None))
     return compile_segmented(graph, [t for _, t, _ in cap.inputs], compile_graph)
 
 
 def _entry_source(cap: Capture, params: str, body: list[str]) -> str:
     # the guards are written now: a question about a symbolic size asked later would go unchecked
     cap.shape_env.freeze()
-    guard = check_expr(cap.guards.guards)
+    # (the guards' locals must not shadow a parameter, a held object or a name of the body)
+    reserved = set(_IDENTIFIER.findall(params + "\n" + "\n".join(body))) | set(cap.ns.values)
+    guard = check_expr(cap.guards.guards, reserved)
     lines = [f"def __entry({params}):",
              "    try:",
              f"        if not ({guard}):",

@@ -6,6 +6,7 @@ guard that failed, for the recompile log and the recompile-limit warning.
 """
 from __future__ import annotations
 
+import ast
 from typing import Any
 
 import torch
@@ -98,7 +99,8 @@ class GuardSet:
         device = self.ns.hold(t.device, "device")
         shape = tuple(t.shape)
         strides = tuple(t.stride())
-        self.add(f"type({e}) is {typ} and {e}.dtype is {dtype} and {e}.shape == {shape!r} and "
+        # (the shape first after the type: a changed size is the likeliest miss, read before the rest)
+        self.add(f"type({e}) is {typ} and {e}.shape == {shape!r} and {e}.dtype is {dtype} and "
                  f"{e}.stride() == {strides!r} and {e}.requires_grad is {t.requires_grad} and "
                  f"{e}.device == {device}",
                  f"{source.name}: {type(t).__name__} {str(t.dtype).removeprefix('torch.')}{list(shape)} "
@@ -124,7 +126,180 @@ class GuardSet:
         return [g.text for g in self.guards]
 
 
-def check_expr(guards: list[Guard]) -> str:
+def check_expr(guards: list[Guard], reserved: "set[str] | frozenset[str]" = frozenset()) -> str:
+    """All guards as one expression, for the entry function's `if not (...)`.
+
+    The same source is read by many guards (`self._modules['blocks']._modules['0']` by every guard of
+    that block and its children): each attribute/item chain read by more than one guard is read once, at its
+    first read, into a local (`(__kg3 := self._modules['blocks'])`), and later guards use the local. Only
+    reads that run whenever their guard runs are named (not one behind an `or`, an `if`, or the second
+    comparison of a chain), and a guard uses only names that earlier guards bound: the guards are one `and`
+    chain, so a later guard runs only after every earlier one ran to the end and held. Each source is then
+    read once per call (not once per guard that mentions it); the checks themselves are unchanged, in the
+    same order. Names in `reserved` (the entry's parameters and other names) are never used for locals."""
     if not guards:
         return "True"
-    return " and ".join(f"({g.expr})" for g in guards)
+    return _SharedReads(reserved).expression([g.expr for g in guards])
+
+
+class _SharedReads:
+    """Rewrites an `and` chain of guard expressions so that each repeated source chain is read once.
+
+    Works on the guards' text: each chain read is replaced, at its position in the text, by a local or by a
+    read that binds one (the text elsewhere is kept as it is)."""
+
+    def __init__(self, reserved: "set[str] | frozenset[str]"):
+        self.reserved = reserved
+        self.count = 0
+
+    def expression(self, exprs: list[str]) -> str:
+        conjuncts: list[tuple[bytes, ast.expr | None]] = []
+        for expr in exprs:
+            if "\n" in expr:  # (positions are per line: a guard on several lines is kept whole)
+                conjuncts.append((expr.encode(), None))
+                continue
+            text = expr.encode()  # (ast positions count UTF-8 bytes)
+            conjuncts.extend((text, c) for c in _conjuncts(ast.parse(expr, mode="eval").body))
+        reads: list[list[tuple[list[ast.expr], list, bool]]] = []  # per conjunct: (nodes, keys, runs)
+        first: dict[Any, int] = {}
+        shared: set[Any] = set()
+        for i, (_, node) in enumerate(conjuncts):
+            chains: list[tuple[list[ast.expr], bool]] = []
+            if node is not None:
+                _reads(node, True, chains)
+            reads.append([(nodes, _prefix_keys(nodes), runs) for nodes, runs in chains])
+            for _, keys, _ in reads[-1]:
+                for key in keys[1:]:
+                    if first.setdefault(key, i) != i:
+                        shared.add(key)
+        names: dict[Any, str] = {}  # chain -> the local an earlier conjunct bound
+        parts = []
+        for (text, node), chains in zip(conjuncts, reads):
+            if node is None:
+                parts.append(f"({text.decode()})")
+                continue
+            pending: dict[Any, str] = {}
+            edits = []
+            for nodes, keys, runs in chains:
+                edit = self._chain(text, nodes, keys, runs, shared, names, pending)
+                if edit is not None:
+                    edits.append(edit)
+            out, pos = [], node.col_offset
+            for start, end, new in sorted(edits):
+                out += [text[pos:start].decode(), new]
+                pos = end
+            out.append(text[pos:node.end_col_offset].decode())
+            parts.append(f"({''.join(out)})")
+            names.update(pending)  # (usable once this conjunct has run to its end)
+        return " and ".join(parts)
+
+    def _chain(self, text: bytes, nodes: list[ast.expr], keys: list, runs: bool, shared: set,
+               names: dict[Any, str], pending: dict[Any, str]) -> tuple[int, int, str] | None:
+        """(start, end, new text) for one chain read (`keys`: its prefixes' keys), or None to keep it."""
+        k = len(keys) - 1  # the longest prefix an earlier conjunct named (0: none, the bare name)
+        while k >= 1 and keys[k] not in names:
+            k -= 1
+        out = names[keys[k]] if k >= 1 else text[nodes[0].col_offset:nodes[0].end_col_offset].decode()
+        texts = [text[nodes[j - 1].end_col_offset:nodes[j].end_col_offset].decode()
+                 for j in range(k + 1, len(keys))]
+        if not all(t.lstrip().startswith((".", "[")) for t in texts):
+            return None  # (a parenthesized part: kept as it is, before anything is bound)
+        changed = k >= 1
+        for j, step in enumerate(texts, k + 1):
+            out += step
+            key = keys[j]
+            if runs and key in shared and key not in names and key not in pending:
+                pending[key] = self._local()
+                out = f"({pending[key]} := {out})"
+                changed = True
+        if not changed:
+            return None
+        return nodes[-1].col_offset, nodes[-1].end_col_offset, out
+
+    def _local(self) -> str:
+        while True:
+            name = f"__kg{self.count}"
+            self.count += 1
+            if name not in self.reserved:
+                return name
+
+
+# expressions with names of their own (a comprehension's variable may shadow the entry's), or whose parts'
+# positions are not their text's (f-strings): never rewritten inside
+_SCOPES = (ast.Lambda, ast.GeneratorExp, ast.ListComp, ast.SetComp, ast.DictComp, ast.JoinedStr)
+
+
+def _reads(node: ast.AST, runs: bool, out: list) -> None:
+    """Append (chain's nodes from its name, whether it runs whenever its conjunct does) for each chain read
+    in `node`, outside nested scopes."""
+    nodes = _chain_nodes(node)
+    if nodes is not None:
+        out.append((nodes, runs))
+        return
+    if isinstance(node, _SCOPES):
+        return
+    fields = _UNCONDITIONAL.get(type(node), _NONE) if runs else _NONE
+    for field in node._fields:
+        value = getattr(node, field, None)
+        if isinstance(value, ast.expr):
+            _reads(value, fields.get(field) is True, out)
+        elif isinstance(value, list):
+            always = fields.get(field, ())
+            for i, v in enumerate(value):
+                if isinstance(v, (ast.expr, ast.keyword)):
+                    _reads(v, always is True or i in always, out)
+
+
+def _conjuncts(node: ast.expr) -> list[ast.expr]:
+    if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And):
+        return [c for v in node.values for c in _conjuncts(v)]
+    return [node]
+
+
+def _chain_nodes(node: ast.AST) -> list[ast.expr] | None:
+    """For an attribute/item read of a name (`a.b['c'].d`: no calls, items by constant or name), its nodes
+    from the name outwards; None for anything else."""
+    nodes = []
+    while type(node) is ast.Attribute or type(node) is ast.Subscript:
+        if type(node) is ast.Subscript and type(node.slice) is not ast.Constant and \
+                type(node.slice) is not ast.Name:
+            return None
+        nodes.append(node)
+        node = node.value
+    if type(node) is not ast.Name or not nodes:
+        return None
+    nodes.append(node)
+    nodes.reverse()
+    return nodes
+
+
+def _prefix_keys(nodes: list[ast.expr]) -> list:
+    """The key of each prefix of a chain (`a`, `a.b`, `a.b['c']`), each the one before and its step: `.attr`,
+    or an item (a constant by value and type: d[1] and d[True] are one key of a dict, not of every
+    container; a held name by name)."""
+    key: Any = nodes[0].id  # type: ignore[attr-defined]
+    keys = [key]
+    for node in nodes[1:]:
+        if type(node) is ast.Attribute:
+            key = (key, "." + node.attr)
+        else:
+            item = node.slice  # type: ignore[attr-defined]
+            if type(item) is ast.Constant:
+                key = (key, item.value, type(item.value))
+            else:
+                key = (key, "name", item.id)
+        keys.append(key)
+    return keys
+
+
+# the fields of a node that Python evaluates whenever it evaluates the node (True: every element; a tuple: the
+# elements at those indices); anything else (`or`, `if`, a chained comparison's later operands, call keywords,
+# lambdas and comprehensions) is taken to maybe not run
+_UNCONDITIONAL: dict[type, dict[str, Any]] = {
+    ast.Attribute: {"value": True}, ast.Starred: {"value": True},
+    ast.Subscript: {"value": True, "slice": True},
+    ast.Call: {"func": True, "args": True}, ast.Compare: {"left": True, "comparators": (0,)},
+    ast.UnaryOp: {"operand": True}, ast.BinOp: {"left": True, "right": True}, ast.BoolOp: {"values": (0,)},
+    ast.IfExp: {"test": True}, ast.Tuple: {"elts": True}, ast.List: {"elts": True}, ast.Set: {"elts": True},
+}
+_NONE: dict[str, Any] = {}

@@ -75,7 +75,8 @@ def test_global_change_recaptures():
 
 def test_constant_argument_recaptures():
     kiln.reset()
-    f = kiln.compile(lambda x, n: x * n, backend="eager")
+    # (dynamic=False: an int that changed is not made symbolic by automatic dynamic, it stays a constant)
+    f = kiln.compile(lambda x, n: x * n, backend="eager", dynamic=False)
     x = torch.randn(3)
     for n in [1, 2, 2, 3]:
         torch.testing.assert_close(f(x, n), x * n)
@@ -135,7 +136,7 @@ def test_parameter_identity_guard():
 
 def test_recompile_limit_warns_once_and_runs_eagerly():
     kiln.reset()
-    f = kiln.compile(lambda x, n: x + n, backend="eager")
+    f = kiln.compile(lambda x, n: x + n, backend="eager", dynamic=False)  # (n stays a guarded constant)
     x = torch.randn(3)
     with config.patch(recompile_limit=3), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
