@@ -303,7 +303,10 @@ class Frame:
         if name in self.builtins:
             gname = cap.ns.hold(self.globals, "G")
             cap.guards.add(f"{name!r} not in {gname}", f"global {name!r} is not defined (builtin)", "global")
-            return self.builtins[name]
+            value = self.builtins[name]
+            # (and the builtin is still the one read: `builtins.len = ...` changes what the frame calls)
+            cap.guards.identity(S.builtin(cap.ns, self.builtins, name), value)
+            return value
         raise GraphBreak(f"name {name!r} is not defined")
 
     def op_STORE_GLOBAL(self, inst: dis.Instruction) -> None:

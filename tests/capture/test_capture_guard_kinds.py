@@ -113,6 +113,20 @@ def test_global_constant_and_builtin_shadow_recapture():
     assert recompiled_because("'len' is not defined")
 
 
+def test_builtin_replaced_recaptures():
+    import builtins
+    g = {"__builtins__": dict(vars(builtins))}  # (the frame's own builtins: kiln's are left alone)
+    exec("def f(x):\n    return x + len(x.shape)\n", g)
+    kiln.reset()
+    cf = kiln.compile(g["f"], backend="eager")
+    x = torch.zeros(2)
+    torch.testing.assert_close(cf(x), x + 1)
+    g["__builtins__"]["len"] = lambda s: 10
+    torch.testing.assert_close(cf(x), x + 10)
+    assert len(entries(cf)) == 2
+    assert recompiled_because("builtins.len is")
+
+
 def test_set_constant_guard_recaptures():
     g = {"MODES": {"fast"}}
     exec("def f(x):\n    return x * 2 if 'fast' in MODES else x\n", g)
