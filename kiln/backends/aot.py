@@ -210,6 +210,12 @@ def compile_with_autograd(graph: Graph, example_inputs: list, context: CompileCo
     return call
 
 
+def needs_autograd(example_inputs: list) -> bool:
+    """Grad mode is on and some input requires grad: the graph compiles with its backward."""
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in flatten(example_inputs))
+
+
 def compile_or_run_with_torch(name: str, graph: Graph, example_inputs: list, context: CompileContext | None,
                               compile_graph: Callable[..., Any], log: logging.Logger,
                               check: Callable[[], None] | None = None) -> Callable[..., Any]:
@@ -217,8 +223,7 @@ def compile_or_run_with_torch(name: str, graph: Graph, example_inputs: list, con
     mode is on); on failure the graph runs with torch, counted under `name` with the reason — warned for an
     internal error, raised when the compile asks for it. `check` may refuse first (NotImplementedError)."""
     context = context or CompileContext()
-    needs_grad = torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in flatten(example_inputs))
+    needs_grad = needs_autograd(example_inputs)
     try:
         if check is not None:
             check()

@@ -293,8 +293,8 @@ def compile_symbolic(graph: Graph, example_inputs: list, context: CompileContext
     switches inside the graph, a size question whose answer differs between sizes (`SizeDecision`)."""
     if any(n.op == "call_torch" and n.target is torch._C._set_grad_enabled for n in graph.nodes):
         raise NotImplementedError("grad-mode switches inside the graph: its segments compile per size")
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                       for t in flatten(example_inputs)):
+    from .aot import needs_autograd
+    if needs_autograd(example_inputs):
         raise NotImplementedError("inputs require grad: the forward and backward compile per size")
     return compile_graph(graph, example_inputs, context)
 

@@ -124,7 +124,7 @@ class ShapeEnv:
 
     # ---- evaluation and decisions ----
     def hint(self, expr: sympy.Expr) -> int:
-        return _evaluate(expr, self._subs)
+        return evaluate(expr, self._subs)
 
     def decide(self, rel: sympy.Basic) -> bool:
         """The truth of a relational at the hints; recorded as a fact unless it holds for every size."""
@@ -292,7 +292,8 @@ def dim_text(d: Any) -> str:
     return str(d.expr) if isinstance(d, SymInt) else repr(d)
 
 
-def _evaluate(expr: sympy.Expr, subs: dict) -> int:
+def evaluate(expr: sympy.Expr, subs: dict) -> int:
+    """The int a size expression takes with its symbols replaced by `subs` (ValueError if none)."""
     value = expr.xreplace(subs)
     if not value.is_Integer:
         value = sympy.simplify(value)
@@ -346,7 +347,7 @@ def has_symbols(value: Any) -> bool:
 def substitute(value: Any, values: dict[sympy.Symbol, int]) -> Any:
     """`value` with every SymInt replaced by its int under `values` (nested tuples, lists, dicts, metas)."""
     if isinstance(value, SymInt):
-        return _evaluate(value.expr, {s: sympy.Integer(v) for s, v in values.items()})
+        return evaluate(value.expr, {s: sympy.Integer(v) for s, v in values.items()})
     if isinstance(value, slice):
         return slice(substitute(value.start, values), substitute(value.stop, values),
                      substitute(value.step, values))

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 import sympy
 
-from ..graph.symbolic import MIN_SIZE, FloorDiv as SizeFloorDiv, Mod as SizeMod, SymInt
+from ..graph.symbolic import MIN_SIZE, FloorDiv as SizeFloorDiv, Mod as SizeMod, SymInt, evaluate
 
 
 class SizeDecision(NotImplementedError):
@@ -93,17 +93,10 @@ def hint(value: Any) -> int:
         return int(value)
     if value.is_Integer:
         return int(value)
-    subs = {s: sympy.Integer(v) for s, v in _hints().items()}
-    out = value.xreplace(subs)
-    if not out.is_Integer:
-        out = sympy.simplify(out)
-    if not out.is_Integer:
-        raise SizeDecision(f"no hint for the size {value}")
-    return int(out)
-
-
-def hints(values: Any) -> tuple[int, ...]:
-    return tuple(hint(v) for v in values)
+    try:
+        return evaluate(value, {s: sympy.Integer(v) for s, v in _hints().items()})
+    except ValueError:
+        raise SizeDecision(f"no hint for the size {value}") from None
 
 
 def nonnegative(expr: Any) -> bool:
