@@ -18,10 +18,11 @@ import torch
 import torch.nn.functional as F
 
 from .. import prims
+from ..graph.symbolic import SymInt
 from ..prims.registry import check, shape_text, wrap_dim
 from . import nn_attention  # noqa: F401  (registers multi_head_attention_forward)
 from .nn_layout import vector_norm  # also registers the layout ops (pad, interpolate, ...)
-from .registry import DECOMPOSITIONS, NoDecomposition, register
+from .registry import DECOMPOSITIONS, NoDecomposition, register, update_argument
 
 try:
     from .registry import mark_inplace_flag
@@ -471,20 +472,53 @@ def _check_channels(op: str, input: Any, tensors: dict[str, Any]) -> None:
               f"{t.numel()}", RuntimeError)
 
 
+def _running_update(running: Any, stat: Any, momentum: float) -> Any:
+    """Eager's update of a running statistic: momentum * stat + (1 - momentum) * running, in the
+    statistics' computation dtype (float32 for float16/bfloat16 and float32), rounded once."""
+    dtype = computation_dtype(running.dtype)
+    new = momentum * convert(stat, dtype) + (1 - momentum) * convert(running, dtype)
+    return convert(new, running.dtype)
+
+
+def _batch_statistics(input: Any, running_mean: Any, running_var: Any, momentum: Any) -> tuple[Any, Any]:
+    """Training mode's per-channel batch mean and biased variance (shape (C,), two-pass, in the
+    computation dtype), and eager's in-place updates of the running statistics given: the mean, and the
+    unbiased variance (sum of squares / (n - 1))."""
+    for stat in (running_mean, running_var):
+        if stat is not None and stat.dtype != input.dtype and \
+                not (stat.dtype == torch.float32 and input.dtype in (torch.float16, torch.bfloat16)):
+            raise NoDecomposition(f"batch_norm of a {input.dtype} input with {stat.dtype} running statistics")
+    tracks = running_mean is not None or running_var is not None
+    if tracks and (isinstance(momentum, bool) or not isinstance(momentum, (int, float))):
+        raise NoDecomposition(f"batch_norm(momentum={momentum!r})")  # eager's own checks
+    x = upcast(input)
+    dims = [0] + list(range(2, input.ndim))
+    c = input.shape[1]
+    count = 1
+    for d in dims:
+        count = count * input.shape[d]
+    mean = torch.mean(x, dims, keepdim=True)
+    centered = x - mean
+    squares = torch.sum(centered * centered, dims)  # (C,)
+    var = prims.div(squares, count if isinstance(count, SymInt) else float(count))
+    mean = torch.reshape(mean, [c])
+    if running_mean is not None:
+        update_argument(running_mean, _running_update(running_mean, mean, momentum))
+    if running_var is not None:
+        unbiased = prims.div(squares, count - 1 if isinstance(count, SymInt) else float(count - 1))
+        update_argument(running_var, _running_update(running_var, unbiased, momentum))
+    return mean, var
+
+
 def _batch_norm(input: Any, running_mean: Any, running_var: Any, weight: Any, bias: Any, training: bool,
-                eps: float) -> Any:
+                eps: float, momentum: Any = 0.1) -> Any:
     _check_channels("batch_norm", input, {"running_mean": running_mean, "running_var": running_var,
                                           "weight": weight, "bias": bias})
     check_float("batch_norm", input)
     if training:
-        if running_mean is not None or running_var is not None:
-            # Training updates the running statistics in place (module buffers): eager does it.
-            raise NoDecomposition("batch_norm(training=True) with running statistics")
-        x = upcast(input)
-        dims = [0] + list(range(2, input.ndim))
-        mean, var = _moments(x, dims)
-        c = input.shape[1]
-        mean, var = torch.reshape(mean, [c]), torch.reshape(var, [c])
+        check((running_mean is None) == (running_var is None), lambda: "running_mean and running_var must "
+              "either both be None or neither be None", ValueError)
+        mean, var = _batch_statistics(input, running_mean, running_var, momentum)
         return _normalize_channels(input, mean, var, weight, bias, eps)
     check(running_mean is not None and running_var is not None,
           lambda: "batch_norm: running_mean and running_var must be defined in evaluation mode", RuntimeError)
@@ -501,13 +535,13 @@ def batch_norm(input: Any, running_mean: Any, running_var: Any, weight: Any = No
             count *= s
         check(count != 1, lambda: f"Expected more than 1 value per channel when training, got input size "
               f"{torch.Size(size)}", ValueError)
-    return _batch_norm(input, running_mean, running_var, weight, bias, training, eps)
+    return _batch_norm(input, running_mean, running_var, weight, bias, training, eps, momentum)
 
 
 @register(torch.batch_norm)
 def batch_norm_twin(input: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, training: bool,
                     momentum: float, eps: float, cudnn_enabled: bool = True) -> Any:
-    return _batch_norm(input, running_mean, running_var, weight, bias, training, eps)
+    return _batch_norm(input, running_mean, running_var, weight, bias, training, eps, momentum)
 
 
 @register(F.instance_norm)

@@ -29,6 +29,7 @@ from ..graph import (DataDependentError, Graph, Proxy, TensorMeta, Tracer, curre
                      dense_strides, flatten, map_structure, torch_name, tracing)
 from ..graph.proxy import set_torch_call_handler
 from ..graph.symbolic import has_symbols, hint_of, specialize_all
+from . import updates as argument_updates
 from .overlap import overlaps_itself, shared_memory, uniform_fill
 
 log = config.channel("prims")
@@ -155,6 +156,14 @@ def _named_inplace(func: Any) -> bool:
 def is_inplace(func: Any, kwargs: dict) -> bool:
     return func in INPLACE_OPS or (func in INPLACE_FLAG_OPS and kwargs.get("inplace") is True) or \
         _named_inplace(func)
+
+
+def update_argument(target: Any, value: Any) -> None:
+    """Inside a decomposition: the op writes `value` into its tensor argument `target` in place, as eager's
+    BatchNorm updates its running statistics (kiln/ops/updates.py)."""
+    reason = argument_updates.record(current_tracer(), target, value)
+    if reason is not None:
+        raise NoDecomposition(reason)
 
 
 # ---- the torch-call handler ------------------------------------------------------------------------------
@@ -310,6 +319,7 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     result: Any = None
     fn = lookup(func)
     failure: BaseException | None = None
+    argument_updates.begin(sub)
     if fn is not None:
         try:
             with tracing(Tracer(sub, inline=True)):
@@ -329,6 +339,11 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
         _refuse_data_dependent(tracer, name, getattr(func, "__name__", "") in _DATA_DEPENDENT_FALLBACKS)
         counters["no_decomposition"][name] += 1
 
+    result, updated = argument_updates.end(sub, result, sub_inputs, outer)
+    if decomposition is not None and (updated is None or inplace and updated):  # (see end)
+        counters["no_decomposition"][f"{name} (updates a constant or repeated argument)"] += 1
+        decomposition = None
+    targets = [outer[i] for i in updated] if decomposition is not None else []  # updated in place
     examples = _has_examples(args, kwargs)
     if failure is not None:
         _raise_eager_error(func, name, args, kwargs, failure, examples)
@@ -341,6 +356,9 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     if decomposition is not None and not any(isinstance(v, Proxy) for v in flatten(result)):
         return result  # a Python value (e.g. torch.numel); nothing to record
 
+    for t in targets:
+        _check_inplace(graph, func, (t, *[o for o in outer if o is not t]))
+    func = argument_updates.wrap(func, args, kwargs, targets)
     real: Any = None
     if examples:
         try:
@@ -399,6 +417,7 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     if _output_requires_grad(func, args, kwargs):
         metas = tuple(dataclasses.replace(m, requires_grad=True) if m.dtype.is_floating_point or
                       m.dtype.is_complex else m for m in metas)
+    metas = argument_updates.own_requires_grad(metas, targets)
     node = graph.call_torch(target, node_args, node_kwargs, metas[0] if single else metas, decomposition,
                             origin=tracer.origin)
     if single:
@@ -422,7 +441,10 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
         updated = _apply_inplace(graph, args[0], out)
         _propagate_to_aliases(graph, updated)
         return updated
-    return out
+    for t, value in zip(targets, out[1:] if targets else ()):
+        _apply_inplace(graph, t, value)
+        _propagate_to_aliases(graph, t)
+    return out[0] if targets else out
 
 
 _NO_GRAD_OUTPUT = frozenset(["detach", "detach_", "requires_grad_"])

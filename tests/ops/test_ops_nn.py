@@ -315,11 +315,63 @@ def test_batch_norm(dtype, shape):
     check_nn(lambda a, m: m(a), x, module.eval())
 
 
-def test_batch_norm_training_with_running_stats_falls_back():
-    x = torch.randn(4, 3, 5)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_batch_norm_training_updates_running_stats(dtype):
+    """Training mode decomposes with its running statistics: the prim graph and the torch-level graph
+    (the eager backend) both update them as eager does; tracing leaves them untouched."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 5, 2, dtype=dtype) * 2 + 0.5
+    w, b = torch.randn(3, dtype=dtype), torch.randn(3, dtype=dtype)
+    mean, var = torch.randn(3, dtype=dtype), torch.rand(3, dtype=dtype) + 0.5
+
+    def fn(a, m, v, w, b):
+        return F.batch_norm(a, m, v, w, b, training=True, momentum=0.3, eps=1e-3)
+    originals = [mean.clone(), var.clone()]
     counters.clear()
-    g = kiln.ops.trace(lambda a, m, v: F.batch_norm(a, m, v, training=True), x, torch.zeros(3), torch.ones(3))
-    assert [n.target for n in g.fallbacks()] == [F.batch_norm]
+    g = kiln.ops.trace(fn, x, mean, var, w, b)
+    assert not g.fallbacks() and not counters["no_decomposition"]
+    assert torch.equal(mean, originals[0]) and torch.equal(var, originals[1])  # tracing changed nothing
+    p = kg.to_prims(g)
+    kg.verify(p)
+    expected_stats = [mean.clone(), var.clone()]
+    expected = fn(x, *expected_stats, w, b)
+    assert not torch.equal(expected_stats[0], mean) and not torch.equal(expected_stats[1], var)
+    for graph, torch_level in ((p, False), (g, True)):
+        got_stats = [mean.clone(), var.clone()]
+        got = kg.run(graph, [x, *got_stats, w, b], torch_level=torch_level)
+        torch.testing.assert_close(got, expected)
+        for a, e in zip(got_stats, expected_stats):
+            torch.testing.assert_close(a, e)
+    twin = lambda a, m, v: torch.batch_norm(a, None, None, m, v, True, 0.25, 1e-5, False)  # noqa: E731
+    g = kiln.ops.trace(twin, x, mean, var)
+    assert not g.fallbacks()
+    got_stats, expected_stats = [mean.clone(), var.clone()], [mean.clone(), var.clone()]
+    torch.testing.assert_close(kg.run(kg.to_prims(g), [x, *got_stats]), twin(x, *expected_stats))
+    for a, e in zip(got_stats, expected_stats):
+        torch.testing.assert_close(a, e)
+    check_error(lambda a, m: F.batch_norm(a, m, None, training=True), x, mean, exc=ValueError)
+    check_error(lambda a, v: torch.batch_norm(a, None, None, None, v, True, 0.1, 1e-5, False), x, var,
+                exc=ValueError)
+
+
+def test_batch_norm_training_does_not_update_stats_while_tracing():
+    x, mean, var = torch.randn(4, 3, 5), torch.zeros(3), torch.ones(3)
+    kiln.ops.trace(lambda a, m, v: F.batch_norm(a, m, v, training=True), x, mean, var)
+    assert torch.equal(mean, torch.zeros(3)) and torch.equal(var, torch.ones(3))
+
+
+def test_batch_norm_training_low_precision_with_float_stats():
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 5, dtype=torch.bfloat16)
+    mean, var = torch.randn(3), torch.rand(3) + 0.5
+    g = kiln.ops.trace(lambda a, m, v: F.batch_norm(a, m, v, training=True), x, mean, var)
+    assert not g.fallbacks()
+    got_stats, expected_stats = [mean.clone(), var.clone()], [mean.clone(), var.clone()]
+    got = kg.run(kg.to_prims(g), [x, *got_stats])
+    expected = F.batch_norm(x, *expected_stats, training=True)
+    torch.testing.assert_close(got, expected)
+    for a, e in zip(got_stats, expected_stats):
+        torch.testing.assert_close(a, e)
 
 
 def test_batch_norm_half_and_errors():
