@@ -370,6 +370,11 @@ def lower_clone(ctx: Lowering, node: Node, a: Box, memory_format: Any = None) ->
     return ctx.realized_box(Box(a.shape, a.dtype, a.loader), node.meta)
 
 
+@lowering(prims.stop_gradient)
+def lower_stop_gradient(ctx: Lowering, node: Node, a: Box) -> Box:
+    return Box(a.shape, a.dtype, a.loader)  # a's elements (only the gradient stops, in kiln.autograd)
+
+
 def lower_view(ctx: Lowering, node: Node, a: Box, *args: Any, **kwargs: Any) -> Box:
     """Any view prim, from its node's meta (a view prim's meta rule gives eager's shape, strides and storage
     offset exactly).

@@ -328,10 +328,12 @@ def _softmax_input(op: str, input: Any, dim: Any, dtype: torch.dtype | None) -> 
 
 
 def _shifted(x: Any, d: int) -> Any:
-    """x minus its maximum along d (an empty tensor stays as it is: amax refuses empty dims)."""
+    """x minus its maximum along d (an empty tensor stays as it is: amax refuses empty dims). The maximum
+    only steadies exp: softmax does not depend on it, so no gradient flows through it (as eager's backward,
+    which reads only the output), and the backward neither compares x with it nor keeps x for that."""
     if x.ndim == 0 or x.numel() == 0:
         return x - x if x.ndim == 0 else x
-    return x - torch.amax(x, d, keepdim=True)
+    return x - torch.amax(prims.stop_gradient(x), d, keepdim=True)
 
 
 def _softmax(op: str, input: Any, dim: Any, dtype: torch.dtype | None, negate: bool = False) -> Any:

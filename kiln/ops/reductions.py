@@ -392,7 +392,7 @@ def logsumexp(input: Any, dim: Any = (), keepdim: bool = False) -> Any:
     if input.numel() == 0 or builtins.any(input.shape[d] == 0 for d in dims):
         out = prims.log(prims.sum(prims.exp(x), dims))
         return keep_dims(convert(out, dtype), input, dims, keepdim)
-    big = prims.amax(x, dims)
+    big = prims.amax(prims.stop_gradient(x), dims)  # only steadies exp: no gradient flows through it
     # an infinite maximum would give inf - inf = NaN; shift by 0 there instead
     shift = prims.where(prims.isinf(big), full_like(big, 0.0, compute), big)
     kept = tuple(i for i in range(input.ndim) if i not in dims)

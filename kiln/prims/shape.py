@@ -14,10 +14,12 @@ Views (tag "view"):
 Copies (contiguous unless a memory format says otherwise):
   rev(a, dims), cat(tensors, dim), pad(a, value, config) with (low, high, interior) per dim,
   clone(a, memory_format)
+Identity: stop_gradient(a), a's value through which no gradient flows (the maximum softmax subtracts)
 """
 from __future__ import annotations
 
 import builtins
+import dataclasses
 from typing import Any, Sequence
 
 import sympy
@@ -395,6 +397,16 @@ clone = prim("clone", _clone_meta,
              lambda a, memory_format=torch.contiguous_format: torch.clone(a, memory_format=memory_format),
              doc="clone(a, memory_format): a copy of `a` with the memory format's strides (preserve_format "
                  "keeps dense strides, as eager).")
+
+
+def _stop_gradient_meta(a: Any) -> TensorMeta:
+    return dataclasses.replace(_tensor_meta("stop_gradient", a), requires_grad=False)
+
+
+stop_gradient = prim("stop_gradient", _stop_gradient_meta, lambda a: a.detach(),
+                     doc="stop_gradient(a): a's value, through which no gradient flows (the maximum softmax "
+                         "subtracts only steadies it). Not a view: lowered, it reads a; outside a graph "
+                         "it is a.detach().")
 
 
 # ---- slice (defined last: its name shadows the builtin in this module) ----------------------------------

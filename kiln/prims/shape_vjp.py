@@ -12,10 +12,10 @@ import torch
 from . import creation
 from . import elementwise as ew
 from . import indexing, reductions
-from .common_vjp import inverse_permutation, positions, reshape, vjp, zeros, zeros_like
+from .common_vjp import inverse_permutation, no_gradient, positions, reshape, vjp, zeros, zeros_like
 from .registry import meta_of
 from .shape import (as_strided, broadcast_in_dim, cat, clone, diagonal, expand_dims, pad, permute, rev,
-                    slice, squeeze, unfold, view)
+                    slice, squeeze, stop_gradient, unfold, view)
 from ..graph.layout import is_non_overlapping, numel, storage_size
 
 
@@ -194,3 +194,6 @@ def _slice_vjp(grads: tuple, outputs: tuple, a: Any, start_indices: Sequence[Any
             count = count * step
         config.append((lo, size - lo - count, 0))  # a negative high end crops the last zeros
     return (pad(g, 0, config), None, None, None)
+
+
+no_gradient(stop_gradient)

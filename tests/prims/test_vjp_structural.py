@@ -133,6 +133,7 @@ CASES = {
     "pad_interior_empty": ("pad", lambda: ((rnd(0, 4), 0.0, ((1, 1, 2), (0, 0, 2))), {})),
     "clone": ("clone", lambda: ((rnd(3, 4).t(), torch.preserve_format), {})),
     "clone_default": ("clone", lambda: ((rnd(3, 4),), {})),
+    "stop_gradient": ("stop_gradient", lambda: ((rnd(3, 4).t(),), {})),
     "slice": ("slice", lambda: ((rnd(5, 6), (1, 0), (4, 6), (2, 3)), {})),
     "slice_nostep": ("slice", lambda: ((rnd(5, 6), (1, 2), (3, 5)), {})),
     "slice_empty": ("slice", lambda: ((rnd(5, 6), (2, 0), (2, 6), (1, 2)), {})),
