@@ -77,7 +77,9 @@ class CodeCache:
         self.entries: list[CacheEntry] = []
         self.eager = False
         self.warned = False
-        self.dynamic_dims: set[tuple[str, int]] = set()  # (source expr, dim) made symbolic by a recompile
+        # (source expr, dim) made symbolic by a recompile -> the least size its symbol stands for: 1 where
+        # the dim was seen at size 1 (the graph then serves size 1 too), else 2
+        self.dynamic_dims: dict[tuple[str, int], int] = {}
 
 
 _CACHES: "collections.OrderedDict[tuple, CodeCache]" = collections.OrderedDict()
@@ -207,8 +209,8 @@ class CompiledFunction:
         read = lambda expr: entry.reader(expr, *args, **kwargs)  # noqa: E731
         changed = changed_dims(entry.tensor_inputs, read) + changed_ints(entry.int_inputs, read)
         new = [c for c in changed if (c[0], c[2]) not in cache.dynamic_dims]
-        for expr, _, d, _, _ in new:
-            cache.dynamic_dims.add((expr, d))
+        for expr, _, d, old, now in new:
+            cache.dynamic_dims[(expr, d)] = 1 if 1 in (old, now) and d >= 0 else 2
         if new:
             counters["automatic_dynamic"][self.name] += 1
         return ", ".join(f"{name}{'' if d < 0 else f'.size({d})'} {old} -> {now}" for _, name, d, old, now in new)

@@ -29,7 +29,8 @@ log = config.channel("recompiles")
 
 def mark_dynamic(t: torch.Tensor, dim: int | list[int] | tuple[int, ...]) -> None:
     """Capture `t`'s dimension `dim` (or each of a list) as a symbolic size: one graph for every size it
-    takes (sizes 0 and 1 are still specialized)."""
+    takes (sizes 0 and 1 are still specialized; a dim automatic dynamic saw at 1 gets a symbol of 1 or
+    more)."""
     _mark(t, dim, "_kiln_dynamic_dims", "kiln.mark_dynamic")
 
 

@@ -18,7 +18,7 @@ import torch
 
 from ..graph import Graph, Proxy, TensorMeta, Tracer, dense_strides
 from ..graph.layout import strides_in_order
-from ..graph.symbolic import ShapeEnv, dim_text, python_expr, substitute
+from ..graph.symbolic import ShapeEnv, dim_text, min_size, python_expr, substitute
 from ..ops.registry import aliases
 from .errors import GraphBreak
 from .guards import GuardSet, is_constant
@@ -39,13 +39,14 @@ class Capture:
     """Everything one capture of one frame collects."""
 
     def __init__(self, name: str, root: Any = None, dynamic: bool | None = None,
-                 dynamic_dims: "set[tuple[str, int]] | None" = None):
+                 dynamic_dims: "dict[tuple[str, int], int] | None" = None):
         self.ns = Namespace()
         self.guards = GuardSet(self.ns)
         # symbolic sizes: `dynamic` is compile's flag (True: every input dim; False: none; None: the dims
-        # marked with kiln.mark_dynamic and those `dynamic_dims` names, after a recompile they caused)
+        # marked with kiln.mark_dynamic and those `dynamic_dims` names, after a recompile they caused, each
+        # with the least size its symbol stands for)
         self.dynamic = dynamic
-        self.dynamic_dims = dynamic_dims or set()
+        self.dynamic_dims = dynamic_dims or {}
         self.shape_env = ShapeEnv()
         self.shape_env.on_fact = self._shape_fact
         self.symbol_exprs: dict[Any, str] = {}  # symbol -> its first source's expression (`x.shape[1]`)
@@ -232,7 +233,8 @@ class Capture:
             return None
         shape: list[Any] = list(t.shape)
         for d in dims:
-            shape[d] = self.shape_env.size(int(t.shape[d]), f"{source.name}.size({d})")
+            one = self.dynamic_dims.get((source.expr, d)) == 1
+            shape[d] = self.shape_env.size(int(t.shape[d]), f"{source.name}.size({d})", one=one)
             sym = getattr(shape[d], "expr", None)
             if sym is not None and sym not in self.symbol_exprs:
                 self.symbol_exprs[sym] = f"{source.expr}.shape[{d}]"
@@ -281,7 +283,7 @@ class Capture:
                 continue
             first = self.symbol_exprs[sym]
             if first == f"{e}.shape[{d}]":
-                parts.append(f"{e}.shape[{d}] >= 2")
+                parts.append(f"{e}.shape[{d}] >= {min_size(sym)}")
             else:
                 parts.append(f"{e}.shape[{d}] == {first}")
             shown.append(str(sym))

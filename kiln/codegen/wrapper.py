@@ -31,8 +31,12 @@ from ..schedule.memory import Plan, Segment
 
 
 def _restride(t: torch.Tensor, strides: tuple) -> torch.Tensor:
-    """`t` with the given strides (a copy unless it already has them)."""
-    if t.layout != torch.strided or tuple(t.stride()) == strides or t.numel() <= 1:
+    """`t` with the given strides (a copy unless it already has them: a size-1 dim's stride, which no
+    address uses, may differ — torch picks those by its own rules, at a batch of 1 for instance)."""
+    have = tuple(t.stride())
+    if t.layout != torch.strided or have == strides or t.numel() <= 1:
+        return t
+    if all(a == b or n == 1 for a, b, n in zip(have, strides, t.shape)):
         return t
     out = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
     out.copy_(t)

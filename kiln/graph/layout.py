@@ -17,6 +17,8 @@ from typing import Sequence, Union
 
 import sympy
 
+from .symbolic import same_sizes
+
 Dim = Union[int, sympy.Expr]
 
 
@@ -56,6 +58,9 @@ def is_contiguous(shape: Sequence[Dim], strides: Sequence[Dim]) -> bool:
         return True
     expected: Dim = 1
     for size, stride in zip(reversed(shape), reversed(strides)):
+        if same_sizes((stride,), (expected,)):  # (whether the size is 1 does not matter then)
+            expected = expected * size
+            continue
         if size == 1:
             continue
         if stride != expected:

@@ -8,7 +8,10 @@ sympy expressions, and a question whose answer depends on the size (`if s0 > 1`,
 reuses the graph only where every fact still holds, so every branch taken stays the right one.
 
 Symbols stand for sizes of at least 2: sizes 0 and 1 are specialized at capture (as Dynamo does), which
-lets broadcasting checks (`size == 1`) be decided without a guard. A conversion to a plain int (`int(s)`,
+lets broadcasting checks (`size == 1`) be decided without a guard. A dim automatic dynamic saw at size 1
+gets a `SizeOrOne` symbol instead, standing for sizes of at least 1: the graph serves size 1 too unless
+something asked whether the size is 1 (that answer is a fact, so a guard), which broadcasting avoids where
+the other side is the same size or a literal 1. A conversion to a plain int (`int(s)`,
 `operator.index(s)`, `str(s)`, `hash(s)`, float arithmetic) specializes: it records `s == hint` and
 returns the hint, so a value kiln cannot keep symbolic costs dynamism, never correctness. Once the guards
 of a capture are written the env is *frozen*: a question asked later raises `FrozenShapeEnv` instead of
@@ -16,8 +19,10 @@ deciding something no guard checks.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
+import threading
 import traceback
 from typing import Any, Callable
 
@@ -30,8 +35,37 @@ log = config.channel("dynamic")
 MIN_SIZE = 2  # symbols stand for sizes >= 2 (0 and 1 are specialized)
 
 
+class SizeOrOne(sympy.Symbol):
+    """A size symbol that also stands for 1 (a dim seen at size 1 before it became dynamic)."""
+
+
+def min_size(sym: sympy.Symbol) -> int:
+    """The least size a size symbol stands for."""
+    return 1 if isinstance(sym, SizeOrOne) else MIN_SIZE
+
+
 class FrozenShapeEnv(RuntimeError):
     """A symbolic size was questioned after the capture's guards were written."""
+
+
+class SizeUndecided(Exception):
+    """Within `without_facts`: a question about sizes whose answer differs between sizes."""
+
+
+_quiet = threading.local()
+
+
+@contextlib.contextmanager
+def without_facts() -> Any:
+    """Within the block a question about symbolic sizes must be answered the same at every size: one that
+    would become a fact (a guard) raises `SizeUndecided` instead, for code with a choice that is right
+    either way (a view or a copy of a value nothing updates)."""
+    depth = getattr(_quiet, "depth", 0)
+    _quiet.depth = depth + 1
+    try:
+        yield
+    finally:
+        _quiet.depth = depth
 
 
 class FloorDiv(sympy.Function):
@@ -77,7 +111,10 @@ class Mod(sympy.Function):
     def eval(cls, a: sympy.Expr, b: sympy.Expr) -> sympy.Expr | None:
         if a.is_Integer and b.is_Integer and int(b) != 0:
             return sympy.Integer(int(a) % int(b))
-        if b == 1 or a == 0:
+        if b == 1 or a == 0 or a == b:
+            return sympy.Integer(0)
+        num, den = sympy.fraction(sympy.together(a / b))
+        if den == 1 and (num.is_Integer or _integer_coefficients(num)):  # (s0*s1) % s1, (768*s0*s1) % (64*s0*s1): exact
             return sympy.Integer(0)
         if b.is_Integer and a.is_Mul:
             coeff, _ = a.as_coeff_Mul()
@@ -96,23 +133,24 @@ class ShapeEnv:
         self.on_fact: Callable[[sympy.Basic], None] | None = None
         self.frozen = False
         self._by_hint: dict[int, sympy.Symbol] = {}
-        self._shift: dict[sympy.Symbol, sympy.Expr] = {}  # s -> t + MIN_SIZE, t >= 0 (for proofs)
         self._decided: dict[sympy.Basic, bool] = {}
         self._subs: dict[sympy.Symbol, sympy.Integer] = {}
 
     # ---- symbols ----
-    def size(self, hint: int, source: str, duck: bool = True) -> "SymInt | int":
+    def size(self, hint: int, source: str, duck: bool = True, one: bool = False) -> "SymInt | int":
         """The value for a dynamic size `hint` read at `source`: a symbol (shared with earlier sizes of the
-        same value when `duck`), or the int itself for 0 and 1."""
+        same value when `duck`), or the int itself for 0 and 1. With `one` the symbol also stands for 1
+        (a `SizeOrOne`); a dim sharing an earlier symbol is guarded equal to it, so the sharing is sound
+        whichever kind the first one made."""
         if hint < MIN_SIZE:
             return hint
         sym = self._by_hint.get(hint) if duck else None
         if sym is None:
-            sym = sympy.Symbol(f"s{len(self.hints)}", integer=True, positive=True)
+            cls = SizeOrOne if one else sympy.Symbol
+            sym = cls(f"s{len(self.hints)}", integer=True, positive=True)
             self.hints[sym] = hint
             self._subs[sym] = sympy.Integer(hint)
             self.sources[sym] = []
-            self._shift[sym] = sympy.Symbol(f"t{len(self.hints)}", integer=True, nonnegative=True) + MIN_SIZE
             if duck:
                 self._by_hint[hint] = sym
         self.sources[sym].append(source)
@@ -134,8 +172,12 @@ class ShapeEnv:
         if known is not None:
             return known
         value = bool(rel.xreplace(self._subs))
-        proved = rel.xreplace(self._shift)
-        if not (proved is sympy.true or proved is sympy.false):
+        proved = holds_everywhere(rel)
+        if proved is not None and proved != value:
+            raise AssertionError(f"kiln: the size fact {rel} was proved {proved} but is {value} at the hints")
+        if proved is None:
+            if getattr(_quiet, "depth", 0):
+                raise SizeUndecided(str(rel))
             if self.frozen:
                 raise FrozenShapeEnv(f"the symbolic size fact {rel} was asked for after the capture's guards "
                                      "were written")
@@ -160,8 +202,109 @@ class ShapeEnv:
 
     def describe(self) -> list[str]:
         """`s0 = x.size(1) (hint 16)` per symbol, then the facts."""
-        lines = [f"{s} = {', '.join(self.sources[s])} (was {self.hints[s]})" for s in self.hints]
+        lines = [f"{s} = {', '.join(self.sources[s])} (was {self.hints[s]}"
+                 f"{'; 1 or more' if isinstance(s, SizeOrOne) else ''})" for s in self.hints]
         return lines + [f"{python_expr(f, {s: str(s) for s in self.hints})}" for f in self.facts]
+
+
+# ---- proofs over every size ----------------------------------------------------------------------------
+
+def holds_everywhere(rel: sympy.Basic) -> bool | None:
+    """True (False) when a relational — or an And/Or/Not of them — holds (fails) at every size its symbols
+    stand for; None when that depends on the sizes. Each `SizeOrOne` symbol is split into its two cases,
+    1 and t + 2; every other symbol is t + 2 (t >= 0). In each case a relation `lhs - rhs` that expands to a
+    polynomial in the t's is bounded by its constant term where the other coefficients share a sign."""
+    ones = sorted((s for s in rel.free_symbols if isinstance(s, SizeOrOne)), key=str)
+    if len(ones) > 4:
+        ones = []  # (16 cases at most; beyond, each such symbol counts from 1 in one case)
+    shift = {s: sympy.Symbol(f"_t_{s.name}", integer=True, nonnegative=True) + min_size(s)
+             for s in rel.free_symbols if isinstance(s, sympy.Symbol)}
+    answer: bool | None = None
+    for mask in range(1 << len(ones)):
+        subs = dict(shift)
+        for i, s in enumerate(ones):
+            subs[s] = sympy.Integer(1) if mask >> i & 1 else shift[s] + 1
+        got = _decide_case(rel.xreplace(subs))
+        if got is None or (answer is not None and got != answer):
+            return None
+        answer = got
+    return answer
+
+
+def _decide_case(rel: sympy.Basic) -> bool | None:
+    if rel is sympy.true or rel is sympy.false:
+        return bool(rel)
+    if isinstance(rel, sympy.Not):
+        inner = _decide_case(rel.args[0])
+        return None if inner is None else not inner
+    if isinstance(rel, (sympy.And, sympy.Or)):
+        parts = [_decide_case(a) for a in rel.args]
+        short = isinstance(rel, sympy.Or)  # the value that settles it
+        if short in parts:
+            return short
+        return None if None in parts else not short
+    kinds = {sympy.Gt: (1, 1), sympy.Ge: (1, 0), sympy.Lt: (-1, 1), sympy.Le: (-1, 0)}
+    if isinstance(rel, (sympy.Eq, sympy.Ne)):
+        lo, hi = _bounds(rel.lhs - rel.rhs)
+        equal = True if lo == hi == 0 else False if (lo is not None and lo > 0) or (hi is not None and hi < 0) \
+            else None
+        return equal if equal is None or isinstance(rel, sympy.Eq) else not equal
+    for kind, (sign, strict) in kinds.items():
+        if isinstance(rel, kind):  # sign * (lhs - rhs) >= strict
+            lo, hi = _bounds(sign * (rel.lhs - rel.rhs))
+            if lo is not None and lo >= strict:
+                return True
+            if hi is not None and hi < strict:
+                return False
+            return None
+    return None
+
+
+def _bounds(expr: sympy.Expr) -> tuple:
+    """(lower, upper) bounds of an integer expression over t's >= 0 (None: unbounded or unknown)."""
+    expr = sympy.expand(expr)
+    if expr.is_Integer:
+        return int(expr), int(expr)
+    gens = sorted(expr.free_symbols, key=str)
+    if not gens or expr.has(FloorDiv, Mod, sympy.floor, sympy.Mod):
+        return None, None
+    try:
+        poly = sympy.Poly(expr, *gens)
+    except sympy.PolynomialError:
+        return None, None
+    const = poly.coeff_monomial(1)
+    rest = [c for m, c in poly.terms() if any(m)]
+    if not all(c.is_Rational for c in rest) or not const.is_Rational:
+        return None, None
+    lo = const if all(c >= 0 for c in rest) else None
+    hi = const if all(c <= 0 for c in rest) else None
+    return lo, hi
+
+
+def surely_one(size: Any) -> bool:
+    """Whether a size is 1 at every size the graph serves, deciding nothing (a size that may be 1 or more
+    is not): for strides of size-1 dims, which no address depends on."""
+    if isinstance(size, SymInt):
+        return holds_everywhere(sympy.Eq(size.expr, 1)) is True
+    return size == 1
+
+
+def any_holds(*relations: tuple[Callable, Any, Any]) -> bool:
+    """`op(a, b) or ...` for (op, a, b) with op one of operator's comparisons, asked of symbolic sizes as
+    one question: `n < m or k == 1` is settled without a fact where it holds at every size although neither
+    part does (a `SizeOrOne` k). Plain ints are just compared."""
+    env = next((v.env for _, a, b in relations for v in (a, b) if isinstance(v, SymInt)), None)
+    if env is None:
+        return any(op(a, b) for op, a, b in relations)
+    kinds = {operator.lt: sympy.Lt, operator.le: sympy.Le, operator.gt: sympy.Gt, operator.ge: sympy.Ge,
+             operator.eq: sympy.Eq, operator.ne: sympy.Ne}
+    rels = []
+    for op, a, b in relations:
+        ea, eb = _expr(a), _expr(b)
+        if ea is None or eb is None:
+            return any(op(x, y) for op, x, y in relations)
+        rels.append(kinds[op](ea, eb))
+    return env.decide(sympy.Or(*rels))
 
 
 def _expr(value: Any) -> sympy.Expr | None:
@@ -483,5 +626,6 @@ def symbols_of(value: Any) -> set[sympy.Symbol]:
     return out
 
 
-__all__ = ["dim_text", "SymInt", "ShapeEnv", "FloorDiv", "Mod", "FrozenShapeEnv", "MIN_SIZE", "is_symbolic", "has_symbols",
-           "substitute", "hint_of", "python_expr", "symbols_of"]
+__all__ = ["dim_text", "SymInt", "ShapeEnv", "FloorDiv", "Mod", "FrozenShapeEnv", "MIN_SIZE", "SizeOrOne",
+           "min_size", "holds_everywhere", "any_holds", "surely_one",
+           "SizeUndecided", "without_facts", "is_symbolic", "has_symbols", "substitute", "hint_of", "python_expr", "symbols_of"]

@@ -7,8 +7,8 @@ stage asks two kinds of questions about sizes, and this module answers both:
 - **Heuristics** (thread a kernel? stream its stores? which order keeps memory low?) are asked of the
   *hints*, the sizes the capture saw (`hint`). Any answer is correct at every size; only speed depends on it.
 - **Facts** the generated code relies on (this index never leaves its buffer, this division is exact) must
-  hold for every size the graph can be called at. `nonnegative` proves them — symbols stand for sizes >= 2,
-  so `s -> t + 2` with `t >= 0` turns the question into "has this polynomial only non-negative
+  hold for every size the graph can be called at. `nonnegative` proves them — symbols stand for sizes >= 2
+  (>= 1 for a `SizeOrOne`), so `s -> t + 2` with `t >= 0` turns the question into "has this polynomial only non-negative
   coefficients". `decide` answers a relation that way, or raises `SizeDecision` when neither it nor its
   negation holds for every size: the compile then fails loudly and the graph is compiled per size instead
   (never a guess that could be wrong at another size).
@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 import sympy
 
-from ..graph.symbolic import MIN_SIZE, FloorDiv as SizeFloorDiv, Mod as SizeMod, SymInt, evaluate
+from ..graph.symbolic import FloorDiv as SizeFloorDiv, Mod as SizeMod, SymInt, evaluate, min_size
 
 
 class SizeDecision(NotImplementedError):
@@ -101,8 +101,8 @@ def hint(value: Any) -> int:
 
 def nonnegative(expr: Any) -> bool:
     """Whether `expr` (ints and size symbols; no loop variables) is >= 0 at every size: True only when
-    proved — with each symbol s = t + MIN_SIZE (t >= 0), a polynomial in the t's with no negative
-    coefficient."""
+    proved — with each symbol s = t + its least size (t >= 0; 2, or 1 for a `SizeOrOne`), a polynomial in
+    the t's with no negative coefficient."""
     expr = sympy.expand(sympy.sympify(expr))
     if expr.is_Integer:
         return int(expr) >= 0
@@ -120,8 +120,8 @@ def nonnegative(expr: Any) -> bool:
         opaque[atom] = sympy.Symbol(f"_u{len(opaque)}", integer=True, nonnegative=True)
     expr = sympy.expand(expr.xreplace(opaque))
     syms = {s for s in expr.free_symbols if s not in opaque.values()}
-    shift = {s: sympy.Symbol(f"_t_{s.name}", integer=True, nonnegative=True) + MIN_SIZE for s in syms}
-    gens = [shift[s] - MIN_SIZE for s in syms] + list(opaque.values())
+    shift = {s: sympy.Symbol(f"_t_{s.name}", integer=True, nonnegative=True) + min_size(s) for s in syms}
+    gens = [shift[s] - min_size(s) for s in syms] + list(opaque.values())
     if not gens:
         return bool(expr.is_Integer and int(expr) >= 0)
     try:

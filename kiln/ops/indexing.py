@@ -25,6 +25,7 @@ from ..prims.indexing import index_result_shape
 from ..prims.registry import check, shape_text, wrap_dim
 from .registry import DataDependentShape, NoDecomposition, register
 from .utils import broadcast, broadcast_shapes, broadcast_to, is_tensor
+from .shape import reshape_value
 
 _INDEX_DTYPES = (torch.int64, torch.int32)
 
@@ -445,7 +446,7 @@ def _embedding(weight: Any, indices: Any) -> Any:
           f"the following scalar types: Long, Int; but got {indices.dtype} instead (while checking arguments "
           "for embedding)")
     check(weight.ndim == 2, lambda: f"'weight' must be 2-D, got {shape_text(weight)}")
-    rows = prims.index_select(weight, 0, _long(indices).reshape(-1))
+    rows = prims.index_select(weight, 0, reshape_value(_long(indices), (-1,)))
     return rows.reshape((*indices.shape, weight.shape[1]))
 
 

@@ -144,6 +144,13 @@ def broadcast_shapes(*shapes: Sequence[Any]) -> tuple:
         for i in reversed(range(len(shape))):  # from the last dim, so errors name the dim eager names
             size = shape[i]
             j = offset + i
+            # asked so that a symbolic size that may be 1 is not asked about where the answer is the same
+            # either way: the same size again, or a literal 1 so far (the result is the size, 1 or not)
+            if same_sizes((size,), (result[j],)):
+                continue
+            if type(result[j]) is int and result[j] == 1:
+                result[j] = size
+                continue
             if size == 1:
                 continue
             if result[j] == 1:

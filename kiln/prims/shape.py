@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import operator
 from typing import Any, Sequence
 
 import sympy
 import torch
 
-from ..graph.symbolic import SymInt
+from ..graph.symbolic import SymInt, any_holds, has_symbols, same_sizes, surely_one
 from ..graph import TensorMeta
 # (kiln.ops imports the layout rules it needs from here too)
 from ..graph.layout import (contiguous_strides, dense_strides_like, is_non_overlapping_and_dense, numel,
@@ -44,7 +45,7 @@ def _broadcast_in_dim_meta(a: Any, shape: Sequence[int], broadcast_dimensions: S
           lambda: f"prims.broadcast_in_dim: broadcast dimensions {dims} must be increasing and within the "
                   f"{len(shape)}-d output")
     for i, d in enumerate(dims):
-        check(m.shape[i] == shape[d] or m.shape[i] == 1, lambda: f"prims.broadcast_in_dim: input dim {i} of "
+        check(same_sizes((m.shape[i],), (shape[d],)) or m.shape[i] == 1 or m.shape[i] == shape[d], lambda: f"prims.broadcast_in_dim: input dim {i} of "
               f"size {m.shape[i]} cannot broadcast to size {shape[d]} (input {shape_text(a)}, shape {shape})")
     return TensorMeta(shape, m.dtype, m.device, _broadcast_strides(m, shape, dims),
                       storage_offset=m.storage_offset)
@@ -56,10 +57,16 @@ def _broadcast_strides(m: TensorMeta, shape: tuple, dims: tuple) -> tuple:
     source = {d: i for i, d in enumerate(dims)}
     strides: list[Any] = [0] * len(shape)
     for d in range(len(shape) - 1, -1, -1):
+        # (a size that may be 1 is not asked about: a size-1 dim's stride is never used for an address)
         if d in source:
             i = source[d]
-            strides[d] = m.strides[i] if m.shape[i] == shape[d] else 0
-        elif shape[d] == 1 and d + 1 < len(shape):
+            if same_sizes((m.shape[i],), (shape[d],)):
+                strides[d] = m.strides[i]
+            elif type(m.shape[i]) is int and m.shape[i] == 1:
+                strides[d] = 0
+            else:
+                strides[d] = m.strides[i] if m.shape[i] == shape[d] else 0
+        elif d + 1 < len(shape) and surely_one(shape[d]):
             strides[d] = shape[d + 1] * strides[d + 1]
     return tuple(strides)
 
@@ -98,6 +105,8 @@ def view_strides(shape: Sequence[Any], strides: Sequence[Any], new_shape: Sequen
     shape, strides, new_shape = tuple(shape), tuple(strides), tuple(new_shape)
     if not shape:
         return (1,) * len(new_shape)
+    if has_symbols(shape) and same_sizes(shape, new_shape) and not any(type(d) is int and d == 1 for d in shape):
+        return strides  # the walk's answer, without asking whether a size that may be 1 is 1
     total = numel(shape)
     if total == 0 and shape == new_shape:
         return strides
@@ -112,9 +121,12 @@ def view_strides(shape: Sequence[Any], strides: Sequence[Any], new_shape: Sequen
     view_numel: Any = 1
     for tensor_d in range(len(shape) - 1, -1, -1):
         tensor_numel = tensor_numel * shape[tensor_d]
-        if tensor_d == 0 or (shape[tensor_d - 1] != 1
-                             and strides[tensor_d - 1] != tensor_numel * chunk_base_stride):
-            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
+        # (the stride first: on a contiguous layout it is decided by its spelling, and a size that may
+        # be 1 is not asked about; the size-1 test of the chunk walk is one question with the count's)
+        if tensor_d == 0 or (strides[tensor_d - 1] != tensor_numel * chunk_base_stride
+                             and shape[tensor_d - 1] != 1):
+            while view_d >= 0 and any_holds((operator.lt, view_numel, tensor_numel),
+                                            (operator.eq, new_shape[view_d], 1)):
                 result[view_d] = view_numel * chunk_base_stride
                 view_numel = view_numel * new_shape[view_d]
                 view_d -= 1
