@@ -23,6 +23,7 @@ import networkx as nx
 
 from ..counters import counters
 from ..graph import Graph, Node, TensorMeta, inline, map_structure
+from ..graph.symbolic import hint_of
 from .joint import Joint, _copy_nodes
 
 INF = float("inf")
@@ -31,7 +32,7 @@ INF = float("inf")
 def nbytes(meta: Any) -> float:
     if not isinstance(meta, TensorMeta):
         return INF
-    return math.prod(meta.shape) * meta.dtype.itemsize
+    return math.prod(hint_of(meta.shape)) * meta.dtype.itemsize  # (symbolic sizes: at the capture's hints)
 
 
 def _banned(node: Node) -> bool:

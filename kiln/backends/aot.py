@@ -28,6 +28,9 @@ from ..counters import counters
 from ..graph import Graph, flatten, map_structure, run, to_prims
 from ..graph.node import Node
 from ..graph.pipeline import CompileContext
+from ..graph.meta import TensorMeta
+from ..graph.specialize import size_bindings, specialize_graph, unbound_symbols
+from ..graph.symbolic import SymInt, has_symbols, substitute
 
 _VIEW_PRIMS = {"view", "permute", "squeeze", "expand_dims", "broadcast_in_dim", "slice", "diagonal",
                "as_strided", "unfold"}
@@ -72,10 +75,44 @@ def _view_base(node: Node) -> Node:
     return node
 
 
-def _replay(chain: list[Node], t: torch.Tensor) -> torch.Tensor:
+def _replay(chain: list[Node], t: torch.Tensor, sizes: dict | None = None) -> torch.Tensor:
     for node in chain:
-        t = node.target.ref(t, *node.args[1:], **node.kwargs)
+        args, kwargs = node.args[1:], node.kwargs
+        if sizes:  # (symbolic sizes: this call's)
+            args, kwargs = substitute(args, sizes), substitute(kwargs, sizes)
+        t = node.target.ref(t, *args, **kwargs)
     return t
+
+
+class _Sizes:
+    """A graph with symbolic sizes inside autograd: where the forward reads each symbol, and the symbols
+    the backward cannot read from its own inputs (a gradient of `x.sum()` has none of x's sizes). Those
+    reach the backward as the shape of an empty tensor, its last input: `(0, s0, s1)`."""
+
+    def __init__(self, prim: Graph, backward: Graph):
+        self.bindings = size_bindings(prim)  # (symbol, forward input, dim)
+        self.carried = unbound_symbols(backward)
+        where = {sym: (i, d) for sym, i, d in self.bindings}
+        if any(sym not in where for sym in self.carried + unbound_symbols(prim)):
+            raise NotImplementedError("a symbolic size of the graph is no input's dim")
+        self.carried_at = [where[sym] for sym in self.carried]
+        if self.carried:
+            env = next(s.env for p in prim.placeholders for s in getattr(p.meta, "shape", ())
+                       if isinstance(s, SymInt))
+            shape = (0, *(SymInt(sym, env) for sym in self.carried))
+            strides = [1] * len(shape)
+            for k in range(len(shape) - 2, -1, -1):
+                strides[k] = strides[k + 1] * shape[k + 1]
+            meta = TensorMeta(shape, torch.float32, torch.device("cpu"), tuple(strides))
+            name = backward._fresh("sizes")  # (placed after the other inputs, before the first computation)
+            last = max((k for k, n in enumerate(backward.nodes) if n.op == "placeholder"), default=-1)
+            backward.nodes.insert(last + 1, Node(backward, name, "placeholder", name, (), {}, meta))
+
+    def values(self, inputs: tuple) -> dict:
+        return {sym: inputs[i].shape[d] for sym, i, d in self.bindings}
+
+    def carrier(self, inputs: tuple) -> torch.Tensor:
+        return torch.empty((0, *(inputs[i].shape[d] for i, d in self.carried_at)))
 
 
 class _State:
@@ -92,6 +129,8 @@ class _State:
         self.context = context
         self.name = name
         self.backward: Callable[..., Any] | None = None
+        self.sizes: _Sizes | None = None  # symbolic sizes (one compile for every size)
+        self.backward_at: dict[tuple, Any] = {}  # symbolic backward that did not compile: run per size
 
     def double_backward(self, inputs: list, grads: dict[int, Any]) -> tuple:
         """create_graph=True: the forward again on the prim interpreter from the saved inputs, under
@@ -100,7 +139,8 @@ class _State:
         if self.prim.mutated_inputs:
             raise RuntimeError("kiln: create_graph=True through a compiled graph that updates its inputs in "
                                "place is not supported (run it without kiln.compile)")
-        outs = list(flatten(run(self.prim, inputs)))
+        prim = self.prim if self.sizes is None else specialize_graph(self.prim, self.sizes.values(inputs))
+        outs = list(flatten(run(prim, inputs)))
         pairs = [(outs[i], g) for i, g in grads.items() if g is not None and i in self.joint.differentiable]
         wrt = [t for t, n in zip(inputs, self.needs) if n]
         got = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], create_graph=True,
@@ -110,8 +150,27 @@ class _State:
     def run_backward(self, inputs: list) -> Any:
         if self.backward is None:
             counters["autograd"]["backward graphs compiled"] += 1
-            self.backward = self.compile_graph(self.joint.backward, list(inputs), self.context)
+            try:
+                self.backward = self.compile_graph(self.joint.backward, list(inputs), self.context)
+            except NotImplementedError as e:  # (a symbolic backward that cannot compile for every size)
+                if self.sizes is None:
+                    raise
+                reason = f"{self.name} backward: {type(e).__name__}: {e}"
+                counters["dynamic_symbolic_failed"][reason[:300]] += 1
+                self.backward = self._backward_per_size
         return self.backward(*inputs)
+
+    def _backward_per_size(self, *inputs: Any) -> Any:
+        """The symbolic backward specialized to this call's sizes (read from its inputs), one compile per
+        size."""
+        values = {sym: inputs[i].shape[d] for sym, i, d in size_bindings(self.joint.backward)}
+        key = tuple(values.values())
+        fn = self.backward_at.get(key)
+        if fn is None:
+            counters["dynamic_backend_compiles"][f"{self.name} backward"] += 1
+            graph = specialize_graph(self.joint.backward, values)
+            fn = self.backward_at[key] = self.compile_graph(graph, list(inputs), self.context)
+        return fn(*inputs)
 
 
 class KilnFunction(torch.autograd.Function):
@@ -127,6 +186,7 @@ class KilnFunction(torch.autograd.Function):
         kept = [t if i not in state.mutated else None for i, t in enumerate(inputs)]
         ctx.n_saved = len(saved)
         ctx.save_for_backward(*saved, *kept)
+        ctx.carrier = state.sizes.carrier(inputs) if state.sizes is not None and state.sizes.carried else None
         tensors = [user[i] for i in state.node_leaves]  # constants in the output are made outside
         differentiable = {id(user[i]) for i in joint.differentiable} | {id(user[i]) for i in state.nominal}
         ctx.mark_non_differentiable(*[t for t in tensors if id(t) not in differentiable])
@@ -149,6 +209,8 @@ class KilnFunction(torch.autograd.Function):
             else:
                 g = by_leaf[k]
                 inputs.append(g.contiguous() if g is not None else None)
+        if ctx.carrier is not None:
+            inputs.append(ctx.carrier)
         result = state.run_backward(inputs)
         # A new tensor object per gradient (same memory): the generated wrapper keeps its output buffers for
         # reuse next call (it reuses one only when nothing else holds it), and autograd's AccumulateGrad
@@ -180,8 +242,10 @@ def compile_with_autograd(graph: Graph, example_inputs: list, context: CompileCo
     joint = differentiate(prim, needs, frozenset(views))
     if context.flag("autograd_recompute"):
         joint = partition(joint)
+    sizes = _Sizes(prim, joint.backward) if has_symbols([n.meta for n in prim.placeholders]) else None
     forward = compile_graph(joint.forward, list(example_inputs), context)
     state = _State(joint, forward, compile_graph, context, graph.name, prim, needs)
+    state.sizes = sizes
     template = joint.output_template
     n_user = joint.user_leaves
     counters["autograd"]["graphs compiled with a backward"] += 1
@@ -204,8 +268,9 @@ def compile_with_autograd(graph: Graph, example_inputs: list, context: CompileCo
         values = list(leaves)
         for i, t in zip(node_leaves, tensors, strict=True):
             values[i] = t
+        at = sizes.values(inputs) if sizes is not None and views else None
         for i, (position, chain) in views.items():  # views of inputs, as eager makes them
-            values[i] = _replay(chain, inputs[position])
+            values[i] = _replay(chain, inputs[position], at)
         return repack(values)
     return call
 

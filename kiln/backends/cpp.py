@@ -288,14 +288,15 @@ def cpp(graph: Graph, example_inputs: list, context: CompileContext | None = Non
 
 def compile_symbolic(graph: Graph, example_inputs: list, context: CompileContext | None = None) -> CompiledGraph:
     """Compile a graph with symbolic sizes once for every size: kernels take the sizes as int64 arguments,
-    the wrapper reads them from the inputs' shapes and sizes buffers from expressions of them. Raises
-    (never falls back) where it cannot: autograd (the per-size path compiles the backward), grad-mode
-    switches inside the graph, a size question whose answer differs between sizes (`SizeDecision`)."""
+    the wrapper reads them from the inputs' shapes and sizes buffers from expressions of them; with
+    autograd the forward and (on the first backward) the backward. Raises (never falls back) where it
+    cannot: grad-mode switches inside the graph, a size question whose answer differs between sizes
+    (`SizeDecision`, or a question the frozen guards never settled)."""
     if any(n.op == "call_torch" and n.target is torch._C._set_grad_enabled for n in graph.nodes):
         raise NotImplementedError("grad-mode switches inside the graph: its segments compile per size")
-    from .aot import needs_autograd
+    from .aot import compile_with_autograd, needs_autograd
     if needs_autograd(example_inputs):
-        raise NotImplementedError("inputs require grad: the forward and backward compile per size")
+        return compile_with_autograd(graph, example_inputs, context or CompileContext(), compile_graph)
     return compile_graph(graph, example_inputs, context)
 
 

@@ -87,19 +87,6 @@ def has_symbols_bound(node: Node, graph: Graph) -> bool:
         n.op == "call_torch" and n.target is torch._C._set_grad_enabled for n in [node])
 
 
-def unbound_symbols(graph: Graph) -> list:
-    """Symbols the graph mentions that are no input's dim (int arguments made symbolic), sorted by name."""
-    bound = {size.expr for ph in graph.placeholders for size in getattr(ph.meta, "shape", ())
-             if isinstance(size, SymInt) and size.expr.is_Symbol}
-    used: set = set()
-    for n in graph.nodes:
-        used |= symbols_of((n.args, n.kwargs))
-        for m in (n.meta if isinstance(n.meta, tuple) else (n.meta,)):
-            if hasattr(m, "shape"):
-                used |= symbols_of((tuple(m.shape), tuple(m.strides), m.storage_offset))
-    return sorted(used - bound, key=str)
-
-
 def is_symbolic_graph(graph: Graph) -> bool:
     return any(has_symbols(n.meta) or has_symbols(n.args) or has_symbols(n.kwargs) for n in graph.nodes)
 

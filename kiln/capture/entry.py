@@ -32,7 +32,8 @@ from ..graph.symbolic import SymInt, has_symbols, python_expr, specialize_all, s
 from ..ops.registry import aliases
 from .errors import GraphBreak
 from .guards import check_expr, is_constant
-from .dynamic import SymbolicGraph, is_symbolic_graph, unbound_symbols
+from ..graph.specialize import unbound_symbols
+from .dynamic import SymbolicGraph, is_symbolic_graph
 from .segments import compile_segmented
 from .state import Capture
 from .values import NativeCall

@@ -5,7 +5,7 @@ from typing import Any
 
 from .graph import Graph
 from .node import Node, map_structure
-from .symbolic import SymInt, substitute
+from .symbolic import SymInt, substitute, symbols_of
 
 
 def specialize_graph(graph: Graph, values: dict) -> Graph:
@@ -45,3 +45,16 @@ def size_bindings(graph: Graph) -> list[tuple[Any, int, int]]:
                 seen.add(size.expr)
                 out.append((size.expr, i, d))
     return out
+
+
+def unbound_symbols(graph: Graph) -> list:
+    """Symbols the graph mentions that are no input's dim (int arguments made symbolic), sorted by name."""
+    bound = {size.expr for ph in graph.placeholders for size in getattr(ph.meta, "shape", ())
+             if isinstance(size, SymInt) and size.expr.is_Symbol}
+    used: set = set()
+    for n in graph.nodes:
+        used |= symbols_of((n.args, n.kwargs))
+        for m in (n.meta if isinstance(n.meta, tuple) else (n.meta,)):
+            if hasattr(m, "shape"):
+                used |= symbols_of((tuple(m.shape), tuple(m.strides), m.storage_offset))
+    return sorted(used - bound, key=str)

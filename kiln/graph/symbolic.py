@@ -114,7 +114,8 @@ class Mod(sympy.Function):
         if b == 1 or a == 0 or a == b:
             return sympy.Integer(0)
         num, den = sympy.fraction(sympy.together(a / b))
-        if den == 1 and (num.is_Integer or _integer_coefficients(num)):  # (s0*s1) % s1, (768*s0*s1) % (64*s0*s1): exact
+        # (s0*s1) % s1, (768*s0*s1) % (64*s0*s1): exact
+        if den == 1 and (num.is_Integer or _integer_coefficients(num)):
             return sympy.Integer(0)
         if b.is_Integer and a.is_Mul:
             coeff, _ = a.as_coeff_Mul()
@@ -246,8 +247,8 @@ def _decide_case(rel: sympy.Basic) -> bool | None:
     kinds = {sympy.Gt: (1, 1), sympy.Ge: (1, 0), sympy.Lt: (-1, 1), sympy.Le: (-1, 0)}
     if isinstance(rel, (sympy.Eq, sympy.Ne)):
         lo, hi = _bounds(rel.lhs - rel.rhs)
-        equal = True if lo == hi == 0 else False if (lo is not None and lo > 0) or (hi is not None and hi < 0) \
-            else None
+        apart = (lo is not None and lo > 0) or (hi is not None and hi < 0)
+        equal = True if lo == hi == 0 else False if apart else None
         return equal if equal is None or isinstance(rel, sympy.Eq) else not equal
     for kind, (sign, strict) in kinds.items():
         if isinstance(rel, kind):  # sign * (lhs - rhs) >= strict

@@ -45,7 +45,10 @@ def _broadcast_in_dim_meta(a: Any, shape: Sequence[int], broadcast_dimensions: S
           lambda: f"prims.broadcast_in_dim: broadcast dimensions {dims} must be increasing and within the "
                   f"{len(shape)}-d output")
     for i, d in enumerate(dims):
-        check(same_sizes((m.shape[i],), (shape[d],)) or m.shape[i] == 1 or m.shape[i] == shape[d], lambda: f"prims.broadcast_in_dim: input dim {i} of "
+        have = m.shape[i]  # (spelled-out answers first: a size that may be 1 is asked about last)
+        fits = same_sizes((have,), (shape[d],)) or (type(have) is int and have == 1) or have == shape[d] \
+            or have == 1
+        check(fits, lambda: f"prims.broadcast_in_dim: input dim {i} of "
               f"size {m.shape[i]} cannot broadcast to size {shape[d]} (input {shape_text(a)}, shape {shape})")
     return TensorMeta(shape, m.dtype, m.device, _broadcast_strides(m, shape, dims),
                       storage_offset=m.storage_offset)
@@ -105,7 +108,7 @@ def view_strides(shape: Sequence[Any], strides: Sequence[Any], new_shape: Sequen
     shape, strides, new_shape = tuple(shape), tuple(strides), tuple(new_shape)
     if not shape:
         return (1,) * len(new_shape)
-    if has_symbols(shape) and same_sizes(shape, new_shape) and not any(type(d) is int and d == 1 for d in shape):
+    if has_symbols(shape) and same_sizes(shape, new_shape) and 1 not in [d for d in shape if type(d) is int]:
         return strides  # the walk's answer, without asking whether a size that may be 1 is 1
     total = numel(shape)
     if total == 0 and shape == new_shape:
