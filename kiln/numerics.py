@@ -180,10 +180,10 @@ class _OriginLowering(Lowering):
     def fallback(self, node: Any, target: Any, target_name: str, kind: str) -> Any:
         return self._lowering(node, super().fallback, target, target_name, kind)
 
-    def realize(self, box: Any, meta: Any = None) -> str:
+    def realize(self, box: Any, meta: Any = None, node: Any = None) -> str:
         self._realizing += 1
         try:
-            return super().realize(box, meta)
+            return super().realize(box, meta, node)
         finally:
             self._realizing -= 1
 

@@ -31,10 +31,11 @@ from .cpp_columns import ColumnWriter, column_plan
 # attention call torch (BLAS, oneDNN); OpenMP over the outer loops from 32768 elements (below that,
 # starting the threads costs more than it saves), over the inner loops when there are fewer than 4 outer
 # iterations; registers and per-thread scratch rows for buffers that never leave their kernel; AVX-512
-# (64-byte vectors, the alignment of stack tiles); sizes baked into the source.
+# (64-byte vectors, the alignment of stack tiles); sizes baked into the source; NHWC values around 2-D
+# convolutions (oneDNN's faster layout).
 CPP_TARGET = Target("cpp", compute_dtypes=ALL_DTYPES, extern_prims=LIBRARY_PRIMS, parallel_threshold=32768,
                     min_parallel_outer=4, local_kinds=frozenset({"scalar", "array"}), vector_bytes=64,
-                    sizes="literal")
+                    sizes="literal", channels_last_convs=True)
 
 CTYPES = {torch.bfloat16: "kiln_bf16", torch.float16: "kiln_fp16", torch.float32: "float",
           torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t", torch.int16: "int16_t",

@@ -23,6 +23,8 @@ from ..graph.symbolic import SymInt
 from ..prims import Prim
 from .index import linear_index, simplify_index, unravel
 from .sizes import dense, dim, dims, hint, is_positive, is_static, known_le, nonnegative, same
+from .conv_layout import (ConvLayout, channels_last_layout, channels_last_strides, eager_nhwc,
+                          is_channels_last)
 from .ir import (BufferRef, ComputedBuffer, ExternNode, InputBuffer, Layout, LoopGraph, OutputView,
                  Pointwise, Reduction, Scan, ViewRef)
 from .ops import BINARY_OPS, UNARY_OPS, CountHandler
@@ -96,13 +98,17 @@ class Lowering:
         self.env: dict[int, Any] = {}
         self.users: dict[Node, list[Node]] = graph.users()
         self.aliased_by_output = _aliased_by_output(graph, target)
+        # what is laid out NHWC around convolutions (kiln.lower.conv_layout)
+        self.conv_layout = channels_last_layout(graph) if target.channels_last_convs else ConvLayout()
+        self.channels_last = self.conv_layout.values
 
     # -- buffers --
     def new_name(self) -> str:
         return next(self.names)
 
-    def realize(self, box: Box, meta: TensorMeta | None = None) -> str:
-        """The name of a buffer holding the box's value at its natural (full, dense) layout."""
+    def realize(self, box: Box, meta: TensorMeta | None = None, node: Node | None = None) -> str:
+        """The name of a buffer holding the box's value at its natural (full, dense) layout: the meta's
+        strides (when dense), or NHWC for a `node` the convolution layout chose (kiln.lower.conv_layout)."""
         if box.view is not None:
             name, strides, offset = box.view
             buf = self.loop.buffers[name]
@@ -112,6 +118,8 @@ class Lowering:
             return box.realized
         strides = _dense_strides(meta) if meta is not None and _ints(meta.shape) == box.shape else \
             contiguous_strides(box.shape)
+        if node is not None and id(node) in self.channels_last and _ints(node.meta.shape) == box.shape:
+            strides = channels_last_strides(box.shape)
         name = self.new_name()
         box.realized = name
         loader = box.loader
@@ -120,8 +128,8 @@ class Lowering:
         self.add_node(buf)
         return name
 
-    def realized_box(self, box: Box, meta: TensorMeta | None = None) -> Box:
-        name = self.realize(box, meta)
+    def realized_box(self, box: Box, meta: TensorMeta | None = None, node: Node | None = None) -> Box:
+        name = self.realize(box, meta, node)
         buf = self.loop.buffers[name]
         return _buffer_box(name, buf.dtype, buf.shape, buf.layout.strides, buf.layout.offset)
 
@@ -222,7 +230,7 @@ class Lowering:
             else:
                 if isinstance(box, Box) and box.view is None and len(self.users.get(node, ())) > 1 \
                         and box.cost() > INLINE_REUSE_COST:
-                    box = self.realized_box(box, node.meta)
+                    box = self.realized_box(box, node.meta, node)
                 return box
         kind = "extern" if extern else "fallback"
         return self.fallback(node, prim.ref, f"prims.{prim.name}", kind)
@@ -239,11 +247,16 @@ class Lowering:
                         return BufferRef(name)
                     return ViewRef(name, value.shape, strides, offset)  # a view: passed without a copy
                 if isinstance(value, Box):
-                    return BufferRef(self.realize(value, v.meta))
+                    return BufferRef(self.realize(value, v.meta, v))
                 return value
             return v
         args = map_structure(arg, node.args)
         kwargs = map_structure(arg, node.kwargs)
+        if id(node) in self.conv_layout.results and isinstance(node.args[1], Node) and \
+                id(node.args[1]) in self.channels_last and not _nhwc_operand(args[0], self.loop.buffers):
+            weight = self.env[id(node.args[1])]  # the NHWC copy kiln.lower.conv_layout asked for
+            copy = Box(weight.shape, weight.dtype, weight.loader)
+            args = (args[0], BufferRef(self.realize(copy, node.args[1].meta, node.args[1]))) + tuple(args[2:])
         metas = node.meta if isinstance(node.meta, tuple) else (node.meta,)
         if not metas:
             raise NotImplementedError(f"{self.target.name} backend: {target_name} returns no tensor")
@@ -254,12 +267,24 @@ class Lowering:
                                           f"({m})")
             self.check_dtype(m.dtype, node)
             shape = _ints(m.shape)
-            outputs.append(InputBuffer(self.new_name(), m.dtype, Layout(shape, _eager_strides(m))))
+            strides = _eager_strides(m)
+            if target_name == "prims.convolution" and self.nhwc_result(node, args):
+                strides = channels_last_strides(shape)
+            outputs.append(InputBuffer(self.new_name(), m.dtype, Layout(shape, strides)))
         counters[kind][target_name] += 1
         self.add_node(ExternNode(outputs[0].name if len(outputs) == 1 else self.new_name(), kind, target,
                                  target_name, args, kwargs, outputs, isinstance(node.meta, tuple)))
         boxes = tuple(_buffer_box(o.name, o.dtype, o.shape, o.layout.strides) for o in outputs)
         return boxes if isinstance(node.meta, tuple) else boxes[0]
+
+
+    def nhwc_result(self, node: Node, args: tuple) -> bool:
+        """A convolution returns NHWC (torch keeps an NHWC input's or weight's layout): where eager's
+        operands are NHWC, or where kiln.lower.conv_layout chose it and an operand is NHWC here."""
+        if eager_nhwc(node):
+            return True
+        return id(node) in self.conv_layout.results and \
+            any(_nhwc_operand(a, self.loop.buffers) for a in args[:2])
 
 
 def _aliased_by_output(graph: Graph, target: Target) -> set[int]:
@@ -285,6 +310,14 @@ def _aliased_by_output(graph: Graph, target: Target) -> set[int]:
             if isinstance(node.args[0], Node):
                 marked.add(id(node.args[0]))
     return marked
+
+
+def _nhwc_operand(ref: Any, buffers: dict) -> bool:
+    """An extern's argument that is an NHWC tensor (a buffer laid out so, or such a view of one)."""
+    if isinstance(ref, BufferRef):
+        layout = buffers[ref.name].layout
+        return layout.offset == 0 and is_channels_last(layout.shape, layout.strides)
+    return isinstance(ref, ViewRef) and is_channels_last(ref.shape, ref.strides)
 
 
 def _is_graph_input(buf: Any) -> bool:
@@ -386,7 +419,7 @@ def lower_view(ctx: Lowering, node: Node, a: Box, *args: Any, **kwargs: Any) -> 
     """
     source = node.args[0] if node.args and isinstance(node.args[0], Node) else None
     if a.view is None and id(node) in ctx.aliased_by_output and source is not None:
-        a = ctx.realized_box(a, source.meta)
+        a = ctx.realized_box(a, source.meta, source)
     out = node.meta
     if a.view is not None:
         name, strides, offset = a.view
@@ -464,6 +497,11 @@ def lower_broadcast(ctx: Lowering, node: Node, a: Box, shape: Any, dims: Any) ->
     out_shape = _ints(shape)
     zero = sympy.Integer(0)
     kept = [_broadcast_keeps(in_shape[i], out_shape[d]) for i, d in enumerate(dims)]
+    if ctx.channels_last and len(out_shape) == 4 and [d for keep, d in zip(kept, dims) if keep] == [1] and \
+            a.cost() > 2:
+        # a computed per-channel vector (eval BatchNorm's scale and shift) is computed once, not per pixel:
+        # in an NHWC kernel the channel is the vectorized inner index, where no compiler hoists it
+        a = ctx.realized_box(a)
 
     def load(h: Any, index: list) -> Any:
         return a.loader(h, [index[d] if keep else zero for keep, d in zip(kept, dims)])

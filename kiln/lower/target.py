@@ -32,6 +32,9 @@ class Target:
     vector_bytes: int
     # how sizes reach kernels: "literal" (baked into the source as constants) or "argument" (int64 params)
     sizes: str = "literal"
+    # lay out the values around 2-D convolutions channels-last (NHWC) where nothing outside sees them
+    # (kiln.lower.conv_layout: oneDNN's NHWC convolutions are faster on CPUs)
+    channels_last_convs: bool = False
 
     def computes(self, dtype: torch.dtype) -> bool:
         return dtype in self.compute_dtypes

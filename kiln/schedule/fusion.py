@@ -255,15 +255,16 @@ def _collapse(group: FusedGroup) -> None:
                     sympy.expand(outer - inner * shape[d]) != 0:
                 return False
         return True
-    # size-1 dims always have index 0: leave them out, and merge the others where memory allows
-    dims = [d for d in range(len(shape)) if shape[d] != 1]
+    # size-1 dims always have index 0: leave them out, and merge the others where memory allows; the loops
+    # follow the first member's stored layout (an NHWC output walks C innermost, contiguously)
+    dims = _store_order(group, [d for d in range(len(shape)) if shape[d] != 1])
     runs: list[list[int]] = []
     for d in dims:
         if runs and mergeable(runs[-1][-1], d):
             runs[-1].append(d)
         else:
             runs.append([d])
-    if len(runs) == len(shape):
+    if len(runs) == len(shape) and dims == sorted(dims):
         return
     new_shape = []
     for run in runs:
@@ -281,6 +282,14 @@ def _collapse(group: FusedGroup) -> None:
     group.outer = tuple(new_shape)
     group.expand = expand
     log.debug("%s: dims %s collapse to %s", group.name, list(shape), new_shape)
+
+
+def _store_order(group: FusedGroup, dims: list[int]) -> list[int]:
+    """`dims` ordered by the first member's strides, largest first (stable: row-major stays as it is)."""
+    strides = group.members[0].buffer.layout.strides
+    if not all(isinstance(strides[d], int) for d in dims):
+        return dims  # symbolic strides: the logical order
+    return sorted(dims, key=lambda d: -strides[d])
 
 
 def _finish(group: FusedGroup) -> None:

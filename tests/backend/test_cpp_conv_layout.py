@@ -1,0 +1,257 @@
+"""NHWC layout around 2-D convolutions on the cpp backend (kiln/lower/conv_layout.py) against eager: values
+between convolutions are laid out channels-last, kernels walk them contiguously, outputs keep eager's
+strides; odd channel counts, size-1 dims, strided and sliced inputs, user channels-last inputs, dtypes,
+grouped, strided, dilated and 1x1 convolutions, shared weights, and the torch behaviour the layout relies
+on."""
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+import kiln.ops
+from kiln import config
+from kiln.backends.cpp import compile_graph
+from kiln.lower.conv_layout import channels_last_strides
+from kiln.lower.ir import ComputedBuffer, ExternNode
+
+pytestmark = pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def shared_cache(tmp_path_factory):
+    with config.patch(cache_dir=str(tmp_path_factory.getbasetemp() / "kiln_cache"), raise_on_error=True):
+        yield
+
+
+def compiled(fn, *inputs):
+    return compile_graph(kiln.ops.trace(fn, *inputs), list(inputs))
+
+
+def check(fn, *inputs, atol=1e-5, rtol=1e-5):
+    """Same values and output strides as eager, on the inputs and on fresh (positive: BatchNorm's variances
+    stay valid) values."""
+    c = compiled(fn, *inputs)
+    for args in (inputs, [x.clone().uniform_(0.25, 2) if x.is_floating_point() else x for x in inputs]):
+        expected, actual = fn(*args), c(*args)
+        pairs = zip(actual, expected) if isinstance(expected, tuple) else [(actual, expected)]
+        for a, e in pairs:
+            torch.testing.assert_close(a, e, atol=atol, rtol=rtol)
+            assert a.stride() == e.stride()
+    return c
+
+
+def nhwc_buffers(c):
+    """Names of the computed buffers and convolution results laid out NHWC."""
+    names = []
+    for name, buf in c.loop.buffers.items():
+        shape = buf.layout.shape
+        if len(shape) == 4 and shape[1] > 1 and shape[2] * shape[3] > 1 and \
+                tuple(buf.layout.strides) == channels_last_strides(tuple(shape)):
+            names.append(name)
+    return names
+
+
+def conv_results(c):
+    return [n.outputs[0].name for n in c.loop.nodes
+            if isinstance(n, ExternNode) and n.target_name == "prims.convolution"]
+
+
+def bn(x, p):
+    mean, var, w, b = p
+    return F.batch_norm(x, mean, var, w, b, training=False, eps=1e-5)
+
+
+def bn_params(c, dtype=torch.float32):
+    return [torch.randn(c, dtype=dtype), torch.rand(c, dtype=dtype) + 0.5, torch.randn(c, dtype=dtype),
+            torch.randn(c, dtype=dtype)]
+
+
+def block(x, w1, w2, w3, m1, v1, g1, b1, m2, v2, g2, b2):
+    """conv -> BN -> relu -> depthwise conv -> BN -> relu6 + residual -> 1x1 conv -> global mean."""
+    y = F.relu(bn(F.conv2d(x, w1, padding=1), (m1, v1, g1, b1)))
+    z = F.relu6(bn(F.conv2d(y, w2, padding=1, groups=w2.shape[0]), (m2, v2, g2, b2))) + y
+    return F.conv2d(z, w3).mean((2, 3))
+
+
+def block_inputs(n, c_in, c, h, w, c_out, dtype=torch.float32):
+    torch.manual_seed(0)
+    return [torch.randn(n, c_in, h, w, dtype=dtype), torch.randn(c, c_in, 3, 3, dtype=dtype),
+            torch.randn(c, 1, 3, 3, dtype=dtype), torch.randn(c_out, c, 1, 1, dtype=dtype),
+            *bn_params(c, dtype), *bn_params(c, dtype)]
+
+
+def test_values_between_convolutions_are_nhwc():
+    c = check(block, *block_inputs(2, 3, 16, 12, 12, 8))
+    convs = conv_results(c)
+    assert len(convs) == 3
+    laid_out = nhwc_buffers(c)
+    # every convolution returns NHWC: the first one through an NHWC copy of its weight
+    assert all(name in laid_out for name in convs), (convs, laid_out)
+    kernels = [k for k in c.kernels if any(len(m.buffer.shape) == 4 and m.buffer.name in laid_out
+                                           for m in k.members)]
+    assert kernels
+    # the NHWC elementwise kernels loop over the channels innermost (contiguous along the inner loop)
+    for k in kernels:
+        store = k.store_index(k.members[0])
+        r = k.inner_vars()[-1]
+        assert store.coeff(r) == 1, k.describe()
+    assert_no_restride_copies(c, block_inputs(2, 3, 16, 12, 12, 8))
+
+
+def assert_no_restride_copies(c, inputs):
+    """Every extern returned the strides kiln expected: the wrapper copied none of their results."""
+    c(*inputs)  # the first call swaps in the generated wrapper
+    wrapper_globals = c.call.__globals__
+    restride = wrapper_globals["_restride"]
+    copies = []
+
+    def counting(t, strides):
+        if tuple(t.stride()) != strides and t.numel() > 1:
+            copies.append((tuple(t.shape), tuple(t.stride()), strides))
+        return restride(t, strides)
+    wrapper_globals["_restride"] = counting
+    try:
+        c(*inputs)
+    finally:
+        wrapper_globals["_restride"] = restride
+    assert not copies
+
+
+@pytest.mark.parametrize("weight, groups, kw", [((8, 8, 3, 3), 1, {}), ((8, 1, 3, 3), 8, dict(stride=2)),
+                                                ((6, 8, 1, 1), 1, {}), ((8, 4, 3, 3), 2, dict(dilation=2)),
+                                                ((8, 1, 5, 5), 8, dict(padding=2))])
+def test_torch_keeps_an_nhwc_operands_layout(weight, groups, kw):
+    """What the layout relies on (for speed only: a mismatch is copied): torch returns NHWC for an NHWC
+    input, and for an NCHW input with an NHWC weight (one with more than one input channel per group and
+    more than one tap: kiln copies no other weight)."""
+    x, w = torch.randn(2, 8, 9, 9), torch.randn(weight)
+    cl = torch.channels_last
+    pairs = [(x.contiguous(memory_format=cl), w)]
+    if weight[1] > 1 and weight[2] * weight[3] > 1:
+        pairs.append((x, w.contiguous(memory_format=cl)))
+    for a, b in pairs:
+        out = F.conv2d(a, b, groups=groups, **kw)
+        assert out.stride() == channels_last_strides(tuple(out.shape))
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 7, 5, 5), (3, 5, 7, 9, 3), (2, 1, 6, 1, 1), (1, 2, 2, 1, 3),
+                                   (4, 3, 1, 4, 1)])
+def test_odd_sizes(shape):
+    n, c_in, c, h, w = shape
+    check(block, *block_inputs(n, c_in, c, h, w, 5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_dtypes(dtype):
+    tol = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float64 else dict(atol=0.1, rtol=0.05)
+    check(block, *block_inputs(2, 3, 8, 6, 6, 4, dtype), **tol)
+
+
+def test_sliced_and_channels_last_inputs():
+    inputs = block_inputs(2, 3, 8, 10, 10, 4)
+    x = torch.randn(2, 3, 14, 12)[:, :, 2:12, 1:11]
+    assert_no_restride_copies(check(block, x, *inputs[1:]), [x, *inputs[1:]])
+    check(block, inputs[0].contiguous(memory_format=torch.channels_last), *inputs[1:])
+
+    def conv_out(x, w):
+        return F.conv2d(x, w, padding=1)  # eager returns NHWC for an NHWC input: so does kiln
+    check(conv_out, inputs[0].contiguous(memory_format=torch.channels_last), inputs[1])
+
+
+def test_outputs_keep_eager_strides():
+    inputs = block_inputs(2, 3, 8, 6, 6, 4)
+
+    def fn(x, w1, w2, w3, m1, v1, g1, b1, m2, v2, g2, b2):
+        y = F.relu(bn(F.conv2d(x, w1, padding=1), (m1, v1, g1, b1)))
+        z = F.conv2d(y, w2, padding=1, groups=8)
+        return y, z, F.conv2d(torch.sigmoid(z), w3), z.transpose(1, 3)
+    check(fn, *inputs)
+
+
+@pytest.mark.parametrize("kw", [dict(stride=2), dict(dilation=2, padding=2), dict(groups=2),
+                                dict(stride=(2, 1), padding=(0, 1)), dict(bias=True)])
+def test_convolution_variants(kw):
+    kw = dict(kw)
+    bias = kw.pop("bias", False)
+    groups = kw.get("groups", 1)
+    torch.manual_seed(1)
+    x, w1, w2 = torch.randn(2, 4, 9, 11), torch.randn(6, 4, 3, 3), torch.randn(4, 6 // groups, 3, 3)
+    b = torch.randn(4)
+
+    def fn(x, w1, w2, b, dw):
+        y = torch.tanh(F.conv2d(x, w1, padding=1) * 0.5)
+        y = F.conv2d(y, dw, padding=1, groups=6) - y  # a depthwise convolution: the graph is NHWC
+        return F.conv2d(y, w2, b if bias else None, **kw) + 1
+    c = check(fn, x, w1, w2, b, torch.randn(6, 1, 3, 3))
+    assert conv_results(c)[1] in nhwc_buffers(c)
+
+
+def test_shared_weight_and_views_of_nhwc_values():
+    torch.manual_seed(2)
+    x, w = torch.randn(2, 4, 8, 8), torch.randn(4, 4, 3, 3)
+
+    def fn(x, w):
+        y = F.relu(F.conv2d(x, w, padding=1))
+        z = F.relu(F.conv2d(y, w, padding=1)) + F.conv2d(y, w[:, :1], padding=1, groups=4)
+        flat = z.flatten(2).transpose(1, 2)  # (N, HW, C): contiguous over an NHWC buffer
+        return F.conv2d(z, w).sum((1, 2, 3)), flat.softmax(-1).sum(1), z.reshape(2, -1).mean(1)
+    check(fn, x, w)
+
+
+def test_batchnorm_scale_is_computed_once_per_channel():
+    inputs = block_inputs(2, 3, 16, 8, 8, 4)
+    c = check(block, *inputs)
+    # the per-channel scale and shift are buffers of C elements, read by the per-pixel kernels
+    vectors = [b for b in c.loop.buffers.values() if isinstance(b, ComputedBuffer) and b.numel() == 16]
+    assert len(vectors) >= 4
+
+
+def test_module_through_kiln_compile():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = torch.nn.Conv2d(3, 16, 3, padding=1, bias=False)
+            self.bn1 = torch.nn.BatchNorm2d(16)
+            self.dw = torch.nn.Conv2d(16, 16, 3, stride=2, padding=1, groups=16, bias=False)
+            self.bn2 = torch.nn.BatchNorm2d(16)
+            self.head = torch.nn.Linear(16, 10)
+
+        def forward(self, x):
+            x = F.relu(self.bn1(self.conv1(x)))
+            x = F.hardswish(self.bn2(self.dw(x)))
+            return self.head(F.adaptive_avg_pool2d(x, 1).flatten(1))
+    torch.manual_seed(3)
+    net = Net()
+    for m in (net.bn1, net.bn2):
+        m.running_mean.uniform_(-1, 1)
+        m.running_var.uniform_(0.5, 2)
+    net.eval()
+    x = torch.randn(3, 3, 15, 15)
+    compiled_net = kiln.compile(net, backend="cpp", options={"raise_on_error": True})
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(compiled_net(x), net(x), atol=1e-5, rtol=1e-5)
+
+
+def test_dense_convolutions_alone_keep_eager_layout():
+    torch.manual_seed(5)
+    x, w = torch.randn(2, 4, 8, 8), torch.randn(4, 4, 3, 3)
+
+    def fn(x, w):
+        return F.conv2d(F.relu(F.conv2d(x, w, padding=1)), w, padding=1)
+    c = check(fn, x, w)
+    assert not nhwc_buffers(c)
+
+
+def test_symbolic_sizes_keep_their_layout():
+    """Shapes with symbolic sizes are left in eager's layout (the choice needs static sizes)."""
+    def fn(x, w):
+        return F.relu(F.conv2d(F.relu(F.conv2d(x, w, padding=1)), w[:, :1], padding=1, groups=4))
+    torch.manual_seed(4)
+    w = torch.randn(4, 4, 3, 3)
+    c = kiln.compile(fn, backend="cpp", dynamic=True, options={"raise_on_error": True})
+    for h in (6, 9, 7):
+        x = torch.randn(2, 4, h, h + 1)
+        torch.testing.assert_close(c(x, w), fn(x, w), atol=1e-5, rtol=1e-5)
