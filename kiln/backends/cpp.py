@@ -32,12 +32,12 @@ from ..graph.pipeline import CompileContext, CompileState, Pass, run_pipeline
 from ..lower import lower
 from ..graph.specialize import size_bindings, specialize_graph
 from ..graph.symbolic import SymInt
-from ..lower.ir import LoopGraph
+from ..lower.ir import ExternNode, LoopGraph
 from ..lower.patterns import fold_bias_into_mm
 from ..lower.sizes import size_hints
 from ..lower.target import Target
 from ..lower.verify import verify_loop
-from ..runtime import build
+from ..runtime import build, rng
 from ..schedule.fusion import FusedGroup, fuse
 from ..schedule.memory import Plan, Segment, plan
 from ..schedule.order import order
@@ -128,6 +128,9 @@ def _cse(state: CompileState, ctx: CompileContext) -> None:
 
 def _lower(state: CompileState, ctx: CompileContext) -> None:
     state.loop = lower(state.prim_graph, state.target)
+    for node in state.loop.nodes:
+        if isinstance(node, ExternNode) and node.target_name == "prims.bernoulli":
+            node.target = rng.bernoulli  # eager's draws, natively (kiln.runtime.rng)
 
 
 def _fold_bias(state: CompileState, ctx: CompileContext) -> None:

@@ -1,0 +1,175 @@
+"""Bernoulli draws from torch's CPU generator, as eager draws them, in native code.
+
+Eager's `bernoulli_(p)` on a CPU without MKL's path (torch takes it on Intel CPUs only) draws element by
+element in memory order: two 32-bit outputs of the generator's MT19937 engine make a 64-bit word, its
+low 53 bits a double u in [0, 1), and the element is `u < p`. It runs serially through TensorIterator
+(~13 ns an element here), which made `dropout` 0.7x of torch.compile's own (different) random stream.
+`bernoulli` below reads the generator's state (`get_state`), runs the same engine in C++ (~2 ns an
+element), and writes the advanced state back (`set_state`): the same draws and the same state after the
+call as eager, so later random calls agree too.
+
+That this is eager's algorithm on this machine is checked once per process (`_native_matches`): a few
+draws across the engine's 624-word blocks, with a copy of a generator, must equal torch's values and its
+state after them; where they do not (MKL's path, another torch), every call runs torch's kernel.
+The GIL is held through the native call (PyDLL): no other thread can draw between reading and writing
+the state.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import struct
+from typing import Any
+
+import torch
+
+from .build import build
+
+# below this many elements torch's own kernel costs less than reading and writing the generator's state
+NATIVE_MIN = 1 << 15
+_STATE_WORDS = 624
+_POD = "<QiiQ"  # CPUGeneratorImpl's state: seed, left, seeded, next, then 624 words stored as uint64
+_WORDS_AT = struct.calcsize(_POD)
+
+SOURCE = r"""
+#include <cstdint>
+
+static void kiln_mt_twist(uint32_t* s) {
+  const int n = 624, m = 397;
+  int i = 0;
+  for (; i < n - m; ++i) {
+    uint32_t y = (s[i] & 0x80000000u) | (s[i + 1] & 0x7fffffffu);
+    s[i] = s[i + m] ^ (y >> 1) ^ ((s[i + 1] & 1u) ? 0x9908b0dfu : 0u);
+  }
+  for (; i < n - 1; ++i) {
+    uint32_t y = (s[i] & 0x80000000u) | (s[i + 1] & 0x7fffffffu);
+    s[i] = s[i + m - n] ^ (y >> 1) ^ ((s[i + 1] & 1u) ? 0x9908b0dfu : 0u);
+  }
+  uint32_t y = (s[n - 1] & 0x80000000u) | (s[0] & 0x7fffffffu);
+  s[n - 1] = s[m - 1] ^ (y >> 1) ^ ((s[0] & 1u) ? 0x9908b0dfu : 0u);
+}
+
+static inline uint32_t kiln_mt_temper(uint32_t y);
+
+// the engine's next output: `left` counts down to a refill of the 624 words, `next` indexes them
+static inline uint32_t kiln_mt_next(uint32_t* s, int64_t& left, int64_t& next) {
+  if (--left == 0) {
+    kiln_mt_twist(s);
+    left = 624;
+    next = 0;
+  }
+  return kiln_mt_temper(s[next++]);
+}
+
+static inline uint32_t kiln_mt_temper(uint32_t y) {
+  y ^= y >> 11;
+  y ^= (y << 7) & 0x9d2c5680u;
+  y ^= (y << 15) & 0xefc60000u;
+  y ^= y >> 18;
+  return y;
+}
+
+// element = (u < p) for u the low 53 bits of (first output << 32 | second output), over 2^53
+template <typename T>
+static inline T kiln_bernoulli_of(uint64_t hi, uint64_t lo, double p) {
+  const double scale = 1.0 / 9007199254740992.0;  // 2^-53
+  double u = static_cast<double>(((hi << 32) | lo) & ((1ull << 53) - 1)) * scale;
+  return u < p ? T(1) : T(0);
+}
+
+template <typename T>
+static void kiln_draw(uint32_t* __restrict__ s, int64_t* pos, T* __restrict__ out, int64_t n, double p) {
+  int64_t left = pos[0], next = pos[1];
+  int64_t i = 0;
+  while (i < n) {
+    // outputs the current block still holds: left - 1 (the next output refills when left reaches 0)
+    int64_t k = (left - 1) / 2;
+    if (k > n - i) k = n - i;
+    if (k > 0) {
+      const uint32_t* w = s + next;
+      T* o = out + i;
+      #pragma omp simd
+      for (int64_t j = 0; j < k; ++j) {
+        o[j] = kiln_bernoulli_of<T>(kiln_mt_temper(w[2 * j]), kiln_mt_temper(w[2 * j + 1]), p);
+      }
+      left -= 2 * k;
+      next += 2 * k;
+      i += k;
+      continue;
+    }
+    // an element whose outputs cross into the next block
+    uint64_t hi = kiln_mt_next(s, left, next);
+    uint64_t lo = kiln_mt_next(s, left, next);
+    out[i++] = kiln_bernoulli_of<T>(hi, lo, p);
+  }
+  pos[0] = left;
+  pos[1] = next;
+}
+
+extern "C" int kiln_bernoulli_f32(uint32_t* s, int64_t* pos, float* out, int64_t n, double p) {
+  kiln_draw<float>(s, pos, out, n, p);
+  return 0;
+}
+extern "C" int kiln_bernoulli_f64(uint32_t* s, int64_t* pos, double* out, int64_t n, double p) {
+  kiln_draw<double>(s, pos, out, n, p);
+  return 0;
+}
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _entries() -> dict[torch.dtype, Any]:
+    lib = ctypes.PyDLL(build(SOURCE)._name)  # PyDLL: the GIL stays held (see the module doc)
+    entries = {}
+    for dtype, name in ((torch.float32, "kiln_bernoulli_f32"), (torch.float64, "kiln_bernoulli_f64")):
+        fn = getattr(lib, name)
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_double]
+        fn.restype = ctypes.c_int
+        entries[dtype] = fn
+    return entries
+
+
+def _draw_native(shape: tuple, dtype: torch.dtype, p: float, generator: torch.Generator) -> torch.Tensor:
+    state = generator.get_state()
+    raw = state.numpy().tobytes()
+    seed, left, seeded, nxt = struct.unpack_from(_POD, raw, 0)
+    words = torch.frombuffer(bytearray(raw[_WORDS_AT:_WORDS_AT + 8 * _STATE_WORDS]), dtype=torch.int64)
+    engine = words.to(torch.int32)  # each stored uint64 holds one 32-bit word (the bits survive the cast)
+    pos = torch.tensor([left, nxt], dtype=torch.int64)
+    out = torch.empty(shape, dtype=dtype)
+    _entries()[dtype](engine.data_ptr(), pos.data_ptr(), out.data_ptr(), out.numel(), float(p))
+    words = engine.to(torch.int64) & 0xFFFFFFFF
+    head = struct.pack(_POD, seed, int(pos[0]), seeded, int(pos[1]))
+    tail = raw[_WORDS_AT + 8 * _STATE_WORDS:]
+    new = head + words.numpy().astype("<u8").tobytes() + tail
+    generator.set_state(torch.frombuffer(bytearray(new), dtype=torch.uint8))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _native_matches() -> bool:
+    """Whether the native draws equal torch's here: values and the generator's state after them."""
+    try:
+        for seed, n, p in ((0, 1000, 0.9), (123, 3001, 0.5), (7, 313, 0.1)):
+            ours, theirs = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+            torch.empty(17).bernoulli_(0.3, generator=theirs)  # start inside a block, not at its start
+            ours.set_state(theirs.get_state())
+            for dtype in (torch.float32, torch.float64):
+                mine = _draw_native((n,), dtype, p, ours)
+                eager = torch.empty(n, dtype=dtype).bernoulli_(p, generator=theirs)
+                if not torch.equal(mine, eager) or not torch.equal(ours.get_state(), theirs.get_state()):
+                    return False
+        return True
+    except Exception:  # no compiler, another state layout: torch's kernel, always right
+        return False
+
+
+def bernoulli(a: torch.Tensor, p: Any = None, generator: Any = None) -> torch.Tensor:
+    """prims.bernoulli's reference (`torch.bernoulli(a, p).contiguous()`), natively where it is the same."""
+    native = p is not None and a.device.type == "cpu" and a.dtype in (torch.float32, torch.float64) and \
+        a.is_contiguous() and a.numel() >= NATIVE_MIN and \
+        (generator is None or (isinstance(generator, torch.Generator) and generator.device.type == "cpu"))
+    if native and _native_matches():
+        return _draw_native(tuple(a.shape), a.dtype, float(p), generator or torch.default_generator)
+    out = torch.bernoulli(a, generator=generator) if p is None else torch.bernoulli(a, p, generator=generator)
+    return out.contiguous()
