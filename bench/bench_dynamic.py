@@ -12,8 +12,10 @@ directory (cold: kiln's kernel cache and Inductor's caches start empty):
            captures, first-call times.
   decode   greedy decoding with a growing KV cache on the zoo's nanoGPT weights, 32 new tokens: tokens equal
            eager's, captures of the step function, the loop's time against eager.
+  train    SGD steps of the zoo's tiny nanoGPT at 10 (batch, seq) shapes (forward, backward, step): losses
+           equal to an eager copy's, captures, first-step time sum, the steady step against eager.
 
-    python bench/bench_dynamic.py [--workloads block,hf,decode] [--threads N] [--json PATH]
+    python bench/bench_dynamic.py [--workloads block,hf,decode,train] [--threads N] [--json PATH]
 
 torch.compile appears only here (bench/) and in tests: kiln never imports it.
 """
@@ -243,6 +245,53 @@ def run_decode(compilers: list[str]) -> list[dict]:
     return rows
 
 
+TRAIN_SHAPES = [(2 + i % 3, 8 + (i * 11) % 24) for i in range(10)]   # batch 2..4, seq 8..31 (max_len 32)
+
+
+def run_train(compilers: list[str]) -> list[dict]:
+    """SGD steps of the zoo's tiny nanoGPT at 10 (batch, seq) shapes: losses against an eager copy trained
+    on the same batches, captures, the sum of step times over the eager step's, and the steady step."""
+    import copy
+    rows = []
+    batches = [torch.randint(0, 256, (b, t), generator=torch.Generator().manual_seed(i))
+               for i, (b, t) in enumerate(TRAIN_SHAPES)]
+
+    def step(m: Any, o: Any, idx: torch.Tensor) -> float:
+        loss = m(idx).float().pow(2).mean()
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        return loss.item()
+    torch.manual_seed(0)
+    plain = zoo.get("nanogpt_tiny").factory().train()  # the eager step, timed once before any compiler ran
+    opt_plain = torch.optim.SGD(plain.parameters(), lr=0.01)
+    eager_t = steady(lambda: step(plain, opt_plain, batches[-1]))
+    for name in compilers:
+        torch.manual_seed(0)
+        model = zoo.get("nanogpt_tiny").factory().train()
+        ref = copy.deepcopy(model)
+        opt, opt_ref = (torch.optim.SGD(m.parameters(), lr=0.01) for m in (model, ref))
+        with fresh_caches():
+            compiled = compile_with(name, model)
+            firsts, same = [], True
+            for idx in batches:
+                ref_t, ref_loss = timed(lambda: step(ref, opt_ref, idx))
+                t, loss = timed(lambda: step(compiled, opt, idx))
+                firsts.append(max(t - ref_t, 0.0))
+                same &= abs(loss - ref_loss) <= 1e-4 * max(1.0, abs(ref_loss))
+            n = captures(name)
+            late = batches[-1]
+            step_t = steady(lambda: step(compiled, opt, late))
+            recompiles = list(kiln.counters["recompiles"]) if name == "kiln" else []
+        rows.append(dict(workload="train", compiler=name, captures=n, same=same, first_call_sum_s=sum(firsts),
+                         steady_ms=step_t * 1e3, eager_ms=eager_t * 1e3, speedup=eager_t / step_t))
+        print(f"  train {name}: {n} captures, losses equal={same}, first steps {sum(firsts):.1f} s, step "
+              f"{step_t * 1e3:.2f} ms vs eager {eager_t * 1e3:.2f} ms", file=sys.stderr)
+        for reason in recompiles:
+            print(f"    recompile: {reason}", file=sys.stderr)
+    return rows
+
+
 def table(rows: list[dict]) -> str:
     keys = ["workload", "compiler", "captures", "same", "first_call_sum_s", "steady_ms", "static_ms",
             "first_loop_s", "loop_ms", "eager_loop_ms", "speedup"]
@@ -259,7 +308,7 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workloads", default="block,hf,decode")
+    parser.add_argument("--workloads", default="block,hf,decode,train")
     parser.add_argument("--compilers", default="kiln,torch.compile")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None)
@@ -268,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     compilers = args.compilers.split(",")
     rows: list[dict] = []
     for workload in args.workloads.split(","):
-        rows += {"block": run_block, "hf": run_hf, "decode": run_decode}[workload](compilers)
+        rows += {"block": run_block, "hf": run_hf, "decode": run_decode, "train": run_train}[workload](compilers)
     print(table(rows))
     for w in sorted({r["workload"] for r in rows}):
         by = {r["compiler"]: r for r in rows if r["workload"] == w}
