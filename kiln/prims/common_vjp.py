@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..graph.symbolic import SizeUndecided, same_sizes, without_facts
 from . import creation, elementwise, shape
 from .registry import Prim, meta_of, rule
 
@@ -83,12 +84,19 @@ def zeros_like(a: Any) -> Any:
 
 
 def reshape(a: Any, new_shape: Sequence[Any]) -> Any:
-    """`a` with a new shape: a view where eager's view rule allows one, else a view of a contiguous copy."""
+    """`a` with a new shape: a view where eager's view rule allows one, else a view of a contiguous copy.
+    Gradients are values nothing aliases, so with symbolic sizes it is a view only where it is one at every
+    size (asking nothing the guards did not settle), else a copy."""
     m = meta_of(a)
     new_shape = tuple(new_shape)
-    if tuple(m.shape) == new_shape:
+    if same_sizes(m.shape, new_shape):
         return a
-    if shape.view_strides(m.shape, m.strides, new_shape) is None:
+    try:
+        with without_facts():
+            viewable = shape.view_strides(m.shape, m.strides, new_shape) is not None
+    except SizeUndecided:
+        viewable = False
+    if not viewable:
         a = shape.clone(a)
     return shape.view(a, new_shape)
 
