@@ -34,6 +34,10 @@ log = config.channel("fusion")
 
 # Inline a pointwise value into each of several consumers only while it is this cheap (CountHandler units).
 INLINE_REUSE_COST = 8
+# A per-channel vector broadcast into an NHWC kernel of at least this many elements is computed once into a
+# buffer; below, recomputing it per pixel (a few vector ops per 16 elements) costs less than the buffer's
+# allocation in the wrapper (~4 us)
+VECTOR_BUFFER_MIN = 32768
 
 
 class Unlowerable(Exception):
@@ -498,7 +502,7 @@ def lower_broadcast(ctx: Lowering, node: Node, a: Box, shape: Any, dims: Any) ->
     zero = sympy.Integer(0)
     kept = [_broadcast_keeps(in_shape[i], out_shape[d]) for i, d in enumerate(dims)]
     if ctx.channels_last and len(out_shape) == 4 and [d for keep, d in zip(kept, dims) if keep] == [1] and \
-            a.cost() > 2:
+            a.cost() > 2 and hint(sympy.Mul(*out_shape)) >= VECTOR_BUFFER_MIN:
         # a computed per-channel vector (eval BatchNorm's scale and shift) is computed once, not per pixel:
         # in an NHWC kernel the channel is the vectorized inner index, where no compiler hoists it
         a = ctx.realized_box(a)
