@@ -28,6 +28,7 @@ from ..counters import counters
 from ..graph import Graph, flatten, map_structure, run, to_prims
 from ..graph.node import Node
 from ..graph.pipeline import CompileContext
+from ..graph.layout import contiguous_strides
 from ..graph.meta import TensorMeta
 from ..graph.specialize import size_bindings, specialize_graph, unbound_symbols
 from ..graph.symbolic import SymInt, has_symbols, substitute
@@ -100,10 +101,7 @@ class _Sizes:
             env = next(s.env for p in prim.placeholders for s in getattr(p.meta, "shape", ())
                        if isinstance(s, SymInt))
             shape = (0, *(SymInt(sym, env) for sym in self.carried))
-            strides = [1] * len(shape)
-            for k in range(len(shape) - 2, -1, -1):
-                strides[k] = strides[k + 1] * shape[k + 1]
-            meta = TensorMeta(shape, torch.float32, torch.device("cpu"), tuple(strides))
+            meta = TensorMeta(shape, torch.float32, torch.device("cpu"), contiguous_strides(shape))
             name = backward._fresh("sizes")  # (placed after the other inputs, before the first computation)
             last = max((k for k, n in enumerate(backward.nodes) if n.op == "placeholder"), default=-1)
             backward.nodes.insert(last + 1, Node(backward, name, "placeholder", name, (), {}, meta))
@@ -131,6 +129,7 @@ class _State:
         self.backward: Callable[..., Any] | None = None
         self.sizes: _Sizes | None = None  # symbolic sizes (one compile for every size)
         self.backward_at: dict[tuple, Any] = {}  # symbolic backward that did not compile: run per size
+        self.backward_bindings: list = []  # (symbol, backward input, dim), for the per-size backward
 
     def double_backward(self, inputs: list, grads: dict[int, Any]) -> tuple:
         """create_graph=True: the forward again on the prim interpreter from the saved inputs, under
@@ -157,13 +156,14 @@ class _State:
                     raise
                 reason = f"{self.name} backward: {type(e).__name__}: {e}"
                 counters["dynamic_symbolic_failed"][reason[:300]] += 1
+                self.backward_bindings = size_bindings(self.joint.backward)
                 self.backward = self._backward_per_size
         return self.backward(*inputs)
 
     def _backward_per_size(self, *inputs: Any) -> Any:
         """The symbolic backward specialized to this call's sizes (read from its inputs), one compile per
         size."""
-        values = {sym: inputs[i].shape[d] for sym, i, d in size_bindings(self.joint.backward)}
+        values = {sym: inputs[i].shape[d] for sym, i, d in self.backward_bindings}
         key = tuple(values.values())
         fn = self.backward_at.get(key)
         if fn is None:

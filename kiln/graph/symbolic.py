@@ -246,13 +246,13 @@ def _decide_case(rel: sympy.Basic) -> bool | None:
         return None if None in parts else not short
     kinds = {sympy.Gt: (1, 1), sympy.Ge: (1, 0), sympy.Lt: (-1, 1), sympy.Le: (-1, 0)}
     if isinstance(rel, (sympy.Eq, sympy.Ne)):
-        lo, hi = _bounds(rel.lhs - rel.rhs)
+        lo, hi = polynomial_bounds(rel.lhs - rel.rhs)
         apart = (lo is not None and lo > 0) or (hi is not None and hi < 0)
         equal = True if lo == hi == 0 else False if apart else None
         return equal if equal is None or isinstance(rel, sympy.Eq) else not equal
     for kind, (sign, strict) in kinds.items():
         if isinstance(rel, kind):  # sign * (lhs - rhs) >= strict
-            lo, hi = _bounds(sign * (rel.lhs - rel.rhs))
+            lo, hi = polynomial_bounds(sign * (rel.lhs - rel.rhs))
             if lo is not None and lo >= strict:
                 return True
             if hi is not None and hi < strict:
@@ -261,8 +261,9 @@ def _decide_case(rel: sympy.Basic) -> bool | None:
     return None
 
 
-def _bounds(expr: sympy.Expr) -> tuple:
-    """(lower, upper) bounds of an integer expression over t's >= 0 (None: unbounded or unknown)."""
+def polynomial_bounds(expr: sympy.Expr) -> tuple:
+    """(lower, upper) bounds of an expression over symbols that are all >= 0, from its constant term where
+    the other coefficients of its expansion share a sign (None: unbounded or unknown)."""
     expr = sympy.expand(expr)
     if expr.is_Integer:
         return int(expr), int(expr)
@@ -288,6 +289,14 @@ def surely_one(size: Any) -> bool:
     if isinstance(size, SymInt):
         return holds_everywhere(sympy.Eq(size.expr, 1)) is True
     return size == 1
+
+
+def broadcastable(have: Any, want: Any) -> bool:
+    """`have == want or have == 1` (a dim that broadcasts to `want`), asking first what the spelling
+    decides — the same size, a literal 1 — so a size that may be 1 is asked about last, if at all."""
+    if same_sizes((have,), (want,)) or (type(have) is int and have == 1):
+        return True
+    return have == want or have == 1
 
 
 def any_holds(*relations: tuple[Callable, Any, Any]) -> bool:
@@ -628,5 +637,6 @@ def symbols_of(value: Any) -> set[sympy.Symbol]:
 
 
 __all__ = ["dim_text", "SymInt", "ShapeEnv", "FloorDiv", "Mod", "FrozenShapeEnv", "MIN_SIZE", "SizeOrOne",
-           "min_size", "holds_everywhere", "any_holds", "surely_one",
-           "SizeUndecided", "without_facts", "is_symbolic", "has_symbols", "substitute", "hint_of", "python_expr", "symbols_of"]
+           "min_size", "holds_everywhere", "polynomial_bounds", "any_holds", "surely_one", "broadcastable",
+           "SizeUndecided", "without_facts", "is_symbolic", "has_symbols", "substitute", "hint_of",
+           "python_expr", "symbols_of"]

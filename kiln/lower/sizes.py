@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 import sympy
 
-from ..graph.symbolic import FloorDiv as SizeFloorDiv, Mod as SizeMod, SymInt, evaluate, min_size
+from ..graph.symbolic import FloorDiv as SizeFloorDiv, Mod as SizeMod, SymInt, evaluate, min_size, polynomial_bounds
 
 
 class SizeDecision(NotImplementedError):
@@ -121,14 +121,8 @@ def nonnegative(expr: Any) -> bool:
     expr = sympy.expand(expr.xreplace(opaque))
     syms = {s for s in expr.free_symbols if s not in opaque.values()}
     shift = {s: sympy.Symbol(f"_t_{s.name}", integer=True, nonnegative=True) + min_size(s) for s in syms}
-    gens = [shift[s] - min_size(s) for s in syms] + list(opaque.values())
-    if not gens:
-        return bool(expr.is_Integer and int(expr) >= 0)
-    try:
-        poly = sympy.Poly(sympy.expand(expr.xreplace(shift)), *gens)
-    except sympy.PolynomialError:
-        return False
-    return all(c.is_Rational and c >= 0 for c in poly.coeffs())
+    low, _ = polynomial_bounds(expr.xreplace(shift))
+    return low is not None and low >= 0
 
 
 def known_le(a: Any, b: Any) -> bool:

@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 
 from .. import prims
+from ..prims.common_vjp import reshape as reshape_value
 from ..prims.indexing import index_result_shape
 from ..prims.registry import check, shape_text, wrap_dim
 from .registry import DataDependentShape, NoDecomposition, register
 from .utils import broadcast, broadcast_shapes, broadcast_to, is_tensor
-from .shape import reshape_value
 
 _INDEX_DTYPES = (torch.int64, torch.int32)
 
@@ -446,7 +446,7 @@ def _embedding(weight: Any, indices: Any) -> Any:
           f"the following scalar types: Long, Int; but got {indices.dtype} instead (while checking arguments "
           "for embedding)")
     check(weight.ndim == 2, lambda: f"'weight' must be 2-D, got {shape_text(weight)}")
-    rows = prims.index_select(weight, 0, reshape_value(_long(indices), (-1,)))
+    rows = prims.index_select(weight, 0, reshape_value(_long(indices), (indices.numel(),)))  # (never guards)
     return rows.reshape((*indices.shape, weight.shape[1]))
 
 

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..graph.symbolic import SizeUndecided, SymInt, same_sizes, without_facts
+from ..graph.symbolic import SymInt, broadcastable, same_sizes
 from .. import prims
 from ..prims.registry import check, wrap_dim
 from ..prims.shape import view_strides
@@ -73,21 +73,6 @@ def view(a: Any, *shape: Any, size: Any = None) -> Any:
 def _reshape(a: Any, shape: tuple) -> Any:
     shape = infer_size(shape, a.numel())
     if view_strides(a.shape, a.stride(), shape) is not None:
-        return prims.view(a, shape)
-    return prims.view(prims.clone(a, torch.contiguous_format), shape)
-
-
-def reshape_value(a: Any, shape: tuple) -> Any:
-    """A reshape inside a decomposition, whose result nothing updates or returns: a view where it is one
-    at every size, else a copy — never a guard on the sizes (eager's view-or-copy at a size that may be 1
-    only matters to aliasing)."""
-    shape = infer_size(shape, a.numel())
-    try:
-        with without_facts():
-            viewable = view_strides(a.shape, a.stride(), shape) is not None
-    except SizeUndecided:
-        viewable = False
-    if viewable:
         return prims.view(a, shape)
     return prims.view(prims.clone(a, torch.contiguous_format), shape)
 
@@ -283,9 +268,7 @@ def _expand(a: Any, sizes: tuple, op: str = "expand") -> Any:
         have = a.shape[i - offset]
         if s == -1:
             s = have
-        # (a literal 1 or the same size first: a size that may be 1 is then not asked about)
-        fits = same_sizes((have,), (s,)) or (type(have) is int and have == 1) or have == s or have == 1
-        check(fits, lambda: f"The expanded size of the tensor ({s}) must match the "
+        check(broadcastable(have, s), lambda: f"The expanded size of the tensor ({s}) must match the "
               f"existing size ({have}) at non-singleton dimension {i}.  Target sizes: {list(sizes)}.  Tensor "
               f"sizes: {list(a.shape)}")
         shape.append(s)

@@ -85,8 +85,8 @@ def zeros_like(a: Any) -> Any:
 
 def reshape(a: Any, new_shape: Sequence[Any]) -> Any:
     """`a` with a new shape: a view where eager's view rule allows one, else a view of a contiguous copy.
-    Gradients are values nothing aliases, so with symbolic sizes it is a view only where it is one at every
-    size (asking nothing the guards did not settle), else a copy."""
+    For values nothing aliases (gradients, a decomposition's intermediates): with symbolic sizes it is a
+    view only where it is one at every size, else a copy, so it asks nothing the guards did not settle."""
     m = meta_of(a)
     new_shape = tuple(new_shape)
     if same_sizes(m.shape, new_shape):

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import sympy
 import torch
 
-from ..graph.symbolic import SymInt, any_holds, has_symbols, same_sizes, surely_one
+from ..graph.symbolic import SymInt, any_holds, broadcastable, has_symbols, same_sizes, surely_one
 from ..graph import TensorMeta
 # (kiln.ops imports the layout rules it needs from here too)
 from ..graph.layout import (contiguous_strides, dense_strides_like, is_non_overlapping_and_dense, numel,
@@ -45,10 +45,7 @@ def _broadcast_in_dim_meta(a: Any, shape: Sequence[int], broadcast_dimensions: S
           lambda: f"prims.broadcast_in_dim: broadcast dimensions {dims} must be increasing and within the "
                   f"{len(shape)}-d output")
     for i, d in enumerate(dims):
-        have = m.shape[i]  # (spelled-out answers first: a size that may be 1 is asked about last)
-        fits = same_sizes((have,), (shape[d],)) or (type(have) is int and have == 1) or have == shape[d] \
-            or have == 1
-        check(fits, lambda: f"prims.broadcast_in_dim: input dim {i} of "
+        check(broadcastable(m.shape[i], shape[d]), lambda: f"prims.broadcast_in_dim: input dim {i} of "
               f"size {m.shape[i]} cannot broadcast to size {shape[d]} (input {shape_text(a)}, shape {shape})")
     return TensorMeta(shape, m.dtype, m.device, _broadcast_strides(m, shape, dims),
                       storage_offset=m.storage_offset)

@@ -4,16 +4,21 @@ new capture at 1). Every program runs eagerly and compiled at a sequence of shap
 values, inputs after the call and exceptions are compared, and the captures counted."""
 from __future__ import annotations
 
+import pathlib
+import sys
+
 import pytest
 import sympy
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import kiln
 from kiln import config
 from kiln.graph.symbolic import SizeOrOne, holds_everywhere, min_size
 from kiln.lower.sizes import known_le, nonnegative
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+from bench_dynamic import DecoderBlock  # noqa: E402
 
 SHAPES = [(1, 5), (3, 7), (1, 9), (2, 4), (1, 5), (5, 6)]
 W = torch.randn(16, 16, generator=torch.Generator().manual_seed(0))
@@ -112,27 +117,10 @@ def test_errors_match_at_batch_one():
     _run_shapes(mismatch, [(1, 5), (3, 3), (1, 7), (2, 5)])
 
 
-class Block(nn.Module):
-    def __init__(self, dim: int = 32, heads: int = 4):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
-        return x + self.mlp(self.ln2(x))
-
-
 def test_decoder_block_from_batch_one_captures_twice():
     kiln.reset()
     torch.manual_seed(0)
-    model = Block().eval()
+    model = DecoderBlock(dim=32, heads=4).eval()  # bench_dynamic's block
     compiled = kiln.compile(model)
     shapes = [(1 + (i * 7) % 4, 8 + (i * 13) % 57) for i in range(12)]  # batch 1..4, the first one 1
     assert shapes[0][0] == 1 and any(b == 1 for b, _ in shapes[2:])
