@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ..counters import counters
 from .build import build
 
 # below this many elements torch's own kernel costs less than reading and writing the generator's state
@@ -169,7 +170,9 @@ def bernoulli(a: torch.Tensor, p: Any = None, generator: Any = None) -> torch.Te
     native = p is not None and a.device.type == "cpu" and a.dtype in (torch.float32, torch.float64) and \
         a.is_contiguous() and a.numel() >= NATIVE_MIN and \
         (generator is None or (isinstance(generator, torch.Generator) and generator.device.type == "cpu"))
-    if native and _native_matches():
-        return _draw_native(tuple(a.shape), a.dtype, float(p), generator or torch.default_generator)
+    if native:
+        if _native_matches():
+            return _draw_native(tuple(a.shape), a.dtype, float(p), generator or torch.default_generator)
+        counters["cpp"]["bernoulli drawn by torch: the native draws differ from eager's here"] += 1
     out = torch.bernoulli(a, generator=generator) if p is None else torch.bernoulli(a, p, generator=generator)
     return out.contiguous()

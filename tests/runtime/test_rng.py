@@ -95,3 +95,12 @@ def test_compiled_dropout_equals_eager():
         assert torch.equal(ours[1], theirs[1])
         assert torch.equal(ours[0] == b, theirs[0] == b)  # the same elements dropped
         assert torch.equal(ours_next, torch.randn(5))
+
+
+def test_torch_draws_where_native_differs_are_counted(monkeypatch, counters):
+    monkeypatch.setattr(rng, "_native_matches", lambda: False)
+    a = torch.full((rng.NATIVE_MIN,), 0.5)
+    gen = torch.Generator().manual_seed(3)
+    ours = rng.bernoulli(a, 0.5, generator=gen)
+    assert torch.equal(ours, torch.bernoulli(a, 0.5, generator=torch.Generator().manual_seed(3)))
+    assert counters["cpp"]["bernoulli drawn by torch: the native draws differ from eager's here"] == 1
