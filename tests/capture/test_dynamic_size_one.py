@@ -187,3 +187,11 @@ def test_hf_models_serve_batch_one_from_the_dynamic_capture(name):
             torch.testing.assert_close(compiled(input_ids=ids).last_hidden_state,
                                        model(input_ids=ids).last_hidden_state)
     assert _captures() == 2, list(kiln.counters["recompiles"])
+
+
+def test_exact_remainders_of_sizes_need_no_guard():
+    from kiln.graph.symbolic import Mod
+    s0 = SizeOrOne("s0", integer=True, positive=True)
+    s1 = sympy.Symbol("s1", integer=True, positive=True)
+    assert Mod(s0 * s1, s1) == 0 and Mod(768 * s0 * s1, 64 * s0 * s1) == 0 and Mod(s1, s1) == 0
+    assert Mod(s0 * s1 + 1, s1) != 0 and Mod(64 * s0, 768 * s0) != 0  # (not exact: stays a remainder)
