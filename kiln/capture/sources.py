@@ -6,9 +6,19 @@ expression names the value's guard (`x.shape == ...`) and reloads it on every ca
 """
 from __future__ import annotations
 
+import keyword
 from typing import Any
 
-_IDENT_OK = str.isidentifier
+
+def _dotted(attr: str) -> bool:
+    """Whether `x.<attr>` spells getattr(x, attr): an identifier that is no keyword (`x.class` does not
+    parse) and is not private (`__a`, which a class body would mangle). Dunders (`__dict__`, `__code__`)
+    are spelled with a dot so that the guards' shared reads see them as one attribute chain: spelled as a
+    getattr call, `cfg.__dict__` was read again by every guard on one of its items (64 times per call of an
+    HF model, each through transformers' Python `__getattribute__`)."""
+    if not attr.isidentifier() or keyword.iskeyword(attr):
+        return False
+    return not attr.startswith("__") or attr.endswith("__")
 
 
 class Namespace:
@@ -53,7 +63,7 @@ class Source:
         return f"Source({self.name})"
 
     def attr(self, attr: str) -> "Source":
-        if _IDENT_OK(attr) and not attr.startswith("__"):
+        if _dotted(attr):
             return Source(f"{self.expr}.{attr}", f"{self.name}.{attr}", self, "attr")
         return Source(f"getattr({self.expr}, {attr!r})", f"getattr({self.name}, {attr!r})", self, "attr")
 

@@ -437,3 +437,30 @@ def test_shared_reads_agree_with_the_plain_guards(seed):
         Node.reads = 0
         assert _evaluate(shared, env) == want, (shared, plain)
         assert Node.reads <= plain_reads
+
+
+def test_dunder_reads_are_shared_and_keyword_attributes_still_guard():
+    """A guard on an item of `cfg.__dict__` spells the read `cfg.__dict__`, so the shared-read rewrite reads
+    it once per call (spelled `getattr(cfg, '__dict__')` it was read again by every such guard: 64 times a
+    call of an HF model, each through transformers' Python `__getattribute__`). An attribute named by a
+    keyword (`class`) is still spelled with getattr, and both still recapture when their value changes."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig()
+    setattr(cfg, "class", 5.0)
+
+    def f(x, cfg):
+        return x * cfg.hidden_size + cfg.layer_norm_eps - cfg.num_attention_heads * getattr(cfg, "class")
+    kiln.reset()
+    cf = kiln.compile(f, backend="eager")
+    x = torch.randn(3)
+    torch.testing.assert_close(cf(x, cfg), f(x, cfg))
+    source = entries(cf)[0].source
+    check = source[source.index("if not"):source.index("\n", source.index("if not"))]
+    assert "getattr(cfg, '__dict__')" not in check
+    assert check.count("cfg.__dict__") == 1, check
+    cfg.hidden_size = 64
+    torch.testing.assert_close(cf(x, cfg), f(x, cfg))
+    setattr(cfg, "class", 7.0)
+    torch.testing.assert_close(cf(x, cfg), f(x, cfg))
+    assert len(entries(cf)) == 3
+    assert sum(kiln.counters["recompiles"].values()) == 2
