@@ -24,6 +24,7 @@ from .. import config
 from ..graph.symbolic import SymInt, has_symbols, python_expr, substitute
 from ..lower.sizes import SizeDecision, hint, size_symbols
 from ..graph import flatten, map_structure
+from ..graph.layout import contiguous_strides
 from ..graph.interpreter import write_back
 from ..lower.ir import BufferRef, ExternNode, InputBuffer, LoopGraph, OutputView, ViewRef
 from ..lower.printer import layout_text
@@ -226,6 +227,10 @@ class _Source:
         # as in eager, where `x.add_(1); return x[1]` returns a view of x itself
         self.written_back: dict[str, str] = {}
         self.names: dict = {}  # symbolic size -> the wrapper's local holding its value in this call
+        self.layouts: dict[str, tuple] = {}  # buffer -> (shape, strides, offset) it is declared with
+        # buffers this wrapper allocated (or carved from one it allocated): their storage offset is 0, so a
+        # view of one is a plain as_strided (no `_view` call reading the offset)
+        self.zero_offset: set[str] = set()
 
     def size(self, value: Any) -> str:
         """Python text of a size: an int literal, or an expression of the call's symbolic sizes."""
@@ -244,13 +249,33 @@ class _Source:
         return name
 
 
+def _view_text(src: _Source, name: str, shape: tuple, strides: tuple, offset: Any, same: bool = True) -> str:
+    """Python text of the strided view (shape, strides, offset) of buffer `name`. With `same`, a view that
+    is the buffer as declared is the buffer itself (an extern's argument: same values, no view object;
+    a size-1 dim's stride, which no address uses, may differ). A view of a buffer this wrapper allocated is
+    one `as_strided` (its storage offset is 0); a row-major reshape of a row-major buffer is `.view`; any
+    other view is `_view`, which counts the offset from the tensor's first element (an input may itself
+    be a view). Each saves a Python call and a storage_offset() read per view per call."""
+    layout = src.layouts.get(name)
+    if same and layout is not None and layout == (tuple(shape), tuple(strides), 0) and offset == 0:
+        return name
+    if name in src.zero_offset:
+        at = "" if offset == 0 else f", {src.size(offset)}"
+        return f"{name}.as_strided({src.sizes(shape)}, {src.sizes(strides)}{at})"
+    if layout is not None and offset == 0 and layout[2] == 0 and \
+            layout[1] == tuple(contiguous_strides(layout[0])) and tuple(strides) == tuple(contiguous_strides(shape)) \
+            and sympy.expand(sympy.Mul(*layout[0]) - sympy.Mul(*shape)) == 0:
+        return f"{name}.view({src.sizes(shape)})"  # a row-major reshape of a row-major buffer
+    return f"_view({name}, {src.sizes(shape)}, {src.sizes(strides)}, {src.size(offset)})"
+
+
 def _render(src: _Source, value: Any) -> str:
     """Python text building the output structure."""
     if isinstance(value, BufferRef):
         return src.written_back.get(value.name, value.name)
-    if isinstance(value, OutputView):
+    if isinstance(value, OutputView):  # always a new tensor object, as eager's view is
         base = src.written_back.get(value.name, value.name)
-        return f"_view({base}, {src.sizes(value.shape)}, {src.sizes(value.strides)}, {src.size(value.offset)})"
+        return _view_text(src, base, value.shape, value.strides, value.offset, same=False)
     if isinstance(value, tuple) and type(value) is tuple:
         inner = ", ".join(_render(src, v) for v in value)
         return f"({inner},)" if value else "()"
@@ -316,6 +341,8 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
         lines.append(f"        return _fallback({', '.join(params)})")
     for b in graph.constants:
         src.globals[b.name] = b.constant
+    for name, buf in graph.buffers.items():
+        src.layouts[name] = (tuple(buf.layout.shape), tuple(buf.layout.strides), buf.layout.offset)
     # buffers allocated fresh (not carved from another freed one, none carved from them) recycle across calls
     pooled = {r for s in plan.steps for _, r in s.allocs if r is not None}
     recyclable = {name for s in plan.steps for name, r in s.allocs if r is None and name not in pooled
@@ -325,6 +352,8 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
         for name, reuse in step.allocs:
             buf = graph.buffers[name]
             meta = f"  # {layout_text(buf)}"
+            if reuse is None or reuse in src.zero_offset:  # (as_strided keeps its base's storage offset)
+                src.zero_offset.add(name)
             if reuse is not None and name in step.inplace:
                 # written in place by this step's kernels: `reuse` is still passed to them, freed after
                 lines.append(f"    {name} = {reuse}.as_strided({src.sizes(buf.shape)}, "
@@ -425,7 +454,7 @@ def _inline_text(src: _Source, v: Any, top: bool = True) -> str | None:
     if isinstance(v, BufferRef):
         return v.name
     if isinstance(v, ViewRef):
-        return f"_view({v.name}, {src.sizes(v.shape)}, {src.sizes(v.strides)}, {src.size(v.offset)})"
+        return _view_text(src, v.name, v.shape, v.strides, v.offset)
     if isinstance(v, SymInt):
         return src.size(v.expr)
     if isinstance(v, sympy.Basic):
@@ -443,8 +472,74 @@ def _inline_text(src: _Source, v: Any, top: bool = True) -> str | None:
     return src.const(v, "arg")
 
 
+def _transposed(src: _Source, ref: Any) -> str | None:
+    """The buffer `ref` is the transpose of (a [k, n] view of a row-major [n, k] buffer), or None."""
+    if not isinstance(ref, ViewRef) or len(ref.shape) != 2 or ref.offset != 0:
+        return None
+    k, n = ref.shape
+    if src.layouts.get(ref.name) == ((n, k), (k, 1), 0) and tuple(ref.strides) == (1, k):
+        return ref.name
+    return None
+
+
+def _flattened(src: _Source, ref: Any) -> tuple[str, tuple] | None:
+    """(name, shape) of the row-major 3-d buffer `ref` flattens to [m, k], or None."""
+    if not isinstance(ref, ViewRef) or len(ref.shape) != 2 or ref.offset != 0:
+        return None
+    layout = src.layouts.get(ref.name)
+    if layout is None or len(layout[0]) != 3 or layout[2] != 0 or \
+            layout[1] != tuple(contiguous_strides(layout[0])):
+        return None
+    shape = layout[0]
+    if tuple(ref.strides) == (ref.shape[1], 1) and ref.shape[1] == shape[2] and \
+            sympy.expand(ref.shape[0] - shape[0] * shape[1]) == 0:
+        return ref.name, shape
+    return None
+
+
+def _product_call(src: _Source, node: ExternNode) -> str | None:
+    """A matrix product as the torch call eager's `F.linear` makes, without the wrapper building views.
+
+    mm(a, w.t()) is `F.linear(a, w)` (which runs that very mm); addmm(bias, a, w.t()) is
+    `F.linear(a, w, bias)` (that very addmm), and where `a` flattens a row-major 3-d buffer, `F.linear` of
+    the buffer itself (torch flattens it into the same addmm and returns the 3-d result the graph reshapes
+    to). Any other product is a direct torch.mm / torch.addmm call."""
+    if node.multi_output:
+        return None
+    if node.target_name == "prims.mm" and len(node.args) == 2 and not node.kwargs:
+        a, b = node.args
+        bias = None
+    elif node.target_name == "torch.addmm" and len(node.args) == 3 and set(node.kwargs) == {"shape"}:
+        bias, a, b = node.args
+    else:
+        return None
+    a_text, b_text = _inline_text(src, a), _inline_text(src, b)
+    bias_text = None if bias is None else _inline_text(src, bias)
+    shape_text = _inline_text(src, node.kwargs["shape"]) if bias is not None else None
+    if a_text is None or b_text is None or (bias is not None and (bias_text is None or shape_text is None)):
+        return None
+    weight = _transposed(src, b)
+    if weight is None:
+        if bias is None:
+            return f"{src.const(torch.mm, 'mm')}({a_text}, {b_text})"
+        return f"{src.const(torch.addmm, 'addmm')}({bias_text}, {a_text}, {b_text}).view({shape_text})"
+    src.globals["_linear"] = torch.nn.functional.linear
+    if bias is None:
+        return f"_linear({a_text}, {weight})"
+    flat = _flattened(src, a)
+    out_shape = tuple(node.kwargs["shape"])
+    if flat is not None and len(out_shape) == 3 and \
+            all(sympy.expand(x - y) == 0 for x, y in zip(flat[1][:2], out_shape[:2])):
+        return f"_linear({flat[0]}, {weight}, {bias_text})"
+    return f"_linear({a_text}, {weight}, {bias_text}).view({shape_text})"
+
+
 def _inline_call(src: _Source, node: ExternNode) -> str | None:
     """`target(a, b, key=c)` as text, when every argument has an inline text."""
+    product = _product_call(src, node)
+    if product is not None:  # its result is a fresh tensor (a view of none): its storage offset is 0
+        src.zero_offset.update(o.name for o in node.outputs)
+        return product
     args = [_inline_text(src, a) for a in node.args]
     kwargs = {k: _inline_text(src, v) for k, v in node.kwargs.items()}
     if any(t is None for t in args) or any(t is None for t in kwargs.values()) or \
@@ -461,7 +556,7 @@ def _extern_lines(src: _Source, node: ExternNode) -> list[str]:
         if isinstance(v, BufferRef):
             refs.append(v.name)
         elif isinstance(v, ViewRef):
-            refs.append(f"_view({v.name}, {src.sizes(v.shape)}, {src.sizes(v.strides)}, {src.size(v.offset)})")
+            refs.append(_view_text(src, v.name, v.shape, v.strides, v.offset))
     map_structure(ref, (node.args, node.kwargs))
     template = (node.args, node.kwargs)
     target = node.target
@@ -494,7 +589,8 @@ def _extern_lines(src: _Source, node: ExternNode) -> list[str]:
     else:
         lines.append(f"    {outs[0]} = {call_text}{meta}")
     for o in node.outputs:
-        lines.append(f"    {o.name} = _restride({o.name}, {src.sizes(o.layout.strides)})")
+        strides = src.sizes(o.layout.strides)
+        lines.append(f"    if {o.name}.stride() != {strides}: {o.name} = _restride({o.name}, {strides})")
     return lines
 
 

@@ -298,6 +298,41 @@ def test_bias_add_folds_into_addmm_only_when_materialized():
         assert [e.target_name for e in c.externs] == ["torch.addmm"]
 
 
+def test_products_run_as_eager_linear_calls_without_views():
+    """The wrapper calls a product as eager's F.linear does: mm(a, w.t()) is F.linear(a, w), addmm(b, a,
+    w.t()) is F.linear(a, w, b), on the 3-d input itself where it is row-major; no view of the weight, the
+    bias or the input is built per call. Same bits as eager."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(32, 24)
+    x = torch.randn(3, 5, 32)
+    with torch.no_grad():
+        c = compiled(lin, x)
+        assert torch.equal(c(x), lin(x))
+        src = c.wrapper_source
+        assert "_linear(arg0, " in src and "_view(" not in src and "as_strided" not in src, src
+        # no bias (a kernel applies relu after the product): F.linear(a, w) on the flattened input
+        c = compiled(lambda x: torch.relu(lin(x)), x)
+        assert torch.equal(c(x), torch.relu(lin(x)))
+        assert "_linear(" in c.wrapper_source and "_view(" not in c.wrapper_source
+        # a 4-d input: F.linear of the flattened [m, k] view, reshaped to the graph's shape
+        x4 = torch.randn(2, 3, 5, 32)
+        c = compiled(lin, x4)
+        assert torch.equal(c(x4), lin(x4))
+        assert "_linear(" in c.wrapper_source
+        # an operand that is no transpose of a row-major weight: a direct torch.mm / torch.addmm call
+        y = torch.randn(32, 24)
+        b = torch.randn(24)
+        for fn in (lambda x, y: x @ y, lambda x, y: (x @ y).relu(), lambda x, y: x @ y + b):
+            c = compiled(fn, x, y)
+            assert torch.equal(c(x, y), fn(x, y))
+            assert "_linear(" not in c.wrapper_source and "_view(" not in c.wrapper_source
+        # a bias sliced from a larger tensor still reaches addmm as that view
+        big = torch.randn(40)
+        fn = lambda x: torch.nn.functional.linear(x, lin.weight, big[7:31])  # noqa: E731
+        c = compiled(fn, x)
+        assert torch.equal(c(x), fn(x))
+
+
 def test_inputs_and_constants_that_are_views_with_a_storage_offset():
     # extern arguments and output views are strided views counted from the tensor's first element
     torch.manual_seed(0)
