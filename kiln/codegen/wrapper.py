@@ -450,7 +450,8 @@ def _at_sizes(template: Any, values: dict) -> Any:
 def _inline_text(src: _Source, v: Any, top: bool = True) -> str | None:
     """Python text of one extern argument for a straight call, or None where the closure must rebuild it:
     a buffer or view, a size (symbolic ones as expressions of the call's sizes), a list or tuple of sizes,
-    or any other constant (held as a global, so it is passed as the very object)."""
+    buffers, views and Nones (an index's tensors), or any other constant (held as a global, so it is passed
+    as the very object)."""
     if isinstance(v, BufferRef):
         return v.name
     if isinstance(v, ViewRef):
@@ -463,8 +464,9 @@ def _inline_text(src: _Source, v: Any, top: bool = True) -> str | None:
         return repr(v)
     if type(v) in (list, tuple) and top:
         items = [_inline_text(src, e, False) for e in v]
-        if any(t is None for t in items) or not all(type(e) in (int, bool) or isinstance(e, (SymInt, sympy.Basic))
-                                                     for e in v):
+        if any(t is None for t in items) or not all(
+                type(e) in (int, bool) or e is None or isinstance(e, (SymInt, sympy.Basic, BufferRef, ViewRef))
+                for e in v):
             return None
         return "[" + ", ".join(items) + "]" if type(v) is list else f"({''.join(t + ', ' for t in items)})"
     if isinstance(v, (list, tuple, dict)):

@@ -482,6 +482,13 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
         check(attn_mask.dtype in (torch.bool, q.dtype),
               lambda: f"Expected attn_mask dtype to be bool or float or to match query dtype, but got "
                       f"attn_mask.dtype: {attn_mask.dtype} and  query.dtype: {q.dtype} instead.")
+        if attn_mask.dtype == torch.bool:
+            # torch makes a bool mask additive (0 where True, -inf where False, in the query's dtype) on every
+            # call, before any kernel (convert_boolean_attn_mask); made here it is computed by the kernel that
+            # builds the mask, once per graph, at the mask's own (unbroadcast) shape, and sdpa gets that very
+            # tensor: the same values, none of torch's per-call allocation and fill (hf_bert: 2 calls share it)
+            zeros = prims.full(tuple(attn_mask.shape), 0.0, q.dtype, attn_mask.device)
+            attn_mask = prims.where(attn_mask, zeros, float("-inf"))
         attn_mask = broadcast_to(attn_mask, (*q.shape[:-1], k.shape[-2]))
     return prims.sdpa(q, k, v, attn_mask, is_causal, scale, enable_gqa)
 

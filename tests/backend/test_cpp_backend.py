@@ -3,6 +3,7 @@ import shutil
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import kiln.ops
 from kiln import config, prims
@@ -331,6 +332,30 @@ def test_products_run_as_eager_linear_calls_without_views():
         fn = lambda x: torch.nn.functional.linear(x, lin.weight, big[7:31])  # noqa: E731
         c = compiled(fn, x)
         assert torch.equal(c(x), fn(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_sdpa_bool_mask_becomes_additive_in_a_kernel(dtype):
+    """A bool attention mask reaches sdpa as the additive mask torch itself would make of it (0 where True,
+    -inf where False, in the query's dtype), computed by the kernel that builds the mask, at its own shape
+    (broadcast over heads as a view): the same bits as eager, fully masked rows included."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 16, 8, dtype=dtype) for _ in range(3))
+    keep = torch.rand(2, 16) > 0.3
+    keep[1] = False  # every key masked for the second batch element
+
+    def attention(q, k, v, keep):
+        mask = keep[:, None, None, :] & torch.ones(16, 16, dtype=torch.bool).tril()
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    with torch.no_grad():
+        c = compiled(attention, q, k, v, keep)
+        got, want = c(q, k, v, keep), attention(q, k, v, keep)
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
+    (sdpa_node,) = [e for e in c.externs if e.target_name == "prims.sdpa"]
+    mask_ref = sdpa_node.args[3]
+    assert c.loop.buffers[mask_ref.name].dtype == dtype
+    assert mask_ref.strides[1] == 0  # the heads share one mask
+    assert c.kernel_count == 1, c.loop.describe()
 
 
 def test_inputs_and_constants_that_are_views_with_a_storage_offset():
