@@ -25,6 +25,7 @@ from ..lower.sizes import SizeDecision, hint, is_static, known_lt, nonnegative
 from ..lower.target import ALL_DTYPES, LIBRARY_PRIMS, Target
 from ..schedule.fusion import FusedGroup, Member
 from ..schedule.locality import runs_parallel, splits_inner
+from ..runtime.build import wide_int_to_float_simd
 from .cpp_columns import ColumnWriter, column_plan
 
 # The C++ backend's target: every dtype below computed by its own C++ type; matmul, convolution and
@@ -35,7 +36,8 @@ from .cpp_columns import ColumnWriter, column_plan
 # convolutions (oneDNN's faster layout).
 CPP_TARGET = Target("cpp", compute_dtypes=ALL_DTYPES, extern_prims=LIBRARY_PRIMS, parallel_threshold=32768,
                     min_parallel_outer=4, local_kinds=frozenset({"scalar", "array"}), vector_bytes=64,
-                    sizes="literal", channels_last_convs=True)
+                    sizes="literal", channels_last_convs=True,
+                    wide_int_to_float_simd=wide_int_to_float_simd())
 
 CTYPES = {torch.bfloat16: "kiln_bf16", torch.float16: "kiln_fp16", torch.float32: "float",
           torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t", torch.int16: "int16_t",

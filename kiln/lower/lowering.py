@@ -27,7 +27,7 @@ from .conv_layout import (ConvLayout, channels_last_layout, channels_last_stride
                           is_channels_last)
 from .ir import (BufferRef, ComputedBuffer, ExternNode, InputBuffer, Layout, LoopGraph, OutputView,
                  Pointwise, Reduction, Scan, ViewRef)
-from .ops import BINARY_OPS, UNARY_OPS, CountHandler
+from .ops import BINARY_OPS, UNARY_OPS, CountHandler, WideConvertHandler
 from .target import Target
 
 log = config.channel("fusion")
@@ -38,6 +38,9 @@ INLINE_REUSE_COST = 8
 # buffer; below, recomputing it per pixel (a few vector ops per 16 elements) costs less than the buffer's
 # allocation in the wrapper (~4 us)
 VECTOR_BUFFER_MIN = 32768
+# the least elements of a kernel into which a broadcast int64 -> float conversion is computed in a buffer of
+# its own first, on a target that cannot vectorize the conversion (Target.wide_int_to_float_simd)
+WIDE_CONVERT_MIN = 4096
 
 
 class Unlowerable(Exception):
@@ -506,10 +509,22 @@ def lower_broadcast(ctx: Lowering, node: Node, a: Box, shape: Any, dims: Any) ->
         # a computed per-channel vector (eval BatchNorm's scale and shift) is computed once, not per pixel:
         # in an NHWC kernel the channel is the vectorized inner index, where no compiler hoists it
         a = ctx.realized_box(a)
+    elif not ctx.target.wide_int_to_float_simd and hint(sympy.Mul(*out_shape)) >= WIDE_CONVERT_MIN and \
+            hint(sympy.Mul(*out_shape)) >= 4 * hint(sympy.Mul(*in_shape)) and _converts_wide_int(ctx, a):
+        # an int64 -> float conversion broadcast into a larger kernel (BERT's `(1 - mask.float()) * -1e4`
+        # added to every head's scores): computed into its own small buffer, else the consumer's inner
+        # loop, exp included, stays scalar where the target has no vector conversion (AVX2)
+        a = ctx.realized_box(a)
 
     def load(h: Any, index: list) -> Any:
         return a.loader(h, [index[d] if keep else zero for keep, d in zip(kept, dims)])
     return Box(out_shape, a.dtype, load)
+
+
+def _converts_wide_int(ctx: Lowering, a: Box) -> bool:
+    finder = WideConvertHandler({name: b.dtype for name, b in ctx.loop.buffers.items()})
+    a.loader(finder, [sympy.Integer(0)] * len(a.shape))
+    return finder.found
 
 
 def _broadcast_keeps(size: Any, out: Any) -> bool:

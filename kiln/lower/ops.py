@@ -198,3 +198,43 @@ class CountHandler(DepsHandler):
     def load(self, name: str, index: sympy.Expr) -> None:
         self.ops += 1
         super().load(name, index)
+
+
+class WideConvertHandler(Handler):
+    """Whether a body converts a 64-bit integer to a float (`to_dtype` of an int64 value, or an index
+    expression computed as a float). Values are their dtypes; `dtypes` gives each buffer's."""
+
+    WIDE = ("int64", "uint64")
+
+    def __init__(self, dtypes: dict) -> None:
+        self.dtypes = dtypes
+        self.found = False
+
+    def _wide(self, dtype: Any) -> bool:
+        return str(dtype).rsplit(".", 1)[-1] in self.WIDE
+
+    def op(self, name: str, *args: Any) -> Any:
+        if name in COMPARISONS:
+            return "torch.bool"
+        return args[1] if name == "where" else args[0]
+
+    def load(self, name: str, index: sympy.Expr) -> Any:
+        return self.dtypes.get(name)
+
+    def constant(self, value: Any, dtype: Any) -> Any:
+        return dtype
+
+    def index_expr(self, expr: sympy.Expr, dtype: Any) -> Any:
+        if getattr(dtype, "is_floating_point", False):
+            self.found = True
+        return dtype
+
+    def to_dtype(self, x: Any, dtype: Any) -> Any:
+        if self._wide(x) and getattr(dtype, "is_floating_point", False):
+            self.found = True
+        return dtype
+
+    def masked(self, cond: Any, body: Any, other: Any, dtype: Any) -> Any:
+        body()
+        other()
+        return dtype

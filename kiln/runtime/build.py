@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
+import platform
 import hashlib
 import os
 import shutil
@@ -32,6 +33,22 @@ cache_log = config.channel("cache")
 
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno",
          "-Wno-unused-variable"]
+
+
+@functools.lru_cache(maxsize=None)
+def wide_int_to_float_simd() -> bool:
+    """Whether -march=native vectorizes int64 -> float conversions: on x86 only with AVX-512DQ (where
+    /proc/cpuinfo cannot be read, assumed). Other architectures have the instruction in their base SIMD."""
+    if platform.machine().lower() not in ("x86_64", "amd64", "i686", "i386"):
+        return True
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "avx512dq" in line.split()
+    except OSError:
+        pass
+    return True
 
 
 @functools.lru_cache(maxsize=None)

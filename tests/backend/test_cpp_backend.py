@@ -1,4 +1,5 @@
 """The cpp backend against eager: fusion (kernel counts), layouts, dtypes, sizes that exercise SIMD tails."""
+import dataclasses
 import shutil
 
 import pytest
@@ -8,6 +9,7 @@ import torch.nn.functional as F
 import kiln.ops
 from kiln import config, prims
 from kiln.backends.cpp import compile_graph
+from kiln.codegen.cpp import CPP_TARGET
 from kiln.runtime import find_compiler
 
 pytestmark = pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler")
@@ -355,6 +357,29 @@ def test_sdpa_bool_mask_becomes_additive_in_a_kernel(dtype):
     mask_ref = sdpa_node.args[3]
     assert c.loop.buffers[mask_ref.name].dtype == dtype
     assert mask_ref.strides[1] == 0  # the heads share one mask
+    assert c.kernel_count == 1, c.loop.describe()
+
+
+@pytest.mark.parametrize("simd", [False, True])
+def test_broadcast_int64_to_float_is_computed_apart_without_a_vector_conversion(simd):
+    """BERT's mask bias `(1 - mask.float()) * -1e4`, broadcast over heads and rows into the softmax: where
+    the target cannot vectorize an int64 -> float conversion (x86 without AVX-512DQ), it is computed into
+    a small buffer of its own first, so the softmax's loops (exp included) vectorize; elsewhere it stays
+    inlined. The same values either way."""
+    torch.manual_seed(0)
+    scores = torch.randn(2, 4, 64, 64)
+    mask = (torch.rand(2, 64) > 0.2).long()
+
+    def fn(s, m):
+        return torch.softmax(s / 4.0 + (1.0 - m[:, None, None, :].to(s.dtype)) * -1e4, -1)
+    target = dataclasses.replace(CPP_TARGET, wide_int_to_float_simd=simd)
+    c = compile_graph(kiln.ops.trace(fn, scores, mask), [scores, mask], target=target)
+    torch.testing.assert_close(c(scores, mask), fn(scores, mask))
+    small = [b for b in c.loop.buffers.values() if b.dtype == torch.float32 and b.numel() == 2 * 64]
+    assert bool(small) != simd, c.loop.describe()
+    # a broadcast of no conversion, or into a small kernel, stays inlined
+    c = compile_graph(kiln.ops.trace(fn, scores[:1, :1, :8], mask[:1]), [scores[:1, :1, :8], mask[:1]],
+                      target=dataclasses.replace(CPP_TARGET, wide_int_to_float_simd=False))
     assert c.kernel_count == 1, c.loop.describe()
 
 
