@@ -116,7 +116,13 @@ class CppHandler(Handler):
         if self.local.get(name) == "array":
             return self.tmp(f"loc_{name}[{self.inner_index}]", self.buffers[name].dtype)
         index = simplify_index(sympy.expand(index), self.ranges)
-        return self.tmp(f"{self.pointers[name]}[{cexpr(index)}]", self.buffers[name].dtype)
+        dtype = self.buffers[name].dtype
+        if dtype == torch.bool:
+            # read as its byte: g++ finds no vector type for a bool load in a loop that calls a SIMD math
+            # function (a causal mask before exp), and leaves that loop scalar
+            return self.tmp(f"(reinterpret_cast<const uint8_t*>({self.pointers[name]})[{cexpr(index)}] != 0)",
+                            dtype)
+        return self.tmp(f"{self.pointers[name]}[{cexpr(index)}]", dtype)
 
     def constant(self, value: Any, dtype: torch.dtype) -> CppValue:
         if dtype in HALF_TYPES:
@@ -241,9 +247,11 @@ class CppHandler(Handler):
         if name == "reciprocal":
             return self.tmp(f"{ctype}(1) / {a}", out)
         if name == "sigmoid":
-            return self.tmp(f"{ctype}(1) / ({ctype}(1) + std::exp(-{a}))", out)
+            return self.tmp(f"{ctype}(1) / ({ctype}(1) + kiln_exp(-{a}))", out)
         if name == "round":
             return self.tmp(f"std::nearbyint({a})", out)
+        if name == "exp":
+            return self.tmp(f"kiln_exp({a})", out)
         if name in _STD_FLOAT:
             return self.tmp(f"std::{name}({a})", out)
         raise NotImplementedError(f"cpp codegen: {name} on {dtype}")

@@ -131,6 +131,31 @@ KILN_SIMD(erf) KILN_SIMD(erfc)
 }
 #endif
 
+// exp, bit for bit std::exp, without libmvec's slow path for lanes it reads as special: the SIMD exp hands a
+// whole vector to scalar exp when one lane is below ~-87 (float), and a softmax's masked lanes are all -inf
+// or -3.4e38. Below -104 (float) / -746 (double) the correctly rounded result is +0: those lanes are given 0
+// to exp (through an integer mask, which g++ does not fold away) and their result replaced by 0. NaN stays.
+static inline float kiln_exp(float v) {
+  const bool zero = v < -104.0f;
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  u &= zero ? 0u : ~0u;
+  float w;
+  std::memcpy(&w, &u, 4);
+  const float e = std::exp(w);
+  return zero ? 0.0f : e;
+}
+static inline double kiln_exp(double v) {
+  const bool zero = v < -746.0;
+  uint64_t u;
+  std::memcpy(&u, &v, 8);
+  u &= zero ? uint64_t(0) : ~uint64_t(0);
+  double w;
+  std::memcpy(&w, &u, 8);
+  const double e = std::exp(w);
+  return zero ? 0.0 : e;
+}
+
 template <typename T> static inline T kiln_remainder(T a, T b) {
   T r;
   if constexpr (std::is_integral<T>::value) r = kiln_ifmod<T>(a, b);
@@ -152,7 +177,7 @@ HEADER_REDUCTIONS = "".join(
 
 
 _MATH_MARKERS = re.compile(
-    r"std::(?!numeric_limits|memcpy|unique_ptr|make_unsigned)\w+|kiln_remainder|kiln_signbit")
+    r"std::(?!numeric_limits|memcpy|unique_ptr|make_unsigned)\w+|kiln_remainder|kiln_signbit|kiln_exp")
 
 
 def header_for(body: str) -> str:

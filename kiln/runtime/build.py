@@ -31,8 +31,11 @@ from . import cache
 log = config.channel("kernels")
 cache_log = config.channel("cache")
 
+# -fno-math-errno and -fno-trapping-math change no value (NaNs, infinities and signed zeros are kept): math
+# calls set no errno and floating-point ops raise no exception anyone reads, so g++ may if-convert a select
+# next to a SIMD math call (`mask ? x : -inf` before exp: without it the whole loop stays scalar)
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno",
-         "-Wno-unused-variable"]
+         "-fno-trapping-math", "-Wno-unused-variable"]
 
 
 @functools.lru_cache(maxsize=None)
