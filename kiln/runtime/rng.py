@@ -3,9 +3,9 @@
 Eager's `bernoulli_(p)` on a CPU without MKL's path (torch takes it on Intel CPUs only) draws element by
 element in memory order: two 32-bit outputs of the generator's MT19937 engine make a 64-bit word, its
 low 53 bits a double u in [0, 1), and the element is `u < p`. It runs serially through TensorIterator
-(~13 ns an element here), which made `dropout` 0.7x of torch.compile's own (different) random stream.
+(~13-16 ns an element here), which made `dropout` 0.7x of torch.compile's own (different) random stream.
 `bernoulli` below reads the generator's state (`get_state`), runs the same engine in C++ (~2 ns an
-element), and writes the advanced state back (`set_state`): the same draws and the same state after the
+element with AVX-512, ~4.6 with AVX2), and writes the advanced state back (`set_state`): the same draws and the same state after the
 call as eager, so later random calls agree too.
 
 That this is eager's algorithm on this machine is checked once per process (`_native_matches`): a few
@@ -33,6 +33,7 @@ _POD = "<QiiQ"  # CPUGeneratorImpl's state: seed, left, seeded, next, then 624 w
 _WORDS_AT = struct.calcsize(_POD)
 
 SOURCE = r"""
+#include <cmath>
 #include <cstdint>
 
 static void kiln_mt_twist(uint32_t* s) {
@@ -70,17 +71,19 @@ static inline uint32_t kiln_mt_temper(uint32_t y) {
   return y;
 }
 
-// element = (u < p) for u the low 53 bits of (first output << 32 | second output), over 2^53
+// element = (u < p) for u the low 53 bits m of (first output << 32 | second output), over 2^53. Both m and
+// p * 2^53 are exact doubles, so u < p is m < ceil(p * 2^53) in integers: a 64-bit compare, which vectorizes
+// where an int64 -> double conversion does not (x86 without AVX-512DQ)
 template <typename T>
-static inline T kiln_bernoulli_of(uint64_t hi, uint64_t lo, double p) {
-  const double scale = 1.0 / 9007199254740992.0;  // 2^-53
-  double u = static_cast<double>(((hi << 32) | lo) & ((1ull << 53) - 1)) * scale;
-  return u < p ? T(1) : T(0);
+static inline T kiln_bernoulli_of(uint64_t hi, uint64_t lo, int64_t threshold) {
+  const int64_t m = static_cast<int64_t>(((hi << 32) | lo) & ((1ull << 53) - 1));
+  return m < threshold ? T(1) : T(0);
 }
 
 template <typename T>
 static void kiln_draw(uint32_t* __restrict__ s, int64_t* pos, T* __restrict__ out, int64_t n, double p) {
   int64_t left = pos[0], next = pos[1];
+  const int64_t threshold = static_cast<int64_t>(std::ceil(p * 9007199254740992.0));  // p * 2^53
   int64_t i = 0;
   while (i < n) {
     // outputs the current block still holds: left - 1 (the next output refills when left reaches 0)
@@ -91,7 +94,7 @@ static void kiln_draw(uint32_t* __restrict__ s, int64_t* pos, T* __restrict__ ou
       T* o = out + i;
       #pragma omp simd
       for (int64_t j = 0; j < k; ++j) {
-        o[j] = kiln_bernoulli_of<T>(kiln_mt_temper(w[2 * j]), kiln_mt_temper(w[2 * j + 1]), p);
+        o[j] = kiln_bernoulli_of<T>(kiln_mt_temper(w[2 * j]), kiln_mt_temper(w[2 * j + 1]), threshold);
       }
       left -= 2 * k;
       next += 2 * k;
@@ -101,7 +104,7 @@ static void kiln_draw(uint32_t* __restrict__ s, int64_t* pos, T* __restrict__ ou
     // an element whose outputs cross into the next block
     uint64_t hi = kiln_mt_next(s, left, next);
     uint64_t lo = kiln_mt_next(s, left, next);
-    out[i++] = kiln_bernoulli_of<T>(hi, lo, p);
+    out[i++] = kiln_bernoulli_of<T>(hi, lo, threshold);
   }
   pos[0] = left;
   pos[1] = next;
@@ -167,8 +170,8 @@ def _native_matches() -> bool:
 
 def bernoulli(a: torch.Tensor, p: Any = None, generator: Any = None) -> torch.Tensor:
     """prims.bernoulli's reference (`torch.bernoulli(a, p).contiguous()`), natively where it is the same."""
-    native = p is not None and a.device.type == "cpu" and a.dtype in (torch.float32, torch.float64) and \
-        a.is_contiguous() and a.numel() >= NATIVE_MIN and \
+    native = p is not None and not isinstance(p, torch.Tensor) and 0.0 <= float(p) <= 1.0 and \
+        a.device.type == "cpu" and a.dtype in (torch.float32, torch.float64) and a.is_contiguous() and a.numel() >= NATIVE_MIN and \
         (generator is None or (isinstance(generator, torch.Generator) and generator.device.type == "cpu"))
     if native:
         if _native_matches():

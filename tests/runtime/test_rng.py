@@ -51,7 +51,7 @@ def test_large_draws_equal_eager(n, dtype):
     assert 0.25 < out.mean().item() < 0.35
 
 
-@pytest.mark.parametrize("p", [0.0, 1.0, 0.5, 1e-9, 1 - 1e-9])
+@pytest.mark.parametrize("p", [0.0, 1.0, 0.5, 0.5 + 2.0 ** -53, 0.1, 1 / 3, 0.9, 1e-9, 1 - 1e-9, 2.0 ** -53])
 def test_probabilities(p):
     out = assert_same_draws(lambda bern, gen: bern(torch.empty(3, 200, 97), p, gen), seed=3)
     if p in (0.0, 1.0):
