@@ -5,8 +5,8 @@ element in memory order: two 32-bit outputs of the generator's MT19937 engine ma
 low 53 bits a double u in [0, 1), and the element is `u < p`. It runs serially through TensorIterator
 (~13-16 ns an element here), which made `dropout` 0.7x of torch.compile's own (different) random stream.
 `bernoulli` below reads the generator's state (`get_state`), runs the same engine in C++ (~2 ns an
-element with AVX-512, ~4.6 with AVX2), and writes the advanced state back (`set_state`): the same draws and the same state after the
-call as eager, so later random calls agree too.
+element with AVX-512, ~4.6 with AVX2), and writes the advanced state back (`set_state`): the same draws
+and the same state after the call as eager, so later random calls agree too.
 
 That this is eager's algorithm on this machine is checked once per process (`_native_matches`): a few
 draws across the engine's 624-word blocks, with a copy of a generator, must equal torch's values and its
