@@ -31,7 +31,7 @@ from ..graph.graph import is_random_target
 from ..graph.symbolic import SymInt, has_symbols, python_expr, specialize_all, substitute
 from ..ops.registry import aliases
 from .errors import GraphBreak
-from .guards import check_expr, is_constant
+from .guards import check_expr, is_constant, storages_apart
 from ..graph.specialize import unbound_symbols
 from .dynamic import SymbolicGraph, is_symbolic_graph
 from .segments import compile_segmented
@@ -543,18 +543,20 @@ def _guard_mutated_aliasing(cap: Capture) -> None:
     if not cap.graph.mutated_inputs:
         return
     names = [ph.name for ph in cap.graph.placeholders]
-    for i, (source, tensor, _) in enumerate(cap.inputs):
-        if names[i] not in cap.graph.mutated_inputs:
-            continue
+    updated = [i for i in range(len(cap.inputs)) if names[i] in cap.graph.mutated_inputs]
+    for i in updated:
+        source, tensor, _ = cap.inputs[i]
         for j, (other, other_tensor, _) in enumerate(cap.inputs):
             if j != i and tensor.untyped_storage().data_ptr() == other_tensor.untyped_storage().data_ptr():
                 raise GraphBreak(f"{source.name} is updated in place and shares memory with {other.name}",
                                  "kiln runs code that updates aliased inputs eagerly")
-            if j != i:
-                cap.guards.add(f"{source.expr}.untyped_storage().data_ptr() != "
-                               f"{other.expr}.untyped_storage().data_ptr()",
-                               f"{source.name} (updated in place) does not share memory with {other.name}",
-                               "alias")
+    if len(cap.inputs) < 2:
+        return
+    check = cap.ns.hold(storages_apart, "storages_apart")
+    exprs = "".join(f"{source.expr}, " for source, _, _ in cap.inputs)
+    updated_names = ", ".join(cap.inputs[i][0].name for i in updated)
+    cap.guards.add(f"{check}(({exprs}), {tuple(updated)!r})",
+                   f"{updated_names} (updated in place) share memory with no other input", "alias")
 
 
 def make_eager_entry(cap: Capture, fn: Any, code: types.CodeType) -> tuple[Any, list, str]:

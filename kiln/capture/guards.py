@@ -31,6 +31,16 @@ def is_constant(value: Any) -> bool:
     return False
 
 
+def storages_apart(inputs: tuple, updated: tuple) -> bool:
+    """Whether each input at a position in `updated` shares its storage with no other input (what a graph
+    that writes those inputs in place relies on). One guard for all of them, each storage read once: the
+    pairwise checks were |updated| x |inputs| (7 training BatchNorms in a small ResNet: ~1400 a call)."""
+    ptrs = [t.untyped_storage().data_ptr() for t in inputs]
+    if len(set(ptrs)) == len(ptrs):
+        return True
+    return all(ptrs.count(ptrs[i]) == 1 for i in updated)
+
+
 class Guard:
     __slots__ = ("expr", "text", "kind")
 

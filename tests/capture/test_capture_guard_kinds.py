@@ -464,3 +464,37 @@ def test_dunder_reads_are_shared_and_keyword_attributes_still_guard():
     torch.testing.assert_close(cf(x, cfg), f(x, cfg))
     assert len(entries(cf)) == 3
     assert sum(kiln.counters["recompiles"].values()) == 2
+
+
+def test_inputs_updated_in_place_are_guarded_apart_by_one_check():
+    """A graph writing k of its n inputs in place relies on none of them sharing memory with another input:
+    one guard reads each input's storage once (it was k x n pairwise checks a call: ~1400 for a small ResNet
+    training its BatchNorms, 0.6 ms of every call). Sharing memory still misses and recaptures, and every
+    result equals eager's."""
+    def f(a, b, c, d):
+        a.add_(1)
+        b.mul_(2)
+        c.sub_(d)
+        return a + b + c + d
+    kiln.reset()
+    cf = kiln.compile(f, backend="eager")
+    make = lambda: [torch.arange(6.0) + i for i in range(4)]  # noqa: E731
+    got, want = make(), make()
+    torch.testing.assert_close(cf(*got), f(*want))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    (entry,) = entries(cf)
+    alias = [text for text in entry.guards if "share memory" in text]
+    assert alias == ["a, b, c (updated in place) share memory with no other input"], entry.guards
+    for share in ([0, 1], [2, 3], [3, 0]):  # an updated input shares memory with another
+        got, want = make(), make()
+        for tensors in (got, want):
+            tensors[share[1]] = tensors[share[0]][:]  # a view: the same storage
+        torch.testing.assert_close(cf(*got), f(*want))
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
+    got, want = make(), make()
+    torch.testing.assert_close(cf(*got), f(*want))  # apart again: the first entry still serves
+    hits = len(entries(cf))
+    cf(*make())
+    assert len(entries(cf)) == hits
