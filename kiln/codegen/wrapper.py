@@ -354,7 +354,11 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
             meta = f"  # {layout_text(buf)}"
             if reuse is None or reuse in src.zero_offset:  # (as_strided keeps its base's storage offset)
                 src.zero_offset.add(name)
-            if reuse is not None and name in step.inplace:
+            if reuse is not None and graph.buffers[reuse].dtype == buf.dtype and \
+                    src.layouts.get(reuse) == src.layouts[name]:
+                # the freed buffer as it is: the same tensor object, no view (an as_strided call per call)
+                lines.append(f"    {name} = {reuse}" + ("" if name in step.inplace else f"; del {reuse}") + meta)
+            elif reuse is not None and name in step.inplace:
                 # written in place by this step's kernels: `reuse` is still passed to them, freed after
                 lines.append(f"    {name} = {reuse}.as_strided({src.sizes(buf.shape)}, "
                              f"{src.sizes(buf.layout.strides)}){meta}")

@@ -2,6 +2,7 @@
 where the input is last read at the same index: optimizer updates, running statistics."""
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -34,8 +35,9 @@ def test_updates_are_written_into_the_inputs_and_equal_eager(tmp_path):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
     assert all(t._version > v for t, v in zip(ps + bs, versions))  # as eager's in-place ops move them
     wrapper = next(tmp_path.glob("*/09_build.py")).read_text()
-    for i in range(3):  # each new value is a view of its input: the kernel stored into the input
-        assert f"= ps_{i}.as_strided(" in wrapper and f"= bs_{i}.as_strided(" in wrapper
+    for i in range(3):  # each new value is its input (or a view of it): the kernel stored into the input
+        for name in (f"ps_{i}", f"bs_{i}"):
+            assert re.search(rf"= {name}(\.as_strided\(|  #)", wrapper), wrapper
 
 
 def test_an_input_read_after_its_update_at_another_index_is_not_overwritten():
