@@ -135,26 +135,18 @@ KILN_SIMD(erf) KILN_SIMD(erfc)
 // whole vector to scalar exp when one lane is below ~-87 (float), and a softmax's masked lanes are all -inf
 // or -3.4e38. Below -104 (float) / -746 (double) the correctly rounded result is +0: those lanes are given 0
 // to exp (through an integer mask, which g++ does not fold away) and their result replaced by 0. NaN stays.
-static inline float kiln_exp(float v) {
-  const bool zero = v < -104.0f;
-  uint32_t u;
-  std::memcpy(&u, &v, 4);
-  u &= zero ? 0u : ~0u;
-  float w;
-  std::memcpy(&w, &u, 4);
-  const float e = std::exp(w);
-  return zero ? 0.0f : e;
+template <typename T, typename Bits> static inline T kiln_exp_zero_below(T v, T below) {
+  const bool zero = v < below;
+  Bits u;
+  std::memcpy(&u, &v, sizeof(T));
+  u &= zero ? Bits(0) : ~Bits(0);
+  T w;
+  std::memcpy(&w, &u, sizeof(T));
+  const T e = std::exp(w);
+  return zero ? T(0) : e;
 }
-static inline double kiln_exp(double v) {
-  const bool zero = v < -746.0;
-  uint64_t u;
-  std::memcpy(&u, &v, 8);
-  u &= zero ? uint64_t(0) : ~uint64_t(0);
-  double w;
-  std::memcpy(&w, &u, 8);
-  const double e = std::exp(w);
-  return zero ? 0.0 : e;
-}
+static inline float kiln_exp(float v) { return kiln_exp_zero_below<float, uint32_t>(v, -104.0f); }
+static inline double kiln_exp(double v) { return kiln_exp_zero_below<double, uint64_t>(v, -746.0); }
 
 template <typename T> static inline T kiln_remainder(T a, T b) {
   T r;
