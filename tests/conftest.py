@@ -2,6 +2,8 @@
 
 - Every test starts from the same torch random state (seed 0), so failures reproduce.
 - `counters` fixture: kiln.counters, emptied for the test.
+- `kiln_cache` / `kiln_cache_raising` (module scope): a shared kiln cache directory in pytest's temporary
+  directory, the second with internal compile errors raised.
 - TRITON_INTERPRET=1 (unless set): the triton backend's kernels run on Triton's interpreter.
 - `--opinfo-all-samples`: tests/test_opinfo.py runs every sample of each entry, not only the first.
 """
@@ -28,6 +30,23 @@ def pytest_addoption(parser):
 def _seed_torch():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(scope="module")
+def kiln_cache(tmp_path_factory):
+    """One kiln cache directory for the run, in pytest's temporary directory (kernels built once, the
+    user's cache untouched). A module opts in with `pytest.mark.usefixtures("kiln_cache")`."""
+    from kiln import config
+    with config.patch(cache_dir=str(tmp_path_factory.getbasetemp() / "kiln_cache")):
+        yield
+
+
+@pytest.fixture(scope="module")
+def kiln_cache_raising(kiln_cache):
+    """`kiln_cache`, and kiln's internal compile errors raised instead of run eagerly (a test sees them)."""
+    from kiln import config
+    with config.patch(raise_on_error=True):
+        yield
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ import pytest
 from kiln import config
 from kiln.testing import gradsweep, opinfo
 
-pytestmark = pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler")
+pytestmark = [pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler"),
+              pytest.mark.usefixtures("kiln_cache")]
 
 SUBSET = """
 abs add addcdiv addcmul addmm amax amin atan2 baddbmm bmm cat clamp cos cosh cumsum div.no_rounding_mode erf
@@ -27,12 +28,6 @@ nn.functional.silu nn.functional.softplus permute pow prod reshape rsqrt sigmoid
 squeeze stack std sub sum t tanh transpose tril unsqueeze var where
 """.split()
 OPS = {opinfo.op_id(op): op for op in opinfo.op_database()}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def shared_cache(tmp_path_factory):
-    with config.patch(cache_dir=str(tmp_path_factory.getbasetemp() / "kiln_cache")):
-        yield
 
 
 @pytest.mark.parametrize("name", [n for n in SUBSET if n in OPS])

@@ -17,13 +17,8 @@ import torch.nn.functional as F
 import kiln
 from kiln import config
 
-pytestmark = pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def shared_cache(tmp_path_factory):
-    with config.patch(cache_dir=str(tmp_path_factory.getbasetemp() / "kiln_cache")):
-        yield
+pytestmark = [pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler"),
+              pytest.mark.usefixtures("kiln_cache")]
 
 
 def _assert_decomposed(counters):

@@ -16,10 +16,7 @@ from kiln.autograd.joint import differentiate
 from kiln.graph import to_prims
 
 
-@pytest.fixture(autouse=True, scope="module")
-def shared_cache(tmp_path_factory):
-    with config.patch(cache_dir=str(tmp_path_factory.getbasetemp() / "kiln_cache")):
-        yield
+pytestmark = pytest.mark.usefixtures("kiln_cache")
 
 
 def conv_block(x, w, b):

@@ -15,10 +15,7 @@ from kiln.autograd.partition import partition
 from kiln.graph import to_prims
 
 
-@pytest.fixture(autouse=True, scope="module")
-def shared_cache(tmp_path_factory):
-    with config.patch(cache_dir=str(tmp_path_factory.getbasetemp() / "kiln_cache")):
-        yield
+pytestmark = pytest.mark.usefixtures("kiln_cache")
 
 
 def exp_of_product(x, w):

@@ -18,13 +18,8 @@ import kiln
 import kiln.ops
 from kiln import config
 
-pytestmark = pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def shared_cache(tmp_path_factory):
-    with config.patch(cache_dir=str(tmp_path_factory.getbasetemp() / "kiln_cache")):
-        yield
+pytestmark = [pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler"),
+              pytest.mark.usefixtures("kiln_cache")]
 
 
 class MLP(torch.nn.Module):

@@ -12,14 +12,9 @@ import kiln
 from kiln import config
 from kiln.testing import models as zoo
 
-pytestmark = pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler")
+pytestmark = [pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler"),
+              pytest.mark.usefixtures("kiln_cache")]
 MODELS = ["mlp", "resnet_tiny", "nanogpt_tiny", "resnet18", "mobilenet", "bert", "nanogpt", "llama"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def shared_cache(tmp_path_factory):
-    with config.patch(cache_dir=str(tmp_path_factory.getbasetemp() / "kiln_cache")):
-        yield
 
 
 def _handed_to_torch(counters):

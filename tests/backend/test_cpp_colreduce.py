@@ -11,15 +11,10 @@ from kiln import config
 from kiln.backends.cpp import compile_graph
 from kiln.testing.tolerance import OP_TOL, accuracy_rule
 
-pytestmark = pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler")
+pytestmark = [pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler"),
+              pytest.mark.usefixtures("kiln_cache_raising")]
 
 MARK = "// column reduction"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def shared_cache(tmp_path_factory):
-    with config.patch(cache_dir=str(tmp_path_factory.getbasetemp() / "kiln_cache"), raise_on_error=True):
-        yield
 
 
 def compiled(fn, *inputs):

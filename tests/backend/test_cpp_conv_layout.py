@@ -16,13 +16,8 @@ from kiln.backends.cpp import compile_graph
 from kiln.lower.conv_layout import channels_last_strides
 from kiln.lower.ir import ComputedBuffer, ExternNode
 
-pytestmark = pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def shared_cache(tmp_path_factory):
-    with config.patch(cache_dir=str(tmp_path_factory.getbasetemp() / "kiln_cache"), raise_on_error=True):
-        yield
+pytestmark = [pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler"),
+              pytest.mark.usefixtures("kiln_cache_raising")]
 
 
 def compiled(fn, *inputs):

@@ -16,16 +16,11 @@ from kiln import config
 from kiln.backends.cpp import compile_graph
 from kiln.runtime.build import find_compiler, flags
 
-pytestmark = pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler")
+pytestmark = [pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler"),
+              pytest.mark.usefixtures("kiln_cache_raising")]
 
 SPECIAL = [float("-inf"), -3.4e38, -1e30, -800.0, -745.5, -700.0, -200.0, -105.0, -104.0, -103.9, -95.0,
            -87.5, -50.0, -1.0, 0.0, 1.0, 50.0, 88.5, 89.0, 700.0, 710.0, float("inf"), float("nan")]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def shared_cache(tmp_path_factory):
-    with config.patch(cache_dir=str(tmp_path_factory.getbasetemp() / "kiln_cache"), raise_on_error=True):
-        yield
 
 
 def compiled(fn, *inputs):

@@ -22,16 +22,11 @@ import torch.nn.functional as F
 import kiln
 from kiln import config
 
-pytestmark = pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler")
+pytestmark = [pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler"),
+              pytest.mark.usefixtures("kiln_cache_raising")]
 
 FUZZ_SEEDS = int(os.environ.get("KILN_FUZZ_SEEDS", "40"))
 FUZZ_SLOW_SEEDS = int(os.environ.get("KILN_FUZZ_SLOW_SEEDS", "400"))
-
-
-@pytest.fixture(autouse=True, scope="module")
-def shared_cache(tmp_path_factory):
-    with config.patch(cache_dir=str(tmp_path_factory.getbasetemp() / "kiln_cache"), raise_on_error=True):
-        yield
 
 
 def cpp(fn, fullgraph=True):

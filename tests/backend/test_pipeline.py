@@ -15,10 +15,7 @@ from kiln.lower.verify import LoopVerifyError
 from kiln.schedule.verify import ScheduleVerifyError
 
 
-@pytest.fixture(autouse=True, scope="module")
-def shared_cache(tmp_path_factory):
-    with config.patch(cache_dir=str(tmp_path_factory.getbasetemp() / "kiln_cache")):
-        yield
+pytestmark = pytest.mark.usefixtures("kiln_cache")
 
 
 def softmax_mlp(x, w):

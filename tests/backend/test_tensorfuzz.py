@@ -51,10 +51,7 @@ REGRESSIONS: dict[int, str] = {
 KNOWN: dict[int, str] = {}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def shared_cache(tmp_path_factory):
-    with config.patch(cache_dir=str(tmp_path_factory.getbasetemp() / "kiln_cache")):
-        yield
+pytestmark = pytest.mark.usefixtures("kiln_cache")
 
 
 def _failures(seeds) -> dict[int, list[str]]:

@@ -23,7 +23,8 @@ from kiln.runtime import tritonlib  # noqa: E402
 
 import test_cpp_backend as cpp_tests  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not tritonlib.interpreting(), reason="needs TRITON_INTERPRET=1 (CPU tensors)")
+pytestmark = [pytest.mark.skipif(not tritonlib.interpreting(), reason="needs TRITON_INTERPRET=1 (CPU tensors)"),
+              pytest.mark.usefixtures("kiln_cache_raising")]
 
 # the cpp tests that are about the shared stages (fusion, layouts, dtypes, the plan), not about C++
 SHARED = """
@@ -52,12 +53,6 @@ test_broadcast test_zero_size_and_zero_dim test_int64_and_bool test_reductions t
 test_scans test_size_one_dims_with_odd_strides test_half_precision test_cat_rev_and_pad test_pad
 test_float_max_reduction_nan_and_signed_zero test_pointwise_written_in_place_of_its_last_input
 """.split()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def shared_cache(tmp_path_factory):
-    with config.patch(cache_dir=str(tmp_path_factory.getbasetemp() / "kiln_cache"), raise_on_error=True):
-        yield
 
 
 @pytest.fixture

@@ -18,24 +18,18 @@ import torch
 
 pytest.importorskip("triton")
 
-from kiln import config  # noqa: E402
 from kiln.counters import counters  # noqa: E402
 from kiln.runtime import tritonlib  # noqa: E402
 from kiln.testing import opinfo, tensorfuzz  # noqa: E402
 
 pytestmark = [pytest.mark.skipif(not tritonlib.interpreting(), reason="needs TRITON_INTERPRET=1"),
-              pytest.mark.triton]
+              pytest.mark.triton,
+              pytest.mark.usefixtures("kiln_cache")]
 
 OPS = opinfo.op_database()
 EXPECTED = opinfo.expected_failures().get("float32", {})
 FUZZ_SEEDS, CHUNK = 120, 20
 UNSUPPORTED = ("complex", "uint64")  # dtypes the Target does not compute: those graphs run with torch
-
-
-@pytest.fixture(autouse=True, scope="module")
-def shared_cache(tmp_path_factory):
-    with config.patch(cache_dir=str(tmp_path_factory.getbasetemp() / "kiln_cache")):
-        yield
 
 
 def _ran_with_torch() -> list[str]:

@@ -17,13 +17,8 @@ from kiln.capture.cache import CompiledFunction
 from kiln.testing import models as zoo
 
 pytestmark = [pytest.mark.distributed,
-              pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler")]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def shared_cache(tmp_path_factory):
-    with config.patch(cache_dir=str(tmp_path_factory.getbasetemp() / "kiln_cache")):
-        yield
+              pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler"),
+              pytest.mark.usefixtures("kiln_cache")]
 
 
 def _like_ddp(module: torch.nn.Module, cap: int) -> types.SimpleNamespace:
