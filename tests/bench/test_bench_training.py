@@ -26,6 +26,24 @@ def test_saved_activations_counts_what_eager_autograd_keeps():
     assert all(p.grad is not None for p in module.parameters())   # it ran a whole step
 
 
+def test_timed_training_steps_copy_no_gradients():
+    """The accuracy calls get copies of the gradients taken before the SGD step; a timed step (checking
+    off) copies nothing, like a training loop, and still updates the parameters."""
+    torch.manual_seed(0)
+    module = torch.nn.Linear(8, 4)
+    x = torch.randn(16, 8)
+    checked = worker.Step(module, module, ((x,), {}), "training")
+    before = module.weight.detach().clone()
+    out = checked()
+    grad_w, _ = out["grads"]
+    assert grad_w is not module.weight.grad and torch.equal(grad_w, module.weight.grad)
+    torch.testing.assert_close(module.weight.detach(), before - worker.SGD_LR * grad_w)
+    timed = worker.Step(module, module, ((x,), {}), "training", checking=False)
+    before = module.weight.detach().clone()
+    assert timed()["grads"] is None
+    assert not torch.equal(module.weight.detach(), before)
+
+
 def test_training_table_sets_each_compiler_against_eager_and_torch_compile():
     base = {"mode": "training", "batch": 2, "status": "pass"}
     rows = [dict(base, model="a", compiler="eager", time_ms=4.0, speedup=1.0, rss_peak_mb=200.0, saved_mb=2.0),
