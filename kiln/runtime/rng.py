@@ -170,8 +170,8 @@ def _native_matches() -> bool:
 
 def bernoulli(a: torch.Tensor, p: Any = None, generator: Any = None) -> torch.Tensor:
     """prims.bernoulli's reference (`torch.bernoulli(a, p).contiguous()`), natively where it is the same."""
-    native = p is not None and 0.0 <= p <= 1.0 and \
-        a.device.type == "cpu" and a.dtype in (torch.float32, torch.float64) and a.is_contiguous() and a.numel() >= NATIVE_MIN and \
+    native = p is not None and 0.0 <= p <= 1.0 and a.device.type == "cpu" and \
+        a.dtype in (torch.float32, torch.float64) and a.is_contiguous() and a.numel() >= NATIVE_MIN and \
         (generator is None or (isinstance(generator, torch.Generator) and generator.device.type == "cpu"))
     if native:
         if _native_matches():
