@@ -359,7 +359,7 @@ class KernelWriter:
             for name in arrays:
                 ctype = CTYPES[self.buffers[name].dtype]
                 rows = max(inner_n, 1) if is_static(inner_n) else f"kiln_imax({csize(inner_n)}, 1)"
-                self.emit(f"std::unique_ptr<{ctype}[]> vec_{name}(new {ctype}[{rows}]);", depth + 1)
+                self.emit(f"kiln_array<{ctype}> vec_{name}({rows});", depth + 1)
                 self.emit(f"{ctype}* __restrict__ loc_{name} = vec_{name}.get();", depth + 1)
             depth += 1
             if parallel:
@@ -382,9 +382,9 @@ class KernelWriter:
             if member.role == "reduction":
                 acc = self._acc_dtype(group, member)
                 # one slot per thread (never std::vector<bool>: its packed bits race between threads)
-                self.emit(f"std::unique_ptr<{CTYPES[acc]}[]> part{i}(new {CTYPES[acc]}[kiln_nt]);", 2)
+                self.emit(f"kiln_array<{CTYPES[acc]}> part{i}(kiln_nt);", 2)
                 if member.buffer.data.reduction_type in ("argmax", "argmin"):
-                    self.emit(f"std::unique_ptr<int64_t[]> parti{i}(new int64_t[kiln_nt]);", 2)
+                    self.emit(f"kiln_array<int64_t> parti{i}(kiln_nt);", 2)
         self.emit("#pragma omp parallel", 2)
         self.emit("{", 2)
         self.emit("const int kiln_tid = omp_get_thread_num();", 3)

@@ -325,7 +325,7 @@ class ColumnWriter:
         for m in reductions:
             ctype = self._acc(m)[0]
             i = self.slots[id(m)]
-            self.emit(f"std::unique_ptr<{ctype}[]> part{i}(new {ctype}[kiln_ns * {self.outputs}]);", depth)
+            self.emit(f"kiln_array<{ctype}> part{i}(kiln_ns * {self.outputs});", depth)
         self._parallel_for(f"{self.units} * kiln_ns", "xq", depth)
         self.emit("const int64_t xo = xq / kiln_ns;", depth + 1)
         self.emit("const int64_t kc = xq % kiln_ns;", depth + 1)

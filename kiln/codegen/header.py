@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import re
 
-# The header is assembled per source from the parts it uses: <cmath> alone costs g++ ~0.2 s, <immintrin.h>
-# ~0.6 s, so a graph whose kernels only copy or add builds in a fraction of the time.
+# The header is assembled per source from the parts it uses: <cmath> alone costs g++ ~0.1 s (without C++17's
+# special functions, below), <immintrin.h> ~0.6 s, <memory> ~0.3 s (hence kiln_array), so a graph whose
+# kernels only copy or add builds in a fraction of the time.
 HEADER_BASE = r"""
 #include <cstdint>
 #include <cstring>
@@ -112,9 +113,28 @@ template <typename T> static inline void kiln_argmin(T& v, int64_t& i, T nv, int
   if (v != v) return;
   if (nv != nv || nv < v) { v = nv; i = ni; }
 }
+// an owned scratch array (per-thread partials, row buffers): freed at the end of its scope
+template <typename T> struct kiln_array {
+  T* data;
+  explicit kiln_array(int64_t n) : data(new T[n]) {}
+  ~kiln_array() { delete[] data; }
+  kiln_array(const kiln_array&) = delete;
+  kiln_array& operator=(const kiln_array&) = delete;
+  T* get() const { return data; }
+  T& operator[](int64_t i) const { return data[i]; }
+};
 """
 
 HEADER_MATH = r"""
+// libstdc++'s <cmath> also declares C++17's special functions (std::cyl_bessel_j and the like), which no
+// kernel calls and which double the time g++ takes to read <cmath>; this leaves them out (other standard
+// libraries ignore it)
+#if defined(__has_include)
+#if __has_include(<bits/c++config.h>)
+#include <bits/c++config.h>
+#undef _GLIBCXX_USE_STD_SPEC_FUNCS
+#endif
+#endif
 #include <cmath>
 
 #ifdef KILN_MVEC
@@ -158,9 +178,6 @@ template <typename T> static inline T kiln_remainder(T a, T b) {
 template <typename T> static inline bool kiln_signbit(T a) { return std::signbit((double)a); }
 """
 
-HEADER_MEMORY = "\n#include <memory>\n"
-
-
 HEADER_REDUCTIONS = "".join(
     f"#pragma omp declare reduction(k{op} : {t} : omp_out = kiln_{op}<{t}>(omp_out, omp_in)) "
     f"initializer(omp_priv = omp_orig)\n"
@@ -169,15 +186,13 @@ HEADER_REDUCTIONS = "".join(
 
 
 _MATH_MARKERS = re.compile(
-    r"std::(?!numeric_limits|memcpy|unique_ptr|make_unsigned)\w+|kiln_remainder|kiln_signbit|kiln_exp")
+    r"std::(?!numeric_limits|memcpy|make_unsigned)\w+|kiln_remainder|kiln_signbit|kiln_exp")
 
 
 def header_for(body: str) -> str:
-    """The header a source with these kernels needs (the math and memory parts only where used)."""
+    """The header a source with these kernels needs (the math part only where used)."""
     parts = [HEADER_BASE]
     if _MATH_MARKERS.search(body):
         parts.append(HEADER_MATH)
-    if "std::unique_ptr" in body:
-        parts.append(HEADER_MEMORY)
     parts.append(HEADER_REDUCTIONS)
     return "".join(parts)
