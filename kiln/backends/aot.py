@@ -215,7 +215,30 @@ class KilnFunction(torch.autograd.Function):
         # A new tensor object per gradient (same memory): the generated wrapper keeps its output buffers for
         # reuse next call (it reuses one only when nothing else holds it), and autograd's AccumulateGrad
         # would copy a gradient whose tensor has another owner instead of keeping it as `.grad`.
-        return (None,) + tuple(g.detach() if isinstance(g, torch.Tensor) else g for g in result)
+        return (None,) + _distinct_gradients(result)
+
+
+def _distinct_gradients(result: Any) -> tuple:
+    """The backward's gradients, each a new tensor object (see KilnFunction.backward), none sharing memory
+    with another: CSE can make two inputs' gradients one buffer (the biases of two BatchNorms added
+    together), and eager gives each its own `.grad`, so an in-place update of one (clip_grad_norm_) must not
+    reach the other. A later gradient overlapping an earlier one is copied."""
+    out, taken = [], {}
+    for g in result:
+        if not isinstance(g, torch.Tensor):
+            out.append(g)
+            continue
+        g = g.detach()
+        if g.numel():
+            start = g.data_ptr()
+            end = start + g.element_size() * (1 + sum((n - 1) * abs(s) for n, s in zip(g.shape, g.stride())))
+            spans = taken.setdefault(g.untyped_storage().data_ptr(), [])
+            if any(start < e and s < end for s, e in spans):
+                g = g.clone()
+            else:
+                spans.append((start, end))
+        out.append(g)
+    return tuple(out)
 
 
 def compile_with_autograd(graph: Graph, example_inputs: list, context: CompileContext,

@@ -95,3 +95,42 @@ def test_gradients_become_grad_without_a_copy_and_stay_intact(monkeypatch):
         eager(x1).sum().backward()
     for p, q in zip(model.parameters(), eager.parameters()):
         torch.testing.assert_close(p.grad, q.grad)
+
+
+class _TwoBranches(torch.nn.Module):
+    """Two BatchNorms added: their biases' gradients are the same values, one buffer after CSE."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.BatchNorm1d(6), torch.nn.BatchNorm1d(6)
+
+    def forward(self, x):
+        return (self.a(x) + self.b(x * 2)).relu()
+
+
+def test_equal_gradients_of_two_parameters_are_separate_tensors():
+    # regression: both biases got the same buffer as `.grad`, so clip_grad_norm_'s in-place scaling reached
+    # that memory twice and the clipped gradients differed from eager's
+    torch.manual_seed(0)
+    model = _TwoBranches()
+    eager = copy.deepcopy(model)
+    compiled = kiln.compile(model)
+    x = torch.randn(8, 6)
+    for m, fn in ((model, compiled), (eager, eager)):
+        for _ in range(2):
+            m.zero_grad(set_to_none=True)
+            fn(x).square().sum().backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1e-2)
+    assert model.a.bias.grad.untyped_storage().data_ptr() != model.b.bias.grad.untyped_storage().data_ptr()
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
+def test_distinct_gradients_copies_only_overlapping_memory():
+    base = torch.arange(12.0)
+    first, second, apart = base[:6], base[3:9], base[6:]
+    out = aot._distinct_gradients([first, None, second, apart, first, torch.empty(0)])
+    assert out[1] is None and out[0].data_ptr() == first.data_ptr()
+    assert out[2].data_ptr() != second.data_ptr() and torch.equal(out[2], second)   # overlaps [0, 6)
+    assert out[3].data_ptr() == apart.data_ptr()                                      # beside it: kept
+    assert out[4].data_ptr() != first.data_ptr() and torch.equal(out[4], first)
