@@ -38,10 +38,11 @@ _MISSING = object()
 
 def is_ddp(model: Any) -> bool:
     """`model` is a torch.nn.parallel.DistributedDataParallel (or a subclass)."""
-    if not torch.distributed.is_available():
-        return False
-    from torch.nn.parallel import DistributedDataParallel
-    return isinstance(model, DistributedDataParallel)
+    # a DDP instance exists only once its module is imported: never import it here (~0.5 s with its
+    # torch.distributed dependencies, for every kiln.compile of a model that has nothing to do with it)
+    module = sys.modules.get("torch.nn.parallel.distributed")
+    ddp = getattr(module, "DistributedDataParallel", None)
+    return ddp is not None and isinstance(model, ddp)
 
 
 class CompiledDDP(WrappedModule):
@@ -97,13 +98,10 @@ class CompiledDDP(WrappedModule):
 
 def is_fsdp(model: Any) -> bool:
     """`model` was wrapped by FSDP2's `fully_shard` (an FSDPModule)."""
-    if not torch.distributed.is_available():
-        return False
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:
-        return False
-    return isinstance(model, FSDPModule)
+    # as is_ddp: an FSDPModule exists only once torch.distributed.fsdp is imported (by fully_shard's user)
+    module = sys.modules.get("torch.distributed.fsdp")
+    fsdp = getattr(module, "FSDPModule", None)
+    return fsdp is not None and isinstance(model, fsdp)
 
 
 class CompiledFSDP(WrappedModule):

@@ -8,6 +8,7 @@ the inner loops of reshaped tensors free of divisions.
 """
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import sympy
@@ -57,11 +58,14 @@ def index_var(prefix: str, i: int) -> sympy.Symbol:
 
 def linear_index(index: Sequence[sympy.Expr], strides: Sequence[int], offset: int = 0) -> sympy.Expr:
     """offset + sum(index[i] * strides[i]) (size-1 dims may carry any stride; their index is 0)."""
-    expr = sympy.sympify(offset)
-    for i, s in zip(index, strides):
-        if s != 0:
-            expr = expr + i * s
-    return expr
+    return _linear_index(tuple(index), tuple(strides), offset)
+
+
+@functools.lru_cache(maxsize=4096)
+def _linear_index(index: tuple, strides: tuple, offset: object) -> sympy.Expr:
+    # one Add of all the terms (adding them one by one re-flattens the sum each time); memoized, as most
+    # loads of a graph index the same loop variables with the same strides
+    return sympy.Add(sympy.sympify(offset), *(i * s for i, s in zip(index, strides) if s != 0))
 
 
 def unravel(linear: sympy.Expr, shape: Sequence[int]) -> list[sympy.Expr]:

@@ -115,3 +115,15 @@ def test_fsdp2_blocks_compile_and_match_eager_fsdp2(name, cache_dir):
         # the model's own frame breaks where it calls a sharded block (FSDP's hooks run there), named
         assert any("has hooks" in k for k in counters["graph_breaks"]), counters["graph_breaks"]
         assert "has hooks" in mine["explain"]
+
+
+def test_compiling_a_plain_module_imports_no_distributed_wrapper():
+    # kiln.compile checks for DDP and FSDP2 wrappers without importing them: the import alone took ~0.7 s
+    # of every first kiln.compile
+    import subprocess
+    import sys
+    code = ("import sys, torch, kiln\n"
+            "kiln.compile(torch.nn.Linear(2, 2))\n"
+            "print('torch.distributed.fsdp' in sys.modules, 'torch.distributed._shard' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
