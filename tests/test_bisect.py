@@ -89,7 +89,10 @@ def model(x, w):
     return torch.tanh(y.relu() * x.sum(-1, keepdim=True))
 '''
 
+# seeded: on about 1 input in 100 kiln's and eager's float32 results differ by just over assert_close's
+# default tolerance (each ~1.4e-5 from float64, as far as the other), and the script failed with no decision
 CHECK = '''
+torch.manual_seed(0)
 x, w = torch.randn(16, 32), torch.randn(32, 32)
 torch.testing.assert_close(kiln.compile(model, backend="cpp")(x, w), model(x, w))
 '''

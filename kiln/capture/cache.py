@@ -21,6 +21,7 @@ import torch
 from .. import config
 from ..counters import counters
 from ..graph import count_ops
+from ..graph.pipeline import without_cyclic_gc
 from .dynamic import changed_dims, changed_ints
 from .entry import MISS, NO_SELF, make_eager_entry, make_graph_entry, source_reader
 from .errors import BreakRecord, GraphBreak, GraphBreakError
@@ -249,6 +250,7 @@ class CompiledFunction:
             torch._C._set_grad_enabled(grad)
         return cap, frame, ret, brk, stopped, grad_changed
 
+    @without_cyclic_gc
     def capture(self, args: tuple, kwargs: dict) -> CacheEntry:
         """Interpret the frame symbolically for these arguments and build a cache entry. A frame that
         breaks is captured again up to the breaking instruction, and continues in resume functions."""

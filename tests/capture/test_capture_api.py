@@ -368,3 +368,35 @@ def test_default_backend_auto():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.testing.assert_close(f(x), (x * 2).sum(-1))
+
+
+def test_cyclic_gc_is_paused_while_compiling_and_restored_after():
+    import gc
+    seen = []
+
+    def backend(graph, example_inputs):
+        seen.append(gc.isenabled())
+        return lambda *inputs: run(graph, inputs)
+
+    def fn(x):
+        return torch.sin(x) + 1
+
+    def broken(x):
+        if x.sum() > 0:  # a break: fullgraph raises
+            return x
+        return -x
+
+    assert gc.isenabled()
+    kiln.reset()
+    x = torch.randn(3)
+    torch.testing.assert_close(kiln.compile(fn, backend=backend)(x), fn(x))
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(kiln.GraphBreakError):
+        kiln.compile(broken, backend="eager", fullgraph=True)(x)
+    assert gc.isenabled()   # restored when the compile raises
+    gc.disable()
+    try:
+        kiln.compile(lambda x: x * 2, backend="eager")(x)
+        assert not gc.isenabled()   # a caller's own setting is left alone
+    finally:
+        gc.enable()
