@@ -22,6 +22,7 @@ from .capture.cache import CompiledFunction, recording, warn_once
 from .capture.dynamic import mark_dynamic, mark_static  # noqa: F401  (kiln.mark_dynamic, kiln.mark_static)
 from .capture.entry import NO_SELF
 from .optim import CompiledOptimizerStep, is_optimizer_step
+from .runtime import code_cache  # noqa: F401  (installs the capture's disk memo, kiln.graph.memo)
 from .wrapping import WrappedModule
 from .capture.errors import GraphBreakError
 from .counters import counters
@@ -141,7 +142,7 @@ class CompiledModule(WrappedModule):
 def reset() -> None:
     """Forget every captured graph and the counters, and free the buffers compiled graphs keep across calls;
     compiled functions capture again when called."""
-    from .codegen.wrapper import release_pools
+    from .codegen.wrapper_runtime import release_pools
     _cache.reset()
     _reset_counters()
     FUEL.reset()

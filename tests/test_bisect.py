@@ -60,7 +60,7 @@ import sys
 import torch
 
 import kiln
-import kiln.backends.cpp as cpp
+import kiln.backends.cpp_passes as cpp  # the cpp backend's passes
 from kiln.schedule.fusion import FusedGroup
 
 TARGET = sys.argv[1]

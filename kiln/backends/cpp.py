@@ -18,54 +18,80 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from .. import config
-from ..codegen.cpp import CPP_TARGET, segment_source
-from ..codegen.header import header_for
-from ..codegen.wrapper import WrapperTimings, load_entry, wrapper_source
+from ..codegen.wrapper_runtime import helper_globals, load_entry
 from ..counters import counters
-from ..graph import Graph, cse, dce, flatten, run, to_prims, verify
-from ..graph.pipeline import CompileContext, CompileState, Pass, run_pipeline
-from ..lower import lower
-from ..graph.specialize import size_bindings, specialize_graph
+from ..graph import Graph
+from ..graph.pipeline import CompileContext, CompileState, run_pipeline
 from ..graph.symbolic import SymInt
-from ..lower.ir import ExternNode, LoopGraph
-from ..lower.patterns import fold_bias_into_mm
-from ..lower.sizes import size_hints
-from ..lower.target import Target
-from ..lower.verify import verify_loop
-from ..runtime import build, rng
-from ..schedule.fusion import FusedGroup, fuse
-from ..schedule.memory import Plan, Segment, plan
-from ..schedule.order import order
-from ..schedule.verify import verify_plan, verify_schedule
-from . import register_backend
+from ..runtime.build import load_built
+from . import graph_cache, register_backend
+
+if TYPE_CHECKING:
+    from ..codegen.wrapper import WrapperTimings
+    from ..lower.ir import LoopGraph
+    from ..lower.target import Target
+    from ..schedule.memory import Plan
 
 log = config.channel("kernels")
 fusion_log = config.channel("fusion")
 
 
+def __getattr__(name: str) -> Any:
+    # the pass list and the C++ target import the loop IR and sympy: loaded when a compile first needs them
+    if name == "PASSES":
+        from .cpp_passes import PASSES
+        return PASSES
+    if name == "CPP_TARGET":
+        from ..codegen.cpp_target import CPP_TARGET
+        return CPP_TARGET
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 class CompiledGraph:
     """A graph compiled by the cpp backend; call it with the graph's inputs."""
 
-    def __init__(self, graph: Graph, loop: LoopGraph, schedule: list, memory: Plan, cpp_source: str,
-                 wrapper: str, call: Callable[..., Any], records: list | None = None,
-                 timings: WrapperTimings | None = None):
+    def __init__(self, graph: Graph, loop: LoopGraph | None, schedule: list | None, memory: Plan | None,
+                 cpp_source: str | None, wrapper: str, call: Callable[..., Any], records: list | None = None,
+                 timings: WrapperTimings | None = None, recompute: Callable[[], CompileState] | None = None):
         self.graph = graph
-        self.loop = loop
-        self.schedule = schedule
-        self.plan = memory
-        self.cpp_source = cpp_source
+        self._state = None if recompute is not None else (loop, schedule, memory, cpp_source)
+        self._recompute = recompute  # a graph-cache hit: the IR is rebuilt only if someone asks for it
         self.wrapper_source = wrapper
         self.call = call
         self.records = records or []  # each pass: name, ms (and its IR dump with a debug dir)
         self.timings = timings  # a profiling compile's per-step and per-kernel times (else None)
+        self.from_cache = recompute is not None
+
+    def _ir(self, i: int) -> Any:
+        if self._state is None:
+            state = self._recompute()
+            self._state = (state.loop, state.schedule, state.plan, state.cpp_source)
+        return self._state[i]
 
     @property
-    def kernels(self) -> list[FusedGroup]:
+    def loop(self) -> LoopGraph:
+        return self._ir(0)
+
+    @property
+    def schedule(self) -> list:
+        return self._ir(1)
+
+    @property
+    def plan(self) -> Plan:
+        return self._ir(2)
+
+    @property
+    def cpp_source(self) -> str:
+        return self._ir(3)
+
+    @property
+    def kernels(self) -> list:
+        from ..schedule.fusion import FusedGroup
         return [s for s in self.schedule if isinstance(s, FusedGroup)]
 
     @property
@@ -74,6 +100,7 @@ class CompiledGraph:
 
     @property
     def externs(self) -> list:
+        from ..schedule.fusion import FusedGroup
         return [s for s in self.schedule if not isinstance(s, FusedGroup)]
 
     @property
@@ -84,143 +111,43 @@ class CompiledGraph:
         return self.call(*inputs)
 
 
-# ---- the passes ------------------------------------------------------------------------------------------
-
-def _graph_text(state: CompileState) -> str:
-    return state.prim_graph.python_code(f"prim graph of {state.graph.name}")[0]
-
-
-def _loop_text(state: CompileState) -> str:
-    from ..lower.printer import loop_python
-    return loop_python(state.loop)
-
-
-def _schedule_text(state: CompileState) -> str:
-    from ..schedule.printer import schedule_python
-    return schedule_python(state.loop, state.schedule)
-
-
-def _plan_text(state: CompileState) -> str:
-    lines = [f"# memory plan of {state.loop.name}: {state.plan.allocations()} allocations, peak "
-             f"{state.plan.peak_bytes(state.loop)} bytes"]
-    for step in state.plan.steps:
-        node = step.node
-        what = node.name if isinstance(node, Segment) else f"{node.kind} {node.target_name}"
-        allocs = ", ".join(n if r is None else f"{n}<-{r}" for n, r in step.allocs)
-        lines.append(f"# {what}: alloc [{allocs}] free [{', '.join(step.frees)}]")
-    return "\n".join(lines)
-
-
-def _to_prims(state: CompileState, ctx: CompileContext) -> None:
-    for t in flatten(state.example_inputs):
-        if isinstance(t, torch.Tensor) and t.device.type != "cpu":
-            raise NotImplementedError(f"cpp backend: input on {t.device}")
-    state.prim_graph = to_prims(state.graph)
-
-
-def _dce(state: CompileState, ctx: CompileContext) -> None:
-    state.prim_graph = dce(state.prim_graph)
-
-
-def _cse(state: CompileState, ctx: CompileContext) -> None:
-    state.prim_graph = cse(state.prim_graph)
-
-
-def _lower(state: CompileState, ctx: CompileContext) -> None:
-    state.loop = lower(state.prim_graph, state.target)
-    for node in state.loop.nodes:
-        if isinstance(node, ExternNode) and node.target_name == "prims.bernoulli":
-            node.target = rng.bernoulli  # eager's draws, natively (kiln.runtime.rng)
-
-
-def _fold_bias(state: CompileState, ctx: CompileContext) -> None:
-    fold_bias_into_mm(state.loop)
-
-
-def _fuse(state: CompileState, ctx: CompileContext) -> None:
-    state.schedule = fuse(state.loop, state.target)
-
-
-def _order(state: CompileState, ctx: CompileContext) -> None:
-    state.schedule = order(state.loop, state.schedule, state.target, enabled=ctx.flag("memory_order"))
-
-
-def _plan(state: CompileState, ctx: CompileContext) -> None:
-    state.plan = plan(state.loop, state.schedule, state.target, in_place=ctx.flag("cpp_in_place"))
-
-
-def _codegen(state: CompileState, ctx: CompileContext) -> None:
-    loop, parts = state.loop, []
-    sizes = loop.size_symbols()
-    for step in state.plan.steps:
-        if isinstance(step.node, Segment):
-            parts.append(segment_source(f"kiln_{step.node.name}", step.node.groups, step.node.args,
-                                        loop.buffers, step.node.aliases, state.target,
-                                        timing=profiling(ctx), sizes=sizes))
-    state.cpp_source = "\n".join([header_for("\n".join(parts))] + parts) + "\n" if parts else ""
-
-
-def _build(state: CompileState, ctx: CompileContext) -> None:
-    """Compile and load the shared object (or take it from the disk cache), then the Python wrapper."""
-    graph = state.graph
-    lib = build(state.cpp_source) if state.cpp_source else None
-    timed = profiling(ctx)
-    entries = {}
-    nsizes = len(state.loop.size_symbols())
-    for step in state.plan.steps:
-        if isinstance(step.node, Segment):
-            entries[step.node.name] = load_entry(lib, f"kiln_{step.node.name}", len(step.node.args) + timed,
-                                                 nsizes)
-    bindings = size_bindings(graph) if nsizes else []
-
-    def fallback(*inputs: Any) -> Any:
-        counters["cpp"]["input layout changed: ran the graph with torch"] += 1
-        if bindings:  # a graph compiled for every size: run with torch at this call's sizes
-            values = {sym: inputs[i].shape[d] for sym, i, d in bindings}
-            return run(specialize_graph(graph, values), inputs, torch_level=True)
-        return run(graph, inputs, torch_level=True)
-    state.timings = WrapperTimings(state.plan) if timed else None
-    state.wrapper_source, env = wrapper_source(state.loop, state.plan, entries, fallback,
-                                               timings=state.timings)
-    exec(compile(state.wrapper_source, f"<kiln cpp wrapper {graph.name}>", "exec"), env)
-    state.call = env["kiln_call"]
-
-
-def profiling(ctx: CompileContext) -> bool:
-    """The compile is kiln.profile's: kernels time themselves and the wrapper times its steps.
-
-    A compile-context option (`options["profile"]`, set only by kiln.profile's own compiler, never a
-    process-wide flag); the normal compile emits no timing code at all."""
-    return bool(ctx.options.get("profile", False))
-
-
-def _wrapper_text(state: CompileState) -> str:
-    return state.wrapper_source
-
-
-PASSES = [
-    Pass("to_prims", _to_prims, _graph_text, lambda s: verify(s.prim_graph, after="to_prims")),
-    Pass("dce", _dce, _graph_text, lambda s: verify(s.prim_graph, after="dce")),
-    Pass("cse", _cse, _graph_text, lambda s: verify(s.prim_graph, after="cse")),
-    Pass("lower", _lower, _loop_text, lambda s: verify_loop(s.loop)),
-    Pass("fold_bias", _fold_bias, _loop_text, lambda s: verify_loop(s.loop)),
-    Pass("fuse", _fuse, _schedule_text, lambda s: verify_schedule(s.loop, s.schedule)),
-    Pass("order", _order, _schedule_text, lambda s: verify_schedule(s.loop, s.schedule)),
-    Pass("plan", _plan, _plan_text, lambda s: verify_plan(s.loop, s.plan)),
-    Pass("codegen", _codegen),
-    Pass("build", _build, _wrapper_text),
-]
-
-
 def compile_graph(graph: Graph, example_inputs: list, context: CompileContext | None = None,
-                  target: Target = CPP_TARGET, passes: list[Pass] | None = None) -> CompiledGraph:
-    """Compile a torch-level (or prim) graph for CPU tensors; raises on anything it cannot handle."""
+                  target: Target | None = None, passes: list | None = None) -> CompiledGraph:
+    """Compile a torch-level (or prim) graph for CPU tensors (on `target`, the C++ one by default); raises
+    on anything it cannot handle. A graph the graph cache holds is loaded from it (kiln.backends.graph_cache);
+    a custom pass list, a debug dump, kiln.profile's compile and optimization fuel always run the passes."""
     context = context or CompileContext()
     start = time.perf_counter()
+    target = target if target is not None else _cpp_target()
+    # the module's PASSES, when set (a test replaces a pass there), is the pass list; else cpp_passes'
+    # (imported only when the passes run: with it come the loop IR and sympy, which a hit never needs)
+    passes = passes if passes is not None else globals().get("PASSES")
+    key = None
+    if passes is None and graph_cache.enabled(context):
+        try:
+            key = graph_cache.graph_key(graph, example_inputs, context, target)
+        except graph_cache.Uncacheable as e:
+            counters["cache"][f"graphs not cached: {e}"] += 1
+        else:
+            hit = _from_graph_cache(key, graph, example_inputs, context, target)
+            if hit is not None:
+                log.debug("compiled %s from the graph cache in %.3f s", graph.name, time.perf_counter() - start)
+                return hit
+    from ..lower.sizes import size_hints
+    from ..schedule.fusion import FusedGroup
+    if passes is None:
+        from .cpp_passes import PASSES as passes
     debug_dir = context.flag("debug_dir")
+    before = graph_cache.counter_snapshot() if key is not None else None
     with size_hints(_hints_of(graph)):
-        state = run_pipeline(f"cpp {graph.name}", passes or PASSES, CompileState(graph, example_inputs, target),
+        state = run_pipeline(f"cpp {graph.name}", passes, CompileState(graph, example_inputs, target),
                              context, dump=bool(debug_dir))
+    if key is not None:
+        entry = graph_cache.Entry(state.wrapper_source, state.constants, state.entry_specs, state.library_key,
+                                  graph_cache.counted_since(before))
+        refused = graph_cache.store(key, entry)
+        if refused is not None:
+            counters["cache"][f"graphs not cached: {refused}"] += 1
     if fusion_log.isEnabledFor(logging.DEBUG):
         fusion_log.debug("%s: %d kernels, %d externs/fallbacks\n%s", graph.name,
                          sum(isinstance(s, FusedGroup) for s in state.schedule),
@@ -234,7 +161,48 @@ def compile_graph(graph: Graph, example_inputs: list, context: CompileContext | 
     counters["cpp"]["graphs compiled"] += 1
     compiled = CompiledGraph(graph, state.loop, state.schedule, state.plan, state.cpp_source,
                              state.wrapper_source, state.call, state.records, getattr(state, "timings", None))
-    call = state.call
+    return _trimming_first_call(compiled)
+
+
+def _from_graph_cache(key: str, graph: Graph, example_inputs: list, context: CompileContext,
+                      target: Target) -> CompiledGraph | None:
+    """The compiled graph from its graph-cache entry (kernels loaded, wrapper run), or None on a miss."""
+    entry = graph_cache.load(key)
+    if entry is None:
+        counters["cache"]["graph misses"] += 1
+        return None
+    lib = load_built(entry.library_key) if entry.library_key is not None else None
+    if entry.library_key is not None and lib is None:
+        counters["cache"]["graph misses: its kernels were evicted"] += 1
+        return None
+    env = helper_globals()
+    env.update(entry.constants)
+    env["_fallback"] = graph_cache.torch_fallback(graph, False)
+    for name, symbol, nargs, nsizes in entry.entries:
+        env[name] = load_entry(lib, symbol, nargs, nsizes)
+    exec(compile(entry.wrapper_source, f"<kiln cpp wrapper {graph.name}>", "exec"), env)
+    for category, added in entry.counted.items():
+        counters[category].update(added)
+    counters["cache"]["graph hits"] += 1
+    counters["cpp"]["graphs compiled"] += 1
+
+    def recompute() -> CompileState:  # the IR, for the few who read it (tests, dumps): the passes again
+        from ..lower.sizes import size_hints
+        from .cpp_passes import PASSES
+        counted = graph_cache.counter_snapshot()  # (which count nothing new: the hit counted the compile)
+        try:
+            with size_hints(_hints_of(graph)):
+                return run_pipeline(f"cpp {graph.name}", PASSES[:-1],
+                                    CompileState(graph, example_inputs, target), context)
+        finally:
+            counters.clear()
+            counters.update(counted)
+    return _trimming_first_call(CompiledGraph(graph, None, None, None, None, entry.wrapper_source,
+                                              env["kiln_call"], recompute=recompute))
+
+
+def _trimming_first_call(compiled: CompiledGraph) -> CompiledGraph:
+    call = compiled.call
 
     def first_call(*inputs: Any) -> Any:
         # the compile's garbage (sympy, the passes' IR) is gone once capture has returned: give glibc's
@@ -244,6 +212,11 @@ def compile_graph(graph: Graph, example_inputs: list, context: CompileContext | 
         return call(*inputs)
     compiled.call = first_call
     return compiled
+
+
+def _cpp_target() -> Target:
+    from ..codegen.cpp_target import CPP_TARGET
+    return CPP_TARGET
 
 
 def _hints_of(graph: Graph) -> dict:

@@ -27,6 +27,7 @@ import torch
 from .. import config
 from ..counters import counters
 from ..graph import Proxy, torch_callable
+from ..graph import memo
 from ..graph.graph import is_random_target
 from ..graph.symbolic import SymInt, has_symbols, python_expr, specialize_all, substitute
 from ..ops.registry import aliases
@@ -280,7 +281,9 @@ def _entry_source(cap: Capture, params: str, body: list[str]) -> str:
     cap.shape_env.freeze()
     # (the guards' locals must not shadow a parameter, a held object or a name of the body)
     reserved = set(_IDENTIFIER.findall(params + "\n" + "\n".join(body))) | set(cap.ns.values)
-    guard = check_expr(cap.guards.guards, reserved)
+    exprs = [g.expr for g in cap.guards.guards]
+    guard = memo.derived_text("check_expr", repr((exprs, sorted(reserved))),
+                              lambda: check_expr(cap.guards.guards, reserved))
     lines = [f"def __entry({params}):",
              "    try:",
              f"        if not ({guard}):",
@@ -320,13 +323,13 @@ def _exec(cap: Capture, source: str, fn: Any, extra: dict[str, Any],
     env["__name__"] = getattr(fn, "__globals__", {}).get("__name__", "__main__")
     env["__MISS"] = MISS
     if location is None:
-        code = compile(source, f"<kiln entry {getattr(fn, '__qualname__', '?')}>", "exec")
+        code = memo.compile_code(source, f"<kiln entry {getattr(fn, '__qualname__', '?')}>")
     else:
         tree = ast.parse(source)
         for node in ast.walk(tree.body[0]):
             if hasattr(node, "lineno"):
                 node.lineno = node.end_lineno = location[1]
-        code = compile(tree, location[0], "exec")
+        code = memo.compile_code(tree, location[0], f"{source}\n# every line numbered {location[1]}")
     exec(code, env)
     for name, value in env.items():
         if name in ("__entry",) or name == "__checks":

@@ -22,22 +22,13 @@ from ..lower.index import index_bounds, index_code, simplify_index
 from ..lower.ir import Buffer, ComputedBuffer, Reduction
 from ..lower.ops import Handler
 from ..lower.sizes import SizeDecision, hint, is_static, known_lt, nonnegative
-from ..lower.target import ALL_DTYPES, LIBRARY_PRIMS, Target
+from ..lower.target import Target
 from ..schedule.fusion import FusedGroup, Member
 from ..schedule.locality import runs_parallel, splits_inner
-from ..runtime.build import wide_int_to_float_simd
 from .cpp_columns import ColumnWriter, column_plan
 
-# The C++ backend's target: every dtype below computed by its own C++ type; matmul, convolution and
-# attention call torch (BLAS, oneDNN); OpenMP over the outer loops from 32768 elements (below that,
-# starting the threads costs more than it saves), over the inner loops when there are fewer than 4 outer
-# iterations; registers and per-thread scratch rows for buffers that never leave their kernel; AVX-512
-# (64-byte vectors, the alignment of stack tiles); sizes baked into the source; NHWC values around 2-D
-# convolutions (oneDNN's faster layout).
-CPP_TARGET = Target("cpp", compute_dtypes=ALL_DTYPES, extern_prims=LIBRARY_PRIMS, parallel_threshold=32768,
-                    min_parallel_outer=4, local_kinds=frozenset({"scalar", "array"}), vector_bytes=64,
-                    sizes="literal", channels_last_convs=True,
-                    wide_int_to_float_simd=wide_int_to_float_simd())
+# the C++ backend's target, in .cpp_target (a graph-cache hit reads it without this module)
+from .cpp_target import CPP_TARGET  # noqa: E402,F401
 
 CTYPES = {torch.bfloat16: "kiln_bf16", torch.float16: "kiln_fp16", torch.float32: "float",
           torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t", torch.int16: "int16_t",

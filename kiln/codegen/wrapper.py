@@ -12,161 +12,22 @@ faults on fresh memory); all pools together keep at most `pool_max_bytes`, and `
 from __future__ import annotations
 
 import ctypes
-import sys
 import time
-import weakref
 from typing import Any, Callable
 
 import sympy
 import torch
 
-from .. import config
-from ..graph.symbolic import SymInt, has_symbols, python_expr, substitute
-from ..lower.sizes import SizeDecision, hint, size_symbols
 from ..graph import flatten, map_structure
 from ..graph.layout import contiguous_strides
-from ..graph.interpreter import write_back
+from ..graph.symbolic import SymInt, has_symbols, python_expr
 from ..lower.ir import BufferRef, ExternNode, InputBuffer, LoopGraph, OutputView, ViewRef
 from ..lower.printer import layout_text
+from ..lower.sizes import SizeDecision, hint, size_symbols
 from ..schedule.memory import Plan, Segment
-
-
-def _restride(t: torch.Tensor, strides: tuple) -> torch.Tensor:
-    """`t` with the given strides (a copy unless it already has them: a size-1 dim's stride, which no
-    address uses, may differ — torch picks those by its own rules, at a batch of 1 for instance)."""
-    have = tuple(t.stride())
-    if t.layout != torch.strided or have == strides or t.numel() <= 1:
-        return t
-    if all(a == b or n == 1 for a, b, n in zip(have, strides, t.shape)):
-        return t
-    out = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
-    out.copy_(t)
-    return out
-
-
-def _view(t: torch.Tensor, shape: tuple, strides: tuple, offset: int) -> torch.Tensor:
-    """A strided view of `t`'s memory: `offset` counts from `t`'s first element (as the kernels' pointers
-    do), not from the start of its storage — an input or constant may itself be a view into a larger one."""
-    return t.as_strided(shape, strides, t.storage_offset() + offset)
-
-
-_use_count = getattr(torch._C, "_storage_Use_Count", None)
-
-# Fresh buffers of at least HUGE_BYTES ask the kernel for transparent huge pages before their first touch:
-# a 64 MB output then takes 32 page faults instead of 16384 (eager a*b into a fresh tensor: 28 ms -> 8 ms
-# on one thread). Advisory only: where madvise or THP is missing the call does nothing.
-HUGE_BYTES = 4 << 20
-_HUGE_PAGE = 2 << 20
-_MADV_HUGEPAGE = 14
-
-
-def _load_madvise() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_madvise = _load_madvise()
-
-
-def _fresh(shape: tuple, strides: tuple, dtype: torch.dtype) -> torch.Tensor:
-    """`torch.empty_strided`, with the whole huge pages inside a large buffer advised MADV_HUGEPAGE."""
-    t = torch.empty_strided(shape, strides, dtype=dtype)
-    if _madvise is not None:
-        start = t.data_ptr()
-        end = start + t.untyped_storage().nbytes()
-        lo = (start + _HUGE_PAGE - 1) // _HUGE_PAGE * _HUGE_PAGE
-        hi = end // _HUGE_PAGE * _HUGE_PAGE
-        if hi > lo:
-            _madvise(lo, hi - lo, _MADV_HUGEPAGE)
-    return t
-
-
-def _storage_refs(t: torch.Tensor) -> int:
-    """Python references to `t`'s storage object, as seen from here (torch keeps one object per storage)."""
-    storage = t.untyped_storage()
-    return sys.getrefcount(storage)
-
-
-# What `_storage_refs` gives for a tensor nobody else touches (depends on how torch preserves the object).
-_FREE_STORAGE_REFS = _storage_refs(torch.empty(1))
-
-
-class BufferPool:
-    """The buffers one generated wrapper freed, by name, kept for its next call."""
-
-    def __init__(self) -> None:
-        self.buffers: dict[str, torch.Tensor] = {}
-        self.nbytes = 0
-        _POOLS.add(self)
-
-    def clear(self) -> None:
-        global _kept_bytes
-        _kept_bytes -= self.nbytes
-        self.buffers.clear()
-        self.nbytes = 0
-
-    def __del__(self) -> None:
-        global _kept_bytes
-        try:
-            _kept_bytes -= self.nbytes
-        except (NameError, TypeError):  # at interpreter exit the module may be gone
-            pass
-
-
-_POOLS: "weakref.WeakSet[BufferPool]" = weakref.WeakSet()
-_kept_bytes = 0  # held by all pools together
-
-
-def pooled_bytes() -> int:
-    """Bytes of buffers the wrappers keep across calls now (all pools)."""
-    return _kept_bytes
-
-
-def release_pools() -> None:
-    """Free every buffer the wrappers keep across calls (their next call allocates afresh)."""
-    for pool in list(_POOLS):
-        pool.clear()
-
-
-def _keep(pool: BufferPool, name: str, t: torch.Tensor, nbytes: int) -> None:
-    """Keep `t` for the next call, unless the pools would then hold more than `pool_max_bytes`."""
-    global _kept_bytes
-    limit = config.get("pool_max_bytes")
-    if name in pool.buffers or 0 <= limit < _kept_bytes + nbytes:
-        return
-    pool.buffers[name] = t
-    pool.nbytes += nbytes
-    _kept_bytes += nbytes
-
-
-def _recycle(pool: BufferPool, name: str, nbytes: int) -> torch.Tensor | None:
-    """The tensor this graph made for `name` last call, if nothing else references it or its memory.
-
-    Freshly mapped memory page-faults on first touch, which costs more than a memory-bound kernel's
-    arithmetic; reusing a buffer the caller has dropped avoids that. Safe: the Python object has no other
-    reference (getrefcount: our local and the call's argument) and no weak reference; its storage no other
-    tensor (views, numpy arrays: use count is this tensor and the storage object) and its storage object no
-    other holder (`out.untyped_storage()` kept by the caller).
-    """
-    global _kept_bytes
-    t = pool.buffers.pop(name, None)
-    if t is None:
-        return None
-    pool.nbytes -= nbytes
-    _kept_bytes -= nbytes
-    if _use_count is None:
-        return None
-    if sys.getrefcount(t) == 2 and weakref.getweakrefcount(t) == 0 and \
-            _use_count(t.untyped_storage()._cdata) == 2 and _storage_refs(t) == _FREE_STORAGE_REFS:
-        return t
-    return None
+# the run-time half (kiln.codegen.wrapper_runtime), still importable from here
+from .wrapper_runtime import (HELPER_NAMES, HUGE_BYTES, SLOT, ExternCall, StructureBuilder,  # noqa: F401
+                              helper_globals, load_entry, pooled_bytes, release_pools)
 
 
 class WrapperTimings:
@@ -218,10 +79,7 @@ class WrapperTimings:
 class _Source:
     def __init__(self) -> None:
         self.lines: list[str] = []
-        self.globals: dict[str, Any] = {"torch": torch, "_restride": _restride, "_recycle": _recycle,
-                                        "_fresh": _fresh, "_view": _view, "_write_back": write_back,
-                                        "_keep": _keep, "_pool": BufferPool(),
-                                        "_bump_version": torch.autograd.graph.increment_version}
+        self.globals: dict[str, Any] = helper_globals()
         self.count = 0
         # buffer -> the input it was copied back into: outputs of that value are the input (or its views),
         # as in eager, where `x.add_(1); return x[1]` returns a view of x itself
@@ -284,20 +142,17 @@ def _render(src: _Source, value: Any) -> str:
     if value is None or isinstance(value, (bool, int)):
         return repr(value)
     if isinstance(value, (tuple, dict)):
-        template = value
-        leaves = src.const(template, "out")
         refs = []
-        map_structure(lambda v: refs.append(v) if isinstance(v, (BufferRef, OutputView)) else None, template)
-        fn = src.const(_structure_builder(template), "build")
+        map_structure(lambda v: refs.append(v) if isinstance(v, (BufferRef, OutputView)) else None, value)
+        leaves = src.const(_slotted(value, (BufferRef, OutputView)), "out")
+        fn = src.const(StructureBuilder(), "build")
         return f"{fn}({leaves}, [{', '.join(_render(src, r) for r in refs)}])"
     return src.const(value)
 
 
-def _structure_builder(template: Any) -> Callable[..., Any]:
-    def build(_template: Any, tensors: list) -> Any:
-        it = iter(tensors)
-        return map_structure(lambda v: next(it) if isinstance(v, (BufferRef, OutputView)) else v, _template)
-    return build
+def _slotted(template: Any, kinds: tuple) -> Any:
+    """The template with each buffer or view (of `kinds`) a SLOT the wrapper's call fills in order."""
+    return map_structure(lambda v: SLOT if isinstance(v, kinds) else v, template)
 
 
 def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallback: Callable[..., Any],
@@ -439,18 +294,6 @@ def _bind_sizes(src: _Source, graph: LoopGraph, symbols: list, params: list[str]
     src.lines.append(f"        return _fallback({', '.join(params)})")
 
 
-def _at_sizes(template: Any, values: dict) -> Any:
-    """An extern's arguments with each symbolic size (a SymInt of the graph, or an expression the lowering
-    made) evaluated at this call's sizes."""
-    subs = {s: sympy.Integer(v) for s, v in values.items()}
-
-    def leaf(v: Any) -> Any:
-        if isinstance(v, sympy.Basic):
-            return int(v.xreplace(subs))
-        return substitute(v, values) if has_symbols(v) else v
-    return map_structure(leaf, template)
-
-
 def _inline_text(src: _Source, v: Any, top: bool = True) -> str | None:
     """Python text of one extern argument for a straight call, or None where the closure must rebuild it:
     a buffer or view, a size (symbolic ones as expressions of the call's sizes), a list or tuple of sizes,
@@ -529,7 +372,6 @@ def _product_call(src: _Source, node: ExternNode) -> str | None:
         if bias is None:
             return f"{src.const(torch.mm, 'mm')}({a_text}, {b_text})"
         return f"{src.const(torch.addmm, 'addmm')}({bias_text}, {a_text}, {b_text}).view({shape_text})"
-    src.globals["_linear"] = torch.nn.functional.linear
     if bias is None:
         return f"_linear({a_text}, {weight})"
     flat = _flattened(src, a)
@@ -571,21 +413,11 @@ def _extern_lines(src: _Source, node: ExternNode) -> list[str]:
         refs, call_text = [], inline
     symbolic = has_symbols(template) or bool(size_symbols(
         [v for v in flatten(template) if isinstance(v, sympy.Basic)]))
-    symbols = list(src.names)
-
-    def call(*tensors: Any) -> Any:
-        if symbolic:  # the first argument holds this call's symbolic sizes
-            sizes, tensors = tensors[0], tensors[1:]
-            args, kwargs = _at_sizes(template, dict(zip(symbols, sizes)))
-        else:
-            args, kwargs = template
-        it = iter(tensors)
-        args, kwargs = map_structure(lambda v: next(it) if isinstance(v, (BufferRef, ViewRef)) else v,
-                                     (args, kwargs))
-        return target(*args, **kwargs)
     if inline is None:
+        symbols = list(src.names)
         if symbolic:
             refs.insert(0, "(" + "".join(f"{src.names[s]}, " for s in symbols) + ")")
+        call = ExternCall(target, _slotted(template, (BufferRef, ViewRef)), symbolic, symbols)
         call_text = f"{src.const(call, f'{node.kind}_')}({', '.join(refs)})"
     lines = [f"    # {node.describe()}"]
     outs = [o.name for o in node.outputs]
@@ -598,11 +430,3 @@ def _extern_lines(src: _Source, node: ExternNode) -> list[str]:
         strides = src.sizes(o.layout.strides)
         lines.append(f"    if {o.name}.stride() != {strides}: {o.name} = _restride({o.name}, {strides})")
     return lines
-
-
-def load_entry(lib: ctypes.CDLL, name: str, nargs: int, nsizes: int = 0) -> Any:
-    """The ctypes function of a segment: `nargs` pointers, then `nsizes` int64 symbolic sizes."""
-    fn = getattr(lib, name)
-    fn.argtypes = [ctypes.c_void_p] * nargs + [ctypes.c_int64] * nsizes
-    fn.restype = ctypes.c_int
-    return fn

@@ -13,13 +13,11 @@ ints, or expressions whose order sympy can decide.
 """
 from __future__ import annotations
 
-from typing import Sequence, Union
-
-import sympy
+from typing import Any, Sequence, Union
 
 from .symbolic import same_sizes
 
-Dim = Union[int, sympy.Expr]
+Dim = Union[int, Any]  # an int or a sympy.Expr (named lazily: kiln.graph.lazy)
 
 
 def numel(shape: Sequence[Dim]) -> Dim:

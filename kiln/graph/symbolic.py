@@ -26,22 +26,32 @@ import threading
 import traceback
 from typing import Any, Callable
 
-import sympy
-
 from .. import config
+from .lazy import sympy
+
+# SizeOrOne, FloorDiv and Mod subclass sympy's classes: they live in .sizefuncs, which imports sympy when a
+# symbolic size first needs one (a capture with static sizes never does)
+_SIZE_FUNCS = ("SizeOrOne", "FloorDiv", "Mod")
+
+
+def _f() -> Any:
+    from . import sizefuncs
+    return sizefuncs
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SIZE_FUNCS:
+        return getattr(_f(), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 log = config.channel("dynamic")
 
 MIN_SIZE = 2  # symbols stand for sizes >= 2 (0 and 1 are specialized)
 
 
-class SizeOrOne(sympy.Symbol):
-    """A size symbol that also stands for 1 (a dim seen at size 1 before it became dynamic)."""
-
-
 def min_size(sym: sympy.Symbol) -> int:
     """The least size a size symbol stands for."""
-    return 1 if isinstance(sym, SizeOrOne) else MIN_SIZE
+    return 1 if isinstance(sym, _f().SizeOrOne) else MIN_SIZE
 
 
 class FrozenShapeEnv(RuntimeError):
@@ -68,62 +78,6 @@ def without_facts() -> Any:
         _quiet.depth = depth
 
 
-class FloorDiv(sympy.Function):
-    """Integer division of sizes (positive operands), kept exact: `FloorDiv(s0, 2)` prints as `s0 // 2`."""
-
-    is_integer = True
-
-    @classmethod
-    def eval(cls, a: sympy.Expr, b: sympy.Expr) -> sympy.Expr | None:
-        if b == 1:
-            return a
-        if a.is_Integer and b.is_Integer:
-            return sympy.Integer(int(a) // int(b))
-        q = a / b
-        if q.is_Rational:  # (32*s0) // (2*s0)
-            return sympy.floor(q)
-        num, den = sympy.fraction(sympy.together(q))
-        if den == 1 and _integer_coefficients(num):  # (s0*s1) // s1: exact
-            return num
-        if b.is_Integer and a.is_Mul:
-            coeff, rest = a.as_coeff_Mul()
-            if coeff.is_Integer and int(coeff) % int(b) == 0:
-                return sympy.Integer(int(coeff) // int(b)) * rest
-        if a == b:
-            return sympy.Integer(1)
-        return None
-
-
-def _integer_coefficients(expr: sympy.Expr) -> bool:
-    try:
-        return all(c.is_Integer for c in sympy.Poly(expr).coeffs())
-    except (sympy.PolynomialError, sympy.polys.polyerrors.GeneratorsNeeded):
-        return False
-
-
-class Mod(sympy.Function):
-    """Python's `a % b` of sizes, kept opaque: sympy's own Mod rewrites Mod(3*Mod(3*s, 7), 7) as
-    3*Mod(3*s, 7) (wrong: for s = 4 it gives 15, Python 1), so only exact cases evaluate here."""
-
-    is_integer = True
-
-    @classmethod
-    def eval(cls, a: sympy.Expr, b: sympy.Expr) -> sympy.Expr | None:
-        if a.is_Integer and b.is_Integer and int(b) != 0:
-            return sympy.Integer(int(a) % int(b))
-        if b == 1 or a == 0 or a == b:
-            return sympy.Integer(0)
-        num, den = sympy.fraction(sympy.together(a / b))
-        # (s0*s1) % s1, (768*s0*s1) % (64*s0*s1): exact
-        if den == 1 and (num.is_Integer or _integer_coefficients(num)):
-            return sympy.Integer(0)
-        if b.is_Integer and a.is_Mul:
-            coeff, _ = a.as_coeff_Mul()
-            if coeff.is_Integer and int(b) != 0 and int(coeff) % int(b) == 0:
-                return sympy.Integer(0)  # (8*s0) % 4
-        return None
-
-
 class ShapeEnv:
     """The symbols of one capture: their hints, where they came from, and the facts decided about them."""
 
@@ -147,7 +101,7 @@ class ShapeEnv:
             return hint
         sym = self._by_hint.get(hint) if duck else None
         if sym is None:
-            cls = SizeOrOne if one else sympy.Symbol
+            cls = _f().SizeOrOne if one else sympy.Symbol
             sym = cls(f"s{len(self.hints)}", integer=True, positive=True)
             self.hints[sym] = hint
             self._subs[sym] = sympy.Integer(hint)
@@ -204,7 +158,7 @@ class ShapeEnv:
     def describe(self) -> list[str]:
         """`s0 = x.size(1) (hint 16)` per symbol, then the facts."""
         lines = [f"{s} = {', '.join(self.sources[s])} (was {self.hints[s]}"
-                 f"{'; 1 or more' if isinstance(s, SizeOrOne) else ''})" for s in self.hints]
+                 f"{'; 1 or more' if isinstance(s, _f().SizeOrOne) else ''})" for s in self.hints]
         return lines + [f"{python_expr(f, {s: str(s) for s in self.hints})}" for f in self.facts]
 
 
@@ -215,7 +169,7 @@ def holds_everywhere(rel: sympy.Basic) -> bool | None:
     stand for; None when that depends on the sizes. Each `SizeOrOne` symbol is split into its two cases,
     1 and t + 2; every other symbol is t + 2 (t >= 0). In each case a relation `lhs - rhs` that expands to a
     polynomial in the t's is bounded by its constant term where the other coefficients share a sign."""
-    ones = sorted((s for s in rel.free_symbols if isinstance(s, SizeOrOne)), key=str)
+    ones = sorted((s for s in rel.free_symbols if isinstance(s, _f().SizeOrOne)), key=str)
     if len(ones) > 4:
         ones = []  # (16 cases at most; beyond, each such symbol counts from 1 in one case)
     shift = {s: sympy.Symbol(f"_t_{s.name}", integer=True, nonnegative=True) + min_size(s)
@@ -268,7 +222,7 @@ def polynomial_bounds(expr: sympy.Expr) -> tuple:
     if expr.is_Integer:
         return int(expr), int(expr)
     gens = sorted(expr.free_symbols, key=str)
-    if not gens or expr.has(FloorDiv, Mod, sympy.floor, sympy.Mod):
+    if not gens or expr.has(_f().FloorDiv, _f().Mod, sympy.floor, sympy.Mod):
         return None, None
     try:
         poly = sympy.Poly(expr, *gens)
@@ -337,7 +291,7 @@ class SymInt:
 
     @staticmethod
     def make(expr: sympy.Expr, env: ShapeEnv) -> "SymInt | int":
-        expr = sympy.expand(expr) if not isinstance(expr, (sympy.Symbol, FloorDiv, Mod)) else expr
+        expr = sympy.expand(expr) if not isinstance(expr, (sympy.Symbol, _f().FloorDiv, _f().Mod)) else expr
         return int(expr) if expr.is_Integer else SymInt(expr, env)
 
     # ---- arithmetic ----
@@ -363,7 +317,7 @@ class SymInt:
             return NotImplemented if not isinstance(a if ea is None else b, float) else fn(float(a), float(b))
         if not self.env.decide(sympy.Gt(eb, 0)):  # Python's floor semantics for a negative divisor
             return fn(int(a), int(b))
-        return SymInt.make(FloorDiv(ea, eb) if fn is operator.floordiv else Mod(ea, eb), self.env)
+        return SymInt.make(_f().FloorDiv(ea, eb) if fn is operator.floordiv else _f().Mod(ea, eb), self.env)
 
     def __floordiv__(self, o): return self._div(self, o, operator.floordiv)
     def __rfloordiv__(self, o): return self._div(o, self, operator.floordiv)
@@ -600,9 +554,9 @@ def python_expr(expr: sympy.Basic, names: dict[sympy.Symbol, str]) -> str:
         if not (exp.is_Integer and int(exp) >= 0):
             raise ValueError(f"size expression {expr} has a negative or fractional power")
         return f"({p(base)} ** {int(exp)})"
-    if isinstance(expr, FloorDiv):
+    if isinstance(expr, _f().FloorDiv):
         return f"({p(expr.args[0])} // {p(expr.args[1])})"
-    if isinstance(expr, (Mod, sympy.Mod)):
+    if isinstance(expr, (_f().Mod, sympy.Mod)):
         return f"({p(expr.args[0])} % {p(expr.args[1])})"
     if isinstance(expr, (sympy.Max, sympy.Min)):
         fn = "max" if isinstance(expr, sympy.Max) else "min"

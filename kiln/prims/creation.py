@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import sympy
+from ..graph.lazy import is_expr
 import torch
 
 from ..graph.symbolic import SymInt
@@ -35,7 +35,7 @@ def _shape(op: str, shape: Any) -> tuple:
           lambda: f"prims.{op}: shape must be a tuple of ints, got {type(shape).__name__}", TypeError)
     shape = tuple(shape)
     for s in shape:
-        check(not isinstance(s, bool) and isinstance(s, (int, SymInt, sympy.Expr)),
+        check(not isinstance(s, bool) and (isinstance(s, (int, SymInt)) or is_expr(s)),
               lambda: f"prims.{op}: shape must be ints, got {shape}", TypeError)
         check(not isinstance(s, (int, SymInt)) or s >= 0,
               lambda: f"prims.{op}: negative dimension in shape {list(shape)}")
@@ -55,7 +55,7 @@ def _number(op: str, value: Any) -> None:
 # ---- iota / full / empty_strided ------------------------------------------------------------------------
 
 def _iota_meta(length: Any, start: Any, step: Any, dtype: torch.dtype, device: Any = None) -> TensorMeta:
-    check(isinstance(length, (int, SymInt, sympy.Expr)) and not isinstance(length, bool) and length >= 0,
+    check((isinstance(length, (int, SymInt)) or is_expr(length)) and not isinstance(length, bool) and length >= 0,
           lambda: f"prims.iota: length must be a non-negative int, got {length!r}", TypeError)
     _number("iota", start)
     _number("iota", step)

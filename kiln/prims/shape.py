@@ -23,7 +23,7 @@ import dataclasses
 import operator
 from typing import Any, Sequence
 
-import sympy
+from ..graph.lazy import is_expr, sympy
 import torch
 
 from ..graph.symbolic import SymInt, any_holds, broadcastable, has_symbols, same_sizes, surely_one
@@ -92,7 +92,7 @@ def _int_tuple(op: str, what: str, values: Any) -> tuple:
           lambda: f"prims.{op}: {what} must be a tuple of ints, got {type(values).__name__}", TypeError)
     values = tuple(values)
     for v in values:
-        check(not isinstance(v, bool) and isinstance(v, (int, SymInt, sympy.Expr)),
+        check(not isinstance(v, bool) and (isinstance(v, (int, SymInt)) or is_expr(v)),
               lambda: f"prims.{op}: {what} must be ints, got {values}", TypeError)
     return values
 
@@ -269,7 +269,7 @@ def _diagonal_meta(a: Any, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Ten
           lambda: f"prims.diagonal: dims {dim1}, {dim2} must be two distinct dims of {shape_text(a)}",
           IndexError)
     s1, s2 = m.shape[dim1], m.shape[dim2]
-    symbolic = isinstance(s1, sympy.Expr) or isinstance(s2, sympy.Expr)
+    symbolic = is_expr(s1) or is_expr(s2)
     smallest = sympy.Min if symbolic else builtins.min
     largest = sympy.Max if symbolic else builtins.max
     if offset >= 0:

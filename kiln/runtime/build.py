@@ -119,18 +119,32 @@ def build(source: str) -> ctypes.CDLL:
     return lib
 
 
-def _load_cached(path: str, key: str) -> ctypes.CDLL | None:
-    """The entry at `path` loaded, or None when there is none or it must be rebuilt (one warning)."""
+def load_built(key: str) -> ctypes.CDLL | None:
+    """The object of cache key `key` (built by an earlier compile of this or another process), loaded; None
+    when the cache no longer holds it (evicted, cleared, refused)."""
+    if key in _LOADED:
+        return _LOADED[key]
+    lib = _load_cached(cache.entry_path(cache.directory(), key), key, warn=False)
+    if lib is not None:
+        _LOADED[key] = lib
+    return lib
+
+
+def _load_cached(path: str, key: str, warn: bool = True) -> ctypes.CDLL | None:
+    """The entry at `path` loaded, or None when there is none or it must be rebuilt (one warning; none
+    without `warn`, where the caller's rebuild will warn)."""
     try:
         with cache.verified_name(path, key) as name:
             lib = ctypes.CDLL(name)
     except FileNotFoundError:
         return None
     except cache.BadEntry as e:
-        _warn_rebuild(path, e.reason)
+        if warn:
+            _warn_rebuild(path, e.reason)
         return None
     except OSError as e:
-        _warn_rebuild(path, f"fails to load ({_loader_message(e)})")
+        if warn:
+            _warn_rebuild(path, f"fails to load ({_loader_message(e)})")
         return None
     cache.touch(path)
     cache_log.debug("cache hit %s", path)

@@ -48,7 +48,8 @@ FORMAT = "kiln cache entry v1"  # in every key: entries of an older format are n
 MAGIC = b"KILNCACHE1 "
 KEY_DIGITS = 32
 TRAILER_SIZE = len(MAGIC) + KEY_DIGITS + 1 + 64 + 1
-ENTRY_NAME = re.compile(r"^[0-9a-f]{32}\.so$")
+ENTRY_NAME = re.compile(r"^[0-9a-f]{32}\.(so|graph|code|text)$")  # kernels, graph wrappers (kiln.backends.graph_cache),
+# compiled entry functions and guard text (kiln.graph.memo)
 TEMP_PREFIX = ".tmp-"
 STALE_TEMP_S = 3600.0  # a temporary this old belongs to no running build (a killed process left it)
 
@@ -132,8 +133,8 @@ def private_directory() -> str:
 
 # ---- entries ---------------------------------------------------------------------------------------------
 
-def entry_path(directory: str, key: str) -> str:
-    return os.path.join(directory, f"{key}.so")
+def entry_path(directory: str, key: str, suffix: str = ".so") -> str:
+    return os.path.join(directory, f"{key}{suffix}")
 
 
 def trailer(key: str, data: bytes) -> bytes:
@@ -145,6 +146,11 @@ def trailer(key: str, data: bytes) -> bytes:
 def verify_entry(path: str, key: str) -> None:
     """Raise `BadEntry` unless `path` is a regular file of this user, writable by no one else, that holds
     an object and a trailer naming `key` and the object's sha256; FileNotFoundError when there is none."""
+    read_verified(path, key)
+
+
+def read_verified(path: str, key: str) -> bytes:
+    """The body of the entry at `path` (without its trailer), after the checks of `verify_entry`."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as e:
@@ -171,6 +177,8 @@ def verify_entry(path: str, key: str) -> None:
         raise BadEntry("failed its integrity check (the object's sha256 differs from the one kiln recorded)")
     if recorded_key != key.encode():
         raise BadEntry("holds the kernels of another source (its trailer names another key)")
+    return body
+
 
 @contextlib.contextmanager
 def verified_name(path: str, key: str) -> Iterator[str]:
@@ -214,6 +222,24 @@ def seal(object_path: str, key: str) -> None:
     finally:
         os.close(fd)
     os.chmod(object_path, 0o700)
+
+
+def write_entry(directory: str, key: str, data: bytes, suffix: str) -> str:
+    """Write `data` as the sealed entry `<key><suffix>` (temporary, trailer, rename), then fit the cap."""
+    path = entry_path(directory, key, suffix)
+    fd, temporary = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{key}-", suffix=suffix, dir=directory)
+    try:
+        try:
+            write_all(fd, data + trailer(key, data))
+        finally:
+            os.close(fd)
+        os.chmod(temporary, 0o600)
+        install(temporary, path)
+    except BaseException:
+        remove(temporary)
+        raise
+    evict(directory, keep=path)
+    return path
 
 
 def install(temporary: str, path: str) -> None:

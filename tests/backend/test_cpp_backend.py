@@ -475,7 +475,7 @@ def test_float_max_reduction_nan_and_signed_zero():
 def test_fresh_large_buffers_kept_by_the_caller():
     # buffers of >= 4 MB are allocated through _fresh (huge-page advice); outputs the caller keeps are not
     # recycled, so every call writes a new one
-    from kiln.codegen.wrapper import HUGE_BYTES, _fresh
+    from kiln.codegen.wrapper_runtime import HUGE_BYTES, _fresh
     t = _fresh((1100, 1001), (1, 1100), torch.float32)
     assert t.shape == (1100, 1001) and t.stride() == (1, 1100) and t.untyped_storage().nbytes() >= HUGE_BYTES
     x = torch.randn(1100, 1100)

@@ -57,10 +57,15 @@ def run_program(plan, env):
     return report_of(start(plan, env))
 
 
-def entries(cache_dir):
-    """Every file in the cache's cpp directory (entries and any temporary)."""
+def entries(cache_dir, suffix=None):
+    """Every file in the cache's cpp directory (kernel entries and any temporary) but the entries that sit
+    beside the kernels (graph wrappers, kiln.backends.graph_cache; entry functions and guard text,
+    kiln.graph.memo); with `suffix`, only the files with that suffix."""
     directory = os.path.join(cache_dir, "cpp")
-    return sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+    names = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+    if suffix is not None:
+        return [n for n in names if n.endswith(suffix)]
+    return [n for n in names if not n.endswith((".graph", ".code", ".text"))]
 
 
 def assert_one_warning(phase, *fragments):
@@ -203,6 +208,8 @@ def test_three_processes_fill_one_empty_cache(tmp_path):
         assert_compiled_quietly(report_of(process)["fault"])
     (name,) = entries(tmp_path / "cache")  # one entry, no temporary
     cache.verify_entry(str(tmp_path / "cache" / "cpp" / name), name[:-3])
+    (graph,) = entries(tmp_path / "cache", ".graph")  # and one graph-cache entry, whole
+    cache.read_verified(str(tmp_path / "cache" / "cpp" / graph), graph[:-len(".graph")])
 
 
 def test_cache_directory_cannot_be_created(tmp_path):

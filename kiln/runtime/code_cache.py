@@ -1,0 +1,41 @@
+"""The store of kiln.graph.memo (compiled entry functions, rewritten guards) in the kernel cache's
+directory: `<key>.code` and `<key>.text` entries, sealed, trusted and evicted as `.so` entries are
+(kiln.runtime.cache). A refused entry is removed and counted; a failed write costs only the saving."""
+from __future__ import annotations
+
+from .. import config
+from ..counters import counters
+from ..graph import memo
+from . import cache
+
+log = config.channel("cache")
+
+
+class DiskStore:
+    def get(self, key: str, suffix: str) -> bytes | None:
+        if not config.get("graph_cache"):
+            return None
+        path = cache.entry_path(cache.directory(), key, suffix)
+        try:
+            return cache.read_verified(path, key)
+        except FileNotFoundError:
+            return None
+        except cache.BadEntry as e:
+            counters["cache"]["entries refused"] += 1
+            log.debug("%s refused: %s", path, e.reason)
+            cache.remove(path)
+            return None
+        except OSError:
+            return None
+
+    def put(self, key: str, suffix: str, data: bytes) -> None:
+        if not config.get("graph_cache"):
+            return
+        try:
+            cache.write_entry(cache.directory(), key, data, suffix)
+        except OSError as e:
+            counters["cache"]["entries not written"] += 1
+            log.debug("writing a %s entry failed: %s", suffix, e)
+
+
+memo.install(DiskStore())
