@@ -140,7 +140,7 @@ def _value(v: Any) -> Any:
     t = type(v)
     if t in _PLAIN:
         return (t.__name__, repr(v))
-    if t in (tuple, list):
+    if t in (tuple, list, torch.Size):
         return (t.__name__, tuple(_value(x) for x in v))
     if t is dict:
         return ("dict", tuple((_value(k), _value(x)) for k, x in v.items()))
