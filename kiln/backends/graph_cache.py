@@ -135,11 +135,11 @@ _PLAIN = (bool, int, float, complex, str, bytes, type(None))
 
 def _value(v: Any) -> Any:
     """A hashable, process-independent description of an argument, a meta or a flag's value."""
-    if isinstance(v, Node):
-        return ("node", v.name)
     t = type(v)
-    if t in _PLAIN:
-        return (t.__name__, repr(v))
+    if t in _PLAIN:  # (the key is the repr of the whole: 1, True, 1.0 and '1' stay apart)
+        return v
+    if t is Node:
+        return ("node", v.name)
     if t in (tuple, list, torch.Size):
         return (t.__name__, tuple(_value(x) for x in v))
     if t is dict:
@@ -152,9 +152,9 @@ def _value(v: Any) -> Any:
         return ("slice", _value(v.start), _value(v.stop), _value(v.step))
     if v is Ellipsis:
         return ("...",)
-    if isinstance(v, TensorMeta):
-        return ("meta", tuple(_value(s) for s in v.shape), tuple(_value(s) for s in v.strides), str(v.dtype),
-                str(v.device), v.requires_grad, _value(v.storage_offset))
+    if t is TensorMeta:
+        return ("meta", _value(v.shape), _value(v.strides), str(v.dtype), str(v.device), v.requires_grad,
+                _value(v.storage_offset))
     if isinstance(v, torch.Tensor):
         return _tensor(v)
     if isinstance(v, enum.Enum):
