@@ -65,7 +65,11 @@ class CompiledGraph:
         self.call = call
         self.records = records or []  # each pass: name, ms (and its IR dump with a debug dir)
         self.timings = timings  # a profiling compile's per-step and per-kernel times (else None)
-        self.from_cache = recompute is not None
+
+    @property
+    def from_cache(self) -> bool:
+        """Loaded from the graph cache (kiln.backends.graph_cache): its IR is rebuilt if read."""
+        return self._recompute is not None
 
     def _ir(self, i: int) -> Any:
         if self._state is None:

@@ -264,26 +264,19 @@ def counted_since(before: dict[str, collections.Counter]) -> dict[str, dict[str,
 
 def load(key: str) -> Entry | None:
     """The entry of `key`, or None (no entry, or one refused: counted, and compiled afresh)."""
-    path = cache.entry_path(cache.directory(), key, SUFFIX)
-    try:
-        data = cache.read_verified(path, key)
-    except FileNotFoundError:
-        return None
-    except cache.BadEntry as e:
-        counters["cache"]["graph entries refused"] += 1
-        log.debug("graph entry %s refused: %s", path, e.reason)
-        cache.remove(path)
+    data = cache.read_entry(key, SUFFIX, refused="graph entries refused")
+    if data is None:
         return None
     try:
         entry = pickle.loads(data)
     except Exception as e:  # an entry of an older layout, a constant whose module is gone
         counters["cache"]["graph entries refused"] += 1
-        log.debug("graph entry %s does not load: %s", path, e)
+        log.debug("graph entry %s does not load: %s", key, e)
         return None
     if not isinstance(entry, Entry):
         counters["cache"]["graph entries refused"] += 1
         return None
-    cache.touch(path)
+    cache.touch(cache.entry_path(cache.directory(), key, SUFFIX))
     return entry
 
 

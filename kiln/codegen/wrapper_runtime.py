@@ -184,21 +184,12 @@ class _Slot:
 SLOT = _Slot()
 
 
-def _is_slot(v: Any) -> bool:
-    return v is SLOT
-
-
 class StructureBuilder:
     """The output structure: each `SLOT` of its template replaced, in order, by a tensor."""
 
     def __call__(self, template: Any, tensors: list) -> Any:
         it = iter(tensors)
         return map_structure(lambda v: next(it) if v is SLOT else v, template)
-
-    def __eq__(self, other: Any) -> bool:
-        return type(other) is StructureBuilder
-
-    __hash__ = object.__hash__
 
 
 class ExternCall:

@@ -26,10 +26,6 @@ class _LazySympy(types.ModuleType):
 sympy: Any = _LazySympy("sympy")
 
 
-def loaded() -> bool:
-    return "sympy" in sys.modules
-
-
 def is_expr(value: Any) -> bool:
     """isinstance(value, sympy.Expr), without importing sympy."""
     real = sys.modules.get("sympy")

@@ -224,6 +224,23 @@ def seal(object_path: str, key: str) -> None:
     os.chmod(object_path, 0o700)
 
 
+def read_entry(key: str, suffix: str, refused: str = "entries refused") -> bytes | None:
+    """The body of the entry `<key><suffix>` of the cache directory, verified; None when there is none or
+    it cannot be read, or when it is refused (removed, and counted under `counters["cache"][refused]`)."""
+    path = entry_path(directory(), key, suffix)
+    try:
+        return read_verified(path, key)
+    except FileNotFoundError:
+        return None
+    except BadEntry as e:
+        counters["cache"][refused] += 1
+        log.debug("%s refused: %s", path, e.reason)
+        remove(path)
+        return None
+    except OSError:
+        return None
+
+
 def write_entry(directory: str, key: str, data: bytes, suffix: str) -> str:
     """Write `data` as the sealed entry `<key><suffix>` (temporary, trailer, rename), then fit the cap."""
     path = entry_path(directory, key, suffix)

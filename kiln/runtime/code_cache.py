@@ -15,18 +15,7 @@ class DiskStore:
     def get(self, key: str, suffix: str) -> bytes | None:
         if not config.get("graph_cache"):
             return None
-        path = cache.entry_path(cache.directory(), key, suffix)
-        try:
-            return cache.read_verified(path, key)
-        except FileNotFoundError:
-            return None
-        except cache.BadEntry as e:
-            counters["cache"]["entries refused"] += 1
-            log.debug("%s refused: %s", path, e.reason)
-            cache.remove(path)
-            return None
-        except OSError:
-            return None
+        return cache.read_entry(key, suffix)
 
     def put(self, key: str, suffix: str, data: bytes) -> None:
         if not config.get("graph_cache"):
