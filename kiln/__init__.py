@@ -11,17 +11,31 @@ __all__ = ["config", "counters", "compile", "explain", "check", "reset", "regist
 __version__ = "0.1.0"
 
 
+CAPTURE_PYTHON = (3, 11)  # the bytecode capture reads; the backends (kiln.ops.trace + a backend) run on any
+
+
 def __getattr__(name: str):  # the API imports torch and kiln.ops; load it on first use
     if name in ("compile", "explain", "check", "reset", "register_backend", "GraphBreakError",
                 "CompiledModule", "mark_dynamic", "mark_static"):
+        _check_python()
         with _collector_paused():
             from . import api
         return getattr(api, name)
     if name == "profile":  # the module is kiln.profiler, so `kiln.profile` stays this function
+        _check_python()
         with _collector_paused():
             from .profiler import profile
         return profile
     raise AttributeError(f"module 'kiln' has no attribute {name!r}")
+
+
+def _check_python() -> None:
+    import sys
+    if sys.version_info[:2] != CAPTURE_PYTHON:
+        raise RuntimeError(
+            f"kiln.compile captures CPython {'.'.join(map(str, CAPTURE_PYTHON))} bytecode; this is Python "
+            f"{sys.version.split()[0]}, whose bytecode it does not read yet. Run under Python 3.11, or compile a "
+            f"traced graph without capture: kiln.backends.lookup_backend(name)(kiln.ops.trace(fn, *args), args)")
 
 
 class _collector_paused:

@@ -38,12 +38,12 @@ def _dims(x: Any) -> tuple:
     return tuple(x.shape) if x.ndim > 0 else (1,)
 
 
-def _full(value: Any, shape: Sequence[Any], dtype: torch.dtype) -> Any:
-    """A tensor of `shape` holding one value (a number or a 0-d tensor), as a broadcast view."""
+def _full(value: Any, shape: Sequence[Any], dtype: torch.dtype, device: torch.device) -> Any:
+    """A tensor of `shape` on `device` holding one value (a number or a 0-d tensor), as a broadcast view."""
     if is_tensor(value):
         value = value if value.dtype == dtype else prims.convert_element_type(value, dtype)
     else:
-        value = torch.tensor(_cast_number(value, dtype), dtype=dtype)
+        value = torch.tensor(_cast_number(value, dtype), dtype=dtype, device=device)
     return prims.broadcast_in_dim(value, tuple(shape), ())
 
 
@@ -101,7 +101,7 @@ def scatter(input: Any, dim: int, index: Any, src: Any = None, *, value: Any = N
     if not is_tensor(src):
         if reduce is None:
             return prims.scatter(input, dim, index, _scatter_value(input, src))
-        src = _full(_scatter_value(input, src), index.shape, input.dtype)
+        src = _full(_scatter_value(input, src), index.shape, input.dtype, input.device)
     if reduce is None:
         return prims.scatter(input, dim, index, src)
     check(reduce in ("add", "multiply"),
@@ -269,7 +269,7 @@ def index_fill(input: Any, dim: int, index: Any, value: Any) -> Any:
     index = index.reshape(-1) if index.ndim == 0 else index
     indices = [None] * dim + [index]
     shape = index_result_shape(x.shape, index.shape, [dim])
-    return prims.index_put(x, indices, _full(value, shape, input.dtype), False).reshape(input.shape)
+    return prims.index_put(x, indices, _full(value, shape, input.dtype, input.device), False).reshape(input.shape)
 
 
 # ---- masks ----------------------------------------------------------------------------------------------
@@ -318,6 +318,10 @@ def _index_tensors(x: Any, indices: Sequence[Any]) -> list[Any]:
               lambda: "tensors used as indices must be long, int, byte or bool tensors", IndexError)
         if index.dtype in (torch.bool, torch.uint8):
             raise DataDependentShape("indexing with a bool mask (an output shape that depends on the data)")
+        if isinstance(index, torch.Tensor) and index.device != x.device:
+            # a constant index (x[[0, 2]]) is made on the CPU; eager moves it to x's device, and so does this
+            with torch._C.DisableTorchFunction():
+                index = index.to(x.device)
         out[d] = _long(index)
         shapes.append(tuple(index.shape))
     try:
@@ -396,7 +400,7 @@ def advanced_index_put(x: Any, indices: Sequence[Any], values: Any, accumulate: 
     positions = [d for d, i in enumerate(tensors) if i is not None]
     shape = index_result_shape(x.shape, tensors[positions[0]].shape, positions)
     if not is_tensor(values):
-        return prims.index_put(x, tensors, _full(values, shape, x.dtype), accumulate)
+        return prims.index_put(x, tensors, _full(values, shape, x.dtype, x.device), accumulate)
     _same_dtype_put(x, values)
     while values.ndim > len(shape) and values.shape[0] == 1:
         values = values.squeeze(0)  # eager's copy drops leading 1s

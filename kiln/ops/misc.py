@@ -169,10 +169,10 @@ def cov(input: Any, *, correction: int = 1, fweights: Any = None, aweights: Any 
         valid = torch.logical_and(valid, w_sum != 0)
         avg = (x * w).sum(1) / w_sum
     else:
-        w_sum = torch.scalar_tensor(observations, dtype=torch.int64)
+        w_sum = torch.scalar_tensor(observations, dtype=torch.int64, device=x.device)
         avg = x.sum(1) / w_sum
     if w is None:
-        norm_factor = torch.scalar_tensor(observations - correction, dtype=torch.int64)
+        norm_factor = torch.scalar_tensor(observations - correction, dtype=torch.int64, device=x.device)
         if observations - correction <= 0:
             norm_factor = torch.zeros_like(norm_factor)  # eager warns and divides by zero
     else:
@@ -181,7 +181,7 @@ def cov(input: Any, *, correction: int = 1, fweights: Any = None, aweights: Any 
         elif aweights is None:
             norm_factor = w_sum - correction
         elif fweights is None and observations == 1 and correction == 1:
-            norm_factor = torch.scalar_tensor(0, dtype=torch.int64)
+            norm_factor = torch.scalar_tensor(0, dtype=torch.int64, device=x.device)
         else:
             norm_factor = w_sum - correction * (w * aweights).sum() / w_sum
         norm_factor = torch.where(norm_factor <= 0, torch.zeros_like(norm_factor), norm_factor)

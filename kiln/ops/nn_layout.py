@@ -401,8 +401,10 @@ def pdist(input: Any, p: float = 2) -> Any:
     if n < 2:
         raise NoDecomposition("pdist of fewer than two rows")
     rows, cols = np.triu_indices(n, 1)
-    first = torch.index_select(input, 0, torch.from_numpy(rows.astype(np.int64)))
-    second = torch.index_select(input, 0, torch.from_numpy(cols.astype(np.int64)))
+    with torch._C.DisableTorchFunction():  # constants on the input's device, not recorded copies
+        rows, cols = (torch.from_numpy(v.astype(np.int64)).to(input.device) for v in (rows, cols))
+    first = torch.index_select(input, 0, rows)
+    second = torch.index_select(input, 0, cols)
     x = convert(first - second, computation_dtype(input.dtype))
     return convert(vector_norm(x, float(p), [1], False), input.dtype)
 

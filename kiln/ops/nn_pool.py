@@ -109,14 +109,16 @@ def _window_positions(w: Windows, d: int, k: int) -> np.ndarray:
     return np.arange(w.out[d]) * w.stride[d] - w.padding[d] + k * w.dilation[d]
 
 
-def _flat_index(w: Windows, positions: list[np.ndarray]) -> torch.Tensor:
-    """Flat index into the input's spatial dims, shaped like the output's spatial dims."""
+def _flat_index(w: Windows, positions: list[np.ndarray], device: torch.device) -> torch.Tensor:
+    """Flat index into the input's spatial dims, shaped like the output's spatial dims, on the input's
+    device (a CUDA input's kernels cannot read a CPU constant)."""
     flat = np.zeros(w.out, dtype=np.int64)
     for d, pos in enumerate(positions):
         shape = [1] * w.n
         shape[d] = w.out[d]
         flat = flat * w.sizes[d] + pos.reshape(shape)
-    return torch.from_numpy(np.ascontiguousarray(flat))
+    with torch._C.DisableTorchFunction():  # a constant, not a recorded copy
+        return torch.from_numpy(np.ascontiguousarray(flat)).to(device)
 
 
 def _max_pool_with_indices(w: Windows, input: Any) -> tuple[Any, Any]:
@@ -130,10 +132,10 @@ def _max_pool_with_indices(w: Windows, input: Any) -> tuple[Any, Any]:
         first.append(start + steps * w.dilation[d])
     out_shape = list(input.shape[:input.ndim - w.n]) + list(w.out)
     best = input.new_full(out_shape, _lowest(input.dtype))
-    best_index = _flat_index(w, first)  # (out spatial dims); the first update broadcasts it
+    best_index = _flat_index(w, first, input.device)  # (out spatial dims); the first update broadcasts it
     offsets = itertools.product(*(range(k) for k in w.kernel))
     for offset, s in zip(offsets, w.slices(x)):
-        index = _flat_index(w, [_window_positions(w, d, offset[d]) for d in range(w.n)])
+        index = _flat_index(w, [_window_positions(w, d, offset[d]) for d in range(w.n)], input.device)
         take = torch.gt(s, best)
         if input.dtype.is_floating_point:
             take = torch.logical_or(take, torch.isnan(s))
@@ -229,11 +231,11 @@ def _avg_pool(op: str, n: int, input: Any, kernel_size: Any, stride: Any, paddin
             divisor *= row[0]
         return convert(total / divisor, input.dtype)
     # Windows at the border count fewer elements: one divisor per output position.
-    table = torch.ones(w.out, dtype=torch.float64)
+    table = torch.ones(w.out, dtype=torch.float64, device=total.device)
     for d, row in enumerate(factors):
         shape = [1] * n
         shape[d] = len(row)
-        table = table * torch.tensor(row, dtype=torch.float64).reshape(shape)
+        table = table * torch.tensor(row, dtype=torch.float64, device=total.device).reshape(shape)
     return convert(total / table.to(total.dtype), input.dtype)
 
 

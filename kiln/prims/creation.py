@@ -25,9 +25,15 @@ from .registry import check, is_tensor, meta_of, prim, rule, shape_text
 
 
 def _device(device: Any) -> torch.device:
+    """The device a tensor made on `device` reports: eager's tensors always name their index, so a bare
+    "cuda" is the current CUDA device (cuda:0 by default); otherwise such a tensor's meta would differ from
+    its operands' and a strict prim would refuse to combine them."""
     if device is None:
-        return torch.get_default_device() if hasattr(torch, "get_default_device") else torch.device("cpu")
-    return torch.device(device)
+        device = torch.get_default_device() if hasattr(torch, "get_default_device") else torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _shape(op: str, shape: Any) -> tuple:

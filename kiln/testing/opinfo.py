@@ -348,7 +348,8 @@ def run_sample(op: Any, sample: Any, backend: str = "prims") -> SampleOutcome:
                                          f"{describe_exception(eager_error)}", tuple(fallbacks))
 
     name = op.name
-    uninitialized = op.has_nondeterministic_output
+    # older torch's OpInfo lacks the flag: its uninitialized-memory entries are the empty* factories
+    uninitialized = getattr(op, "has_nondeterministic_output", name.removeprefix("new_").startswith("empty"))
     random = name in RANDOM_OPS or uses_seed_wrapper(op)
     input_storages = _storages(eager_inputs)
     is_view = name in VIEW_OPS or name.removeprefix("_refs.") in VIEW_OPS

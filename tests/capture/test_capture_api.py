@@ -400,3 +400,12 @@ def test_cyclic_gc_is_paused_while_compiling_and_restored_after():
         assert not gc.isenabled()   # a caller's own setting is left alone
     finally:
         gc.enable()
+
+
+def test_another_python_gets_a_clear_error_not_a_crash(monkeypatch):
+    # on Python 3.12 importing the capture raised KeyError('POP_JUMP_BACKWARD_IF_TRUE') (a GPU machine's
+    # Python); the API says what it needs and what runs instead
+    import kiln
+    monkeypatch.setattr(kiln, "CAPTURE_PYTHON", (3, 99))
+    with pytest.raises(RuntimeError, match=r"captures CPython 3\.99 bytecode.*kiln\.ops\.trace"):
+        kiln.compile
