@@ -203,7 +203,19 @@ def _callable(frame: Frame, args: list, kwargs: dict) -> bool:
 
 
 def _id(frame: Frame, args: list, kwargs: dict) -> Any:
-    raise GraphBreak("id() depends on object identity", HINTS["call"])
+    """id() of an object that came from outside (a global, a closure, an attribute: it has a source) is a
+    constant once the entry is guarded to see that very object: the guard keeps it alive, so no other object
+    can take its id. An object made during the call has a new id on every call, and a tensor's is never
+    known while tracing: those break."""
+    if len(args) != 1 or kwargs:
+        raise GraphBreak("id() with other than one argument", HINTS["call"])
+    obj = args[0]
+    src = None if isinstance(obj, (Proxy, SymInt, NativeCall)) else frame.cap.source_of(obj)
+    if src is None:
+        raise GraphBreak("id() of an object made in the compiled call (or a tensor) depends on object identity",
+                         HINTS["call"])
+    frame.cap.guards.identity(src, obj)
+    return id(obj)
 
 
 _BUILTIN_HANDLERS: dict[Any, Callable[..., Any]] = {

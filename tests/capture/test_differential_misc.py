@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 import torch
+import kiln
 from diff_helpers import params, run_program
 
 X = torch.randn(3, 4)
@@ -267,6 +268,18 @@ def r_logging_disabled(x):
 def r_id_and_is_of_constants(x):
     a = (1, 2)
     return a is a, None is None, x
+def _kernel_a(t): return t + 1
+KERNELS = (_kernel_a,)
+def r_id_keyed_registry(x):
+    # transformers' hub-kernel layers (kernels >= 0.19) key a per-call dict by id() of global functions
+    table = {}
+    for fn in KERNELS:
+        table[id(fn)] = fn
+    return table[id(_kernel_a)](x) * 2
+def r_id_of_new_object(x):
+    a = [1]
+    return id(a) == id(a), id(a) == id([1]), x + 1  # an object made in the call: a break, eager's values
+def r_id_of_argument(x, c): return id(c) == id(c), x * 3
 def r_str_translate_and_case(x):
     return "abc".translate(str.maketrans("ab", "xy")), "Hello World".swapcase(), "a-b_c".title(), x
 def r_str_errors(x): return "abc".index("z")
@@ -324,6 +337,7 @@ TABLE = [
     (r_str_errors, (X,)), (r_str_int_concat_error, (X,)), (r_getattr_on_class_and_module, (X,)),
     (r_hasattr_property_raises, (X,)), (r_mapping_get_user_class_default, (X, ReadOnly({"a": 1}))),
     (r_vars_module_like, (X, Cfg())), (r_global_constant_folding_guard, (X,)),
+    (r_id_keyed_registry, (X,), {"graphs": 1}), (r_id_of_new_object, (X,)), (r_id_of_argument, (X, Cfg())),
 ]
 
 KNOWN: dict[str, str] = {}
@@ -332,3 +346,11 @@ KNOWN: dict[str, str] = {}
 @pytest.mark.parametrize("fn,args,options", params(TABLE, KNOWN))
 def test_misc(fn, args, options):
     run_program(fn, args, **options)
+
+
+def test_id_of_an_outside_object_is_not_a_break():
+    # the hub-kernel pattern made hf_llama run entirely natively (transformers 5.25 with kernels 0.19)
+    report = kiln.explain(r_id_keyed_registry, X)
+    assert (report.graph_count, report.graph_break_count) == (1, 0), report
+    report = kiln.explain(r_id_of_new_object, X)
+    assert report.graph_break_count >= 1 and "made in the compiled call" in str(report), report
