@@ -144,6 +144,11 @@ define("autograd_recompute", True, "training: the backward recomputes cheap forw
 define("cpp_in_place", True, "cpp backend: a pointwise kernel may write over the buffer it last reads")
 define("fuel_report", None, "write the optimization fuel this process used (decisions taken, the last one) "
        "as JSON to this path at exit (set by `kiln bisect` in the runs it makes)")
+define("conv_gemm_max_macs", 1_000_000, "CPU convolutions with at most this many multiply-adds run as a gather of "
+       "their input windows and one matrix product (im2col; forward and backward), not oneDNN's convolution, "
+       "whose per-call cost dominates small ones (0: always oneDNN)")
+define("conv_gemm_max_bytes", 8 << 20, "CPU convolutions whose gathered input windows (im2col) would exceed this "
+       "many bytes keep oneDNN's convolution")
 define("pool_max_bytes", 256 << 20, "cpp backend: the most bytes of freed buffers the generated wrappers "
        "keep across calls for reuse, all graphs together (0: none; -1: no bound); kiln.reset() frees them")
 

@@ -21,6 +21,7 @@ from ..graph import Graph, Node, TensorMeta, flatten, map_structure
 from ..graph.layout import contiguous_strides, is_non_overlapping_and_dense
 from ..graph.symbolic import SymInt
 from ..prims import Prim
+from . import windows
 from .index import linear_index, simplify_index, unravel
 from .sizes import dense, dim, dims, hint, is_positive, is_static, known_le, nonnegative, same
 from .conv_layout import (ConvLayout, channels_last_layout, channels_last_strides, eager_nhwc,
@@ -563,6 +564,20 @@ def lower_cat(ctx: Lowering, node: Node, tensors: Any, dim: int) -> Box:
     def load(h: Any, index: list) -> Any:
         return _select_part(h, index, parts, dim, dtype)
     return Box(node.meta.shape, dtype, load)
+
+
+@lowering(prims.im2col)
+def lower_im2col(ctx: Lowering, node: Node, x: Box, *window: Any) -> Box:
+    if x.view is None:  # each element is read once per kernel offset: compute it once, into a buffer
+        x = ctx.realized_box(x, node.args[0].meta, node.args[0])
+    return Box(node.meta.shape, node.meta.dtype, windows.im2col_loader(x.shape, x.loader, node.meta.dtype,
+                                                                        *window))
+
+
+@lowering(prims.col2im)
+def lower_col2im(ctx: Lowering, node: Node, cols: Box, input_shape: Any, *window: Any) -> Box:
+    return Box(node.meta.shape, node.meta.dtype, windows.col2im_loader(cols.shape, cols.loader,
+                                                                        node.meta.dtype, *window))
 
 
 @lowering(prims.pad)

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from .. import prims
 from ..prims.registry import check, shape_text
+from . import conv_gemm
 from .registry import NoDecomposition, register
 from .utils import broadcast_shapes, broadcast_to, computation_dtype, convert, is_tensor
 
@@ -400,6 +401,8 @@ def _convolution(name: str, x: Any, w: Any, bias: Any, stride: Any, padding: Any
                 x = F.pad(x, pad)
     else:
         padding = _expand(name, "padding", padding, n)
+    if conv_gemm.eligible(x, w, transposed, groups, stride, padding, dilation):
+        return conv_gemm.convolution(x, w, bias, stride, padding, dilation)
     return prims.convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
 
 

@@ -9,7 +9,7 @@ from . import elementwise as _elementwise
 from . import elementwise_vjp as _elementwise_vjp  # noqa: F401 - registers the vjp rules
 
 # Each family module defines its prims at import; names are re-exported here.
-_FAMILIES = ["elementwise", "reductions", "shape", "creation", "indexing", "extern", "checks"]
+_FAMILIES = ["elementwise", "reductions", "shape", "creation", "indexing", "extern", "checks", "windows"]
 
 
 def _export() -> None:

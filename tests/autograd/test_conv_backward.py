@@ -19,6 +19,15 @@ from kiln.graph import to_prims
 pytestmark = pytest.mark.usefixtures("kiln_cache")
 
 
+@pytest.fixture(autouse=True)
+def onednn_convolutions():
+    """These convolutions are small enough for kiln.ops.conv_gemm (gather + mm, differentiated by its own
+    prims); this module is about the extern's backward, so they keep the extern (tests/ops/test_conv_gemm.py
+    covers the other path)."""
+    with config.patch(conv_gemm_max_macs=0):
+        yield
+
+
 def conv_block(x, w, b):
     return F.relu(F.conv2d(x, w, b, padding=1)).pow(2).sum()
 

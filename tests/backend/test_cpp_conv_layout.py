@@ -20,6 +20,14 @@ pytestmark = [pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason
               pytest.mark.usefixtures("kiln_cache_raising")]
 
 
+@pytest.fixture(autouse=True)
+def onednn_convolutions():
+    """These shapes are small enough for kiln.ops.conv_gemm (gather + mm); the layout is about the
+    convolution extern, so they keep it (tests/ops/test_conv_gemm.py covers the other path)."""
+    with config.patch(conv_gemm_max_macs=0):
+        yield
+
+
 def compiled(fn, *inputs):
     return compile_graph(kiln.ops.trace(fn, *inputs), list(inputs))
 

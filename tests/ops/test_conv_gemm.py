@@ -1,0 +1,106 @@
+"""Small CPU convolutions as gather + matrix product (kiln.ops.conv_gemm, prims im2col / col2im): values
+and gradients against eager by the accuracy rule (fp64 reference; the summation order differs from
+oneDNN's), which convolutions take the path, and the window prims' reference, meta and adjointness."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+import kiln.ops
+from kiln import config, prims
+from kiln.graph import to_prims
+from kiln.testing.tolerance import OP_TOL, accuracy_rule
+
+needs_cpp = pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler")
+pytestmark = pytest.mark.usefixtures("kiln_cache")
+
+# (input shape, weight shape, stride, padding, dilation)
+SHAPES = [
+    ((4, 3, 16, 16), (8, 3, 3, 3), 1, 1, 1),
+    ((4, 8, 16, 16), (16, 8, 3, 3), 2, 1, 1),   # strided: col2im's multiples of the stride
+    ((4, 8, 16, 16), (16, 8, 1, 1), 2, 0, 1),   # a 1x1 shortcut
+    ((2, 4, 9, 9), (5, 4, 3, 3), 2, 2, 2),      # dilated, padded past the kernel's reach
+    ((1, 3, 7, 9), (2, 3, 2, 3), (1, 2), (0, 1), 1),  # rectangular kernel, per-dim stride and padding
+    ((2, 4, 11), (6, 4, 3), 2, 1, 1),           # conv1d
+    ((1, 2, 5, 6, 7), (3, 2, 2, 3, 2), 1, 1, 1),  # conv3d
+]
+CONV = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}
+
+
+def _conv(x, w, b, stride, padding, dilation):
+    return CONV[x.ndim](x, w, b, stride, padding, dilation)
+
+
+def _judge(actual, eager, fp64, what):
+    result = accuracy_rule(actual, eager, fp64, tol=OP_TOL)
+    assert result.passed, f"{what}: {result.reason}"
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"{s[0]}x{s[1]}" for s in SHAPES])
+def test_takes_the_gemm_path(shape):
+    xs, ws, stride, padding, dilation = shape
+    x, w = torch.randn(xs), torch.randn(ws)
+    graph = to_prims(kiln.ops.trace(lambda x, w: _conv(x, w, None, stride, padding, dilation), x, w))
+    names = [n.target.name for n in graph.nodes if n.op == "call_prim"]
+    assert "im2col" in names and "mm" in names and "convolution" not in names, names
+
+
+@needs_cpp
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"{s[0]}x{s[1]}" for s in SHAPES])
+def test_values_and_gradients_against_eager(shape, counters):
+    xs, ws, stride, padding, dilation = shape
+    torch.manual_seed(0)
+    x64, w64, b64 = torch.randn(xs, dtype=torch.float64), torch.randn(ws, dtype=torch.float64), \
+        torch.randn(ws[0], dtype=torch.float64)
+
+    def loss(x, w, b):
+        return F.relu(_conv(x, w, b, stride, padding, dilation)).pow(2).sum()
+
+    def grads(fn, dtype):
+        inputs = [t.detach().to(dtype).requires_grad_() for t in (x64, w64, b64)]
+        out = fn(*inputs)
+        out.backward()
+        return [out.detach()] + [t.grad for t in inputs]
+
+    kiln.reset()
+    actual = grads(kiln.compile(loss), torch.float32)
+    eager, exact = grads(loss, torch.float32), grads(loss, torch.float64)
+    for what, a, e, r in zip(("loss", "grad x", "grad w", "grad b"), actual, eager, exact):
+        _judge(a, e, r, what)
+    assert counters["extern"]["prims.mm"] >= 1 and not counters["extern"]["prims.convolution"]
+    assert not {k: v for k, v in counters["cpp"].items() if k.startswith("ran with torch")}
+
+
+@needs_cpp
+def test_large_and_grouped_convolutions_keep_onednn():
+    x = torch.randn(8, 64, 32, 32)
+    big = to_prims(kiln.ops.trace(lambda x, w: F.conv2d(x, w, padding=1), x, torch.randn(64, 64, 3, 3)))
+    grouped = to_prims(kiln.ops.trace(lambda x, w: F.conv2d(x, w, groups=64), x, torch.randn(64, 1, 3, 3)))
+    for graph in (big, grouped):
+        assert "convolution" in [n.target.name for n in graph.nodes if n.op == "call_prim"]
+    with config.patch(conv_gemm_max_macs=0):
+        small = to_prims(kiln.ops.trace(lambda x, w: F.conv2d(x, w), torch.randn(1, 2, 4, 4),
+                                        torch.randn(2, 2, 3, 3)))
+    assert "convolution" in [n.target.name for n in small.nodes if n.op == "call_prim"]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"{s[0]}x{s[1]}" for s in SHAPES])
+def test_window_prims_reference_and_adjoint(shape):
+    xs, ws, stride, padding, dilation = shape
+    n = len(ws) - 2
+    expand = (lambda v: (v,) * n if isinstance(v, int) else tuple(v))
+    window = (tuple(ws[2:]), expand(stride), expand(padding), expand(dilation))
+    x = torch.randn(xs, dtype=torch.float64)
+    w = torch.randn(ws, dtype=torch.float64)
+    cols = prims.im2col(x, *window)
+    # im2col + mm is the convolution
+    out = (w.reshape(ws[0], -1) @ cols.reshape(cols.shape[0] * torch.Size(ws[2:]).numel(), -1))
+    expected = _conv(x, w, None, stride, padding, dilation)
+    torch.testing.assert_close(out.reshape(ws[0], xs[0], *expected.shape[2:]).transpose(0, 1), expected)
+    # col2im is im2col's adjoint: <im2col(x), g> == <x, col2im(g)>
+    g = torch.randn_like(cols)
+    torch.testing.assert_close((cols * g).sum(), (x * prims.col2im(g, xs, *window)).sum())
