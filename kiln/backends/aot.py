@@ -223,6 +223,26 @@ def _distinct_gradients(result: Any) -> tuple:
     with another: CSE can make two inputs' gradients one buffer (the biases of two BatchNorms added
     together), and eager gives each its own `.grad`, so an in-place update of one (clip_grad_norm_) must not
     reach the other. A later gradient overlapping an earlier one is copied."""
+    grads = [g.detach() if isinstance(g, torch.Tensor) else g for g in result]
+    # the usual case first: no two gradients' address ranges meet (a contiguous gradient's range is its
+    # nbytes; ~40 us less per step for resnet_tiny's 37 gradients than the per-storage check below)
+    spans = []
+    for g in grads:
+        if isinstance(g, torch.Tensor) and g.numel():
+            start = g.data_ptr()
+            if g.is_contiguous():
+                spans.append((start, start + g.nbytes))
+            else:
+                spans.append((start, start + g.element_size() * (
+                    1 + sum((n - 1) * abs(s) for n, s in zip(g.shape, g.stride())))))
+    spans.sort()
+    reach = 0
+    for start, end in spans:
+        if start < reach:
+            break
+        reach = max(reach, end)
+    else:
+        return tuple(grads)
     out, taken = [], {}
     for g in result:
         if not isinstance(g, torch.Tensor):
