@@ -5,8 +5,9 @@ edge v_in -> v_out whose capacity is its size in bytes (saving it costs that muc
 backward); data dependencies are infinite edges; what the backward reads is tied to the sink. Values that
 must not be recomputed are tied to the source: matmul, convolution, attention and the other extern prims
 (their cost), random prims (the backward must see the forward's draws: they are saved, so a dropout mask
-is exactly the forward's), fallback torch ops, nodes with side effects, multi-output nodes and their
-results. Graph inputs are free to save (the caller holds them anyway). Everything else — pointwise ops,
+is exactly the forward's), fallback torch ops, gathers and scatters (the indexing prims: each is a call
+of its own, ~10-20 us for an embedding lookup, never a fused load), nodes with side effects, multi-output
+nodes and their results. Graph inputs are free to save (the caller holds them anyway). Everything else — pointwise ops,
 views, reductions — is recomputed in the backward when that saves bytes, where it fuses into the backward's
 kernels. Recomputing is not free, though: each recomputable value also has an edge from the source whose
 capacity is its recompute cost in the same unit (`recompute_cost`: a small fraction of the bytes it writes,
@@ -43,7 +44,7 @@ def _banned(node: Node) -> bool:
     if node.op == "getitem":
         return True  # of a multi-output node, which is never recomputed
     prim = node.target
-    return "extern" in prim.tags or prim.random or prim.side_effects
+    return "extern" in prim.tags or "indexing" in prim.tags or prim.random or prim.side_effects
 
 
 POINTWISE_COST = 1 / 32   # of the bytes written: fused into a backward kernel, a recomputed value is cheap
