@@ -29,6 +29,11 @@ from ..schedule.memory import Plan, Segment
 from .wrapper_runtime import (HELPER_NAMES, HUGE_BYTES, SLOT, ExternCall, StructureBuilder,  # noqa: F401
                               helper_globals, load_entry, pooled_bytes, release_pools)
 
+# Buffers smaller than this are not kept across calls: malloc hands a freed chunk of that size back without
+# a page fault (glibc serves requests below its 128 KiB mmap threshold from the heap's free lists), so
+# torch.empty_strided (~1 us) costs less than a pool round trip (_recycle + _keep, ~3 us)
+POOL_MIN_BYTES = 128 << 10
+
 
 class WrapperTimings:
     """What a profiling wrapper (kiln.profile) measured since the last `take()`, summed over its calls.
@@ -201,7 +206,8 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
     # buffers allocated fresh (not carved from another freed one, none carved from them) recycle across calls
     pooled = {r for s in plan.steps for _, r in s.allocs if r is not None}
     recyclable = {name for s in plan.steps for name, r in s.allocs if r is None and name not in pooled
-                  and not size_symbols(graph.buffers[name].layout.shape)}  # a symbolic size varies by call
+                  and not size_symbols(graph.buffers[name].layout.shape)  # a symbolic size varies by call
+                  and graph.buffers[name].nbytes() >= POOL_MIN_BYTES}
     for step_index, step in enumerate(plan.steps):
         node = step.node
         for name, reuse in step.allocs:

@@ -209,7 +209,7 @@ def test_creation_prims():
 
 
 def test_outputs_recycled_only_when_dropped():
-    x = torch.randn(64, 64)
+    x = torch.randn(256, 256)  # 256 KiB: at least wrapper.POOL_MIN_BYTES, so the wrapper keeps it
     c = compiled(lambda x: x * 2, x)
     held = c(x)
     second = c(x + 1)  # `held` is still referenced: it must not be overwritten

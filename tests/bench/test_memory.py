@@ -90,19 +90,22 @@ def test_pool_is_bounded_and_released(tmp_path):
     from kiln.backends.cpp import compile_graph
 
     def fn(x):
-        return torch.mm(x * 2, x).sum(1)  # x * 2: freed after the mm, kept for the next call; so is the sum
-    x = torch.randn(64, 64)
-    nbytes, out_bytes = 64 * 64 * 4, 64 * 4
+        return torch.mm(x * 2, x).sum(1)  # x * 2: freed after the mm, kept for the next call
+    x = torch.randn(256, 256)
+    nbytes = 256 * 256 * 4  # the sum's 1 KiB is below wrapper.POOL_MIN_BYTES: malloc reuses it for free
     with config.patch(cache_dir=str(tmp_path), raise_on_error=True):
         compiled = compile_graph(kiln.ops.trace(fn, x), [x])
+        small = compile_graph(kiln.ops.trace(fn, x[:64, :64].clone()), [x[:64, :64].clone()])
     expected = fn(x)
     release_pools()
     assert pooled_bytes() == 0
+    _close(small(x[:64, :64].clone()), fn(x[:64, :64].clone()))
+    assert pooled_bytes() == 0  # 16 KiB buffers are not pooled
     _close(compiled(x), expected)
-    assert pooled_bytes() == nbytes + out_bytes
+    assert pooled_bytes() == nbytes
     _close(compiled(x), expected)  # the pooled intermediate is reused
-    assert pooled_bytes() == nbytes + out_bytes
-    for bound, kept in ((nbytes, nbytes), (0, 0), (-1, nbytes + out_bytes)):
+    assert pooled_bytes() == nbytes
+    for bound, kept in ((nbytes, nbytes), (0, 0), (-1, nbytes)):
         release_pools()
         with config.patch(pool_max_bytes=bound):
             _close(compiled(x), expected)
