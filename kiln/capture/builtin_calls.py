@@ -202,15 +202,33 @@ def _callable(frame: Frame, args: list, kwargs: dict) -> bool:
     return isinstance(obj, NativeCall) or (not isinstance(obj, Proxy) and callable(obj))
 
 
+_COPIED_TYPES = (tuple, list, dict, set, frozenset, str, bytes, int, float, complex, bool)
+
+
+def _same_object_when_traced(obj: Any) -> bool:
+    """Whether the traced value is the user's object itself: functions, classes, modules and instances of
+    user classes are; containers are traced as copies (a global tuple read twice is two tuples), numbers
+    and strings as constants, tensors as proxies."""
+    if isinstance(obj, (Proxy, SymInt, NativeCall)) or isinstance(obj, _COPIED_TYPES):
+        return False
+    return True
+
+
 def _id(frame: Frame, args: list, kwargs: dict) -> Any:
-    """id() of an object that came from outside (a global, a closure, an attribute: it has a source) is a
-    constant once the entry is guarded to see that very object: the guard keeps it alive, so no other object
-    can take its id. An object made during the call has a new id on every call, and a tensor's is never
-    known while tracing: those break."""
+    """id() of an object that came from outside (a global, a closure, an attribute: it has a source) and is
+    traced as itself (`_same_object_when_traced`) is a constant once the entry is guarded to see that very
+    object: the guard keeps it alive, so no other object
+    can take its id. An object made during the call has a new id on every call, a container is traced as a
+    copy, and a tensor's id is never known while tracing: those break."""
     if len(args) != 1 or kwargs:
         raise GraphBreak("id() with other than one argument", HINTS["call"])
     obj = args[0]
-    src = None if isinstance(obj, (Proxy, SymInt, NativeCall)) else frame.cap.source_of(obj)
+    origin = frame.cap.tuple_origins.get(id(obj))
+    if origin is not None and origin[0] is obj:  # an outside tuple, traced as a copy: the outside one's id
+        _, src, outside = origin
+        frame.cap.guards.identity(src, outside)
+        return id(outside)
+    src = frame.cap.source_of(obj) if _same_object_when_traced(obj) else None
     if src is None:
         raise GraphBreak("id() of an object made in the compiled call (or a tensor) depends on object identity",
                          HINTS["call"])

@@ -71,6 +71,10 @@ class Capture:
         self.cell_writes: dict[int, tuple[Any, Source, Any]] = {}
         self.keep: list[Any] = []
         self.mirror_of: dict[int, Any] = {}  # id(outside list/dict) -> its copy
+        # an outside tuple is traced as a tuple of traced items: id(outside) -> (copy, source, outside), and
+        # the same keyed by id(copy) (id() of the copy is the outside tuple's id)
+        self.tuple_copies: dict[int, tuple[Any, Source, Any]] = {}
+        self.tuple_origins: dict[int, tuple[Any, Source, Any]] = {}
         self.root = root
         self._module_paths: dict[int, Source] | None = None
         self.grad_changes = 0
@@ -99,9 +103,19 @@ class Capture:
         if mirror is not None:
             return mirror
         if typ is tuple or (isinstance(value, tuple) and hasattr(value, "_fields")):
+            copied = self.tuple_copies.get(id(value))
+            if copied is not None and copied[2] is value:
+                # the same outside tuple read again is the same traced tuple (`T is T`), guarded to stay so
+                if copied[1].expr != source.expr:
+                    self.guards.add(f"{source.expr} is {copied[1].expr}", f"{source.name} is {copied[1].name}",
+                                    "alias")
+                return copied[0]
             self.guards.length(source, value)
             items = [self.wrap(v, source.item(i)) for i, v in enumerate(value)]
-            return tuple(items) if typ is tuple else typ(*items)
+            copy = tuple(items) if typ is tuple else typ(*items)
+            self.tuple_copies[id(value)] = (copy, source, value)
+            self.tuple_origins[id(copy)] = (copy, source, value)
+            return copy
         if typ is list:
             self.guards.length(source, value)
             copy: Any = []

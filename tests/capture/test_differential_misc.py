@@ -280,6 +280,13 @@ def r_id_of_new_object(x):
     a = [1]
     return id(a) == id(a), id(a) == id([1]), x + 1  # an object made in the call: a break, eager's values
 def r_id_of_argument(x, c): return id(c) == id(c), x * 3
+def r_outside_tuple_identity(x):
+    a, b = KERNELS, KERNELS  # a global tuple of non-constants is traced as one copy: `is` holds, as in eager
+    return a is b, KERNELS is KERNELS, x + 2
+CONFIG_ID = id(CONFIG)
+def r_id_of_a_global_dict(x):
+    # kiln holds a mirror of a global dict while tracing: the id must still be the user's dict's
+    return id(CONFIG) == CONFIG_ID, id(KERNELS) == id(KERNELS), x - 1
 def r_str_translate_and_case(x):
     return "abc".translate(str.maketrans("ab", "xy")), "Hello World".swapcase(), "a-b_c".title(), x
 def r_str_errors(x): return "abc".index("z")
@@ -338,6 +345,7 @@ TABLE = [
     (r_hasattr_property_raises, (X,)), (r_mapping_get_user_class_default, (X, ReadOnly({"a": 1}))),
     (r_vars_module_like, (X, Cfg())), (r_global_constant_folding_guard, (X,)),
     (r_id_keyed_registry, (X,), {"graphs": 1}), (r_id_of_new_object, (X,)), (r_id_of_argument, (X, Cfg())),
+    (r_id_of_a_global_dict, (X,)), (r_outside_tuple_identity, (X,)),
 ]
 
 KNOWN: dict[str, str] = {}
