@@ -5,14 +5,15 @@ backward (aten.convolution_backward) ~100-200 us: at a small CNN's sizes (a few 
 that is overhead, not arithmetic, and in training it is most of the step. Written with prims instead, a
 convolution is
 
-    cols = stack of k1*k2*... strided slices of the zero-padded input     # (C*K, N*L): one gather kernel
-    out  = mm(weight as (O, C*K), cols)                                    # (O, N*L): MKL
-    out  = out as (O, N, *spatial), dims swapped to (N, O, *spatial)        # a view the next kernel reads
+    cols = im2col(x)                          # (C, *K, N, *O) = (C*K, N*L): one gather kernel
+    out  = mm(weight as (O, C*K), cols)       # (O, N*L): MKL
+    out  = out as (O, N, *O), dims swapped    # (N, O, *O): a view the next kernel reads
 
 and its backward comes from the prims' own VJP rules: the weight's gradient is one mm with the batch and
-pixels as the contracted dim, the input's is an mm followed by the slices' VJPs (zero-padded adds), which
-the loop IR fuses into one kernel. At resnet_tiny's sizes the forward is ~2x and the backward ~3x faster
-than oneDNN's (bench/bench_conv.py).
+pixels as the contracted dim, the input's an mm followed by col2im, im2col's adjoint (kiln.prims.windows),
+one summing kernel. At resnet_tiny's shapes a compiled conv + relu alone runs about even
+with oneDNN forward and 1.25-1.6x faster forward + backward (bench/bench_conv.py, one run); in the model the
+im2col gather also takes the BatchNorm + ReLU before it, computed once into a buffer.
 
 Used for an ungrouped, non-transposed convolution of float32/float64 CPU tensors with static sizes whose
 multiply-adds are at most `conv_gemm_max_macs` (0 turns it off) and whose gathered windows are at most
