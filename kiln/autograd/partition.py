@@ -1,6 +1,6 @@
 """The partitioner: which forward values the forward saves for the backward, and which the backward recomputes.
 
-A minimum cut (networkx) over the forward values the backward reads and their ancestors. Each value is an
+A minimum cut (kiln.autograd.mincut) over the forward values the backward reads and their ancestors. Each value is an
 edge v_in -> v_out whose capacity is its size in bytes (saving it costs that much memory until the
 backward); data dependencies are infinite edges; what the backward reads is tied to the sink. Values that
 must not be recomputed are tied to the source: matmul, convolution, attention and the other extern prims
@@ -24,6 +24,7 @@ from ..counters import counters
 from ..graph import Graph, Node, TensorMeta, inline, map_structure
 from ..graph.symbolic import hint_of
 from .joint import Joint, _copy_nodes
+from .mincut import FlowGraph, Unbounded
 
 INF = float("inf")
 
@@ -78,9 +79,8 @@ def _ancestors(saved: list[Node]) -> list[Node]:
 def min_cut_saved(forward: Graph, saved: list[Node]) -> tuple[list[Node], list[Node]]:
     """(the forward values to save, the ones the backward recomputes from them), both in forward order:
     what recomputes `saved` in the fewest bytes saved."""
-    import networkx as nx   # here, not at the top: ~0.2 s of import that inference never needs
     region = set(_ancestors(saved))
-    g = nx.DiGraph()
+    g = FlowGraph()
     for node in region:
         if node.op == "constant":
             continue
@@ -98,7 +98,11 @@ def min_cut_saved(forward: Graph, saved: list[Node]) -> tuple[list[Node], list[N
             g.add_edge((node, "out"), "sink", capacity=INF)
     if "sink" not in g or "source" not in g:
         return [n for n in saved if n.op != "constant"], []
-    _, (reachable, _) = nx.minimum_cut(g, "source", "sink")
+    try:
+        _, reachable = g.min_cut("source", "sink")
+    except Unbounded:   # a saved value only unsavable values recompute: keep the joint's own choice
+        counters["autograd"]["partition: no finite cut, saved as traced"] += 1
+        return [n for n in saved if n.op != "constant"], []
     order = {n: i for i, n in enumerate(forward.nodes)}
     cut = {n for n in region if n.op != "constant" and (n, "in") in reachable and (n, "out") not in reachable}
     # only what recomputing `saved` reaches (a free input cut off behind a saved value is not needed)
