@@ -149,6 +149,9 @@ define("conv_gemm_max_macs", 1_000_000, "CPU convolutions with at most this many
        "whose per-call cost dominates small ones (0: always oneDNN)")
 define("conv_gemm_max_bytes", 8 << 20, "CPU convolutions whose gathered input windows (im2col) would exceed this "
        "many bytes keep oneDNN's convolution")
+define("pool_buffers", True, "generated wrappers keep their freed buffers of 128 KiB or more for their next "
+       "call (no page faults on fresh memory); off for training's forward and backward graphs, where a pool "
+       "would hold the forward's buffers through the backward and raise peak memory above eager's")
 define("pool_max_bytes", 256 << 20, "cpp backend: the most bytes of freed buffers the generated wrappers "
        "keep across calls for reuse, all graphs together (0: none; -1: no bound); kiln.reset() frees them")
 

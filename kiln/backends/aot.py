@@ -16,6 +16,7 @@ torch, counted with the reason.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from typing import Any, Callable
@@ -285,6 +286,8 @@ def compile_with_autograd(graph: Graph, example_inputs: list, context: CompileCo
     joint = differentiate(prim, needs, frozenset(views))
     if context.flag("autograd_recompute"):
         joint = partition(joint)
+    # no buffer pools: the forward's would stay full through the backward (peak memory over eager's)
+    context = dataclasses.replace(context, options={**context.options, "pool_buffers": False})
     sizes = _Sizes(prim, joint.backward) if has_symbols([n.meta for n in prim.placeholders]) else None
     forward = compile_graph(joint.forward, list(example_inputs), context)
     state = _State(joint, forward, compile_graph, context, graph.name, prim, needs)

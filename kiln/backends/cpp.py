@@ -190,19 +190,43 @@ def _from_graph_cache(key: str, graph: Graph, example_inputs: list, context: Com
     counters["cache"]["graph hits"] += 1
     counters["cpp"]["graphs compiled"] += 1
 
+    layouts = [_layout_of(x) for x in example_inputs]   # not the examples: they can be activation-sized
+
     def recompute() -> CompileState:  # the IR, for the few who read it (tests, dumps): the passes again
         from ..lower.sizes import size_hints
         from .cpp_passes import PASSES
         counted = graph_cache.counter_snapshot()  # (which count nothing new: the hit counted the compile)
+        stand_ins = [_stand_in(x) for x in layouts]  # the passes read layouts, never values
         try:
             with size_hints(_hints_of(graph)):
                 return run_pipeline(f"cpp {graph.name}", PASSES[:-1],
-                                    CompileState(graph, example_inputs, target), context)
+                                    CompileState(graph, stand_ins, target), context)
         finally:
             counters.clear()
             counters.update(counted)
     return _trimming_first_call(CompiledGraph(graph, None, None, None, None, entry.wrapper_source,
                                               env["kiln_call"], recompute=recompute))
+
+
+class _Layout(tuple):
+    """An example tensor's shape, strides, dtype and device, kept in its place."""
+
+
+def _layout_of(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return _Layout((tuple(x.shape), tuple(x.stride()), x.dtype, x.device))
+    if type(x) in (list, tuple):
+        return type(x)(_layout_of(item) for item in x)
+    return x
+
+
+def _stand_in(x: Any) -> Any:
+    if isinstance(x, _Layout):
+        shape, strides, dtype, device = x
+        return torch.empty_strided(shape, strides, dtype=dtype, device=device)
+    if type(x) in (list, tuple):
+        return type(x)(_stand_in(item) for item in x)
+    return x
 
 
 def _trimming_first_call(compiled: CompiledGraph) -> CompiledGraph:

@@ -116,7 +116,7 @@ def _build(state: CompileState, ctx: CompileContext) -> None:
     fallback = torch_fallback(graph, bool(nsizes))
     state.timings = WrapperTimings(state.plan) if timed else None
     state.wrapper_source, env = wrapper_source(state.loop, state.plan, entries, fallback,
-                                               timings=state.timings)
+                                               timings=state.timings, pool=ctx.flag("pool_buffers"))
     state.library_key = lib_key(state.cpp_source) if lib is not None else None
     # what the graph cache stores: the wrapper's own constants, and which globals are segment entries
     by_entry = {id(fn): name for name, fn in entries.items()}

@@ -86,7 +86,7 @@ def _build(state: CompileState, ctx: CompileContext) -> None:
         counters["triton"]["input layout changed: ran the graph with torch"] += 1
         return run(graph, inputs, torch_level=True)
     state.wrapper_source, env = wrapper_source(state.loop, state.plan, entries, fallback, device=state.device,
-                                               tensor_args=True)
+                                               tensor_args=True, pool=ctx.flag("pool_buffers"))
     exec(compile(state.wrapper_source, f"<kiln triton wrapper {graph.name}>", "exec"), env)
     state.call = env["kiln_call"]
 

@@ -7,7 +7,8 @@ per segment of kernels, one torch call per extern node.
 
 Each wrapper keeps the fresh buffers it freed in a `BufferPool` and reuses them on its next call (no page
 faults on fresh memory); all pools together keep at most `pool_max_bytes`, and `release_pools()` (called by
-`kiln.reset()`) empties them.
+`kiln.reset()`) empties them. Training's forward and backward graphs do not pool (flag `pool_buffers`):
+a pool would keep the forward's freed buffers through the backward, which eager's allocator reuses.
 """
 from __future__ import annotations
 
@@ -162,12 +163,13 @@ def _slotted(template: Any, kinds: tuple) -> Any:
 
 def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallback: Callable[..., Any],
                    device: torch.device | None = None, tensor_args: bool = False,
-                   timings: WrapperTimings | None = None) -> tuple[str, dict[str, Any]]:
+                   timings: WrapperTimings | None = None, pool: bool = True) -> tuple[str, dict[str, Any]]:
     """Source of `kiln_call(*inputs)` and its globals (`entries`: segment name → ctypes function, or with
     `tensor_args` a Python launcher taking the tensors themselves). Buffers are allocated on `device` (the
     CPU when None); an input on another device runs on the fallback. With `timings` (kiln.profile's
     compile: the entries take a times array last) every step and the whole call are timed into it;
-    without it the wrapper has no timing code."""
+    without it the wrapper has no timing code. With `pool`, buffers of POOL_MIN_BYTES or more are kept for
+    the next call (see the module docstring)."""
     src = _Source()
     if timings is not None:
         # names no parameter takes (inputs are named after the user's arguments)
@@ -205,7 +207,7 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
         src.layouts[name] = (tuple(buf.layout.shape), tuple(buf.layout.strides), buf.layout.offset)
     # buffers allocated fresh (not carved from another freed one, none carved from them) recycle across calls
     pooled = {r for s in plan.steps for _, r in s.allocs if r is not None}
-    recyclable = {name for s in plan.steps for name, r in s.allocs if r is None and name not in pooled
+    recyclable = {name for s in plan.steps for name, r in s.allocs if pool and r is None and name not in pooled
                   and not size_symbols(graph.buffers[name].layout.shape)  # a symbolic size varies by call
                   and graph.buffers[name].nbytes() >= POOL_MIN_BYTES}
     for step_index, step in enumerate(plan.steps):

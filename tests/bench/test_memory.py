@@ -113,3 +113,38 @@ def test_pool_is_bounded_and_released(tmp_path):
     kiln.reset()
     assert pooled_bytes() == 0
     _close(compiled(x), expected)
+
+
+@pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler")
+def test_training_graphs_keep_no_pool_and_no_examples(tmp_path):
+    """A training step's forward and backward keep no buffers across calls (a pool would hold the forward's
+    through the backward, over eager's peak), and a compiled graph keeps no example tensor alive (a graph
+    cache hit kept its examples for rebuilding the IR: activation-sized memory for as long as it lived)."""
+    import gc
+    import weakref
+
+    def fn(x, w):
+        return torch.tanh(torch.mm(x * 2, w)).sum()
+    w = torch.randn(256, 256, requires_grad=True)
+    for attempt in range(2):                 # cold, then a graph-cache hit
+        x = torch.randn(256, 256)
+        probe = weakref.ref(x)
+        with config.patch(cache_dir=str(tmp_path), raise_on_error=True):
+            compiled = kiln.compile(fn)
+            release_pools()
+            compiled(x, w).backward()
+            compiled(x, w).backward()
+        assert pooled_bytes() == 0
+        expected = w.grad.clone()
+        w.grad = None
+        fn(x, w).backward()
+        torch.testing.assert_close(expected / 2, w.grad)
+        w.grad = None
+        del x
+        gc.collect()
+        assert probe() is None, f"attempt {attempt}: the example input is still alive"
+        with torch.no_grad():
+            y = torch.randn(256, 256)
+            kiln.compile(fn)(y, w)
+        assert pooled_bytes() > 0            # inference graphs still pool
+        kiln.reset()
