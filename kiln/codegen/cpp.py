@@ -93,12 +93,26 @@ class CppHandler(Handler):
         self.lines: list[str] = []
         self.indent = indent
         self.counter = 0
+        self.guard: str | None = None  # inside a masked branch: the condition its loads need (see `masked`)
 
     def tmp(self, expr: str, dtype: torch.dtype) -> CppValue:
         self.counter += 1
         name = f"t{self.counter}"
         self.lines.append(f"{self.indent}{CTYPES[dtype]} {name} = {expr};")
         return CppValue(name, dtype)
+
+    def _load_tmp(self, name: str, index: sympy.Expr, expr: str, dtype: torch.dtype) -> CppValue:
+        """A load; inside a masked branch, one that may fall out of bounds reads only where the branch's
+        condition holds (zero elsewhere), and one in bounds on every iteration of the loops reads always."""
+        if self.guard is None or self._in_bounds(name, index):
+            return self.tmp(expr, dtype)
+        return self.tmp(f"({self.guard}) ? {expr} : {CTYPES[dtype]}(0)", dtype)
+
+    def _in_bounds(self, name: str, index: sympy.Expr) -> bool:
+        size = self.buffers[name].layout.storage_size()
+        bounds = index_bounds(index, self.ranges)
+        return isinstance(size, int) and bounds is not None and isinstance(bounds[0], int) and \
+            isinstance(bounds[1], int) and 0 <= bounds[0] and bounds[1] < size
 
     def load(self, name: str, index: sympy.Expr) -> CppValue:
         # fusion checked that a kernel-local buffer is read exactly where it was written
@@ -111,9 +125,9 @@ class CppHandler(Handler):
         if dtype == torch.bool:
             # read as its byte: g++ finds no vector type for a bool load in a loop that calls a SIMD math
             # function (a causal mask before exp), and leaves that loop scalar
-            return self.tmp(f"(reinterpret_cast<const uint8_t*>({self.pointers[name]})[{cexpr(index)}] != 0)",
-                            dtype)
-        return self.tmp(f"{self.pointers[name]}[{cexpr(index)}]", dtype)
+            return self._load_tmp(name, index, f"(reinterpret_cast<const uint8_t*>({self.pointers[name]})"
+                                  f"[{cexpr(index)}] != 0)", dtype)
+        return self._load_tmp(name, index, f"{self.pointers[name]}[{cexpr(index)}]", dtype)
 
     def constant(self, value: Any, dtype: torch.dtype) -> CppValue:
         if dtype in HALF_TYPES:
@@ -135,22 +149,19 @@ class CppHandler(Handler):
         return self.tmp(f"static_cast<{CTYPES[dtype]}>({source})", dtype)
 
     def masked(self, cond: CppValue, body: Any, other: Any, dtype: torch.dtype) -> CppValue:
-        self.counter += 1
-        name = f"m{self.counter}"
-        self.lines.append(f"{self.indent}{CTYPES[dtype]} {name};")
-        self.lines.append(f"{self.indent}if ({cond}) {{")
-        outer_indent = self.indent
-        self.indent += "  "
-        value = body()
-        self.lines.append(f"{self.indent}{name} = {value};")
-        self.indent = outer_indent
-        self.lines.append(f"{self.indent}}} else {{")
-        self.indent += "  "
-        value = other()
-        self.lines.append(f"{self.indent}{name} = {value};")
-        self.indent = outer_indent
-        self.lines.append(f"{self.indent}}}")
-        return CppValue(name, dtype)
+        """Both branches computed on every lane, then a select: only the loads that could leave their
+        buffer are conditional (`_load_tmp`). An `if` around the branch leaves the loop scalar whenever it
+        reads an address the inner loop does not move (g++ 12 cannot vectorize such a masked load: a
+        BatchNorm parameter in a padding kernel ran ~10x slower), and g++ sinks loads hoisted above the
+        `if` back into it. Nothing in a branch can trap on the lanes it does not own: every load is in
+        bounds or conditional, and integer division by zero is defined (kiln_idiv)."""
+        outer = self.guard
+        self.guard = str(cond) if outer is None else f"({outer}) & ({cond})"
+        taken = body()
+        self.guard = f"!({cond})" if outer is None else f"({outer}) & !({cond})"
+        otherwise = other()
+        self.guard = outer
+        return self.tmp(f"{cond} ? {taken} : {otherwise}", dtype)
 
     def op(self, name: str, *args: Any) -> CppValue:
         if name == "where" and args[1].dtype in HALF_TYPES:
@@ -176,9 +187,9 @@ class CppHandler(Handler):
                 return self.tmp(f"{a} {_CMP[name]} {b}", out)
             if name in ("add", "sub", "mul", "div"):
                 if is_bool and name == "add":
-                    return self.tmp(f"{a} || {b}", out)
+                    return self.tmp(f"{a} | {b}", out)
                 if is_bool and name == "mul":
-                    return self.tmp(f"{a} && {b}", out)
+                    return self.tmp(f"{a} & {b}", out)
                 if name == "div" and not is_float and not is_bool:
                     return self.tmp(f"kiln_idiv<{ctype}>({a}, {b})", out)
                 symbol = {"add": "+", "sub": "-", "mul": "*", "div": "/"}[name]
@@ -196,12 +207,14 @@ class CppHandler(Handler):
                 return self.tmp(f"std::pow({a}, {b})", out)
             if name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
                 if is_bool:
-                    symbol = {"bitwise_and": "&&", "bitwise_or": "||", "bitwise_xor": "!="}[name]
+                    symbol = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "!="}[name]
                 else:
                     symbol = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}[name]
                 return self.tmp(f"{a} {symbol} {b}", out)
             if name in ("logical_and", "logical_or", "logical_xor"):
-                symbol = {"logical_and": "&&", "logical_or": "||", "logical_xor": "!="}[name]
+                # & and | of the two flags, not && and ||: both are computed already, and g++ 12 finds no
+                # vector mask type for a masked load under `(a != 0) && (b != 0)` (the loop stays scalar)
+                symbol = {"logical_and": "&", "logical_or": "|", "logical_xor": "!="}[name]
                 return self.tmp(f"({a} != 0) {symbol} ({b} != 0)", out)
             if name in ("shift_left", "shift_right"):
                 fn = "kiln_shl" if name == "shift_left" else "kiln_shr"
