@@ -21,6 +21,7 @@ multiply-adds are at most `conv_gemm_max_macs` (0 turns it off) and whose gather
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any, Sequence
 
 import torch
@@ -45,36 +46,69 @@ def _out_sizes(x: Any, w: Any, stride: Sequence[int], padding: Sequence[int],
 
 def eligible(x: Any, w: Any, transposed: bool, groups: int, stride: Sequence[int], padding: Sequence[int],
              dilation: Sequence[int]) -> bool:
-    """Whether this convolution runs as gather + mm (see the module docstring)."""
-    if transposed or groups != 1 or x.ndim != w.ndim or x.device.type != "cpu":
+    """Whether this convolution runs as gather + mm, or as gather + weighted sum when depthwise (see the
+    module docstring)."""
+    if transposed or x.ndim != w.ndim or x.device.type != "cpu":
         return False
     if x.dtype not in (torch.float32, torch.float64) or w.dtype != x.dtype:
         return False
     sizes = (*x.shape, *w.shape)
-    if any(is_expr(s) or not isinstance(s, int) for s in sizes) or x.shape[1] != w.shape[1]:
+    if any(is_expr(s) or not isinstance(s, int) for s in sizes):
+        return False
+    if groups != 1 and not _depthwise(x, w, groups):
+        return False
+    if groups == 1 and x.shape[1] != w.shape[1]:
         return False
     out = _out_sizes(x, w, stride, padding, dilation)
     if any(s <= 0 for s in out) or any(p < 0 for p in padding) or 0 in sizes:
         return False
-    window = w.shape[1] * _prod(w.shape[2:])  # C * K
+    window = w.shape[1] * _prod(w.shape[2:])  # C * K (K when depthwise)
     columns = x.shape[0] * _prod(out)  # N * L
     macs = w.shape[0] * window * columns
+    gathered = x.shape[1] * _prod(w.shape[2:]) * columns * x.element_size()  # im2col's (C*K, N*L)
     limit = config.get("conv_gemm_max_macs")
-    return 0 < macs <= limit and window * columns * x.element_size() <= config.get("conv_gemm_max_bytes")
+    return 0 < macs <= limit and gathered <= config.get("conv_gemm_max_bytes")
+
+
+def _depthwise(x: Any, w: Any, groups: int) -> bool:
+    """One input channel per group (w: (C*m, 1, *K), groups == C), each group's m outputs read only it."""
+    return groups == x.shape[1] and w.shape[1] == 1 and w.shape[0] % groups == 0
 
 
 def convolution(x: Any, w: Any, bias: Any, stride: Sequence[int], padding: Sequence[int],
-                dilation: Sequence[int]) -> Any:
+                dilation: Sequence[int], groups: int = 1) -> Any:
     """conv(x, w) + bias for an `eligible` convolution, as gather + mm (same values up to summation order)."""
     n = w.ndim - 2
     batch, channels, out_channels = x.shape[0], x.shape[1], w.shape[0]
     out = _out_sizes(x, w, stride, padding, dilation)
+    window = _prod(w.shape[2:])
+    if groups != 1 and any(padding):
+        # padded once up front: the K taps below are then plain loads, not K bounds-checked ones each
+        pad: list[int] = []
+        for p in reversed(padding):
+            pad += [p, p]
+        x, padding = torch.nn.functional.pad(x, pad), (0,) * n
     cols = prims.im2col(x, tuple(w.shape[2:]), tuple(stride), tuple(padding), tuple(dilation))
-    cols = prims.view(cols, (channels * _prod(w.shape[2:]), batch * _prod(out)))  # (C*K, N*L)
-    product = prims.mm(prims.view(w if w.is_contiguous() else prims.clone(w, torch.contiguous_format),
-                                  (out_channels, channels * _prod(w.shape[2:]))), cols)  # (O, N*L)
+    w = w if w.is_contiguous() else prims.clone(w, torch.contiguous_format)
+    if groups != 1:  # depthwise: each output channel a weighted sum of its one input channel's windows
+        per = out_channels // channels
+        taps = prims.view(w, (channels, per, *w.shape[2:]))  # (C, m, *K)
+        # a sum of K products, not a reduction over K: one pointwise kernel vectorized along the pixels;
+        # each tap selected dim by dim (a view merging the window dims would index through div and mod)
+        total = None
+        for tap in itertools.product(*(range(k) for k in w.shape[2:])):
+            pixels, weights = cols, taps
+            for t in tap:
+                pixels, weights = torch.select(pixels, 1, t), torch.select(weights, 2, t)
+            term = pixels.unsqueeze(1) * prims.view(weights, (channels, per) + (1,) * (n + 1))  # (C, m, N, *O)
+            total = term if total is None else total + term
+        product = prims.view(total, (out_channels, batch, *out))
+    else:
+        cols = prims.view(cols, (channels * window, batch * _prod(out)))  # (C*K, N*L)
+        product = prims.mm(prims.view(w, (out_channels, channels * window)), cols)  # (O, N*L)
+        product = prims.view(product, (out_channels, batch, *out))
     spatial = tuple(range(2, n + 2))
-    result = prims.permute(prims.view(product, (out_channels, batch, *out)), (1, 0) + spatial)
+    result = prims.permute(product, (1, 0) + spatial)
     if bias is not None:
         result = result + torch.reshape(bias, (1, -1) + (1,) * n)
     # eager's convolution output is contiguous: the copy is a pointwise remap the consumer's kernel absorbs

@@ -402,7 +402,7 @@ def _convolution(name: str, x: Any, w: Any, bias: Any, stride: Any, padding: Any
     else:
         padding = _expand(name, "padding", padding, n)
     if conv_gemm.eligible(x, w, transposed, groups, stride, padding, dilation):
-        return conv_gemm.convolution(x, w, bias, stride, padding, dilation)
+        return conv_gemm.convolution(x, w, bias, stride, padding, dilation, groups)
     return prims.convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
 
 

@@ -104,3 +104,65 @@ def test_window_prims_reference_and_adjoint(shape):
     # col2im is im2col's adjoint: <im2col(x), g> == <x, col2im(g)>
     g = torch.randn_like(cols)
     torch.testing.assert_close((cols * g).sum(), (x * prims.col2im(g, xs, *window)).sum())
+
+
+# depthwise: (input shape, weight shape, stride, padding, dilation); groups = input channels
+DEPTHWISE = [
+    ((2, 8, 16, 16), (8, 1, 3, 3), 1, 1, 1),    # MobileNet's 3x3
+    ((2, 8, 16, 16), (16, 1, 3, 3), 2, 1, 1),   # two outputs per channel, strided
+    ((1, 4, 9, 9), (4, 1, 3, 3), 1, 2, 2),      # dilated, padded past the kernel's reach
+    ((1, 6, 7, 9), (6, 1, 2, 3), (1, 2), (0, 1), 1),  # rectangular kernel, per-dim stride and padding
+    ((2, 4, 11), (4, 1, 5), 1, 2, 1),           # conv1d
+    ((1, 3, 5, 6, 7), (3, 1, 2, 3, 2), 1, 1, 1),  # conv3d
+]
+
+
+def _depthwise(x, w, b, stride, padding, dilation):
+    return CONV[x.ndim](x, w, b, stride, padding, dilation, groups=x.shape[1])
+
+
+@pytest.mark.parametrize("shape", DEPTHWISE, ids=[f"{s[0]}x{s[1]}" for s in DEPTHWISE])
+def test_depthwise_takes_the_gather_path(shape):
+    xs, ws, stride, padding, dilation = shape
+    x, w = torch.randn(xs), torch.randn(ws)
+    graph = to_prims(kiln.ops.trace(lambda x, w: _depthwise(x, w, None, stride, padding, dilation), x, w))
+    names = [n.target.name for n in graph.nodes if n.op == "call_prim"]
+    assert "im2col" in names and "mm" not in names and "convolution" not in names, names
+
+
+@needs_cpp
+@pytest.mark.parametrize("shape", DEPTHWISE, ids=[f"{s[0]}x{s[1]}" for s in DEPTHWISE])
+def test_depthwise_values_and_gradients_against_eager(shape, counters):
+    xs, ws, stride, padding, dilation = shape
+    torch.manual_seed(0)
+    x64, w64, b64 = torch.randn(xs, dtype=torch.float64), torch.randn(ws, dtype=torch.float64), \
+        torch.randn(ws[0], dtype=torch.float64)
+
+    def loss(x, w, b):
+        return F.relu6(_depthwise(x, w, b, stride, padding, dilation)).pow(2).sum()
+
+    def grads(fn, dtype):
+        inputs = [t.detach().to(dtype).requires_grad_() for t in (x64, w64, b64)]
+        out = fn(*inputs)
+        out.backward()
+        return [out.detach()] + [t.grad for t in inputs]
+
+    kiln.reset()
+    actual = grads(kiln.compile(loss), torch.float32)
+    eager, exact = grads(loss, torch.float32), grads(loss, torch.float64)
+    for what, a, e, r in zip(("loss", "grad x", "grad w", "grad b"), actual, eager, exact):
+        _judge(a, e, r, what)
+    assert not counters["extern"]["prims.convolution"]
+    assert not {k: v for k, v in counters["cpp"].items() if k.startswith("ran with torch")}
+    with torch.no_grad():     # inference: one kernel's masked loads for the padding
+        x = x64.float()
+        _judge(kiln.compile(_depthwise)(x, w64.float(), b64.float(), stride, padding, dilation),
+               _depthwise(x, w64.float(), b64.float(), stride, padding, dilation),
+               _depthwise(x64, w64, b64, stride, padding, dilation), "inference")
+
+
+def test_other_grouped_convolutions_keep_onednn():
+    x = torch.randn(2, 8, 8, 8)
+    for w, groups in ((torch.randn(8, 4, 3, 3), 2), (torch.randn(8, 2, 3, 3), 4)):
+        graph = to_prims(kiln.ops.trace(lambda x, w: F.conv2d(x, w, groups=groups), x, w))
+        assert "convolution" in [n.target.name for n in graph.nodes if n.op == "call_prim"]
