@@ -15,9 +15,16 @@ one summing kernel. At resnet_tiny's shapes a compiled conv + relu alone runs ab
 with oneDNN forward and 1.25-1.6x faster forward + backward (bench/bench_conv.py, one run); in the model the
 im2col gather also takes the BatchNorm + ReLU before it, computed once into a buffer.
 
-Used for an ungrouped, non-transposed convolution of float32/float64 CPU tensors with static sizes whose
-multiply-adds are at most `conv_gemm_max_macs` (0 turns it off) and whose gathered windows are at most
-`conv_gemm_max_bytes`; above that oneDNN's own blocking wins, and the gathered copy costs memory.
+A depthwise convolution (one input channel per group, m outputs each) has no matrix product to make: it is
+the sum over the K window taps of a tap's shifted input times that tap's weight, each tap a view of
+im2col's output, so the whole convolution is one pointwise kernel over the output pixels that fuses with
+the BatchNorm and activation around it (the input padded once up front, so the taps are plain loads).
+oneDNN spends ~45 us a call on MobileNet's small depthwise layers; this kernel a few.
+
+Used for an ungrouped or depthwise, non-transposed convolution of float32/float64 CPU tensors with static
+sizes whose multiply-adds are at most `conv_gemm_max_macs` (0 turns it off) and whose gathered windows
+are at most `conv_gemm_max_bytes`; above that oneDNN's own blocking wins, and the gathered copy costs
+memory. Other grouped convolutions keep oneDNN.
 """
 from __future__ import annotations
 
