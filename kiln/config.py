@@ -147,6 +147,8 @@ define("fuel_report", None, "write the optimization fuel this process used (deci
 define("conv_gemm_max_macs", 1_000_000, "CPU convolutions with at most this many multiply-adds run as a gather of "
        "their input windows and one matrix product (im2col; forward and backward), not oneDNN's convolution, "
        "whose per-call cost dominates small ones (0: always oneDNN)")
+define("conv_depthwise_max_macs", 250_000, "CPU depthwise convolutions with at most this many multiply-adds "
+       "run as a sum of shifted products (one kernel with their neighbours) instead of oneDNN's (0: never)")
 define("conv_gemm_max_bytes", 8 << 20, "CPU convolutions whose gathered input windows (im2col) would exceed this "
        "many bytes keep oneDNN's convolution")
 define("pool_buffers", True, "generated wrappers keep their freed buffers of 128 KiB or more for their next "

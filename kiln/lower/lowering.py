@@ -429,6 +429,10 @@ def lower_view(ctx: Lowering, node: Node, a: Box, *args: Any, **kwargs: Any) -> 
     if a.view is None and id(node) in ctx.aliased_by_output and source is not None:
         a = ctx.realized_box(a, source.meta, source)
     out = node.meta
+    if a.view is None and not kwargs:
+        simple = _simple_view(node, a, args)
+        if simple is not None:
+            return simple
     if a.view is not None:
         name, strides, offset = a.view
         buf = ctx.loop.buffers[name]
@@ -462,6 +466,35 @@ def lower_view(ctx: Lowering, node: Node, a: Box, *args: Any, **kwargs: Any) -> 
         sub = dict(zip(places, index))
         return loader(h, [e if e.is_Integer else e.xreplace(sub) for e in template])
     return Box(out_shape, a.dtype, load)
+
+
+def _simple_view(node: Node, a: Box, args: tuple) -> Box | None:
+    """A slice, squeeze or expand_dims of a computed value, as its index map written directly (the general
+    path unravels the meta's strides and simplifies them with sympy, ~2 ms a view: a depthwise
+    convolution's window taps are hundreds of these); None for any other view or symbolic arguments."""
+    out_shape = _ints(node.meta.shape)
+    loader = a.loader
+    if node.target is prims.slice and len(args) >= 2:
+        start, steps = args[0], (args[2] if len(args) > 2 and args[2] is not None else (1,) * len(a.shape))
+        if not all(isinstance(v, int) for v in (*start, *steps)):
+            return None
+        return Box(out_shape, a.dtype, lambda h, index: loader(
+            h, [i if (s == 0 and t == 1) else s + t * i for i, s, t in zip(index, start, steps)]))
+    if node.target is prims.squeeze and args:
+        dims = set(args[0])
+        keep = [d for d in range(len(a.shape)) if d not in dims]
+
+        def squeezed(h: Any, index: list) -> Any:
+            full = [sympy.Integer(0)] * len(a.shape)
+            for d, i in zip(keep, index):
+                full[d] = i
+            return loader(h, full)
+        return Box(out_shape, a.dtype, squeezed)
+    if node.target is prims.expand_dims and args:
+        dims = set(args[0])
+        return Box(out_shape, a.dtype, lambda h, index: loader(
+            h, [i for d, i in enumerate(index) if d not in dims]))
+    return None
 
 
 def _start(offset: Any) -> int:

@@ -28,7 +28,6 @@ memory. Other grouped convolutions keep oneDNN.
 """
 from __future__ import annotations
 
-import itertools
 from typing import Any, Sequence
 
 import torch
@@ -72,6 +71,8 @@ def eligible(x: Any, w: Any, transposed: bool, groups: int, stride: Sequence[int
     window = w.shape[1] * _prod(w.shape[2:])  # C * K (K when depthwise)
     columns = x.shape[0] * _prod(out)  # N * L
     macs = w.shape[0] * window * columns
+    if groups != 1:  # (its windows are never gathered into a buffer: each tap is a view the kernel reads)
+        return 0 < macs <= config.get("conv_depthwise_max_macs")
     gathered = x.shape[1] * _prod(w.shape[2:]) * columns * x.element_size()  # im2col's (C*K, N*L)
     limit = config.get("conv_gemm_max_macs")
     return 0 < macs <= limit and gathered <= config.get("conv_gemm_max_bytes")
@@ -99,15 +100,13 @@ def convolution(x: Any, w: Any, bias: Any, stride: Sequence[int], padding: Seque
     w = w if w.is_contiguous() else prims.clone(w, torch.contiguous_format)
     if groups != 1:  # depthwise: each output channel a weighted sum of its one input channel's windows
         per = out_channels // channels
-        taps = prims.view(w, (channels, per, *w.shape[2:]))  # (C, m, *K)
         # a sum of K products, not a reduction over K: one pointwise kernel vectorized along the pixels;
-        # each tap selected dim by dim (a view merging the window dims would index through div and mod)
+        # one view per tap of each operand (each view's index arithmetic costs compile time)
+        pixels = prims.view(cols, (channels, 1, window, batch, *out))  # (C, 1, K, N, *O)
+        taps = prims.view(w, (channels, per, window) + (1,) * (n + 1))  # (C, m, K, 1, ...)
         total = None
-        for tap in itertools.product(*(range(k) for k in w.shape[2:])):
-            pixels, weights = cols, taps
-            for t in tap:
-                pixels, weights = torch.select(pixels, 1, t), torch.select(weights, 2, t)
-            term = pixels.unsqueeze(1) * prims.view(weights, (channels, per) + (1,) * (n + 1))  # (C, m, N, *O)
+        for k in range(window):
+            term = torch.select(pixels, 2, k) * torch.select(taps, 2, k)  # (C, m, N, *O)
             total = term if total is None else total + term
         product = prims.view(total, (out_channels, batch, *out))
     else:

@@ -24,7 +24,7 @@ def onednn_convolutions():
     """These convolutions are small enough for kiln.ops.conv_gemm (gather + mm, differentiated by its own
     prims); this module is about the extern's backward, so they keep the extern (tests/ops/test_conv_gemm.py
     covers the other path)."""
-    with config.patch(conv_gemm_max_macs=0):
+    with config.patch(conv_gemm_max_macs=0, conv_depthwise_max_macs=0):
         yield
 
 

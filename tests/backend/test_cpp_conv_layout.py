@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason
 def onednn_convolutions():
     """These shapes are small enough for kiln.ops.conv_gemm (gather + mm); the layout is about the
     convolution extern, so they keep it (tests/ops/test_conv_gemm.py covers the other path)."""
-    with config.patch(conv_gemm_max_macs=0):
+    with config.patch(conv_gemm_max_macs=0, conv_depthwise_max_macs=0):
         yield
 
 
