@@ -28,6 +28,7 @@ memory. Other grouped convolutions keep oneDNN.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any, Sequence
 
 import torch
@@ -100,13 +101,16 @@ def convolution(x: Any, w: Any, bias: Any, stride: Sequence[int], padding: Seque
     w = w if w.is_contiguous() else prims.clone(w, torch.contiguous_format)
     if groups != 1:  # depthwise: each output channel a weighted sum of its one input channel's windows
         per = out_channels // channels
-        # a sum of K products, not a reduction over K: one pointwise kernel vectorized along the pixels;
-        # one view per tap of each operand (each view's index arithmetic costs compile time)
-        pixels = prims.view(cols, (channels, 1, window, batch, *out))  # (C, 1, K, N, *O)
+        # a sum of K products, not a reduction over K: one pointwise kernel vectorized along the pixels.
+        # The windows are selected dim by dim: a view merging im2col's window dims would index through
+        # div and mod the kernel cannot vectorize. The weight, a plain buffer, merges them for free.
         taps = prims.view(w, (channels, per, window) + (1,) * (n + 1))  # (C, m, K, 1, ...)
         total = None
-        for k in range(window):
-            term = torch.select(pixels, 2, k) * torch.select(taps, 2, k)  # (C, m, N, *O)
+        for k, tap in enumerate(itertools.product(*(range(size) for size in w.shape[2:]))):
+            pixels = cols
+            for t in tap:
+                pixels = torch.select(pixels, 1, t)
+            term = pixels.unsqueeze(1) * torch.select(taps, 2, k)  # (C, m, N, *O)
             total = term if total is None else total + term
         product = prims.view(total, (out_channels, batch, *out))
     else:
