@@ -25,7 +25,7 @@ import torch
 from .. import config
 from ..codegen.wrapper_runtime import helper_globals, load_entry
 from ..counters import counters
-from ..graph import Graph
+from ..graph import Graph, TensorMeta
 from ..graph.pipeline import CompileContext, CompileState, run_pipeline
 from ..graph.symbolic import SymInt
 from ..runtime.build import load_built
@@ -190,13 +190,15 @@ def _from_graph_cache(key: str, graph: Graph, example_inputs: list, context: Com
     counters["cache"]["graph hits"] += 1
     counters["cpp"]["graphs compiled"] += 1
 
-    layouts = [_layout_of(x) for x in example_inputs]   # not the examples: they can be activation-sized
+    # not the example tensors (they can be activation-sized): the placeholders' metas describe them
+    plain = [None if isinstance(x, torch.Tensor) else x for x in example_inputs]
 
     def recompute() -> CompileState:  # the IR, for the few who read it (tests, dumps): the passes again
         from ..lower.sizes import size_hints
         from .cpp_passes import PASSES
         counted = graph_cache.counter_snapshot()  # (which count nothing new: the hit counted the compile)
-        stand_ins = [_stand_in(x) for x in layouts]  # the passes read layouts, never values
+        stand_ins = [p.meta.empty(p.meta.device) if x is None and isinstance(p.meta, TensorMeta) else x
+                     for p, x in zip(graph.placeholders, plain)]  # (the passes read layouts, never values)
         try:
             with size_hints(_hints_of(graph)):
                 return run_pipeline(f"cpp {graph.name}", PASSES[:-1],
@@ -206,27 +208,6 @@ def _from_graph_cache(key: str, graph: Graph, example_inputs: list, context: Com
             counters.update(counted)
     return _trimming_first_call(CompiledGraph(graph, None, None, None, None, entry.wrapper_source,
                                               env["kiln_call"], recompute=recompute))
-
-
-class _Layout(tuple):
-    """An example tensor's shape, strides, dtype and device, kept in its place."""
-
-
-def _layout_of(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return _Layout((tuple(x.shape), tuple(x.stride()), x.dtype, x.device))
-    if type(x) in (list, tuple):
-        return type(x)(_layout_of(item) for item in x)
-    return x
-
-
-def _stand_in(x: Any) -> Any:
-    if isinstance(x, _Layout):
-        shape, strides, dtype, device = x
-        return torch.empty_strided(shape, strides, dtype=dtype, device=device)
-    if type(x) in (list, tuple):
-        return type(x)(_stand_in(item) for item in x)
-    return x
 
 
 def _trimming_first_call(compiled: CompiledGraph) -> CompiledGraph:

@@ -21,10 +21,11 @@ im2col's output, so the whole convolution is one pointwise kernel over the outpu
 the BatchNorm and activation around it (the input padded once up front, so the taps are plain loads).
 oneDNN spends ~45 us a call on MobileNet's small depthwise layers; this kernel a few.
 
-Used for an ungrouped or depthwise, non-transposed convolution of float32/float64 CPU tensors with static
-sizes whose multiply-adds are at most `conv_gemm_max_macs` (0 turns it off) and whose gathered windows
-are at most `conv_gemm_max_bytes`; above that oneDNN's own blocking wins, and the gathered copy costs
-memory. Other grouped convolutions keep oneDNN.
+Used for non-transposed convolutions of float32/float64 CPU tensors with static sizes: ungrouped ones whose
+multiply-adds are at most `conv_gemm_max_macs` (0 turns it off) and whose gathered windows are at most
+`conv_gemm_max_bytes` (above that oneDNN's own blocking wins, and the gathered copy costs memory), and
+depthwise ones of at most `conv_depthwise_max_macs` (their windows are never gathered into a buffer).
+Other grouped convolutions keep oneDNN.
 """
 from __future__ import annotations
 
@@ -74,9 +75,8 @@ def eligible(x: Any, w: Any, transposed: bool, groups: int, stride: Sequence[int
     macs = w.shape[0] * window * columns
     if groups != 1:  # (its windows are never gathered into a buffer: each tap is a view the kernel reads)
         return 0 < macs <= config.get("conv_depthwise_max_macs")
-    gathered = x.shape[1] * _prod(w.shape[2:]) * columns * x.element_size()  # im2col's (C*K, N*L)
     limit = config.get("conv_gemm_max_macs")
-    return 0 < macs <= limit and gathered <= config.get("conv_gemm_max_bytes")
+    return 0 < macs <= limit and window * columns * x.element_size() <= config.get("conv_gemm_max_bytes")
 
 
 def _depthwise(x: Any, w: Any, groups: int) -> bool:

@@ -40,6 +40,26 @@ def _judge(actual, eager, fp64, what):
     assert result.passed, f"{what}: {result.reason}"
 
 
+def _judge_loss_and_gradients(loss, xs, ws):
+    """kiln's loss and gradients of (x, w, b) against eager's, by the accuracy rule (fp64 reference)."""
+    torch.manual_seed(0)
+    x64, w64, b64 = torch.randn(xs, dtype=torch.float64), torch.randn(ws, dtype=torch.float64), \
+        torch.randn(ws[0], dtype=torch.float64)
+
+    def grads(fn, dtype):
+        inputs = [t.detach().to(dtype).requires_grad_() for t in (x64, w64, b64)]
+        out = fn(*inputs)
+        out.backward()
+        return [out.detach()] + [t.grad for t in inputs]
+
+    kiln.reset()
+    actual = grads(kiln.compile(loss), torch.float32)
+    eager, exact = grads(loss, torch.float32), grads(loss, torch.float64)
+    for what, a, e, r in zip(("loss", "grad x", "grad w", "grad b"), actual, eager, exact):
+        _judge(a, e, r, what)
+    return x64, w64, b64
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"{s[0]}x{s[1]}" for s in SHAPES])
 def test_takes_the_gemm_path(shape):
     xs, ws, stride, padding, dilation = shape
@@ -53,24 +73,11 @@ def test_takes_the_gemm_path(shape):
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"{s[0]}x{s[1]}" for s in SHAPES])
 def test_values_and_gradients_against_eager(shape, counters):
     xs, ws, stride, padding, dilation = shape
-    torch.manual_seed(0)
-    x64, w64, b64 = torch.randn(xs, dtype=torch.float64), torch.randn(ws, dtype=torch.float64), \
-        torch.randn(ws[0], dtype=torch.float64)
 
     def loss(x, w, b):
         return F.relu(_conv(x, w, b, stride, padding, dilation)).pow(2).sum()
 
-    def grads(fn, dtype):
-        inputs = [t.detach().to(dtype).requires_grad_() for t in (x64, w64, b64)]
-        out = fn(*inputs)
-        out.backward()
-        return [out.detach()] + [t.grad for t in inputs]
-
-    kiln.reset()
-    actual = grads(kiln.compile(loss), torch.float32)
-    eager, exact = grads(loss, torch.float32), grads(loss, torch.float64)
-    for what, a, e, r in zip(("loss", "grad x", "grad w", "grad b"), actual, eager, exact):
-        _judge(a, e, r, what)
+    _judge_loss_and_gradients(loss, xs, ws)
     assert counters["extern"]["prims.mm"] >= 1 and not counters["extern"]["prims.convolution"]
     assert not {k: v for k, v in counters["cpp"].items() if k.startswith("ran with torch")}
 
@@ -134,24 +141,11 @@ def test_depthwise_takes_the_gather_path(shape):
 @pytest.mark.parametrize("shape", DEPTHWISE, ids=[f"{s[0]}x{s[1]}" for s in DEPTHWISE])
 def test_depthwise_values_and_gradients_against_eager(shape, counters):
     xs, ws, stride, padding, dilation = shape
-    torch.manual_seed(0)
-    x64, w64, b64 = torch.randn(xs, dtype=torch.float64), torch.randn(ws, dtype=torch.float64), \
-        torch.randn(ws[0], dtype=torch.float64)
 
     def loss(x, w, b):
         return F.relu6(_depthwise(x, w, b, stride, padding, dilation)).pow(2).sum()
 
-    def grads(fn, dtype):
-        inputs = [t.detach().to(dtype).requires_grad_() for t in (x64, w64, b64)]
-        out = fn(*inputs)
-        out.backward()
-        return [out.detach()] + [t.grad for t in inputs]
-
-    kiln.reset()
-    actual = grads(kiln.compile(loss), torch.float32)
-    eager, exact = grads(loss, torch.float32), grads(loss, torch.float64)
-    for what, a, e, r in zip(("loss", "grad x", "grad w", "grad b"), actual, eager, exact):
-        _judge(a, e, r, what)
+    x64, w64, b64 = _judge_loss_and_gradients(loss, xs, ws)
     assert not counters["extern"]["prims.convolution"]
     assert not {k: v for k, v in counters["cpp"].items() if k.startswith("ran with torch")}
     with torch.no_grad():     # inference: one kernel's masked loads for the padding
