@@ -3,7 +3,11 @@
 glibc's SIMD exp gives a whole vector to scalar exp when one lane is far below zero; a causal softmax's
 masked lanes are all -inf (or -3.4e38), so exp cost 5-7x its vector price there and nanoGPT's attention
 softmax took 116 us of a 700 us call. kiln_exp sends those lanes to exp as 0 and returns +0 for them. A bool
-mask is read as its byte and the build passes -fno-trapping-math, without which g++ left such loops scalar."""
+mask is read as its byte and the build passes -fno-trapping-math, without which g++ left such loops scalar.
+
+Also masked loads (padding): g++ 12 left a padding kernel scalar when a masked branch read an address the
+inner loop does not move (a BatchNorm parameter) or combined flags with &&; MobileNet's padded
+BatchNorm kernels ran ~10x slower than vectorized."""
 import re
 import shutil
 import subprocess
@@ -41,9 +45,10 @@ def test_exp_and_sigmoid_match_eager_at_special_inputs(dtype):
             assert torch.equal(test(got), test(want)), (fn, x[test(got) != test(want)])
 
 
-def _scalar_exp_loops(source: str, tmp_path) -> list[int]:
+def _scalar_exp_loops(source: str, tmp_path, marker=lambda line: "kiln_exp(" in line) -> list[int]:
     """Compile `source` with kiln's flags and g++'s vectorizer report: the lines of the innermost loops
-    around a kiln_exp call that g++ did not vectorize (it reports a loop at a line of its body)."""
+    around a `marker` line (a kiln_exp call) that g++ did not vectorize (it reports a loop at a line of its
+    body)."""
     path = tmp_path / "kernels.cpp"
     path.write_text(source)
     cmd = [find_compiler(config.get("cxx")), *flags(), "-fopt-info-vec-optimized", "-c", str(path),
@@ -52,7 +57,7 @@ def _scalar_exp_loops(source: str, tmp_path) -> list[int]:
     vectorized = {int(m.group(1)) for m in re.finditer(r"kernels\.cpp:(\d+):\d+: optimized: loop vectorized",
                                                        report)}
     lines = source.splitlines()
-    calls = [n for n, line in enumerate(lines, 1) if "kiln_exp(" in line and "static inline" not in line]
+    calls = [n for n, line in enumerate(lines, 1) if marker(line) and "static inline" not in line]
     assert calls, source
     scalar = []
     for call in calls:
@@ -89,3 +94,21 @@ def test_masked_softmax_matches_eager_and_its_exp_loops_vectorize(mask_kind, tmp
     if "-DKILN_MVEC" not in flags():
         pytest.skip("no libmvec: exp is scalar here")
     assert not _scalar_exp_loops(c.cpp_source, tmp_path), c.cpp_source
+
+
+def test_padding_kernel_matches_eager_and_its_masked_loads_vectorize(tmp_path):
+    """BatchNorm (eval) + ReLU6 + zero padding in one kernel: a masked load of the input, unmasked loads
+    of the per-channel parameters; values against eager (the padding's zeros included), and every inner
+    loop with a conditional load vectorized."""
+    torch.manual_seed(0)
+    x, mean, var = torch.randn(2, 16, 20, 20), torch.randn(16), torch.rand(16) + 0.5
+    weight, bias = torch.randn(16), torch.randn(16)
+
+    def fn(x, mean, var, weight, bias):
+        y = torch.nn.functional.batch_norm(x, mean, var, weight, bias, False, 0.0, 1e-5)
+        return torch.nn.functional.pad(torch.nn.functional.relu6(y), (1, 1, 1, 1))
+    c = compiled(fn, x, mean, var, weight, bias)
+    torch.testing.assert_close(c(x, mean, var, weight, bias), fn(x, mean, var, weight, bias))
+    kernels = c.cpp_source.split('extern "C" int ', 1)[1]  # (the header's helpers use && freely)
+    assert " ? p_" in kernels and "&&" not in kernels, kernels
+    assert not _scalar_exp_loops(c.cpp_source, tmp_path, marker=lambda line: " ? p_" in line), c.cpp_source
