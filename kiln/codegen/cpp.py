@@ -254,8 +254,8 @@ class CppHandler(Handler):
             return self.tmp(f"{ctype}(1) / ({ctype}(1) + kiln_exp(-{a}))", out)
         if name == "round":
             return self.tmp(f"std::nearbyint({a})", out)
-        if name == "exp":
-            return self.tmp(f"kiln_exp({a})", out)
+        if name in ("exp", "tanh", "erf"):
+            return self.tmp(f"kiln_{name}({a})", out)
         if name in _STD_FLOAT:
             return self.tmp(f"std::{name}({a})", out)
         raise NotImplementedError(f"cpp codegen: {name} on {dtype}")
