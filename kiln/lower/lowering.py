@@ -21,7 +21,7 @@ from ..graph import Graph, Node, TensorMeta, flatten, map_structure
 from ..graph.layout import contiguous_strides, is_non_overlapping_and_dense
 from ..graph.symbolic import SymInt
 from ..prims import Prim
-from . import windows
+from . import arange_index, windows
 from .index import linear_index, simplify_index, unravel
 from .sizes import dense, dim, dims, hint, is_positive, is_static, known_le, nonnegative, same
 from .conv_layout import (ConvLayout, channels_last_layout, channels_last_strides, eager_nhwc,
@@ -597,6 +597,14 @@ def lower_cat(ctx: Lowering, node: Node, tensors: Any, dim: int) -> Box:
     def load(h: Any, index: list) -> Any:
         return _select_part(h, index, parts, dim, dtype)
     return Box(node.meta.shape, dtype, load)
+
+
+@lowering(prims.index_select, prims.index_put)
+def lower_arange_index(ctx: Lowering, node: Node, *args: Any, **kwargs: Any) -> Box:
+    loader = arange_index.loader(node, *args, **kwargs)
+    if loader is None:  # only an index the graph computes as an arange is lowered (kiln.lower.arange_index)
+        raise Unlowerable("an index not known at compile time")
+    return Box(node.meta.shape, node.meta.dtype, loader)
 
 
 @lowering(prims.im2col)
