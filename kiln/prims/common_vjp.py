@@ -44,6 +44,7 @@ def no_gradient(p: Prim) -> None:
     def rule_fn(grads: Sequence[Any], outputs: Sequence[Any], *args: Any, **kwargs: Any) -> tuple:
         return (None,) * len(args)
     rule_fn.__name__ = f"_{p.name}_vjp"
+    rule_fn.gives_no_gradient = True  # type: ignore[attr-defined]  (by design: see kiln.autograd.joint)
     rule("vjp", p)(rule_fn)
 
 

@@ -218,6 +218,9 @@ def _no_gradient(grads: Any, outputs: Any, *args: Any, **kwargs: Any) -> tuple:
     return (None,) * len(args)
 
 
+_no_gradient.gives_no_gradient = True  # type: ignore[attr-defined]  (by design: see kiln.autograd.joint)
+
+
 for _p in (iota, full, empty_strided, uniform, normal, randint, bernoulli):
     rule("vjp", _p)(_no_gradient)
 del _p

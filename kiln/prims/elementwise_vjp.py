@@ -97,6 +97,7 @@ def _defvjp_none(p: Prim) -> None:
     def vjp(grads: tuple, outputs: tuple, *args: Any, **kwargs: Any) -> tuple:
         return tuple(None for _ in args)
     vjp.__name__ = f"_{p.name}_vjp"
+    vjp.gives_no_gradient = True  # type: ignore[attr-defined]  (by design: see kiln.autograd.joint)
     rule("vjp", p)(vjp)
 
 

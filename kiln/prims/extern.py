@@ -11,7 +11,8 @@ sdpa(q, k, v, attn_mask, is_causal, scale, enable_gqa)
                              scaled dot product attention without dropout; q [*B, L, E], k [*B, S, E],
                              v [*B, S, Ev] with one batch shape (the head dim, -3, of k and v may divide q's
                              when enable_gqa); attn_mask None or [*B, L, S], bool or q's dtype
-sdpa_backward(g, q, k, v, attn_mask, is_causal, scale, enable_gqa) -> (grad q, grad k, grad v)
+sdpa_backward(g, q, k, v, attn_mask, is_causal, scale, enable_gqa, mask_grad=False) -> (grad q, grad k,
+    grad v[, grad attn_mask])
 sort(a, dim, descending, stable) -> (values, int64 indices)
 topk(a, k, dim, largest, sorted) -> (values, int64 indices)
 cumsum(a, dim), cumprod(a, dim), logcumsumexp(a, dim): inclusive scans in a's dtype
@@ -260,31 +261,38 @@ sdpa = prim("sdpa", _sdpa_meta, _sdpa_ref, tags=("extern",))
 
 
 def _sdpa_backward_meta(g: Any, q: Any, k: Any, v: Any, attn_mask: Any = None, is_causal: bool = False,
-                        scale: float | None = None, enable_gqa: bool = False) -> tuple:
+                        scale: float | None = None, enable_gqa: bool = False, mask_grad: bool = False) -> tuple:
     out = _sdpa_meta(q, k, v, attn_mask, is_causal, scale, enable_gqa)
     gm = _tensor("sdpa_backward", "grad", g)
     check(tuple(gm.shape) == tuple(out.shape) and gm.dtype == out.dtype,
           lambda: f"prims.sdpa_backward: grad {shape_text(g)} ({gm.dtype}) must match the attention's output "
                   f"[{', '.join(map(str, out.shape))}] ({out.dtype})")
-    return tuple(TensorMeta(meta_of(t).shape, meta_of(t).dtype, meta_of(t).device) for t in (q, k, v))
+    check(not mask_grad or (is_tensor(attn_mask) and meta_of(attn_mask).dtype.is_floating_point),
+          lambda: "prims.sdpa_backward: mask_grad needs a float attn_mask")
+    wrt = (q, k, v, attn_mask) if mask_grad else (q, k, v)
+    return tuple(TensorMeta(meta_of(t).shape, meta_of(t).dtype, meta_of(t).device) for t in wrt)
 
 
 def _sdpa_backward_ref(g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        attn_mask: Any = None, is_causal: bool = False, scale: float | None = None,
-                       enable_gqa: bool = False) -> tuple:
+                       enable_gqa: bool = False, mask_grad: bool = False) -> tuple:
     # eager's own backward: run the attention again on detached leaves and let autograd differentiate it
     leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
     mask = attn_mask.detach() if isinstance(attn_mask, torch.Tensor) else attn_mask
+    if mask_grad:  # a float mask computed from parameters (Swin's relative position bias)
+        mask = mask.requires_grad_(True)
+        leaves.append(mask)
     with torch.enable_grad():
-        out = _sdpa_ref(*leaves, mask, is_causal, scale, enable_gqa)
+        out = _sdpa_ref(*leaves[:3], mask, is_causal, scale, enable_gqa)
         grads = torch.autograd.grad(out, leaves, g)
     return tuple(t.contiguous() for t in grads)
 
 
 sdpa_backward = prim(
     "sdpa_backward", _sdpa_backward_meta, _sdpa_backward_ref, tags=("extern",),
-    doc="sdpa_backward(g, q, k, v, attn_mask, is_causal, scale, enable_gqa) -> (grad q, grad k, grad v): "
-        "the gradients of sdpa as eager autograd computes them; contiguous")
+    doc="sdpa_backward(g, q, k, v, attn_mask, is_causal, scale, enable_gqa, mask_grad=False) -> (grad q, "
+        "grad k, grad v[, grad attn_mask with mask_grad]): the gradients of sdpa as eager autograd computes "
+        "them; contiguous")
 
 
 # ---- sorting and selection ------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 mm, bmm       products with the other operand transposed
 convolution   the extern convolution_backward (eager's aten.convolution_backward)
-sdpa          the extern sdpa_backward (eager's autograd of the attention); a float mask that requires grad
-              is refused
+sdpa          the extern sdpa_backward (eager's autograd of the attention), with a float mask's gradient where
+              an input's gradient needs it
 sort, topk, cummax, cummin   the values' gradient added into zeros at the indices
 cumsum        the reversed cumulative sum of the gradient
 cumprod       exact with zeros: before a row's first zero, reversed_cumsum(grad * out) / a; at the first
@@ -65,13 +65,19 @@ _convolution_vjp.takes_grad_mask = True  # type: ignore[attr-defined]
 
 @vjp(sdpa)
 def _sdpa_vjp(grads: tuple, outputs: tuple, q: Any, k: Any, v: Any, attn_mask: Any = None,
-              is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> tuple:
+              is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
+              grad_mask: Sequence[bool] = (True,) * 4) -> tuple:
+    """`grad_mask` (see `takes_grad_mask`): a float attn_mask that some input's gradient depends on (Swin's
+    relative position bias, a learned bias) gets its gradient too, as in eager."""
     (g,) = grads
-    if is_tensor(attn_mask) and meta_of(attn_mask).dtype != torch.bool and meta_of(attn_mask).requires_grad:
-        raise NotImplementedError("prims.sdpa: no derivative for a float attn_mask that requires grad (only "
-                                  "query, key and value are differentiated)")
-    gq, gk, gv = sdpa_backward(g, q, k, v, attn_mask, is_causal, scale, enable_gqa)
-    return (gq, gk, gv, None, None, None, None)
+    mask_grad = len(grad_mask) > 3 and bool(grad_mask[3]) and is_tensor(attn_mask) and \
+        meta_of(attn_mask).dtype.is_floating_point
+    result = sdpa_backward(g, q, k, v, attn_mask, is_causal, scale, enable_gqa, mask_grad)
+    gmask = result[3] if mask_grad else None
+    return (result[0], result[1], result[2], gmask, None, None, None)
+
+
+_sdpa_vjp.takes_grad_mask = True  # type: ignore[attr-defined]
 
 
 not_differentiable_twice(convolution_backward, "the derivative of a convolution's backward is not written")

@@ -380,12 +380,17 @@ def test_scatter_reduce_prod_refuses():
         indexing.scatter_reduce.rules["vjp"]((torch.ones_like(out),), (out,), a, 1, index, src, "prod")
 
 
-def test_sdpa_float_mask_requiring_grad_refuses():
-    q, k, v = rnd(2, 4, 8), rnd(2, 5, 8), rnd(2, 5, 3)
-    mask = rnd(2, 4, 5).requires_grad_(True)
-    out = extern.sdpa.ref(q, k, v, mask.detach())
-    with pytest.raises(NotImplementedError, match="attn_mask"):
-        extern.sdpa.rules["vjp"]((torch.ones_like(out),), (out,), q, k, v, mask)
+def test_sdpa_float_mask_needing_grad_gets_eagers_gradient():
+    q, k, v, mask = rnd(2, 4, 8), rnd(2, 5, 8), rnd(2, 5, 3), rnd(1, 4, 5)  # a mask broadcast over the batch
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v, mask)]
+    with torch.enable_grad():
+        out = extern.sdpa.ref(*leaves)
+    g = torch.randn_like(out)
+    expected = torch.autograd.grad(out, leaves, g)
+    got = extern.sdpa.rules["vjp"]((g,), (out.detach(),), q, k, v, mask, grad_mask=(True,) * 4)
+    assert got[3].shape == mask.shape
+    for a, b in zip(got[:4], expected):
+        torch.testing.assert_close(a, b)
 
 
 def test_sdpa_float_mask_without_grad_differentiates_qkv():
@@ -395,7 +400,7 @@ def test_sdpa_float_mask_without_grad_differentiates_qkv():
         out = extern.sdpa.ref(*leaves, mask)
     g = torch.randn_like(out)
     expected = torch.autograd.grad(out, leaves, g)
-    got = extern.sdpa.rules["vjp"]((g,), (out.detach(),), q, k, v, mask)
+    got = extern.sdpa.rules["vjp"]((g,), (out.detach(),), q, k, v, mask, grad_mask=(True, True, True, False))
     assert got[3] is None
     for a, b in zip(got[:3], expected):
         torch.testing.assert_close(a, b)
