@@ -78,6 +78,34 @@ def test_a_changed_layout_runs_on_the_fallback_after_a_hit(tmp_path):
         assert counters["cpp"]["input layout changed: ran the graph with torch"] >= 1
 
 
+@pytest.mark.parametrize("shape,compiled_strides,call_strides", [
+    ((2, 3, 1, 1), (3, 1, 0, 0), (3, 1, 1, 1)),  # a pooled gradient: trailing size-1 dims
+    ((2, 1, 3), (3, 3, 1), (3, 7, 1)),  # a size-1 dim between others
+    ((1, 1), (1, 1), (5, 9)),  # every dim of size 1
+])
+def test_strides_of_size_one_dims_do_not_send_the_graph_to_torch(tmp_path, shape, compiled_strides,
+                                                                   call_strides):
+    """Found training Hugging Face's ResNet: the backward's gradient input came with other strides in its
+    size-1 dims than the compile's, and every step ran the backward graph with torch."""
+    def fn(x, y):
+        return torch.tanh(x) * y
+
+    def strided(strides, seed):
+        torch.manual_seed(seed)
+        return torch.randn(64).as_strided(shape, strides)
+
+    with config.patch(cache_dir=str(tmp_path)):
+        compiled = compile_fresh(fn, [strided(compiled_strides, 0), torch.randn(shape)])
+        x, y = strided(call_strides, 1), torch.randn(shape)
+        before = counters["cpp"]["input layout changed: ran the graph with torch"]
+        torch.testing.assert_close(compiled(x, y), fn(x, y))
+        assert counters["cpp"]["input layout changed: ran the graph with torch"] == before
+        if len(shape) > 1 and shape[-1] != 1:  # a changed stride of a dim that is not size 1 still falls back
+            z = torch.randn(shape[::-1]).transpose(0, -1)
+            torch.testing.assert_close(compiled(z, y), fn(z, y))
+            assert counters["cpp"]["input layout changed: ran the graph with torch"] == before + 1
+
+
 @pytest.mark.parametrize("change", ["flag", "strides", "dtype", "shape", "graph"])
 def test_whatever_the_compile_reads_is_in_the_key(tmp_path, change):
     inputs = examples()
