@@ -15,6 +15,7 @@ import ctypes
 import functools
 import hashlib
 import logging
+import marshal
 import os
 import sys
 import time
@@ -148,7 +149,7 @@ def compile_graph(graph: Graph, example_inputs: list, context: CompileContext | 
                              context, dump=bool(debug_dir))
     if key is not None:
         entry = graph_cache.Entry(state.wrapper_source, state.constants, state.entry_specs, state.library_key,
-                                  graph_cache.counted_since(before))
+                                  graph_cache.counted_since(before), marshal.dumps(state.wrapper_code))
         refused = graph_cache.store(key, entry)
         if refused is not None:
             counters["cache"][f"graphs not cached: {refused}"] += 1
@@ -184,7 +185,11 @@ def _from_graph_cache(key: str, graph: Graph, example_inputs: list, context: Com
     env["_fallback"] = graph_cache.torch_fallback(graph, False)
     for name, symbol, nargs, nsizes in entry.entries:
         env[name] = load_entry(lib, symbol, nargs, nsizes)
-    exec(compile(entry.wrapper_source, f"<kiln cpp wrapper {graph.name}>", "exec"), env)
+    if entry.wrapper_code is not None:
+        code = marshal.loads(entry.wrapper_code)
+    else:
+        code = compile(entry.wrapper_source, f"<kiln cpp wrapper {graph.name}>", "exec")
+    exec(code, env)
     for category, added in entry.counted.items():
         counters[category].update(added)
     counters["cache"]["graph hits"] += 1

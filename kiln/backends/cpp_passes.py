@@ -122,7 +122,8 @@ def _build(state: CompileState, ctx: CompileContext) -> None:
     by_entry = {id(fn): name for name, fn in entries.items()}
     state.entry_specs = [(g, *specs[by_entry[id(v)]]) for g, v in env.items() if id(v) in by_entry]
     state.constants = {g: v for g, v in env.items() if g not in HELPER_NAMES and id(v) not in by_entry}
-    exec(compile(state.wrapper_source, f"<kiln cpp wrapper {graph.name}>", "exec"), env)
+    state.wrapper_code = compile(state.wrapper_source, f"<kiln cpp wrapper {graph.name}>", "exec")
+    exec(state.wrapper_code, env)
     state.call = env["kiln_call"]
 
 
