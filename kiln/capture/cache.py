@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import logging
 import os
 import time
 import types
@@ -292,7 +293,7 @@ class CompiledFunction:
         entry.int_inputs = list(cap.int_inputs)
         entry.reader = source_reader(cap, fn, code) if entry.tensor_inputs or entry.int_inputs else None
         entry.symbols = cap.shape_env.describe() if cap.shape_env.hints else []
-        if graph is not None:
+        if graph is not None and log_graph.isEnabledFor(logging.INFO):  # (printing a large graph takes ms)
             log_graph.info("captured %s:\n%s", self.name, graph.python_code(f"capture of {self.name}")[0])
         log_guards.info("guards of %s:\n  %s", self.name, "\n  ".join(guards))
         log_capture.info("captured %s in %.1f ms (%d guards)", self.name,

@@ -49,9 +49,10 @@ class Graph:
 
     # -- construction --
     def _fresh(self, hint: str) -> str:
-        hint = "".join(c if c.isalnum() or c == "_" else "_" for c in hint) or "t"
-        if hint[0].isdigit():
-            hint = "_" + hint
+        if hint != "t":  # (every op's node is named from "t")
+            hint = "".join(c if c.isalnum() or c == "_" else "_" for c in hint) or "t"
+            if hint[0].isdigit():
+                hint = "_" + hint
         name = f"t{next(self._counter)}" if hint == "t" else hint
         while name in self._names or name in _RESERVED:
             name = f"{hint}_{next(self._counter)}"

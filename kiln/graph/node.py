@@ -6,7 +6,7 @@ A leaf of kiln.graph: the printer and the Graph both stand on it, so it imports 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
@@ -74,32 +74,45 @@ def meta_text(meta: Any) -> str:
 
 # ---- pytree-lite: flatten and rebuild nested argument structures -------------------------------------------
 
-def flatten(value: Any) -> Iterator[Any]:
-    """Leaves of nested tuples, lists and dicts (dict values in insertion order)."""
-    if isinstance(value, (tuple, list)):
-        for item in value:
-            yield from flatten(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from flatten(item)
-    else:
-        yield value
+_NESTED = (tuple, list, dict)
+
+
+def flatten(value: Any) -> list[Any]:
+    """Leaves of nested tuples, lists and dicts (dict values in insertion order).
+
+    A list, not a generator: capture flattens every recorded op's arguments several times, and a
+    generator frame per nesting level cost more than the walk itself."""
+    if not isinstance(value, _NESTED):
+        return [value]
+    leaves: list[Any] = []
+    _flatten_into(value, leaves)
+    return leaves
+
+
+def _flatten_into(value: Any, leaves: list[Any]) -> None:
+    for item in value.values() if isinstance(value, dict) else value:
+        if isinstance(item, _NESTED):
+            _flatten_into(item, leaves)
+        else:
+            leaves.append(item)
 
 
 def map_structure(fn: Callable[[Any], Any], value: Any) -> Any:
     """Apply fn to each leaf, keeping the tuple/list/dict structure (and namedtuple types)."""
-    if isinstance(value, tuple):
-        mapped = [map_structure(fn, v) for v in value]
-        if hasattr(value, "_fields"):  # namedtuple
-            return type(value)(*mapped)
-        if hasattr(value, "n_fields"):  # structseq, e.g. torch.return_types.max
-            return type(value)(mapped)
+    if not isinstance(value, _NESTED):
+        return fn(value)
+    if isinstance(value, dict):
+        return {k: map_structure(fn, v) if isinstance(v, _NESTED) else fn(v) for k, v in value.items()}
+    mapped = [map_structure(fn, v) if isinstance(v, _NESTED) else fn(v) for v in value]
+    if type(value) is tuple:
         return tuple(mapped)
     if isinstance(value, list):
-        return [map_structure(fn, v) for v in value]
-    if isinstance(value, dict):
-        return {k: map_structure(fn, v) for k, v in value.items()}
-    return fn(value)
+        return mapped
+    if hasattr(value, "_fields"):  # namedtuple
+        return type(value)(*mapped)
+    if hasattr(value, "n_fields"):  # structseq, e.g. torch.return_types.max
+        return type(value)(mapped)
+    return tuple(mapped)
 
 
 # ---- names of torch callables, for printing runnable Python ----------------------------------------------

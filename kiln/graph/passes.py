@@ -90,13 +90,15 @@ def _has_side_effects(node: Node) -> bool:
 def dce(graph: Graph) -> Graph:
     """Remove nodes whose values nobody reads (inputs, outputs and side effects stay)."""
     live: set[int] = set()
-    for node in reversed(graph.nodes):
+    mutated = {id(n) for n in graph.mutated_inputs.values()}
+    for node in reversed(graph.nodes):  # (capture runs this on every op's decomposition: kept lean)
         keep = (node.op in ("output", "placeholder") or id(node) in live or _has_side_effects(node)
-                or node in graph.mutated_inputs.values())
+                or id(node) in mutated)
         if keep:
             live.add(id(node))
-            for inp in node.inputs():
-                live.add(id(inp))
+            for value in flatten((node.args, node.kwargs)):
+                if isinstance(value, Node):
+                    live.add(id(value))
     before = len(graph.nodes)
     graph.nodes = [n for n in graph.nodes if id(n) in live]
     if len(graph.nodes) != before:

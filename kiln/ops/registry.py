@@ -253,9 +253,9 @@ def _has_examples(args: tuple, kwargs: dict) -> bool:
 
 def call(func: Any, args: tuple, kwargs: dict) -> Any:
     """Handle a torch call whose arguments include proxies (or any torch call while tracing)."""
-    proxies = [a for a in flatten((args, kwargs)) if isinstance(a, Proxy)]
     tracer = current_tracer()
     if tracer is None:
+        proxies = [a for a in flatten((args, kwargs)) if isinstance(a, Proxy)]
         if not proxies:
             return func(*args, **kwargs)
         tracer = Tracer(proxies[0].node.graph)
