@@ -25,7 +25,7 @@ from ..lower.sizes import SizeDecision, hint, is_static, known_lt, nonnegative
 from ..lower.target import Target
 from ..schedule.fusion import FusedGroup, Member
 from ..schedule.locality import runs_parallel, splits_inner
-from .cpp_columns import ColumnWriter, column_plan
+from .cpp_columns import SIGNED, SIGNED_CTYPES, ColumnWriter, column_plan, wrapping
 
 # the C++ backend's target, in .cpp_target (a graph-cache hit reads it without this module)
 from .cpp_target import CPP_TARGET  # noqa: E402,F401
@@ -193,6 +193,8 @@ class CppHandler(Handler):
                 if name == "div" and not is_float and not is_bool:
                     return self.tmp(f"kiln_idiv<{ctype}>({a}, {b})", out)
                 symbol = {"add": "+", "sub": "-", "mul": "*", "div": "/"}[name]
+                if dtype in SIGNED:  # wrapping, as eager's integers do (signed overflow is undefined in C++)
+                    return self.tmp(wrapping(f"{a}", symbol, f"{b}", ctype), out)
                 return self.tmp(f"{a} {symbol} {b}", out)
             if name in ("maximum", "minimum"):
                 fn = "kiln_max" if name == "maximum" else "kiln_min"
@@ -225,6 +227,8 @@ class CppHandler(Handler):
                 return self.tmp(f"kiln_ifmod<{ctype}>({a}, {b})", out)
             raise NotImplementedError(f"cpp codegen: {name} on {dtype}")
         if name == "neg":
+            if dtype in SIGNED:
+                return self.tmp(wrapping(f"{ctype}(0)", "-", f"{a}", ctype), out)
             return self.tmp(f"-{a}", out)
         if name == "abs":
             if is_float:
@@ -296,6 +300,8 @@ def _init(rtype: str, dtype: torch.dtype) -> str:
 
 
 def _combine(rtype: str, acc: str, value: str, ctype: str) -> str:
+    if rtype in ("sum", "prod") and ctype in SIGNED_CTYPES:
+        return f"{acc} = {wrapping(acc, '+' if rtype == 'sum' else '*', value, ctype)};"
     if rtype == "sum":
         return f"{acc} = {acc} + {value};"
     if rtype == "prod":

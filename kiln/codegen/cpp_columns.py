@@ -42,6 +42,16 @@ SPLIT_MIN_ROWS = 128
 # More tiles than this feed any machine's threads: no split variant is emitted.
 SPLIT_MAX_UNITS = 256
 _COMBINE = {"sum": "+", "prod": "*"}
+SIGNED = (torch.int64, torch.int32, torch.int16, torch.int8)
+SIGNED_CTYPES = {"int64_t", "int32_t", "int16_t", "int8_t"}
+
+
+def wrapping(a: str, symbol: str, b: str, ctype: str) -> str:
+    """C++ of `a symbol b` on a signed integer type in two's complement, wrapping on overflow as eager's
+    kernels do. Computed unsigned: the same instructions, without C++'s undefined signed overflow, which g++
+    folded into a saturated result for `(torch.arange(5) + 2**62) * 4`."""
+    unsigned = f"std::make_unsigned<{ctype}>::type"
+    return f"static_cast<{ctype}>(static_cast<{unsigned}>({a}) {symbol} static_cast<{unsigned}>({b}))"
 
 
 @dataclasses.dataclass
@@ -215,6 +225,8 @@ class ColumnWriter:
 
     @staticmethod
     def _combine(rtype: str, acc: str, value: str, ctype: str) -> str:
+        if rtype in _COMBINE and ctype in SIGNED_CTYPES:
+            return f"{acc} = {wrapping(acc, _COMBINE[rtype], value, ctype)};"
         if rtype in _COMBINE:
             return f"{acc} = {acc} {_COMBINE[rtype]} {value};"
         return f"{acc} = kiln_{rtype}<{ctype}>({acc}, {value});"

@@ -30,7 +30,8 @@ def _arg(node: Node, position: int, name: str) -> Any:
 def static_arange(node: Any) -> tuple[int, int, int] | None:
     """(start, step, length) when `node`'s values in flat order are start + step * k for k < length: a
     prims.iota with int start and step, seen through views that keep flat order (expand_dims, squeeze,
-    view of a contiguous value) and conversions between integer types that keep every value."""
+    view of a contiguous value), conversions between integer types that keep every value, and adding,
+    subtracting or multiplying an int."""
     while isinstance(node, Node) and node.op == "call_prim":
         target = node.target
         if target is prims.iota:
@@ -40,6 +41,8 @@ def static_arange(node: Any) -> tuple[int, int, int] | None:
                     node.meta.dtype not in _INT_TYPES:
                 return None
             return start, step, length
+        if target in (prims.add, prims.sub, prims.mul) and len(node.args) == 2:
+            return _affine(target, *node.args)
         source = node.args[0] if node.args else None
         if not isinstance(source, Node) or not hasattr(source.meta, "dtype"):
             return None
@@ -61,6 +64,29 @@ def static_arange(node: Any) -> tuple[int, int, int] | None:
             continue
         return None
     return None
+
+
+def _affine(target: Any, a: Any, b: Any) -> tuple[int, int, int] | None:
+    """An arange plus, minus or times an int (Hugging Face's `torch.arange(t) + past_length`). The values are
+    computed exactly here; where the integer type would wrap, they are out of every dim's range, and the
+    caller's bounds check sends the op to torch."""
+    def number(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+    if number(a) and isinstance(b, Node) and target is not prims.sub:
+        a, b = b, a
+    if not (isinstance(a, Node) and number(b)) and not (target is prims.sub and number(a) and isinstance(b, Node)):
+        return None
+    found = static_arange(a if isinstance(a, Node) else b)
+    if found is None:
+        return None
+    start, step, length = found
+    if target is prims.add:
+        return start + b, step, length
+    if target is prims.mul:
+        return (start * b, step * b, length) if b != 0 else None
+    if isinstance(a, Node):  # arange - c
+        return start - b, step, length
+    return a - start, -step, length  # c - arange
 
 
 def _static_int(value: Any) -> int | None:

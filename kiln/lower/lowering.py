@@ -28,7 +28,7 @@ from .conv_layout import (ConvLayout, channels_last_layout, channels_last_stride
                           is_channels_last)
 from .ir import (BufferRef, ComputedBuffer, ExternNode, InputBuffer, Layout, LoopGraph, OutputView,
                  Pointwise, Reduction, Scan, ViewRef)
-from .ops import BINARY_OPS, UNARY_OPS, CountHandler, WideConvertHandler
+from .ops import BINARY_OPS, UNARY_OPS, CountHandler, WideConvertHandler, cast_scalar
 from .target import Target
 
 log = config.channel("fusion")
@@ -363,12 +363,7 @@ def _operand(value: Any, dtype: torch.dtype) -> Callable[..., Any]:
         return lambda h, index: h.to_dtype(h.index_expr(sympy.sympify(expr), torch.int64), dtype)
     if isinstance(value, complex):
         raise Unlowerable("complex scalar")
-    if dtype == torch.bool:
-        scalar = bool(value)
-    elif dtype.is_floating_point:
-        scalar = float(torch.tensor(value).to(dtype).item()) if not isinstance(value, float) else value
-    else:
-        scalar = int(torch.tensor(value).to(dtype).item())
+    scalar = cast_scalar(value, dtype)
     return lambda h, index: h.constant(scalar, dtype)
 
 

@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 import sympy
+import torch
 from sympy.printing.str import StrPrinter
 
 from .index import FloorDiv, ModularIndexing, simplify_index
@@ -238,3 +239,17 @@ class WideConvertHandler(Handler):
         body()
         other()
         return dtype
+
+
+def cast_scalar(value: Any, dtype: torch.dtype) -> Any:
+    """A Python number as the prim converts it to `dtype`: an int past the type's range modulo its width, as
+    eager takes `int64_tensor + 2**63` (-2**63)."""
+    if dtype == torch.bool:
+        return bool(value)
+    if dtype.is_floating_point:
+        return float(torch.tensor(value).to(dtype).item()) if not isinstance(value, float) else value
+    if isinstance(value, int):
+        bits = 8 * dtype.itemsize
+        wrapped = value % 2 ** bits
+        return wrapped - 2 ** bits if dtype.is_signed and wrapped >= 2 ** (bits - 1) else wrapped
+    return int(torch.tensor(value).to(dtype).item())

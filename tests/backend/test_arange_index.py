@@ -29,6 +29,9 @@ ARANGES = {
     "strided": lambda t: torch.arange(1, 1 + 2 * t, 2),
     "reversed": lambda t: torch.arange(t - 1, -1, -1),
     "int32": lambda t: torch.arange(t, dtype=torch.int32),
+    "plus past length": lambda t: (torch.arange(t) + 0).unsqueeze(0),  # Hugging Face GPT-2's cache positions
+    "affine": lambda t: 2 * (torch.arange(t) + 1) - 1,
+    "minus": lambda t: t + 1 - torch.arange(t),
 }
 
 
