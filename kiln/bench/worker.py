@@ -204,6 +204,8 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     compiled_fn = adapter(compiled_module, job.get("cache_dir"))
     compiled = Step(compiled_fn, compiled_module, example, mode)
+    seed = torch.initial_seed()
+    torch.manual_seed(seed + 1)
     compiled_out = compiled()                      # compiles on the first call
     result["first_call_s"] = time.perf_counter() - start
     if rss_before is not None:
@@ -214,10 +216,16 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     eager = Step(model, model, example, mode)
     fp64_example = (accuracy.to_fp64(example[0]), accuracy.to_fp64(example[1]))
     fp64 = Step(fp64_model, fp64_model, fp64_example, mode)
+    # each run of a call draws from the same generator state (dropout in train mode: hf_bert's eager row
+    # failed its own accuracy check on call 2, its masks drawn after the compiled step's)
     for call in (1, 2):
         if call == 2:
+            torch.manual_seed(seed + call)
             compiled_out = compiled()
-        verdict = accuracy.check(compiled_out, eager(), accuracy.to_fp64(fp64()),
+        torch.manual_seed(seed + call)
+        eager_out = eager()
+        torch.manual_seed(seed + call)
+        verdict = accuracy.check(compiled_out, eager_out, accuracy.to_fp64(fp64()),
                                  tol=job.get("tol", accuracy.MODEL_TOL))
         if not verdict.passed:
             verdict.reason = f"call {call}: {verdict.reason}"
