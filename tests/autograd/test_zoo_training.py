@@ -18,7 +18,8 @@ MODELS = ["mlp", "resnet_tiny", "nanogpt_tiny", "resnet18", "mobilenet", "bert",
 
 
 def _handed_to_torch(counters):
-    return {k: v for k, v in counters["cpp"].items() if k.startswith("ran with torch")}
+    """Graphs run with torch: refused at compile time, or at a call whose input layout changed."""
+    return {k: v for k, v in counters["cpp"].items() if k.startswith("ran with torch") or "with torch" in k}
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -40,7 +41,8 @@ def _tensor_out(out):
     return out[0] if isinstance(out, (tuple, list)) else out.to_tuple()[0]
 
 
-@pytest.mark.parametrize("name", ["mlp", "resnet_tiny", "nanogpt_tiny", "llama", "hf_gpt2", "hf_bert"])
+@pytest.mark.parametrize("name", ["mlp", "resnet_tiny", "nanogpt_tiny", "llama", "hf_gpt2", "hf_bert", "hf_swin",
+                                  "hf_resnet"])
 def test_sgd_steps_match_eager(name, counters):
     spec = zoo.get(name)
     if not spec.available():
