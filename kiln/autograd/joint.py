@@ -93,11 +93,6 @@ def _needs_gradient(arg: Any, active: set[Node]) -> bool:
     return isinstance(arg, Node) and arg in active
 
 
-def _floating(node: Node) -> bool:
-    meta = node.meta
-    return isinstance(meta, TensorMeta) and (meta.dtype.is_floating_point or meta.dtype.is_complex)
-
-
 def _accumulate(grads: dict[Node, Any], node: Node, g: Any) -> None:
     if g is None:
         return
@@ -210,14 +205,17 @@ def differentiate(graph: Graph, needs_grad: list[bool], skip_leaves: frozenset[i
             if not isinstance(result, (tuple, list)) or len(result) != len(node.args):
                 raise NotImplementedError(f"the vjp rule of prims.{node.target.name} returned {len(result)} "
                                           f"gradients for {len(node.args)} arguments")
+            # a float value some input's gradient depends on, given no gradient where eager gives one
+            # (None from the rule, or a keyword argument, which rules never differentiate), would leave
+            # that input's .grad short: refused, so the graph runs with torch (rules of prims eager gives
+            # no or a zero gradient say so: `gives_no_gradient`)
+            if not getattr(rule, "gives_no_gradient", False):
+                dropped = [a for a, g in zip(node.args, result) if g is None] + list(flatten(node.kwargs))
+                for arg in dropped:
+                    if isinstance(arg, Node) and arg in active and _float(arg.meta):
+                        raise NotImplementedError(f"the vjp rule of prims.{node.target.name} gives no "
+                                                  f"gradient for {arg.name}, which needs one")
             for arg, g in zip(node.args, result):
-                if g is None and isinstance(arg, Node) and arg in active and _floating(arg) and \
-                        not getattr(rule, "gives_no_gradient", False) and node.target.name != "stop_gradient":
-                    # a rule that drops the gradient of a float value some input's gradient depends on, where
-                    # eager's has one, would leave that input's .grad short: refused, so the graph runs with
-                    # torch (rules of prims eager gives no or a zero gradient say so: `gives_no_gradient`)
-                    raise NotImplementedError(f"the vjp rule of prims.{node.target.name} gives no gradient "
-                                              f"for {arg.name}, which needs one")
                 if isinstance(arg, (list, tuple)):
                     for a, ga in zip(arg, g if g is not None else [None] * len(arg)):
                         if isinstance(a, Node) and a in active:

@@ -194,7 +194,7 @@ class CppHandler(Handler):
                     return self.tmp(f"kiln_idiv<{ctype}>({a}, {b})", out)
                 symbol = {"add": "+", "sub": "-", "mul": "*", "div": "/"}[name]
                 if dtype in SIGNED:  # wrapping, as eager's integers do (signed overflow is undefined in C++)
-                    return self.tmp(wrapping(f"{a}", symbol, f"{b}", ctype), out)
+                    return self.tmp(wrapping(str(a), symbol, str(b), ctype), out)
                 return self.tmp(f"{a} {symbol} {b}", out)
             if name in ("maximum", "minimum"):
                 fn = "kiln_max" if name == "maximum" else "kiln_min"
@@ -228,7 +228,7 @@ class CppHandler(Handler):
             raise NotImplementedError(f"cpp codegen: {name} on {dtype}")
         if name == "neg":
             if dtype in SIGNED:
-                return self.tmp(wrapping(f"{ctype}(0)", "-", f"{a}", ctype), out)
+                return self.tmp(wrapping(f"{ctype}(0)", "-", str(a), ctype), out)
             return self.tmp(f"-{a}", out)
         if name == "abs":
             if is_float:

@@ -19,6 +19,7 @@ import torch
 from .. import prims
 from ..graph import Node
 from ..graph.layout import is_contiguous
+from .sizes import is_static
 
 _INT_TYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
@@ -70,34 +71,27 @@ def _affine(target: Any, a: Any, b: Any) -> tuple[int, int, int] | None:
     """An arange plus, minus or times an int (Hugging Face's `torch.arange(t) + past_length`). The values are
     computed exactly here; where the integer type would wrap, they are out of every dim's range, and the
     caller's bounds check sends the op to torch."""
-    def number(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-    if number(a) and isinstance(b, Node) and target is not prims.sub:
-        a, b = b, a
-    if not (isinstance(a, Node) and number(b)) and not (target is prims.sub and number(a) and isinstance(b, Node)):
+    reversed_ = isinstance(b, Node)  # c op arange
+    node, c = (b, a) if reversed_ else (a, b)
+    if not isinstance(c, int) or isinstance(c, bool):
         return None
-    found = static_arange(a if isinstance(a, Node) else b)
+    found = static_arange(node)
     if found is None:
         return None
     start, step, length = found
     if target is prims.add:
-        return start + b, step, length
+        return start + c, step, length
     if target is prims.mul:
-        return (start * b, step * b, length) if b != 0 else None
-    if isinstance(a, Node):  # arange - c
-        return start - b, step, length
-    return a - start, -step, length  # c - arange
+        return (start * c, step * c, length) if c != 0 else None
+    return (c - start, -step, length) if reversed_ else (start - c, step, length)
 
 
 def _static_int(value: Any) -> int | None:
-    try:
-        return int(value)
-    except TypeError:  # a symbolic size
-        return None
+    return int(value) if is_static(value) else None  # (None: a symbolic size)
 
 
 def _select(node: Node, a: Any, dim: int, index: Any) -> Callable[..., Any] | None:
-    found = static_arange(node.args[2] if len(node.args) > 2 else None)
+    found = static_arange(_arg(node, 2, "index"))
     if found is None or not a.shape:
         return None
     start, step, length = found
