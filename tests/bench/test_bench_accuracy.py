@@ -5,6 +5,7 @@ import torch
 
 from kiln.bench import adapters, worker
 from kiln.testing import accuracy
+from kiln.testing import models as zoo
 
 
 def _noisy(reference: torch.Tensor, scale: float, seed: int) -> torch.Tensor:
@@ -117,3 +118,12 @@ def test_worker_turns_exceptions_into_error_rows():
     adapters.register("test_broken", broken)
     result = worker.run_job(_job("test_broken"))
     assert result["status"] == "error" and "boom in the compiler" in result["error"]
+
+
+def test_worker_training_mode_with_dropout_seeds_each_run_alike():
+    """hf_bert in train mode (dropout on, transformers' defaults): the eager row failed its own accuracy
+    check on call 2, its dropout masks drawn from another generator state than the compared run's."""
+    if not zoo.get("hf_bert").available():
+        pytest.skip("needs transformers")
+    result = worker.run_job(dict(_job("eager"), model="hf_bert", mode="training"))
+    assert result["status"] == "pass", result
