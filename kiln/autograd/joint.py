@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 
 from ..counters import counters
-from ..graph import Graph, Node, Proxy, TensorMeta, dce, flatten, map_structure, tracing
+from ..graph import Graph, Node, Proxy, TensorMeta, contiguous_strides, dce, flatten, map_structure, tracing
 from .layout import in_input_layout
 
 
@@ -81,6 +81,11 @@ class _Builder:
         return proxy
 
     def grad_input(self, index: int, meta: TensorMeta) -> Proxy:
+        """The gradient of output `index`, contiguous whatever the output's layout: the glue passes it
+        `.contiguous()` (eager's autograd gives gradients in any layout). Traced with the output's strides,
+        the backward of a transposed output (MultiheadAttention's batch_first result) saw a contiguous
+        gradient as a changed layout at every call and ran with torch, where a view of it then failed."""
+        meta = meta.with_(strides=contiguous_strides(meta.shape), storage_offset=0, requires_grad=False)
         proxy = Proxy(self.graph.placeholder(f"grad_{index}", meta))
         self.inputs.append(("grad", index))
         return proxy

@@ -197,6 +197,8 @@ class Capture:
                 self.guards.add(f"{source.expr} is {first.expr}", f"{source.name} is {first.name}", "alias")
                 self.alias_inputs.append((source, tuple(t.shape)))  # (automatic dynamic compares it too)
             return known
+        if t.is_nested:  # (before the guards, which read sizes a nested tensor does not have)
+            raise GraphBreak(f"{source.name} is a nested tensor; kiln captures plain strided tensors")
         by_identity = isinstance(t, torch.nn.Parameter) or source.in_module() or source.kind == "global"
         meta = None if by_identity else self._symbolic_meta(source, t)
         if by_identity:

@@ -165,6 +165,10 @@ class Proxy:
         return False
 
     @property
+    def is_nested(self) -> bool:
+        return False  # (capture refuses nested inputs)
+
+    @property
     def is_meta(self) -> bool:
         return False
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from .. import prims
 from ..prims.registry import check, shape_text
-from . import conv_gemm
+from . import conv_gemm, nn_attention
 from .registry import NoDecomposition, register
 from .utils import broadcast_shapes, broadcast_to, computation_dtype, convert, is_tensor
 
@@ -461,14 +461,25 @@ def convolution(input: Any, weight: Any, bias: Any, stride: Sequence[int], paddi
 def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: Any = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                                  enable_gqa: bool = False) -> Any:
-    """softmax(q @ k^T * scale + mask) @ v, without dropout (dropout_p > 0 falls back)."""
-    if dropout_p != 0.0:
-        raise NoDecomposition("scaled_dot_product_attention with dropout")
+    """softmax(q @ k^T * scale + mask) @ v: the sdpa prim, or with dropout eager's CPU math path op for op."""
     check(query.ndim >= 2 and key.ndim >= 2 and value.ndim >= 2,
           lambda: f"Expected query, key, and value to all be  at least 2 dimensional, but got query.dim: "
                   f"{query.ndim} key.dim: {key.ndim} and value.dim: {value.ndim} instead.")
     if enable_gqa and not (query.ndim == key.ndim == value.ndim):
         raise NoDecomposition("scaled_dot_product_attention with enable_gqa and mixed ranks")
+    if attn_mask is not None:
+        check(not is_causal, lambda: "_scaled_dot_product_attention: Explicit attn_mask should not be set "
+              "when is_causal=True")
+        if attn_mask.dtype.is_floating_point and attn_mask.dtype != query.dtype:
+            raise NoDecomposition("scaled_dot_product_attention with a mask of another float dtype")
+        check(attn_mask.dtype in (torch.bool, query.dtype),
+              lambda: f"Expected attn_mask dtype to be bool or float or to match query dtype, but got "
+                      f"attn_mask.dtype: {attn_mask.dtype} and  query.dtype: {query.dtype} instead.")
+    if dropout_p != 0.0:
+        if enable_gqa:
+            raise NoDecomposition("scaled_dot_product_attention with dropout and enable_gqa")
+        return nn_attention.attention_with_dropout(query, key, value, _additive_mask(attn_mask, query),
+                                                   float(dropout_p), is_causal, scale)
     q, k, v = query, key, value
     if not enable_gqa or q.ndim < 3:
         batch = broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2]))
@@ -478,13 +489,14 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
     elif tuple(k.shape[:-3]) != tuple(q.shape[:-3]) or tuple(v.shape[:-3]) != tuple(q.shape[:-3]):
         raise NoDecomposition("scaled_dot_product_attention with enable_gqa and broadcast batch dims")
     if attn_mask is not None:
-        check(not is_causal, lambda: "_scaled_dot_product_attention: Explicit attn_mask should not be set "
-              "when is_causal=True")
-        if attn_mask.dtype.is_floating_point and attn_mask.dtype != q.dtype:
-            raise NoDecomposition("scaled_dot_product_attention with a mask of another float dtype")
-        check(attn_mask.dtype in (torch.bool, q.dtype),
-              lambda: f"Expected attn_mask dtype to be bool or float or to match query dtype, but got "
-                      f"attn_mask.dtype: {attn_mask.dtype} and  query.dtype: {q.dtype} instead.")
+        attn_mask = _additive_mask(attn_mask, q)
+        attn_mask = broadcast_to(attn_mask, (*q.shape[:-1], k.shape[-2]))
+    return prims.sdpa(q, k, v, attn_mask, is_causal, scale, enable_gqa)
+
+
+def _additive_mask(attn_mask: Any, q: Any) -> Any:
+    """The mask as the float the attention adds (checked by the caller): a bool mask becomes 0 / -inf."""
+    if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
             # torch makes a bool mask additive (0 where True, -inf where False, in the query's dtype) on every
             # call, before any kernel (convert_boolean_attn_mask); made here it is computed by the kernel that
@@ -492,8 +504,7 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
             # tensor: the same values, none of torch's per-call allocation and fill (hf_bert: 2 calls share it)
             zeros = prims.full(tuple(attn_mask.shape), 0.0, q.dtype, attn_mask.device)
             attn_mask = prims.where(attn_mask, zeros, float("-inf"))
-        attn_mask = broadcast_to(attn_mask, (*q.shape[:-1], k.shape[-2]))
-    return prims.sdpa(q, k, v, attn_mask, is_causal, scale, enable_gqa)
+    return attn_mask
 
 
 # ---- einsum ---------------------------------------------------------------------------------------------

@@ -1,9 +1,12 @@
 """Decomposition of F.multi_head_attention_forward (nn.MultiheadAttention, nn.Transformer* layers).
 
 The common path — in-projection (packed or separate weights), optional bool/float attention and key padding
-masks, need_weights with or without head averaging, no dropout — follows eager's steps: with need_weights
-the scores are softmax(q / sqrt(head_dim) @ k^T + mask), otherwise scaled_dot_product_attention.
-bias_k/bias_v, add_zero_attn, static keys and values and training dropout fall back.
+masks, need_weights with or without head averaging, dropout while training — follows eager's steps: with
+need_weights the scores are softmax(q / sqrt(head_dim) @ k^T + mask), dropped out, otherwise
+scaled_dot_product_attention. bias_k/bias_v, add_zero_attn and static keys and values fall back.
+
+Also here: scaled_dot_product_attention with dropout (`attention_with_dropout`), which eager's CPU runs on its
+math path, op for op, so that the same seed drops the same attention weights.
 """
 from __future__ import annotations
 
@@ -14,7 +17,29 @@ import torch
 import torch.nn.functional as F
 
 from ..prims.registry import check
+from .nn_layout import safe_softmax
 from .registry import NoDecomposition, register
+
+
+def attention_with_dropout(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: float, is_causal: bool,
+                           scale: float | None) -> Any:
+    """sdpa with dropout_p > 0 as eager's CPU computes it (its math path; the fused CPU kernel has no dropout):
+    safe_softmax(q @ k^T * scale + mask), then torch.dropout of those weights (one bernoulli draw over their
+    shape), @ v. The scores come out of the matmul unscaled, and the scale, mask, softmax and dropout fuse
+    into one kernel (eager scales q and k by sqrt(scale) each: the same product up to rounding).
+    `attn_mask` is additive (a bool mask already made 0 / -inf) and checked by the caller."""
+    if query.dtype not in (torch.float32, torch.float64):
+        raise NoDecomposition(f"scaled_dot_product_attention with dropout in {query.dtype}")
+    s = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+    scores = torch.matmul(query, torch.transpose(key, -2, -1)) * s
+    if is_causal:
+        length, source = query.shape[-2], key.shape[-2]
+        keep = torch.tril(torch.ones([length, source], dtype=torch.bool, device=query.device))
+        attn_mask = torch.where(keep, torch.zeros([], dtype=query.dtype, device=query.device), float("-inf"))
+    if attn_mask is not None:
+        scores = scores + attn_mask
+    weights = torch.dropout(safe_softmax(scores, -1), dropout_p, True)
+    return torch.matmul(weights, value)
 
 
 def _float_mask(mask: Any, dtype: torch.dtype) -> Any:
@@ -58,8 +83,8 @@ def multi_head_attention_forward(
     extras = (bias_k, bias_v, static_k, static_v)
     if add_zero_attn or any(e is not None for e in extras):
         raise NoDecomposition("multi_head_attention_forward with bias_k/bias_v, add_zero_attn or static k/v")
-    if training and dropout_p > 0:
-        raise NoDecomposition("multi_head_attention_forward with dropout while training")
+    if not training:
+        dropout_p = 0.0
     batched = query.ndim == 3
     if query.ndim not in (2, 3) or key.ndim != query.ndim or value.ndim != query.ndim:
         raise NoDecomposition("multi_head_attention_forward with unusual input ranks")  # eager's checks
@@ -119,6 +144,8 @@ def multi_head_attention_forward(
         kt = torch.transpose(k, -2, -1)
         scores = torch.bmm(q_scaled, kt) if attn_mask is None else torch.baddbmm(attn_mask, q_scaled, kt)
         weights = F.softmax(scores, dim=-1)
+        if dropout_p > 0.0:
+            weights = F.dropout(weights, dropout_p)
         out = torch.transpose(torch.bmm(weights, v), 0, 1).reshape([tgt_len * bsz, embed])
         out = F.linear(out, out_proj_weight, out_proj_bias).reshape([tgt_len, bsz, -1])
         weights = weights.reshape([bsz, num_heads, tgt_len, src_len])
@@ -136,7 +163,7 @@ def multi_head_attention_forward(
     q = q.reshape([bsz, num_heads, tgt_len, head_dim])
     k = k.reshape([bsz, num_heads, src_len, head_dim])
     v = v.reshape([bsz, num_heads, src_len, head_dim])
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask, 0.0, is_causal)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal)
     out = torch.permute(out, [2, 0, 1, 3]).reshape([bsz * tgt_len, embed])
     out = F.linear(out, out_proj_weight, out_proj_bias).reshape([tgt_len, bsz, -1])
     if not batched:

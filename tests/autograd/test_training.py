@@ -188,15 +188,31 @@ def test_outputs_that_are_views_of_inputs_stay_views(counters):
     assert not _handed_to_torch(counters), dict(counters["cpp"])
 
 
+def test_backward_of_a_transposed_output_runs_compiled(counters):
+    # regression: the backward was traced with the output's strides for its gradient, the glue passes the
+    # gradient contiguous, so every call ran the backward with torch (and a view in it failed there)
+    w = torch.randn(6, 4, requires_grad=True)
+    we = w.detach().clone().requires_grad_(True)
+    f = kiln.compile(lambda x, w: torch.transpose(torch.tanh(x @ w), 0, 1).reshape(-1))
+    x = torch.randn(3, 5, 6)
+    for _ in range(2):
+        (f(x, w) * torch.arange(60.0)).sum().backward()
+        (torch.transpose(torch.tanh(x @ we), 0, 1).reshape(-1) * torch.arange(60.0)).sum().backward()
+    torch.testing.assert_close(w.grad, we.grad)
+    assert counters["cpp"]["input layout changed: ran the graph with torch"] == 0, dict(counters["cpp"])
+    assert not _handed_to_torch(counters), dict(counters["cpp"])
+
+
 def test_random_fallback_op_replays_its_draws_in_the_backward(counters):
-    # attention with dropout runs as a torch op (a fallback); its opaque backward must see the forward's mask
-    q = torch.randn(2, 2, 8, 4, requires_grad=True)
+    # grouped-query attention with dropout runs as a torch op (a fallback); its opaque backward must see the
+    # forward's mask
+    q = torch.randn(2, 4, 8, 4, requires_grad=True)
     qe = q.detach().clone().requires_grad_(True)
     w = torch.randn(4, 4)
 
     def attention(q):
-        k = q @ w
-        return F.scaled_dot_product_attention(q, k, k, dropout_p=0.5, is_causal=True).sum()
+        k = q[:, :2] @ w
+        return F.scaled_dot_product_attention(q, k, k, dropout_p=0.5, is_causal=True, enable_gqa=True).sum()
     f = kiln.compile(attention)
     torch.manual_seed(5)
     f(q).backward()

@@ -196,3 +196,14 @@ def test_functions_sharing_code_keep_their_own_defaults():
     kiln.reset()
     results = [kiln.compile(g)(torch.zeros(1)) for g in [(lambda u, k=k: u + k) for k in range(3)]]
     assert [float(r) for r in results] == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_nested_tensor_input_runs_the_frame_natively(counters):
+    # regression: a nested tensor passed the plain-tensor check, and the guards then failed on its sizes
+    nested = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)])
+    out = kiln.compile(lambda x: x * 2 + 1)(nested)
+    assert out.is_nested
+    torch.testing.assert_close(out.to_padded_tensor(0.0), (nested * 2 + 1).to_padded_tensor(0.0))
+    assert not counters["capture_errors"], dict(counters["capture_errors"])
+    assert any("nested tensor" in k for k in counters["graph_breaks"]), dict(counters["graph_breaks"])

@@ -205,7 +205,9 @@ def test_sdpa_gqa_and_dropout():
     check_op(sdpa(enable_gqa=True), q, k, v)
     check_op(sdpa(enable_gqa=True, is_causal=True), q, k, v)
     reset()
-    kiln.ops.trace(sdpa(dropout_p=0.5), q, q, q)
+    kiln.ops.trace(sdpa(dropout_p=0.5), q, q, q)  # decomposed: the math path (tests/autograd/test_attention_dropout)
+    assert not counters["fallback"]
+    kiln.ops.trace(sdpa(dropout_p=0.5, enable_gqa=True), q, k, v)
     assert counters["fallback"]["torch.nn.functional.scaled_dot_product_attention"] == 1
 
 
