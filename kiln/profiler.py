@@ -235,11 +235,11 @@ def extern_flops(node: ExternNode, loop: LoopGraph) -> int | None:
             elements = math.prod(shapes[0]) if transposed else math.prod(out)
             bias = math.prod(out) if len(node.args) > 2 and node.args[2] is not None else 0
             return 2 * elements * window + bias
-        if name == "sdpa":
+        if name in ("sdpa", "sdpa_flash"):
             q, k, v = shapes[0], shapes[1], shapes[2]
             batch = math.prod(q[:-2])
             return 2 * batch * q[-2] * k[-2] * (q[-1] + v[-1])
-        if name == "sdpa_backward":  # the scores again, then dV, dP, dQ and dK
+        if name in ("sdpa_backward", "sdpa_flash_backward"):  # the scores again, then dV, dP, dQ and dK
             q, k, v = shapes[1], shapes[2], shapes[3]
             batch = math.prod(q[:-2])
             return 2 * batch * q[-2] * k[-2] * (3 * q[-1] + 2 * v[-1])

@@ -13,6 +13,8 @@ sdpa(q, k, v, attn_mask, is_causal, scale, enable_gqa)
                              when enable_gqa); attn_mask None or [*B, L, S], bool or q's dtype
 sdpa_backward(g, q, k, v, attn_mask, is_causal, scale, enable_gqa, mask_grad=False) -> (grad q, grad k,
     grad v[, grad attn_mask])
+sdpa_flash(q, k, v, attn_mask, is_causal, scale) -> (out, logsumexp): sdpa by torch's CPU flash kernel
+sdpa_flash_backward(g, q, k, v, out, logsumexp, attn_mask, is_causal, scale) -> (grad q, grad k, grad v)
 sort(a, dim, descending, stable) -> (values, int64 indices)
 topk(a, k, dim, largest, sorted) -> (values, int64 indices)
 cumsum(a, dim), cumprod(a, dim), logcumsumexp(a, dim): inclusive scans in a's dtype
@@ -293,6 +295,77 @@ sdpa_backward = prim(
     doc="sdpa_backward(g, q, k, v, attn_mask, is_causal, scale, enable_gqa, mask_grad=False) -> (grad q, "
         "grad k, grad v[, grad attn_mask with mask_grad]): the gradients of sdpa as eager autograd computes "
         "them; contiguous")
+
+
+def _bhld_strides(shape: Sequence[int]) -> tuple:
+    """Strides of a [B, H, L, D] tensor laid out [B, L, H, D] (how torch's CPU flash attention lays out its
+    logsumexp and gradients; for a [B, H, L] logsumexp, D = 1 dropped)."""
+    if len(shape) == 3:
+        b, h, length = shape
+        return (length * h, 1, h)
+    b, h, length, d = shape
+    return (length * h * d, d, h * d, 1)
+
+
+def _in_layout(t: torch.Tensor, strides: tuple) -> torch.Tensor:
+    """t with exactly these strides (kernels read the buffer at the meta's strides): t itself when torch
+    already gives them, else a copy into them."""
+    if tuple(t.stride()) == strides:
+        return t
+    return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def _flash_lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _sdpa_flash_meta(q: Any, k: Any, v: Any, attn_mask: Any = None, is_causal: bool = False,
+                     scale: float | None = None) -> tuple:
+    out = _sdpa_meta(q, k, v, attn_mask, is_causal, scale, False)
+    qm = meta_of(q)
+    check(qm.ndim == 4 and tuple(meta_of(k).shape[:2]) == tuple(qm.shape[:2]),
+          lambda: f"prims.sdpa_flash: query, key and value must be [B, H, L, E] with one B and H, got "
+                  f"{shape_text(q)}, {shape_text(k)}, {shape_text(v)}")
+    lse_shape = tuple(qm.shape[:-1])
+    return out, TensorMeta(lse_shape, _flash_lse_dtype(qm.dtype), qm.device, _bhld_strides(lse_shape))
+
+
+def _sdpa_flash_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any = None,
+                    is_causal: bool = False, scale: float | None = None) -> tuple:
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, is_causal, attn_mask=attn_mask, scale=scale)[:2]
+    return out.contiguous(), _in_layout(lse, _bhld_strides(tuple(lse.shape)))
+
+
+sdpa_flash = prim(
+    "sdpa_flash", _sdpa_flash_meta, _sdpa_flash_ref, tags=("extern",),
+    doc="sdpa_flash(q, k, v, attn_mask, is_causal, scale) -> (out, logsumexp): sdpa by torch's CPU flash "
+        "attention, the kernel eager's sdpa runs where it is eligible, keeping the row logsumexp its "
+        "backward takes; q, k, v [B, H, L, E]")
+
+
+def _sdpa_flash_backward_meta(g: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, attn_mask: Any = None,
+                              is_causal: bool = False, scale: float | None = None) -> tuple:
+    om, lse_meta = _sdpa_flash_meta(q, k, v, attn_mask, is_causal, scale)
+    check(tuple(meta_of(g).shape) == tuple(om.shape) and tuple(meta_of(lse).shape) == tuple(lse_meta.shape),
+          lambda: f"prims.sdpa_flash_backward: grad {shape_text(g)} and logsumexp {shape_text(lse)} must match "
+                  f"the attention's output and logsumexp")
+    return tuple(TensorMeta(meta_of(t).shape, meta_of(t).dtype, meta_of(t).device,
+                            _bhld_strides(tuple(meta_of(t).shape))) for t in (q, k, v))
+
+
+def _sdpa_flash_backward_ref(g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             out: torch.Tensor, lse: torch.Tensor, attn_mask: Any = None,
+                             is_causal: bool = False, scale: float | None = None) -> tuple:
+    grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        g, q, k, v, out, lse, 0.0, is_causal, attn_mask=attn_mask, scale=scale)
+    return tuple(_in_layout(t, _bhld_strides(tuple(t.shape))) for t in grads)
+
+
+sdpa_flash_backward = prim(
+    "sdpa_flash_backward", _sdpa_flash_backward_meta, _sdpa_flash_backward_ref, tags=("extern",),
+    doc="sdpa_flash_backward(g, q, k, v, out, logsumexp, attn_mask, is_causal, scale) -> (grad q, grad k, "
+        "grad v): torch's CPU flash attention backward (no gradient for the mask), each laid out [B, L, H, E]")
 
 
 # ---- sorting and selection ------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ mm, bmm       products with the other operand transposed
 convolution   the extern convolution_backward (eager's aten.convolution_backward)
 sdpa          the extern sdpa_backward (eager's autograd of the attention), with a float mask's gradient where
               an input's gradient needs it
+sdpa_flash    torch's flash backward from the saved output and logsumexp (a mask needing a gradient: as sdpa)
 sort, topk, cummax, cummin   the values' gradient added into zeros at the indices
 cumsum        the reversed cumulative sum of the gradient
 cumprod       exact with zeros: before a row's first zero, reversed_cumsum(grad * out) / a; at the first
@@ -21,7 +22,7 @@ from . import elementwise as ew
 from . import shape
 from .common_vjp import as_dtype, not_differentiable_twice, refuse_complex, vjp, zeros_like
 from .extern import (bmm, convolution, convolution_backward, cummax, cummin, cumprod, cumsum, logcumsumexp,
-                     mm, sdpa, sdpa_backward, sort, topk)
+                     mm, sdpa, sdpa_backward, sdpa_flash, sdpa_flash_backward, sort, topk)
 from .indexing import scatter_add
 from .registry import is_tensor, meta_of, wrap_dim
 
@@ -80,8 +81,31 @@ def _sdpa_vjp(grads: tuple, outputs: tuple, q: Any, k: Any, v: Any, attn_mask: A
 _sdpa_vjp.takes_grad_mask = True  # type: ignore[attr-defined]
 
 
+@vjp(sdpa_flash)
+def _sdpa_flash_vjp(grads: tuple, outputs: tuple, q: Any, k: Any, v: Any, attn_mask: Any = None,
+                    is_causal: bool = False, scale: float | None = None,
+                    grad_mask: Sequence[bool] = (True,) * 4) -> tuple:
+    """torch's flash backward from the saved output and logsumexp (no second forward). A float mask that
+    needs a gradient (which the flash backward does not give; eager runs such an attention on its math
+    path) takes sdpa_backward, the attention differentiated by eager autograd."""
+    g = grads[0]
+    if g is None:
+        return (None,) * 6
+    out, lse = outputs
+    if len(grad_mask) > 3 and bool(grad_mask[3]) and is_tensor(attn_mask) and \
+            meta_of(attn_mask).dtype.is_floating_point:
+        dq, dk, dv, dmask = sdpa_backward(g, q, k, v, attn_mask, is_causal, scale, False, True)
+        return (dq, dk, dv, dmask, None, None)
+    dq, dk, dv = sdpa_flash_backward(g, q, k, v, out, lse, attn_mask, is_causal, scale)
+    return (dq, dk, dv, None, None, None)
+
+
+_sdpa_flash_vjp.takes_grad_mask = True  # type: ignore[attr-defined]
+
+
 not_differentiable_twice(convolution_backward, "the derivative of a convolution's backward is not written")
 not_differentiable_twice(sdpa_backward, "the derivative of attention's backward is not written")
+not_differentiable_twice(sdpa_flash_backward, "the derivative of attention's backward is not written")
 
 
 # ---- values selected at indices -------------------------------------------------------------------------

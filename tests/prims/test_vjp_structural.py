@@ -187,6 +187,11 @@ CASES = {
     "sdpa_float_mask": ("sdpa", lambda: ((rnd(2, 4, 8), rnd(2, 5, 8), rnd(2, 5, 3), None), {})),
     "sdpa_gqa": ("sdpa", lambda: ((rnd(2, 4, 3, 8), rnd(2, 2, 5, 8), rnd(2, 2, 5, 8), None, False, None,
                                    True), {})),
+    "sdpa_flash": ("sdpa_flash", lambda: ((rnd(2, 3, 4, 8), rnd(2, 3, 6, 8), rnd(2, 3, 6, 8)), {})),
+    "sdpa_flash_causal": ("sdpa_flash", lambda: ((rnd(1, 2, 5, 4), rnd(1, 2, 5, 4), rnd(1, 2, 5, 4), None,
+                                                  True), {})),
+    "sdpa_flash_scale": ("sdpa_flash", lambda: ((rnd(2, 3, 4, 8), rnd(2, 3, 6, 8), rnd(2, 3, 6, 8)),
+                                                {"scale": 0.7})),
     "sort": ("sort", lambda: ((rnd(4, 5), 1, True), {})),
     "sort_ties_stable": ("sort", lambda: ((ints(3, 4, 6), 0, False, True), {})),
     "sort_0d": ("sort", lambda: ((rnd(),), {})),
@@ -227,7 +232,7 @@ CASES.update(scatter_reduce_cases())
 
 def test_every_prim_of_these_families_has_a_case():
     covered = {name for name, _ in CASES.values()}
-    untested = {"convolution_backward", "sdpa_backward"}  # tested below: their rules refuse
+    untested = {"convolution_backward", "sdpa_backward", "sdpa_flash_backward"}  # tested below: rules refuse
     assert set(family_prims()) - covered == untested
 
 
@@ -425,6 +430,12 @@ def test_the_backward_prims_are_not_differentiable_twice():
     souts = extern.sdpa_backward.ref(*sargs)
     with pytest.raises(NotImplementedError, match="double backward"):
         extern.sdpa_backward.rules["vjp"](tuple(torch.ones_like(o) for o in souts), souts, *sargs)
+    q = rnd(1, 2, 4, 8)
+    out, lse = extern.sdpa_flash.ref(q, q, q)
+    fargs = (torch.ones_like(out), q, q, q, out, lse)
+    fouts = extern.sdpa_flash_backward.ref(*fargs)
+    with pytest.raises(NotImplementedError, match="double backward"):
+        extern.sdpa_flash_backward.rules["vjp"](tuple(torch.ones_like(o) for o in fouts), fouts, *fargs)
 
 
 # ---- the new extern prims: meta against reference, values against eager autograd ------------------------

@@ -1,0 +1,74 @@
+"""Attention without dropout while training: kiln calls torch's CPU flash kernel itself where eager's sdpa
+would (aten._fused_sdp_choice decides, as in eager), keeps its logsumexp and runs the flash backward from
+it, where before the backward ran the attention forward again under eager autograd. Compared with eager:
+outputs and gradients bit for bit (the same kernels), and which prims ran."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln import config
+
+pytestmark = [pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler"),
+              pytest.mark.usefixtures("kiln_cache")]
+
+
+def _grads_of(fn, inputs, weight):
+    leaves = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+    out = fn(*leaves)
+    out.backward(weight)
+    return out.detach(), [x.grad for x in leaves if x.requires_grad]
+
+
+@pytest.mark.parametrize("case", ["plain", "causal", "float_mask", "bool_mask", "scale", "cross"])
+def test_flash_attention_forward_and_backward_match_eager(counters, case):
+    torch.manual_seed(0)
+    shape_kv = (2, 3, 9, 8) if case == "cross" else (2, 3, 6, 8)
+    q, k, v = (torch.randn(*s, requires_grad=True) for s in ((2, 3, 6, 8), shape_kv, shape_kv))
+    mask = {"float_mask": torch.randn(6, 6), "bool_mask": torch.rand(2, 1, 6, 6) > 0.3}.get(case)
+    kw = {"is_causal": case == "causal", "scale": 0.3 if case == "scale" else None}
+
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
+    weight = torch.randn(2, 3, 6, 8)
+    got, grads = _grads_of(kiln.compile(fn), (q, k, v), weight)
+    want, grads_eager = _grads_of(fn, (q, k, v), weight)
+    assert torch.equal(got, want)
+    for g, w in zip(grads, grads_eager):
+        assert torch.equal(g, w)
+    assert counters["extern"]["prims.sdpa_flash"] == 1
+    assert counters["fallback"]["prims.sdpa_flash_backward"] == 1
+    assert counters["fallback"]["prims.sdpa_backward"] == 0
+
+
+def test_attention_eager_runs_on_its_math_path_keeps_the_sdpa_prim(counters):
+    # 3-d operands: eager's choice is its math path, so kiln keeps prims.sdpa (which calls eager's sdpa)
+    q, k, v = (torch.randn(4, 6, 8, requires_grad=True) for _ in range(3))
+    weight = torch.randn(4, 6, 8)
+    fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
+    got, grads = _grads_of(kiln.compile(fn), (q, k, v), weight)
+    want, grads_eager = _grads_of(fn, (q, k, v), weight)
+    torch.testing.assert_close(got, want)
+    for g, w in zip(grads, grads_eager):
+        torch.testing.assert_close(g, w)
+    assert counters["extern"]["prims.sdpa"] == 1 and counters["extern"]["prims.sdpa_flash"] == 0
+
+
+def test_learned_mask_gets_its_gradient_through_the_flash_prim(counters):
+    # a float mask computed from a parameter: the flash backward gives it no gradient, so the rule takes
+    # the eager-autograd backward for this one (as eager itself runs such an attention on its math path)
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(2, 2, 5, 4, requires_grad=True) for _ in range(3))
+    table = torch.randn(5, 5, requires_grad=True)
+    weight = torch.randn(2, 2, 5, 4)
+    fn = lambda q, k, v, t: F.scaled_dot_product_attention(q, k, v, t * 2)  # noqa: E731
+    got, grads = _grads_of(kiln.compile(fn), (q, k, v, table), weight)
+    want, grads_eager = _grads_of(fn, (q, k, v, table), weight)
+    torch.testing.assert_close(got, want)
+    for g, w in zip(grads, grads_eager):
+        torch.testing.assert_close(g, w)
+    assert counters["fallback"]["prims.sdpa_backward"] == 1
