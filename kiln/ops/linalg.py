@@ -491,7 +491,7 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
     if attn_mask is not None:
         attn_mask = _additive_mask(attn_mask, q)
         attn_mask = broadcast_to(attn_mask, (*q.shape[:-1], k.shape[-2]))
-    if not enable_gqa and _runs_flash(q, k, v, attn_mask, is_causal, scale):
+    if _runs_flash(q, k, v, attn_mask, is_causal, scale, enable_gqa):
         return prims.sdpa_flash(q, k, v, attn_mask, is_causal, scale)[0]
     return prims.sdpa(q, k, v, attn_mask, is_causal, scale, enable_gqa)
 
@@ -499,11 +499,12 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
 _FLASH_ATTENTION = 1  # torch.nn.attention.SDPBackend.FLASH_ATTENTION, as aten._fused_sdp_choice returns it
 
 
-def _runs_flash(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: bool, scale: float | None) -> bool:
+def _runs_flash(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: bool, scale: float | None,
+                enable_gqa: bool) -> bool:
     """Whether eager's sdpa runs these operands on its CPU flash kernel: asked of torch itself
     (aten._fused_sdp_choice, the function eager's sdpa asks) on uninitialized CPU tensors of the same
     layouts. Then kiln calls that kernel directly and keeps its logsumexp, from which a backward needs no
-    second forward. Sizes that are symbols are not asked about (prims.sdpa, eager's choice at each call)."""
+    second forward. (The kernel takes grouped-query heads as they are: k and v with fewer heads than q.) Sizes that are symbols are not asked about (prims.sdpa, eager's choice at each call)."""
     metas = [x.meta for x in (q, k, v, attn_mask) if x is not None]
     if q.ndim != 4 or any(m.device.type != "cpu" for m in metas) or \
             not all(isinstance(n, int) for m in metas for n in (*m.shape, *m.strides)):
@@ -511,7 +512,8 @@ def _runs_flash(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: bool, scale: 
     try:
         stand_ins = [torch.empty_strided(m.shape, m.strides, dtype=m.dtype) for m in metas]
         mask = stand_ins[3] if attn_mask is not None else None
-        choice = torch.ops.aten._fused_sdp_choice(*stand_ins[:3], mask, 0.0, is_causal, scale=scale)
+        choice = torch.ops.aten._fused_sdp_choice(*stand_ins[:3], mask, 0.0, is_causal, scale=scale,
+                                                  enable_gqa=enable_gqa)
     except (RuntimeError, TypeError, ValueError):
         return False
     return choice == _FLASH_ATTENTION

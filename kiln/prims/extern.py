@@ -321,11 +321,12 @@ def _flash_lse_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def _sdpa_flash_meta(q: Any, k: Any, v: Any, attn_mask: Any = None, is_causal: bool = False,
                      scale: float | None = None) -> tuple:
-    out = _sdpa_meta(q, k, v, attn_mask, is_causal, scale, False)
     qm = meta_of(q)
-    check(qm.ndim == 4 and tuple(meta_of(k).shape[:2]) == tuple(qm.shape[:2]),
-          lambda: f"prims.sdpa_flash: query, key and value must be [B, H, L, E] with one B and H, got "
+    check(qm.ndim == 4 and is_tensor(k) and meta_of(k).ndim == 4 and meta_of(k).shape[0] == qm.shape[0],
+          lambda: f"prims.sdpa_flash: query, key and value must be [B, H, L, E] with one B, got "
                   f"{shape_text(q)}, {shape_text(k)}, {shape_text(v)}")
+    grouped = meta_of(k).shape[1] != qm.shape[1]  # grouped-query heads: k and v have fewer
+    out = _sdpa_meta(q, k, v, attn_mask, is_causal, scale, grouped)
     lse_shape = tuple(qm.shape[:-1])
     return out, TensorMeta(lse_shape, _flash_lse_dtype(qm.dtype), qm.device, _bhld_strides(lse_shape))
 
@@ -341,7 +342,7 @@ sdpa_flash = prim(
     "sdpa_flash", _sdpa_flash_meta, _sdpa_flash_ref, tags=("extern",),
     doc="sdpa_flash(q, k, v, attn_mask, is_causal, scale) -> (out, logsumexp): sdpa by torch's CPU flash "
         "attention, the kernel eager's sdpa runs where it is eligible, keeping the row logsumexp its "
-        "backward takes; q, k, v [B, H, L, E]")
+        "backward takes; q, k, v [B, H, L, E] (k and v may have fewer heads than q, dividing them)")
 
 
 def _sdpa_flash_backward_meta(g: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, attn_mask: Any = None,

@@ -24,13 +24,14 @@ def _grads_of(fn, inputs, weight):
     return out.detach(), [x.grad for x in leaves if x.requires_grad]
 
 
-@pytest.mark.parametrize("case", ["plain", "causal", "float_mask", "bool_mask", "scale", "cross"])
+@pytest.mark.parametrize("case", ["plain", "causal", "float_mask", "bool_mask", "scale", "cross", "gqa"])
 def test_flash_attention_forward_and_backward_match_eager(counters, case):
     torch.manual_seed(0)
     shape_kv = (2, 3, 9, 8) if case == "cross" else (2, 3, 6, 8)
+    shape_kv = (2, 1, 6, 8) if case == "gqa" else shape_kv  # (HF LLaMA passes enable_gqa=True)
     q, k, v = (torch.randn(*s, requires_grad=True) for s in ((2, 3, 6, 8), shape_kv, shape_kv))
     mask = {"float_mask": torch.randn(6, 6), "bool_mask": torch.rand(2, 1, 6, 6) > 0.3}.get(case)
-    kw = {"is_causal": case == "causal", "scale": 0.3 if case == "scale" else None}
+    kw = {"is_causal": case == "causal", "scale": 0.3 if case == "scale" else None, "enable_gqa": case == "gqa"}
 
     def fn(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)

@@ -190,6 +190,7 @@ CASES = {
     "sdpa_flash": ("sdpa_flash", lambda: ((rnd(2, 3, 4, 8), rnd(2, 3, 6, 8), rnd(2, 3, 6, 8)), {})),
     "sdpa_flash_causal": ("sdpa_flash", lambda: ((rnd(1, 2, 5, 4), rnd(1, 2, 5, 4), rnd(1, 2, 5, 4), None,
                                                   True), {})),
+    "sdpa_flash_gqa": ("sdpa_flash", lambda: ((rnd(2, 4, 5, 8), rnd(2, 2, 6, 8), rnd(2, 2, 6, 8)), {})),
     "sdpa_flash_scale": ("sdpa_flash", lambda: ((rnd(2, 3, 4, 8), rnd(2, 3, 6, 8), rnd(2, 3, 6, 8)),
                                                 {"scale": 0.7})),
     "sort": ("sort", lambda: ((rnd(4, 5), 1, True), {})),
