@@ -17,6 +17,7 @@ import functools
 import platform
 import hashlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -178,7 +179,9 @@ def _compile(compiler: str, source: str, directory: str, key: str) -> ctypes.CDL
             cache.write_all(fd, source.encode())
         finally:
             os.close(fd)
-        returncode, stderr = _run_compiler([compiler, *flags(), src_path, "-o", tmp_so, *libraries()])
+        returncode, stderr = _compile_units(compiler, source, directory, key, tmp_so)
+        if returncode is None:  # not split, or a split build that failed: the source as one unit
+            returncode, stderr = _run_compiler([compiler, *flags(), src_path, "-o", tmp_so, *libraries()])
         if returncode != 0:
             if "No space left on device" in stderr:
                 raise OSError(errno.ENOSPC, "No space left on device (the compiler's output)")
@@ -210,6 +213,93 @@ def _load_new(object_path: str, key: str, compiler: str) -> ctypes.CDLL:
             f"the shared object {compiler} built for these kernels fails to load: {reason}; the compiler "
             f"or its libraries (libgomp, libmvec) are broken or missing at run time — fix the toolchain or "
             f"point KILN_CXX at another compiler") from None
+
+
+# a source at least this long, with several segment entries, is compiled as several translation units in
+# parallel (resnet18's training backward, 228 KB in 22 entries: 2.06 s as one unit, 1.15 s as two on two
+# CPUs; the shared header alone takes ~0.04 s to compile)
+SPLIT_MIN_CHARS = 40_000
+_ENTRY = re.compile(r'^extern "C" int kiln_', re.M)
+
+
+def build_jobs() -> int:
+    jobs = int(config.get("build_jobs"))
+    if jobs > 0:
+        return jobs
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # (not Linux)
+        return os.cpu_count() or 1
+
+
+def split_units(source: str, jobs: int) -> list[str] | None:
+    """The source as up to `jobs` translation units, each the shared header (everything before the first
+    `extern "C" int kiln_...` entry) and whole entries, balanced by length; None when it is not worth it."""
+    starts = [m.start() for m in _ENTRY.finditer(source)]
+    if jobs < 2 or len(starts) < 2 or len(source) < SPLIT_MIN_CHARS:
+        return None
+    head = source[:starts[0]]
+    entries = [source[a:b] for a, b in zip(starts, starts[1:] + [len(source)])]
+    units: list[list[str]] = [[] for _ in range(min(jobs, len(entries)))]
+    sizes = [0] * len(units)
+    for text in sorted(entries, key=len, reverse=True):  # longest first, each to the smallest unit
+        i = sizes.index(min(sizes))
+        units[i].append(text)
+        sizes[i] += len(text)
+    return [head + "".join(u) for u in units]
+
+
+def _compile_units(compiler: str, source: str, directory: str, key: str, tmp_so: str) -> tuple[int | None, str]:
+    """Compile the source split into translation units (`split_units`), all at once, and link them into
+    `tmp_so`. (None, "") when it is not split or a unit fails to build: the caller then compiles the source
+    whole, which also reports a genuine error against the whole source."""
+    units = split_units(source, build_jobs())
+    if units is None:
+        return None, ""
+    temporaries: list[str] = []
+    try:
+        commands, objects = [], []
+        for text in units:
+            fd, path = tempfile.mkstemp(prefix=f"{cache.TEMP_PREFIX}{key}-", suffix=".cpp", dir=directory)
+            temporaries.append(path)
+            try:
+                cache.write_all(fd, text.encode())
+            finally:
+                os.close(fd)
+            objects.append(path[:-len(".cpp")] + ".o")
+            temporaries.append(objects[-1])
+            commands.append([compiler, *[f for f in flags() if f != "-shared"], "-c", path, "-o", objects[-1]])
+        results = _run_compilers(commands)
+        if any(code != 0 for code, _ in results):
+            log.debug("split build of %s failed; building it as one unit", key)
+            return None, ""
+        counters["cpp"]["sources built as several units in parallel"] += 1
+        return _run_compiler([compiler, *flags(), *objects, "-o", tmp_so, *libraries()])
+    finally:
+        for path in temporaries:
+            cache.remove(path)
+
+
+def _run_compilers(commands: list[list[str]]) -> list[tuple[int, str]]:
+    """Run the commands at once, each as `_run_compiler` does (all killed on an interrupt)."""
+    processes = []
+    try:
+        for command in commands:
+            processes.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                              text=True, start_new_session=True))
+        results = []
+        for process in processes:
+            _, stderr = process.communicate()
+            results.append((process.returncode, stderr))
+        return results
+    except BaseException:
+        for process in processes:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+        raise
 
 
 def _run_compiler(command: list[str]) -> tuple[int, str]:

@@ -1,5 +1,6 @@
 """The kernel cache: the entry format and its checks, private directories, refusing another user's or a
 shared-writable directory or entry, the size cap with least-recently-used eviction, `kiln cache`."""
+import importlib
 import os
 import shutil
 import stat
@@ -210,3 +211,45 @@ def test_kiln_cache_info_and_clear(cache_dir, capsys):
     assert os.listdir(cache_dir / "cpp") == [fresh.name]
     forget_loaded()
     build_quietly(20)  # rebuilt after the clear
+
+
+# ---- a large source built as several translation units in parallel -------------------------------------
+
+units = importlib.import_module("kiln.runtime.build")  # (kiln.runtime.build is also the function)
+
+def many_entries(n, pad=0):
+    head = "#include <cstdint>\nstatic inline int64_t twice(int64_t v) { return 2 * v; }\n"
+    body = "".join(f'extern "C" int kiln_e{i}(void) {{ /*{"x" * pad}*/ return (int)twice({i}); }}\n'
+                   for i in range(n))
+    return head + body
+
+
+def test_split_units_keep_the_header_and_every_entry_once():
+    src = many_entries(7, pad=units.SPLIT_MIN_CHARS // 7)
+    parts = units.split_units(src, 3)
+    assert len(parts) == 3
+    head = src[:src.index('extern "C"')]
+    assert all(u.startswith(head) for u in parts)
+    bodies = sorted(line for u in parts for line in u[len(head):].splitlines())
+    assert bodies == sorted(src[len(head):].splitlines())
+    assert max(map(len, parts)) - min(map(len, parts)) < 2 * len(src) / 7  # balanced
+    assert units.split_units(src, 1) is None  # one job: one unit
+    assert units.split_units(many_entries(7), 3) is None  # small: not worth the header's compile
+
+
+def test_a_split_build_loads_every_entry(cache_dir):
+    with config.patch(build_jobs=2):
+        lib = units.build(many_entries(5, pad=units.SPLIT_MIN_CHARS // 5))
+    assert [getattr(lib, f"kiln_e{i}")() for i in range(5)] == [0, 2, 4, 6, 8]
+    assert counters["cpp"]["sources built as several units in parallel"] == 1
+
+
+def test_a_split_that_fails_to_build_is_built_whole(cache_dir, monkeypatch):
+    # an entry needing a definition another unit holds: the units fail, the whole source builds
+    src = many_entries(4, pad=units.SPLIT_MIN_CHARS // 4)
+    monkeypatch.setattr(units, "split_units", lambda s, jobs: [s + "int broken(", s])
+    with config.patch(build_jobs=2):
+        lib = units.build(src)
+    assert lib.kiln_e3() == 6
+    assert counters["cpp"]["sources built as several units in parallel"] == 0
+    assert not [p for p in os.listdir(cache_dir / "cpp") if p.startswith(cache.TEMP_PREFIX)]  # no leftovers
