@@ -135,7 +135,7 @@ define("dynamic_size_limit", 16, "dynamic shapes: sizes compiled per graph with 
        "sizes run the captured graph with torch, counted and warned once")
 define("cxx", "g++", "C++ compiler used by the cpp backend", type=str)
 define("build_jobs", 0, "compiler processes a large kernel source is split across (one translation unit each, "
-       "then linked); 0: the CPUs this process may run on; 1: one process", type=int)
+       "then linked); 0: the CPUs this process may run on (at most 8); 1: one process", type=int)
 define("graph_cache", True, "cpp backend: keep each compiled graph's wrapper beside its kernels in the cache; a "
        "new process compiling the same graph loads it and skips the pipeline")
 define("memory_order", True, "cpp backend: order kernels to keep peak memory low")

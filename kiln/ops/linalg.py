@@ -480,6 +480,7 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
             raise NoDecomposition("scaled_dot_product_attention with dropout and enable_gqa")
         return nn_attention.attention_with_dropout(query, key, value, _additive_mask(attn_mask, query),
                                                    float(dropout_p), is_causal, scale)
+    flash = _runs_flash(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     q, k, v = query, key, value
     if not enable_gqa or q.ndim < 3:
         batch = broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2]))
@@ -491,7 +492,7 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
     if attn_mask is not None:
         attn_mask = _additive_mask(attn_mask, q)
         attn_mask = broadcast_to(attn_mask, (*q.shape[:-1], k.shape[-2]))
-    if _runs_flash(q, k, v, attn_mask, is_causal, scale, enable_gqa):
+    if flash:
         return prims.sdpa_flash(q, k, v, attn_mask, is_causal, scale)[0]
     return prims.sdpa(q, k, v, attn_mask, is_causal, scale, enable_gqa)
 
@@ -501,17 +502,22 @@ _FLASH_ATTENTION = 1  # torch.nn.attention.SDPBackend.FLASH_ATTENTION, as aten._
 
 def _runs_flash(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: bool, scale: float | None,
                 enable_gqa: bool) -> bool:
-    """Whether eager's sdpa runs these operands on its CPU flash kernel: asked of torch itself
-    (aten._fused_sdp_choice, the function eager's sdpa asks) on uninitialized CPU tensors of the same
-    layouts. Then kiln calls that kernel directly and keeps its logsumexp, from which a backward needs no
+    """Whether eager's sdpa runs these operands (the user's, before any broadcast; a bool mask as the float
+    one eager makes of it) on its CPU flash kernel: asked of torch itself (aten._fused_sdp_choice, the
+    function eager's sdpa asks) on uninitialized CPU tensors of the same layouts, a mask that requires grad
+    too where kiln knows it does (an input; eager then takes its math path). Then kiln calls that kernel directly and keeps its logsumexp, from which a backward needs no
     second forward. (The kernel takes grouped-query heads as they are: k and v with fewer heads than q.) Sizes that are symbols are not asked about (prims.sdpa, eager's choice at each call)."""
     metas = [x.meta for x in (q, k, v, attn_mask) if x is not None]
     if q.ndim != 4 or any(m.device.type != "cpu" for m in metas) or \
             not all(isinstance(n, int) for m in metas for n in (*m.shape, *m.strides)):
         return False
+    if attn_mask is not None and attn_mask.dtype == torch.bool:  # (eager converts it first: a new tensor)
+        metas[3] = metas[3].with_(dtype=q.dtype, strides=None, requires_grad=False)
     try:
         stand_ins = [torch.empty_strided(m.shape, m.strides, dtype=m.dtype) for m in metas]
         mask = stand_ins[3] if attn_mask is not None else None
+        if mask is not None and metas[3].requires_grad and mask.dtype.is_floating_point:
+            mask.requires_grad_(True)
         choice = torch.ops.aten._fused_sdp_choice(*stand_ins[:3], mask, 0.0, is_causal, scale=scale,
                                                   enable_gqa=enable_gqa)
     except (RuntimeError, TypeError, ValueError):

@@ -30,7 +30,7 @@ def attention_with_dropout(query: Any, key: Any, value: Any, attn_mask: Any, dro
     `attn_mask` is additive (a bool mask already made 0 / -inf) and checked by the caller."""
     if query.dtype not in (torch.float32, torch.float64):
         raise NoDecomposition(f"scaled_dot_product_attention with dropout in {query.dtype}")
-    s = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+    s = scale if scale is not None else 1.0 / math.sqrt(int(query.shape[-1]))  # (a symbolic size: guarded)
     scores = torch.matmul(query, torch.transpose(key, -2, -1)) * s
     if is_causal:
         length, source = query.shape[-2], key.shape[-2]

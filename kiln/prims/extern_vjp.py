@@ -94,7 +94,8 @@ def _sdpa_flash_vjp(grads: tuple, outputs: tuple, q: Any, k: Any, v: Any, attn_m
     out, lse = outputs
     if len(grad_mask) > 3 and bool(grad_mask[3]) and is_tensor(attn_mask) and \
             meta_of(attn_mask).dtype.is_floating_point:
-        dq, dk, dv, dmask = sdpa_backward(g, q, k, v, attn_mask, is_causal, scale, False, True)
+        grouped = meta_of(k).shape[1] != meta_of(q).shape[1]
+        dq, dk, dv, dmask = sdpa_backward(g, q, k, v, attn_mask, is_causal, scale, grouped, True)
         return (dq, dk, dv, dmask, None, None)
     dq, dk, dv = sdpa_flash_backward(g, q, k, v, out, lse, attn_mask, is_causal, scale)
     return (dq, dk, dv, None, None, None)

@@ -227,9 +227,10 @@ def build_jobs() -> int:
     if jobs > 0:
         return jobs
     try:
-        return len(os.sched_getaffinity(0))
+        cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # (not Linux)
-        return os.cpu_count() or 1
+        cpus = os.cpu_count() or 1
+    return min(cpus, 8)  # (each -O3 compiler process takes a few hundred MB)
 
 
 def split_units(source: str, jobs: int) -> list[str] | None:
@@ -273,8 +274,12 @@ def _compile_units(compiler: str, source: str, directory: str, key: str, tmp_so:
         if any(code != 0 for code, _ in results):
             log.debug("split build of %s failed; building it as one unit", key)
             return None, ""
+        code, stderr = _run_compiler([compiler, *flags(), *objects, "-o", tmp_so, *libraries()])
+        if code != 0:
+            log.debug("linking the split build of %s failed; building it as one unit", key)
+            return None, ""
         counters["cpp"]["sources built as several units in parallel"] += 1
-        return _run_compiler([compiler, *flags(), *objects, "-o", tmp_so, *libraries()])
+        return code, stderr
     finally:
         for path in temporaries:
             cache.remove(path)

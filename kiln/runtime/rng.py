@@ -163,10 +163,10 @@ def _entries() -> dict[torch.dtype, Any]:
 
 
 def _draw_native(shape: tuple, dtype: torch.dtype, p: float, generator: torch.Generator) -> torch.Tensor:
+    out = torch.empty(shape, dtype=dtype)  # (first: between get_state and set_state nothing releases the GIL)
     state = generator.get_state()  # a copy: the native call advances it in place, set_state installs it
     if state.numel() < _WORDS_AT + 8 * _STATE_WORDS:
         raise RuntimeError(f"unexpected generator state of {state.numel()} bytes")
-    out = torch.empty(shape, dtype=dtype)
     _entries()[dtype](state.data_ptr(), out.data_ptr(), out.numel(), float(p))
     generator.set_state(state)
     return out

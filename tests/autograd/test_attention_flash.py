@@ -73,3 +73,41 @@ def test_learned_mask_gets_its_gradient_through_the_flash_prim(counters):
     for g, w in zip(grads, grads_eager):
         torch.testing.assert_close(g, w)
     assert counters["fallback"]["prims.sdpa_backward"] == 1
+
+
+def test_grouped_heads_with_a_learned_mask_compile(counters):
+    # regression: the eager-autograd backward of a learned mask was asked without enable_gqa
+    torch.manual_seed(2)
+    q = torch.randn(2, 4, 6, 8, requires_grad=True)
+    k, v = (torch.randn(2, 2, 6, 8, requires_grad=True) for _ in range(2))
+    table = torch.randn(6, 6, requires_grad=True)
+    weight = torch.randn(2, 4, 6, 8)
+    fn = lambda q, k, v, t: F.scaled_dot_product_attention(q, k, v, t * 2, enable_gqa=True)  # noqa: E731
+    got, grads = _grads_of(kiln.compile(fn), (q, k, v, table), weight)
+    want, grads_eager = _grads_of(fn, (q, k, v, table), weight)
+    torch.testing.assert_close(got, want)
+    for g, w in zip(grads, grads_eager):
+        torch.testing.assert_close(g, w)
+    assert not counters["cpp"]["ran with torch: the graph could not be compiled"], dict(counters["cpp"])
+    assert not [k for k in counters["cpp"] if k.startswith("ran with torch")], dict(counters["cpp"])
+
+
+@pytest.mark.parametrize("case", ["broadcast_batch", "mask_3d"])
+def test_the_flash_choice_is_eagers_on_the_users_operands(counters, case):
+    # regression: kiln asked torch about the operands after broadcasting them, and took the flash kernel
+    # where eager takes its math path (a broadcast batch, a 3-d mask): now kiln keeps prims.sdpa there
+    # (which calls eager's sdpa on the broadcast operands: equal up to rounding, not bit for bit)
+    torch.manual_seed(3)
+    q = torch.randn(2, 3, 6, 8, requires_grad=True)
+    kv_shape = (1, 3, 6, 8) if case == "broadcast_batch" else (2, 3, 6, 8)
+    k, v = (torch.randn(*kv_shape, requires_grad=True) for _ in range(2))
+    mask = torch.randn(1, 6, 6) if case == "mask_3d" else None
+    assert torch.ops.aten._fused_sdp_choice(q, k, v, mask) == 0  # eager: math
+    fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # noqa: E731
+    weight = torch.randn(2, 3, 6, 8)
+    got, grads = _grads_of(kiln.compile(fn), (q, k, v), weight)
+    want, grads_eager = _grads_of(fn, (q, k, v), weight)
+    torch.testing.assert_close(got, want)
+    for g, w in zip(grads, grads_eager):
+        torch.testing.assert_close(g, w)
+    assert counters["extern"]["prims.sdpa_flash"] == 0 and counters["extern"]["prims.sdpa"] == 1
