@@ -505,8 +505,10 @@ def _runs_flash(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: bool, scale: 
     """Whether eager's sdpa runs these operands (the user's, before any broadcast; a bool mask as the float
     one eager makes of it) on its CPU flash kernel: asked of torch itself (aten._fused_sdp_choice, the
     function eager's sdpa asks) on uninitialized CPU tensors of the same layouts, a mask that requires grad
-    too where kiln knows it does (an input; eager then takes its math path). Then kiln calls that kernel directly and keeps its logsumexp, from which a backward needs no
-    second forward. (The kernel takes grouped-query heads as they are: k and v with fewer heads than q.) Sizes that are symbols are not asked about (prims.sdpa, eager's choice at each call)."""
+    too where kiln knows it does (an input; eager then takes its math path). Then kiln calls that kernel
+    directly and keeps its logsumexp, from which a backward needs no second forward. (The kernel takes
+    grouped-query heads as they are: k and v with fewer heads than q.) Sizes that are symbols are not asked
+    about (prims.sdpa, eager's choice at each call)."""
     metas = [x.meta for x in (q, k, v, attn_mask) if x is not None]
     if q.ndim != 4 or any(m.device.type != "cpu" for m in metas) or \
             not all(isinstance(n, int) for m in metas for n in (*m.shape, *m.strides)):

@@ -64,6 +64,12 @@ def _convolution_vjp(grads: tuple, outputs: tuple, x: Any, w: Any, bias: Any, st
 _convolution_vjp.takes_grad_mask = True  # type: ignore[attr-defined]
 
 
+def _mask_needs_gradient(grad_mask: Sequence[bool], attn_mask: Any) -> bool:
+    """A float attn_mask (the fourth argument) that some input's gradient depends on."""
+    return len(grad_mask) > 3 and bool(grad_mask[3]) and is_tensor(attn_mask) and \
+        meta_of(attn_mask).dtype.is_floating_point
+
+
 @vjp(sdpa)
 def _sdpa_vjp(grads: tuple, outputs: tuple, q: Any, k: Any, v: Any, attn_mask: Any = None,
               is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
@@ -71,8 +77,7 @@ def _sdpa_vjp(grads: tuple, outputs: tuple, q: Any, k: Any, v: Any, attn_mask: A
     """`grad_mask` (see `takes_grad_mask`): a float attn_mask that some input's gradient depends on (Swin's
     relative position bias, a learned bias) gets its gradient too, as in eager."""
     (g,) = grads
-    mask_grad = len(grad_mask) > 3 and bool(grad_mask[3]) and is_tensor(attn_mask) and \
-        meta_of(attn_mask).dtype.is_floating_point
+    mask_grad = _mask_needs_gradient(grad_mask, attn_mask)
     result = sdpa_backward(g, q, k, v, attn_mask, is_causal, scale, enable_gqa, mask_grad)
     gmask = result[3] if mask_grad else None
     return (result[0], result[1], result[2], gmask, None, None, None)
@@ -92,8 +97,7 @@ def _sdpa_flash_vjp(grads: tuple, outputs: tuple, q: Any, k: Any, v: Any, attn_m
     if g is None:
         return (None,) * 6
     out, lse = outputs
-    if len(grad_mask) > 3 and bool(grad_mask[3]) and is_tensor(attn_mask) and \
-            meta_of(attn_mask).dtype.is_floating_point:
+    if _mask_needs_gradient(grad_mask, attn_mask):
         grouped = meta_of(k).shape[1] != meta_of(q).shape[1]
         dq, dk, dv, dmask = sdpa_backward(g, q, k, v, attn_mask, is_causal, scale, grouped, True)
         return (dq, dk, dv, dmask, None, None)

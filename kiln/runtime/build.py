@@ -286,7 +286,8 @@ def _compile_units(compiler: str, source: str, directory: str, key: str, tmp_so:
 
 
 def _run_compilers(commands: list[list[str]]) -> list[tuple[int, str]]:
-    """Run the commands at once, each as `_run_compiler` does (all killed on an interrupt)."""
+    """Run the commands at once, each in a process group of its own; an interrupt (Ctrl-C) or any other
+    exception kills every one with the helpers it started before it propagates."""
     processes = []
     try:
         for command in commands:
@@ -310,18 +311,7 @@ def _run_compilers(commands: list[list[str]]) -> list[tuple[int, str]]:
 def _run_compiler(command: list[str]) -> tuple[int, str]:
     """Run the compiler in a process group of its own; an interrupt (Ctrl-C) or any other exception kills
     it with every helper it started (cc1plus, as, ld) before it propagates, so none writes on after."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
-    try:
-        _, stderr = process.communicate()
-    except BaseException:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait()
-        raise
-    return process.returncode, stderr
+    return _run_compilers([command])[0]
 
 
 def _build_error_message(compiler: str, returncode: int, stderr: str, source: str, key: str) -> str:

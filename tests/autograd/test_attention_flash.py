@@ -24,6 +24,16 @@ def _grads_of(fn, inputs, weight):
     return out.detach(), [x.grad for x in leaves if x.requires_grad]
 
 
+def _compare(fn, inputs, weight, exact=False):
+    """fn compiled against eager: output and input gradients, bit for bit with `exact`, else close."""
+    got, grads = _grads_of(kiln.compile(fn), inputs, weight)
+    want, grads_eager = _grads_of(fn, inputs, weight)
+    same = torch.equal if exact else lambda a, b: torch.testing.assert_close(a, b) is None
+    assert same(got, want)
+    for g, w in zip(grads, grads_eager):
+        assert same(g, w)
+
+
 @pytest.mark.parametrize("case", ["plain", "causal", "float_mask", "bool_mask", "scale", "cross", "gqa"])
 def test_flash_attention_forward_and_backward_match_eager(counters, case):
     torch.manual_seed(0)
@@ -36,11 +46,7 @@ def test_flash_attention_forward_and_backward_match_eager(counters, case):
     def fn(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
     weight = torch.randn(2, 3, 6, 8)
-    got, grads = _grads_of(kiln.compile(fn), (q, k, v), weight)
-    want, grads_eager = _grads_of(fn, (q, k, v), weight)
-    assert torch.equal(got, want)
-    for g, w in zip(grads, grads_eager):
-        assert torch.equal(g, w)
+    _compare(fn, (q, k, v), weight, exact=True)
     assert counters["extern"]["prims.sdpa_flash"] == 1
     assert counters["fallback"]["prims.sdpa_flash_backward"] == 1
     assert counters["fallback"]["prims.sdpa_backward"] == 0
@@ -51,11 +57,7 @@ def test_attention_eager_runs_on_its_math_path_keeps_the_sdpa_prim(counters):
     q, k, v = (torch.randn(4, 6, 8, requires_grad=True) for _ in range(3))
     weight = torch.randn(4, 6, 8)
     fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
-    got, grads = _grads_of(kiln.compile(fn), (q, k, v), weight)
-    want, grads_eager = _grads_of(fn, (q, k, v), weight)
-    torch.testing.assert_close(got, want)
-    for g, w in zip(grads, grads_eager):
-        torch.testing.assert_close(g, w)
+    _compare(fn, (q, k, v), weight)
     assert counters["extern"]["prims.sdpa"] == 1 and counters["extern"]["prims.sdpa_flash"] == 0
 
 
@@ -67,11 +69,7 @@ def test_learned_mask_gets_its_gradient_through_the_flash_prim(counters):
     table = torch.randn(5, 5, requires_grad=True)
     weight = torch.randn(2, 2, 5, 4)
     fn = lambda q, k, v, t: F.scaled_dot_product_attention(q, k, v, t * 2)  # noqa: E731
-    got, grads = _grads_of(kiln.compile(fn), (q, k, v, table), weight)
-    want, grads_eager = _grads_of(fn, (q, k, v, table), weight)
-    torch.testing.assert_close(got, want)
-    for g, w in zip(grads, grads_eager):
-        torch.testing.assert_close(g, w)
+    _compare(fn, (q, k, v, table), weight)
     assert counters["fallback"]["prims.sdpa_backward"] == 1
 
 
@@ -83,11 +81,7 @@ def test_grouped_heads_with_a_learned_mask_compile(counters):
     table = torch.randn(6, 6, requires_grad=True)
     weight = torch.randn(2, 4, 6, 8)
     fn = lambda q, k, v, t: F.scaled_dot_product_attention(q, k, v, t * 2, enable_gqa=True)  # noqa: E731
-    got, grads = _grads_of(kiln.compile(fn), (q, k, v, table), weight)
-    want, grads_eager = _grads_of(fn, (q, k, v, table), weight)
-    torch.testing.assert_close(got, want)
-    for g, w in zip(grads, grads_eager):
-        torch.testing.assert_close(g, w)
+    _compare(fn, (q, k, v, table), weight)
     assert not counters["cpp"]["ran with torch: the graph could not be compiled"], dict(counters["cpp"])
     assert not [k for k in counters["cpp"] if k.startswith("ran with torch")], dict(counters["cpp"])
 
@@ -105,9 +99,5 @@ def test_the_flash_choice_is_eagers_on_the_users_operands(counters, case):
     assert torch.ops.aten._fused_sdp_choice(q, k, v, mask) == 0  # eager: math
     fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # noqa: E731
     weight = torch.randn(2, 3, 6, 8)
-    got, grads = _grads_of(kiln.compile(fn), (q, k, v), weight)
-    want, grads_eager = _grads_of(fn, (q, k, v), weight)
-    torch.testing.assert_close(got, want)
-    for g, w in zip(grads, grads_eager):
-        torch.testing.assert_close(g, w)
+    _compare(fn, (q, k, v), weight)
     assert counters["extern"]["prims.sdpa_flash"] == 0 and counters["extern"]["prims.sdpa"] == 1
