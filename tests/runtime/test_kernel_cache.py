@@ -253,3 +253,14 @@ def test_a_split_that_fails_to_build_is_built_whole(cache_dir, monkeypatch):
     assert lib.kiln_e3() == 6
     assert counters["cpp"]["sources built as several units in parallel"] == 0
     assert not [p for p in os.listdir(cache_dir / "cpp") if p.startswith(cache.TEMP_PREFIX)]  # no leftovers
+
+
+def test_a_split_that_fails_to_link_is_built_whole(cache_dir, monkeypatch):
+    src = many_entries(4, pad=units.SPLIT_MIN_CHARS // 4)
+    run = units._run_compiler
+    linking = lambda command: any(a.endswith(".o") for a in command) and "-c" not in command  # noqa: E731
+    monkeypatch.setattr(units, "_run_compiler", lambda c: (1, "link failed") if linking(c) else run(c))
+    with config.patch(build_jobs=2):
+        lib = units.build(src)
+    assert lib.kiln_e3() == 6
+    assert counters["cpp"]["sources built as several units in parallel"] == 0
