@@ -1,12 +1,16 @@
 """Small CPU convolutions: oneDNN's (the extern) against gather + matrix product (kiln.ops.conv_gemm).
 
-    python bench/bench_conv.py [--threads N] [--reps 200]
+    python bench/bench_conv.py [--threads N] [--reps 200] [--layout]
 
 For each shape (the zoo's CNNs: resnet_tiny, resnet18, mobilenet's ungrouped convolutions), a compiled
 `relu(conv2d(x, w))`, forward alone under no_grad, and forward + backward with x and w requiring grad, each
 compiled twice by the cpp backend: with `conv_gemm_max_macs=0` (oneDNN) and with no limit (gemm). Eager in
 the same run for scale. Medians in microseconds, interleaved; the ratio oneDNN / gemm (> 1: gemm wins) is
 what `conv_gemm_max_macs` (kiln/config.py) is set from.
+
+`--layout`: oneDNN's 3x3 convolution (torch's, eager) over the zoo's resnet18 stage shapes at batch 1 and 8,
+NCHW against NHWC input with the weight as it is (torch converts it per call) and with an NHWC weight, and
+the weight's conversion alone; what kiln.lower.conv_layout's NHWC_MIN_PIXELS is set from.
 """
 from __future__ import annotations
 
@@ -40,13 +44,38 @@ def median_us(fn, reps: int) -> float:
     return statistics.median(times) * 1e6
 
 
+# (C, H, O, stride): the zoo's resnet18 stages (32x32 images)
+LAYOUT_SHAPES = [(16, 32, 16, 1), (16, 32, 32, 2), (32, 16, 32, 1), (32, 16, 64, 2), (64, 8, 64, 1),
+                 (64, 8, 128, 2), (128, 4, 128, 1)]
+
+
+def layout_table(reps: int) -> None:
+    cl = torch.channels_last
+    print("| N, C, H, O, s | out pixels | NCHW us | NHWC input us | NHWC input + weight us | weight to NHWC us "
+          "|\n|---|---:|---:|---:|---:|---:|")
+    for n in (1, 8):
+        for c, h, o, s in LAYOUT_SHAPES:
+            x, w = torch.randn(n, c, h, h), torch.randn(o, c, 3, 3)
+            xl, wl = x.contiguous(memory_format=cl), w.contiguous(memory_format=cl)
+            times = [median_us(lambda a=a, b=b: F.conv2d(a, b, None, s, 1), reps)
+                     for a, b in ((x, w), (xl, w), (xl, wl))]
+            times.append(median_us(lambda: w.contiguous(memory_format=cl), reps))
+            pixels = n * ((h + 2 - 3) // s + 1) ** 2
+            print(f"| {n}, {c}, {h}, {o}, {s} | {pixels} | " + " | ".join(f"{t:.1f}" for t in times) + " |",
+                  flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--reps", type=int, default=200)
+    parser.add_argument("--layout", action="store_true", help="NCHW against NHWC (see the module doc)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.layout:
+        layout_table(args.reps)
+        return 0
     print(f"| N, C, H, O, k, s | MACs | eager fwd | oneDNN fwd | gemm fwd | ratio | eager f+b | oneDNN f+b | "
           f"gemm f+b | ratio |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n, c, h, o, k, s in SHAPES:

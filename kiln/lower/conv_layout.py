@@ -7,16 +7,19 @@ residual adds) are free to take any layout where nothing outside the graph sees 
 out NHWC as well: the elementwise kernels then walk every operand contiguously (their loops follow the
 stored layout, `kiln.schedule.fusion`), instead of transposing at every convolution.
 
-Only graphs with a grouped (depthwise) convolution are laid out so: with dense convolutions alone the
-weights' reorder per call costs about what the layout saves (ResNets at batch 1 ran 0.78-0.99x). There a
-value is laid out channels-last when it is 4-D with static sizes, more than one channel and more than one
-pixel (so the NHWC strides differ from the NCHW ones in every dim that matters), no graph output or
-mutated input reaches it through views (outputs keep eager's strides), and it is either the input of a
-2-D convolution or computed elementwise from a channels-last convolution result. A convolution whose
-input stays NCHW (the graph's input image) gets an NHWC copy of its weight instead, which makes torch
-return an NHWC result just the same. Every layout is correct: kernels address any strides, and the
-wrapper copies an extern's result whose strides differ from the expected ones (`_restride`); the choice
-here only decides the speed.
+Which convolutions run NHWC (`_wants_nhwc`): in a graph with a grouped (depthwise) convolution, all of them;
+otherwise a dense convolution whose result has at least NHWC_MIN_PIXELS pixels (N * H * W). On small images
+the weights' reorder per call costs about what the layout saves (ResNets at batch 1 ran 0.78-0.99x with
+every convolution NHWC), on large ones NHWC wins (the zoo's resnet18 at batch 8: 8.0 -> 7.3 ms). A value
+is laid out channels-last when it is 4-D with static sizes, more than one channel and more than one pixel
+(so the NHWC strides differ from the NCHW ones in every dim that matters), no graph output or mutated input
+reaches it through views (outputs keep eager's strides), and it is either the input of such a convolution
+or computed elementwise from a channels-last convolution result, unless it is the input of a convolution
+that stays NCHW (that value's kernel writes NCHW: the transpose happens once, where the images are small).
+A convolution whose input stays NCHW (the graph's input image) gets an NHWC copy of its weight instead,
+which makes torch return an NHWC result just the same. Every layout is correct: kernels address any
+strides, and the wrapper copies an extern's result whose strides differ from the expected ones
+(`_restride`); the choice here only decides the speed.
 """
 from __future__ import annotations
 
@@ -88,21 +91,41 @@ class ConvLayout:
     results: set[int] = dataclasses.field(default_factory=set)
 
 
+# A dense convolution is laid out NHWC when its input has at least this many pixels (N * H * W). oneDNN's
+# NHWC convolution wins on large images (one thread, 3x3, 16 -> 16 channels at 32x32: batch 8 599 -> 368
+# us) and loses or ties on small ones (batch 1: 100 -> 104 us; 4x4 at batch 8: 314 -> 304 us only with
+# an NHWC weight, 398 us when torch converts the weight per call); `bench/bench_conv.py --layout`. The
+# bound is the zoo's resnet18 (32x32 images): at batch 8 NHWC through its 2048-pixel stage ran 7.3 ms
+# against 8.0 NCHW; at batch 1 (1024 pixels at most) it stays NCHW, where NHWC lost 2.21 -> 2.41 ms.
+NHWC_MIN_PIXELS = 2048
+
+
+def _wants_nhwc(conv: Node, grouped_graph: bool) -> bool:
+    """Whether a 2-D convolution runs faster NHWC: every one in a graph with a grouped (depthwise)
+    convolution, a dense one when its result has many pixels (NHWC_MIN_PIXELS)."""
+    if grouped_graph:
+        return True
+    n, _, h, w = conv.meta.shape
+    return is_static((n, h, w)) and n * h * w >= NHWC_MIN_PIXELS
+
+
 def channels_last_layout(graph: Graph) -> ConvLayout:
     """Which values around the graph's 2-D convolutions are NHWC (see the module doc)."""
     convs = [n for n in graph.nodes if _is_conv2d(n)]
-    if not any(_groups(c) > 1 for c in convs):
-        # dense convolutions alone gain too little to pay for copying their weights: ResNets at batch 1
-        # ran 0.78-0.99x with NHWC (the weight's reorder per call costs what the layout saves)
+    grouped = any(_groups(c) > 1 for c in convs)
+    wanted = {id(c) for c in convs if _wants_nhwc(c, grouped)}
+    if not wanted:
         return ConvLayout()
     outputs = _output_aliased(graph)
+    # the inputs of convolutions that stay NCHW: an elementwise value feeding one is written NCHW
+    nchw_inputs = {id(c.args[0]) for c in convs if id(c) not in wanted}
 
     def free(node: Node) -> bool:
         meta = node.meta
         return node.op == "call_prim" and isinstance(meta, TensorMeta) and id(node) not in outputs and \
             eligible_shape(meta.shape)
     # a convolution whose result is an output keeps eager's layout: its input stays as it is
-    chosen = {id(c.args[0]) for c in convs if free(c.args[0]) and free(c)}
+    chosen = {id(c.args[0]) for c in convs if id(c) in wanted and free(c.args[0]) and free(c)}
     # values whose buffer will be NHWC: the chosen ones, and convolutions reading an NHWC input or weight
     nhwc: set[int] = set(chosen)
     results: set[int] = set()
@@ -113,14 +136,15 @@ def channels_last_layout(graph: Graph) -> ConvLayout:
             if not free(node):
                 continue
             if id(x) in nhwc or is_channels_last(meta.shape, meta.strides):
-                results.add(id(node))
-            elif isinstance(w, Node) and isinstance(w.meta, TensorMeta) and eligible_shape(w.meta.shape):
+                results.add(id(node))   # torch returns NHWC for an NHWC input, wanted or not
+            elif id(node) in wanted and isinstance(w, Node) and isinstance(w.meta, TensorMeta) and eligible_shape(w.meta.shape):
                 # an NCHW input (the graph's image): an NHWC copy of the weight makes torch return NHWC,
                 # so the layers after it need no transposing kernel
                 chosen.add(id(w))
                 results.add(id(node))
             nhwc |= results
-        elif node.op == "call_prim" and "elementwise" in node.target.tags and free(node):
+        elif node.op == "call_prim" and "elementwise" in node.target.tags and free(node) and \
+                id(node) not in nchw_inputs:
             shape = tuple(node.meta.shape)
             if any(id(a) in nhwc and isinstance(a.meta, TensorMeta) and tuple(a.meta.shape) == shape
                    for a in node.inputs()):

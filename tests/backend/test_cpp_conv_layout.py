@@ -261,3 +261,53 @@ def test_symbolic_sizes_keep_their_layout():
     for h in (6, 9, 7):
         x = torch.randn(2, 4, h, h + 1)
         torch.testing.assert_close(c(x, w), fn(x, w), atol=1e-5, rtol=1e-5)
+
+
+def resnet_stages(x, w1, w2, w3, wd, m, v, g, b):
+    """A large-image stage (NHWC), then a strided stage whose results are small (NCHW), with a shortcut."""
+    y = F.relu(bn(F.conv2d(x, w1, padding=1), (m, v, g, b)))
+    y = F.relu(F.conv2d(y, w2, padding=1) + y)
+    z = F.relu(F.conv2d(y, w3, stride=2, padding=1) + F.conv2d(y, wd, stride=2))
+    return F.conv2d(z, w3, padding=1).mean((2, 3))
+
+
+def stage_inputs(n, h):
+    torch.manual_seed(6)
+    return [torch.randn(n, 3, h, h), torch.randn(16, 3, 3, 3), torch.randn(16, 16, 3, 3),
+            torch.randn(16, 16, 3, 3), torch.randn(16, 16, 1, 1), *bn_params(16)]
+
+
+def test_dense_convolutions_on_large_images_are_nhwc():
+    """Dense convolutions whose results have NHWC_MIN_PIXELS pixels or more run NHWC (the image's through
+    an NHWC weight copy); the strided ones after them, with small results, read NCHW inputs: the value
+    feeding them is written NCHW once, and no extern result is copied to other strides."""
+    from kiln.lower.conv_layout import NHWC_MIN_PIXELS
+    n, h = 2, 48
+    assert n * h * h >= NHWC_MIN_PIXELS > n * (h // 2) ** 2
+    inputs = stage_inputs(n, h)
+    c = check(resnet_stages, *inputs, atol=1e-4, rtol=1e-4)
+    convs = conv_results(c)
+    assert len(convs) == 5
+    laid_out = nhwc_buffers(c)
+    assert [name in laid_out for name in convs] == [True, True, False, False, False], (convs, laid_out)
+    assert_no_restride_copies(c, inputs)
+
+
+def test_dense_convolutions_on_small_images_keep_eager_layout():
+    n, h = 1, 32
+    c = check(resnet_stages, *stage_inputs(n, h), atol=1e-4, rtol=1e-4)
+    assert not nhwc_buffers(c)
+
+
+def test_one_input_of_an_nhwc_and_an_nchw_convolution():
+    """A value read by a convolution that wants NHWC (large result) and by a strided one that does not:
+    it is laid out NHWC, and torch's NHWC result of the strided one is declared so (no copy)."""
+    torch.manual_seed(7)
+    x, w1, w2 = torch.randn(2, 3, 40, 40), torch.randn(8, 3, 3, 3), torch.randn(8, 8, 3, 3)
+
+    def fn(x, w1, w2):
+        y = torch.sigmoid(F.conv2d(x, w1, padding=1))
+        return F.conv2d(y, w2, padding=1).sum((2, 3)), F.conv2d(y, w2, stride=4).amax((2, 3))
+    c = check(fn, x, w1, w2)
+    assert all(name in nhwc_buffers(c) for name in conv_results(c))
+    assert_no_restride_copies(c, [x, w1, w2])
