@@ -14,8 +14,9 @@ every convolution NHWC), on large ones NHWC wins (the zoo's resnet18 at batch 8:
 is laid out channels-last when it is 4-D with static sizes, more than one channel and more than one pixel
 (so the NHWC strides differ from the NCHW ones in every dim that matters), no graph output or mutated input
 reaches it through views (outputs keep eager's strides), and it is either the input of such a convolution
-or computed elementwise from a channels-last convolution result, unless it is the input of a convolution
-that stays NCHW (that value's kernel writes NCHW: the transpose happens once, where the images are small).
+or computed elementwise (or padded) from a channels-last convolution result, unless it is the input of a
+convolution that stays NCHW (that value's kernel writes NCHW: the transpose happens once, where the images
+are small).
 A convolution whose input stays NCHW (the graph's input image) gets an NHWC copy of its weight instead,
 which makes torch return an NHWC result just the same. Every layout is correct: kernels address any
 strides, and the wrapper copies an extern's result whose strides differ from the expected ones
@@ -137,12 +138,20 @@ def channels_last_layout(graph: Graph) -> ConvLayout:
                 continue
             if id(x) in nhwc or is_channels_last(meta.shape, meta.strides):
                 results.add(id(node))   # torch returns NHWC for an NHWC input, wanted or not
-            elif id(node) in wanted and isinstance(w, Node) and isinstance(w.meta, TensorMeta) and eligible_shape(w.meta.shape):
+            elif id(node) in wanted and isinstance(w, Node) and isinstance(w.meta, TensorMeta) and \
+                    eligible_shape(w.meta.shape):
                 # an NCHW input (the graph's image): an NHWC copy of the weight makes torch return NHWC,
                 # so the layers after it need no transposing kernel
                 chosen.add(id(w))
                 results.add(id(node))
             nhwc |= results
+        elif node.op == "call_prim" and node.target is prims.pad and free(node) and \
+                id(node) not in nchw_inputs and id(node.args[0]) in nhwc:
+            # the padded input of a convolution kiln computes itself (kiln.ops.conv_gemm's windows): NHWC
+            # from an NHWC value, a contiguous copy instead of a transposing one (MobileNet at batch 8: its
+            # 8x8 stage's pad kernel took 330 us of a 3.2 ms call, gathering channels 128 apart)
+            chosen.add(id(node))
+            nhwc.add(id(node))
         elif node.op == "call_prim" and "elementwise" in node.target.tags and free(node) and \
                 id(node) not in nchw_inputs:
             shape = tuple(node.meta.shape)

@@ -311,3 +311,19 @@ def test_one_input_of_an_nhwc_and_an_nchw_convolution():
     c = check(fn, x, w1, w2)
     assert all(name in nhwc_buffers(c) for name in conv_results(c))
     assert_no_restride_copies(c, [x, w1, w2])
+
+
+def test_padded_input_of_kilns_depthwise_convolution_is_nhwc():
+    """A depthwise convolution kiln computes itself (windows of a padded input) after an NHWC value: the pad
+    is written NHWC (a contiguous copy, not a transposing gather)."""
+    torch.manual_seed(8)
+    x, w, dw = torch.randn(2, 3, 40, 40), torch.randn(8, 3, 3, 3), torch.randn(8, 1, 3, 3)
+
+    def fn(x, w, dw):
+        y = F.relu6(F.conv2d(x, w, padding=1))
+        return torch.sigmoid(F.conv2d(y, dw, stride=2, padding=1, groups=8)).mean((2, 3))
+    with config.patch(conv_depthwise_max_macs=1 << 30):
+        c = check(fn, x, w, dw)
+    assert len(conv_results(c)) == 1   # the dense one; the depthwise one is kiln's kernels
+    padded = [name for name in nhwc_buffers(c) if tuple(c.loop.buffers[name].layout.shape) == (2, 8, 42, 42)]
+    assert padded, nhwc_buffers(c)
