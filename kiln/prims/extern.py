@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..graph import TensorMeta
+from ..graph.layout import dense_strides_like, is_non_overlapping_and_dense
 from .registry import check, is_tensor, meta_of, prim, shape_text, wrap_dim
 
 
@@ -327,6 +328,12 @@ def _sdpa_flash_meta(q: Any, k: Any, v: Any, attn_mask: Any = None, is_causal: b
                   f"{shape_text(q)}, {shape_text(k)}, {shape_text(v)}")
     grouped = meta_of(k).shape[1] != qm.shape[1]  # grouped-query heads: k and v have fewer
     out = _sdpa_meta(q, k, v, attn_mask, is_causal, scale, grouped)
+    # the kernel writes into empty_like(q): q's strides when dense, else dense ones in q's dim order. A q
+    # sliced out of a fused qkv projection and transposed to [B, H, L, E] gives an out laid out [B, L, H, E],
+    # so the usual `out.transpose(1, 2).reshape(B, L, H * E)` after it is a view, as in eager
+    strides = qm.strides if is_non_overlapping_and_dense(qm.shape, qm.strides) else \
+        dense_strides_like(qm.shape, qm.strides)
+    out = TensorMeta(out.shape, out.dtype, out.device, strides)
     lse_shape = tuple(qm.shape[:-1])
     return out, TensorMeta(lse_shape, _flash_lse_dtype(qm.dtype), qm.device, _bhld_strides(lse_shape))
 
@@ -335,7 +342,8 @@ def _sdpa_flash_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask
                     is_causal: bool = False, scale: float | None = None) -> tuple:
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k, v, 0.0, is_causal, attn_mask=attn_mask, scale=scale)[:2]
-    return out.contiguous(), _in_layout(lse, _bhld_strides(tuple(lse.shape)))
+    # out has the meta's strides already (torch's empty_like(q)); the wrapper checks every extern's result
+    return out, _in_layout(lse, _bhld_strides(tuple(lse.shape)))
 
 
 sdpa_flash = prim(

@@ -101,3 +101,39 @@ def test_the_flash_choice_is_eagers_on_the_users_operands(counters, case):
     weight = torch.randn(2, 3, 6, 8)
     _compare(fn, (q, k, v), weight)
     assert counters["extern"]["prims.sdpa_flash"] == 0 and counters["extern"]["prims.sdpa"] == 1
+
+
+@pytest.mark.parametrize("layout", ["fused_qkv", "contiguous", "heads_outermost"])
+def test_flash_output_is_laid_out_as_eagers(layout):
+    """Eager's flash kernel writes into empty_like(q): for q split out of a fused qkv projection and
+    transposed, [B, L, H, E] in memory, so the transpose + reshape after the attention is a view. kiln's
+    output has eager's strides (compiled output returned as such) and the fused-qkv block compiles to no
+    kernel of its own (no copy of the attention's output, neither in the extern nor after it)."""
+    from kiln.backends.cpp import compile_graph
+    import kiln.ops
+    torch.manual_seed(1)
+    b, t, h, e = 2, 5, 3, 4
+    w = torch.randn(3 * h * e, h * e)
+
+    def make(x):
+        if layout == "fused_qkv":
+            q, k, v = (x @ w.t()).split(h * e, dim=-1)
+            return [z.reshape(b, t, h, e).transpose(1, 2) for z in (q, k, v)]
+        y = x @ w.t()  # views of it only: an elementwise result's strides are another matter
+        if layout == "contiguous":
+            return [y.reshape(3, b, h, t, e)[i] for i in range(3)]
+        return [y.reshape(b, t, 3, h, e)[:, :, i].permute(1, 0, 2, 3) for i in range(3)]
+
+    def attention(x):
+        return F.scaled_dot_product_attention(*make(x), is_causal=True)
+
+    def block(x):
+        return attention(x).transpose(1, 2).reshape(b, t, h * e)
+    x = torch.randn(b, t, h * e)
+    with torch.no_grad():
+        want, got = attention(x), kiln.compile(attention)(x)
+        assert torch.equal(got, want) and got.stride() == want.stride()
+        if layout == "fused_qkv":
+            compiled = compile_graph(kiln.ops.trace(block, x), [x])
+            assert torch.equal(compiled(x), block(x))
+            assert compiled.kernel_count == 0
