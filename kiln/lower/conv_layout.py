@@ -16,10 +16,9 @@ is laid out channels-last when it is 4-D with static sizes, more than one channe
 reaches it through views (outputs keep eager's strides), and it is either the input of such a convolution
 or computed elementwise (or padded) from a channels-last convolution result, unless it is the input of a
 convolution that stays NCHW (that value's kernel writes NCHW: the transpose happens once, where the images
-are small).
-A convolution whose input stays NCHW (the graph's input image) gets an NHWC copy of its weight instead,
-which makes torch return an NHWC result just the same. Every layout is correct: kernels address any
-strides, and the wrapper copies an extern's result whose strides differ from the expected ones
+are small). A convolution whose input stays NCHW (the graph's input image) gets an NHWC copy of its weight
+instead, which makes torch return an NHWC result just the same. Every layout is correct: kernels address
+any strides, and the wrapper copies an extern's result whose strides differ from the expected ones
 (`_restride`); the choice here only decides the speed.
 """
 from __future__ import annotations
@@ -92,7 +91,7 @@ class ConvLayout:
     results: set[int] = dataclasses.field(default_factory=set)
 
 
-# A dense convolution is laid out NHWC when its input has at least this many pixels (N * H * W). oneDNN's
+# A dense convolution is laid out NHWC when its result has at least this many pixels (N * H * W). oneDNN's
 # NHWC convolution wins on large images (one thread, 3x3, 16 -> 16 channels at 32x32: batch 8 599 -> 368
 # us) and loses or ties on small ones (batch 1: 100 -> 104 us; 4x4 at batch 8: 314 -> 304 us only with
 # an NHWC weight, 398 us when torch converts the weight per call); `bench/bench_conv.py --layout`. The

@@ -331,9 +331,10 @@ def _sdpa_flash_meta(q: Any, k: Any, v: Any, attn_mask: Any = None, is_causal: b
     # the kernel writes into empty_like(q): q's strides when dense, else dense ones in q's dim order. A q
     # sliced out of a fused qkv projection and transposed to [B, H, L, E] gives an out laid out [B, L, H, E],
     # so the usual `out.transpose(1, 2).reshape(B, L, H * E)` after it is a view, as in eager
-    strides = qm.strides if is_non_overlapping_and_dense(qm.shape, qm.strides) else \
-        dense_strides_like(qm.shape, qm.strides)
-    out = TensorMeta(out.shape, out.dtype, out.device, strides)
+    if all(isinstance(d, int) for d in (*qm.shape, *qm.strides)):   # (symbolic: contiguous, as before)
+        strides = qm.strides if is_non_overlapping_and_dense(qm.shape, qm.strides) else \
+            dense_strides_like(qm.shape, qm.strides)
+        out = TensorMeta(out.shape, out.dtype, out.device, strides)
     lse_shape = tuple(qm.shape[:-1])
     return out, TensorMeta(lse_shape, _flash_lse_dtype(qm.dtype), qm.device, _bhld_strides(lse_shape))
 
