@@ -8,7 +8,8 @@ does it reach — and this module is the one place that answers them.
 Sizes, strides and offsets are `Dim`s: ints or sympy expressions (symbolic sizes). `numel`,
 `contiguous_strides`, `strides_in_order`, `is_contiguous` and `storage_size` compute with either; a
 symbolic size is used as it is (taken not to be 0). The rules that sort dims by stride
-(`is_non_overlapping_and_dense`, `is_non_overlapping`, `dense_strides_like`) need comparable strides:
+(`is_non_overlapping_and_dense`, `is_non_overlapping`, `dense_strides_like`, `preserve_strides`) need
+comparable strides:
 ints, or expressions whose order sympy can decide.
 """
 from __future__ import annotations
@@ -124,6 +125,14 @@ def dense_strides_like(shape: Sequence[Dim], strides: Sequence[Dim]) -> tuple[Di
             elif comparison < 0:
                 break
     return strides_in_order(shape, perm)
+
+
+def preserve_strides(shape: Sequence[Dim], strides: Sequence[Dim]) -> tuple[Dim, ...]:
+    """The strides eager's empty_like(preserve_format) gives a tensor of this layout: its own when
+    non-overlapping and dense, else dense ones in its dim order (`dense_strides_like`)."""
+    if is_non_overlapping_and_dense(shape, strides):
+        return tuple(strides)
+    return dense_strides_like(shape, strides)
 
 
 def storage_size(shape: Sequence[Dim], strides: Sequence[Dim], offset: Dim = 0) -> Dim:

@@ -17,7 +17,7 @@ import torch
 from ..graph.symbolic import SymInt
 from .. import prims
 from ..prims.registry import check
-from ..prims.shape import dense_strides_like, is_non_overlapping_and_dense
+from ..prims.shape import is_non_overlapping_and_dense, preserve_strides
 from .registry import NoDecomposition, mark_inplace, register
 from .utils import is_tensor, result_type, scalar_dtype
 
@@ -215,9 +215,7 @@ def _like_layout(a: Any, memory_format: Any) -> tuple[tuple, tuple, bool] | None
     order eager's empty_like(a, memory_format) gives; None for plain contiguous strides."""
     shape = tuple(a.shape)
     if memory_format is None or memory_format == torch.preserve_format:
-        strides = tuple(a.stride())
-        if not is_non_overlapping_and_dense(shape, strides):
-            strides = dense_strides_like(shape, strides)
+        strides = preserve_strides(shape, tuple(a.stride()))
     elif memory_format in (torch.contiguous_format, torch.channels_last, torch.channels_last_3d):
         strides = prims.shape.memory_format_strides(shape, memory_format, "empty_like")
     else:

@@ -149,10 +149,9 @@ def column_stack(tensors: Any) -> Any:
 
 def _layout_perm(a: Any) -> tuple:
     """Dims from outermost to innermost in memory (by stride), the order eager's copies keep."""
-    from ..prims.shape import dense_strides_like, is_non_overlapping_and_dense
-    shape, strides = tuple(a.shape), tuple(a.stride())
-    if not is_non_overlapping_and_dense(shape, strides):
-        strides = dense_strides_like(shape, strides)
+    from ..prims.shape import preserve_strides
+    shape = tuple(a.shape)
+    strides = preserve_strides(shape, tuple(a.stride()))
     return tuple(sorted(range(a.ndim), key=lambda d: (-strides[d], -shape[d], d)))
 
 

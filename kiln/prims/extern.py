@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..graph import TensorMeta
-from ..graph.layout import dense_strides_like, is_non_overlapping_and_dense
+from ..graph.layout import preserve_strides
 from .registry import check, is_tensor, meta_of, prim, shape_text, wrap_dim
 
 
@@ -328,13 +328,11 @@ def _sdpa_flash_meta(q: Any, k: Any, v: Any, attn_mask: Any = None, is_causal: b
                   f"{shape_text(q)}, {shape_text(k)}, {shape_text(v)}")
     grouped = meta_of(k).shape[1] != qm.shape[1]  # grouped-query heads: k and v have fewer
     out = _sdpa_meta(q, k, v, attn_mask, is_causal, scale, grouped)
-    # the kernel writes into empty_like(q): q's strides when dense, else dense ones in q's dim order. A q
-    # sliced out of a fused qkv projection and transposed to [B, H, L, E] gives an out laid out [B, L, H, E],
-    # so the usual `out.transpose(1, 2).reshape(B, L, H * E)` after it is a view, as in eager
+    # the kernel writes into empty_like(q). A q sliced out of a fused qkv projection and transposed to
+    # [B, H, L, E] gives an out laid out [B, L, H, E], so the usual `out.transpose(1, 2).reshape(B, L, H * E)`
+    # after it is a view, as in eager
     if all(isinstance(d, int) for d in (*qm.shape, *qm.strides)):   # (symbolic: contiguous, as before)
-        strides = qm.strides if is_non_overlapping_and_dense(qm.shape, qm.strides) else \
-            dense_strides_like(qm.shape, qm.strides)
-        out = TensorMeta(out.shape, out.dtype, out.device, strides)
+        out = TensorMeta(out.shape, out.dtype, out.device, preserve_strides(qm.shape, qm.strides))
     lse_shape = tuple(qm.shape[:-1])
     return out, TensorMeta(lse_shape, _flash_lse_dtype(qm.dtype), qm.device, _bhld_strides(lse_shape))
 

@@ -29,8 +29,8 @@ import torch
 from ..graph.symbolic import SymInt, any_holds, broadcastable, has_symbols, same_sizes, surely_one
 from ..graph import TensorMeta
 # (kiln.ops imports the layout rules it needs from here too)
-from ..graph.layout import (contiguous_strides, dense_strides_like, is_non_overlapping_and_dense, numel,
-                            strides_in_order)
+from ..graph.layout import (contiguous_strides, is_non_overlapping_and_dense, numel,
+                            preserve_strides, strides_in_order)
 from .registry import check, is_tensor, meta_of, prim, shape_text
 
 
@@ -396,10 +396,7 @@ pad = prim("pad", _pad_meta, _pad_ref,
 def _clone_meta(a: Any, memory_format: torch.memory_format = torch.contiguous_format) -> TensorMeta:
     m = _tensor_meta("clone", a)
     if memory_format == torch.preserve_format:
-        if is_non_overlapping_and_dense(m.shape, m.strides):
-            strides = m.strides
-        else:
-            strides = dense_strides_like(m.shape, m.strides)
+        strides = preserve_strides(m.shape, m.strides)
     else:
         strides = memory_format_strides(m.shape, memory_format, "prims.clone")
     return TensorMeta(m.shape, m.dtype, m.device, strides)

@@ -49,6 +49,11 @@ def test_dense_strides_like_matches_empty_like():
                 (t.shape, t.stride())
 
 
+def test_preserve_strides_matches_empty_like():
+    for t in strided_tensors():
+        assert layout.preserve_strides(t.shape, t.stride()) == torch.empty_like(t).stride(), (t.shape, t.stride())
+
+
 def test_strides_in_order_is_a_memory_format():
     x = torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last)
     assert layout.strides_in_order((2, 3, 4, 5), (1, 3, 2, 0)) == x.stride()
