@@ -7,8 +7,9 @@ as eagerly. A raise that no frame handles breaks the graph and the code runs nat
 
 A with-block calls the manager's `__enter__` and `__exit__` (inlined when they are Python:
 `contextlib.contextmanager`, `suppress`, `nullcontext`, `ExitStack`, user classes); torch.no_grad() and
-friends switch grad mode in the graph. Managers from torch itself other than those (autocast, profilers)
-change global state kiln would not replay: they break the graph.
+friends switch grad mode in the graph; torch.autocast regions (the with-statement and the decorator) set
+autocast's state for the ops traced inside, which record its casts (kiln.ops.autocast). Managers from torch
+itself other than those (profilers, ...) change global state kiln would not replay: they break the graph.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..ops import autocast
 from .errors import HINTS, GraphBreak, RaisedError
 
 
@@ -50,6 +52,39 @@ def set_grad(cap: Any, enabled: bool) -> None:
     cap.graph.call_torch(torch._C._set_grad_enabled, (enabled,), {}, None, origin=cap.tracer.origin)
     torch._C._set_grad_enabled(enabled)
     cap.grad_changes += 1
+
+
+class AutocastContext:
+    """A torch.autocast instance in a with-block: while tracing its body, autocast's state is the one the
+    region sets (for the ops' examples and their casts); leaving restores the state before it."""
+
+    def __init__(self, manager: Any):
+        self.manager = manager
+        self.prev: tuple | None = None
+
+    def enter(self, cap: Any) -> Any:
+        m = self.manager
+        if m.device not in autocast.DEVICES:
+            raise GraphBreak(f"torch.autocast for device {m.device!r} (kiln follows cpu and cuda)")
+        self.prev = autocast.saved()
+        torch.set_autocast_enabled(m.device, bool(m._enabled))
+        if m.fast_dtype is not None:
+            torch.set_autocast_dtype(m.device, m.fast_dtype)
+        torch.set_autocast_cache_enabled(bool(m._cache_enabled))
+        return m  # `with torch.autocast(...) as a` binds the manager itself
+
+    def exit_fn(self) -> "AutocastExit":
+        return AutocastExit(self)
+
+
+class AutocastExit:
+    def __init__(self, ctx: AutocastContext):
+        self.ctx = ctx
+
+    def leave(self) -> bool:
+        if self.ctx.prev is not None:
+            autocast.restore(self.ctx.prev)
+        return False  # exceptions propagate
 
 
 class BlockOps:
@@ -127,7 +162,9 @@ class BlockOps:
         manager = self.pop()
         if type(manager) in (torch.no_grad, torch.enable_grad):  # an instance made outside
             manager = GradModeContext(type(manager) is torch.enable_grad)
-        if isinstance(manager, GradModeContext):
+        if isinstance(manager, torch.amp.autocast_mode.autocast):  # (and the cpu/cuda subclasses)
+            manager = AutocastContext(manager)
+        if isinstance(manager, (GradModeContext, AutocastContext)):
             self.push(manager.exit_fn())
             self.push(manager.enter(self.cap))
             return

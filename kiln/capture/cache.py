@@ -23,6 +23,7 @@ from .. import config
 from ..counters import counters
 from ..graph import count_ops
 from ..graph.pipeline import without_cyclic_gc
+from ..ops import autocast
 from .dynamic import changed_dims, changed_ints
 from .entry import MISS, NO_SELF, make_eager_entry, make_graph_entry, source_reader
 from .errors import BreakRecord, GraphBreak, GraphBreakError
@@ -225,12 +226,15 @@ class CompiledFunction:
                       dynamic_dims=self.cache.dynamic_dims)
         rng = torch.random.get_rng_state()
         grad = torch.is_grad_enabled()
+        autocast_before = autocast.saved()
+        cap.autocast_entry = autocast.state()
         brk: GraphBreak | None = None
         frame = ret = None
         stopped = False
         grad_changed = False
         try:
             cap.guards.grad_mode(grad)
+            cap.guards.autocast(cap.autocast_entry)
             cap.guards.default_dtype(torch.get_default_dtype())
             try:
                 values = bind_arguments(fn, args, kwargs)
@@ -249,6 +253,7 @@ class CompiledFunction:
             grad_changed = torch.is_grad_enabled() != grad
             torch.random.set_rng_state(rng)
             torch._C._set_grad_enabled(grad)
+            autocast.restore(autocast_before)  # (a region the capture entered and did not leave)
         return cap, frame, ret, brk, stopped, grad_changed
 
     @without_cyclic_gc

@@ -23,7 +23,7 @@ from ..ops import UnsupportedError
 from ..ops import call as ops_call
 from ..ops.trace import _RecordMode
 from .errors import HINTS, GraphBreak, RaisedError
-from .blocks import GradModeContext, GradModeExit, set_grad
+from .blocks import AutocastExit, GradModeContext, GradModeExit, set_grad
 from .builtin_calls import _BUILTIN_HANDLERS, _BUILTIN_TYPES, _SPECIAL_FUNCTIONS, _type, sort_items
 from .entry import NO_SELF
 from .guards import is_constant
@@ -150,6 +150,8 @@ class CallOps:
             if ctx.prev is not None:
                 set_grad(cap, ctx.prev)
             return None
+        if isinstance(fn, AutocastExit):
+            return fn.leave()
         if isinstance(fn, torch.nn.Module):
             return self.call_module(fn, args, kwargs)
         if isinstance(fn, types.MethodType):
@@ -413,6 +415,12 @@ class CallOps:
             return GradModeContext(mode, prev)
         if cls is super:
             return self.make_super(args)
+        if issubclass(cls, torch.amp.autocast_mode.autocast):
+            # made natively (it only reads autocast's state and checks its arguments); entering it is
+            # followed by the interpreter (AutocastContext)
+            if any(isinstance(v, Proxy) for v in flatten((args, kwargs))):
+                raise GraphBreak("torch.autocast with a tensor argument")
+            return cap.new_local(self.native(cls, args, kwargs, cls.__qualname__))
         if cls in LAZY_TYPES:
             lazy = make_lazy(self, cls, args, kwargs)
             if lazy is not None:

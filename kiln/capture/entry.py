@@ -28,6 +28,7 @@ from .. import config
 from ..counters import counters
 from ..graph import Proxy, torch_callable
 from ..graph import memo
+from ..ops import autocast
 from ..graph.graph import is_random_target
 from ..graph.symbolic import SymInt, has_symbols, python_expr, specialize_all, substitute
 from ..ops.registry import aliases
@@ -262,7 +263,13 @@ def run_with_torch(graph: Any, example_inputs: list) -> Any:
 def compile_for_entry(cap: Capture, graph: Any, compile_graph: Any, inputs: list[str]) -> Any:
     """The compiled graph an entry calls: the backend's, through SymbolicGraph when sizes are symbolic.
     A symbolic size that is no input's dim (an int argument) is passed after the tensors: its source
-    expression is appended to `inputs`."""
+    expression is appended to `inputs`. Captured under torch.autocast, it runs with autocast off (the
+    graph holds autocast's casts)."""
+    compiled = _compile_for_entry(cap, graph, compile_graph, inputs)
+    return autocast.AutocastOff(compiled) if cap.autocast_entry else compiled
+
+
+def _compile_for_entry(cap: Capture, graph: Any, compile_graph: Any, inputs: list[str]) -> Any:
     if is_symbolic_graph(graph):
         counters["dynamic_graphs"][graph.name] += 1
         loose = unbound_symbols(graph)

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from .. import config
+from ..ops.autocast import describe, state as autocast_state
 from .sources import Namespace, Source
 
 log = config.channel("guards")
@@ -125,6 +126,15 @@ class GuardSet:
     def grad_mode(self, enabled: bool) -> None:
         fn = self.ns.hold(torch.is_grad_enabled, "is_grad_enabled")
         self.add(f"{fn}() is {enabled}", f"torch.is_grad_enabled() is {enabled}", "grad_mode")
+
+    def autocast(self, state: tuple) -> None:
+        """torch.autocast's state (per device: on, and its dtype): it changes what ops compute."""
+        if not state:
+            fn = self.ns.hold(torch._C._is_any_autocast_enabled, "is_any_autocast_enabled")
+            self.add(f"not {fn}()", "torch.autocast is off", "autocast")
+            return
+        fn = self.ns.hold(autocast_state, "autocast_state")
+        self.add(f"{fn}() == {self.ns.literal(state)}", f"torch.autocast state is {describe(state)}", "autocast")
 
     def default_dtype(self, dtype: torch.dtype) -> None:
         """Factories without a dtype (torch.ones(2), torch.tensor([1.5])) bake the default dtype in."""

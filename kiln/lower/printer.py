@@ -99,7 +99,7 @@ def _path(obj: Any) -> str | None:
 
 def _rebuilt(obj: Any, depth: int) -> str | None:
     """`rebuild(cls, state)` for an instance of an importable class whose attributes can be spelled (a
-    callable object such as kiln.ops.registry.OnCopy), through the pickle protocol's plain-object form."""
+    callable object such as kiln.ops.targets.OnCopy), through the pickle protocol's plain-object form."""
     cls_path = _path(type(obj))
     if cls_path is None or depth > 4:
         return None

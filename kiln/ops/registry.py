@@ -29,7 +29,9 @@ from ..graph import (DataDependentError, Graph, Proxy, TensorMeta, Tracer, curre
                      dense_strides, flatten, map_structure, torch_name, tracing)
 from ..graph.proxy import set_torch_call_handler
 from ..graph.symbolic import has_symbols, hint_of, specialize_all
+from . import autocast
 from . import updates as argument_updates
+from .targets import OnCopy, TensorLeaves
 from .overlap import overlaps_itself, shared_memory, uniform_fill
 
 log = config.channel("prims")
@@ -289,6 +291,9 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     if kwargs.get("out") is not None:
         return _record_out(tracer, func, args, kwargs)
     args, kwargs = _lift(graph, args, kwargs)
+    # autocast's casts become nodes of the graph; the op then runs as it would with autocast off
+    args, kwargs, autocast_cast = autocast.cast_inputs(func, args, kwargs)
+    region = autocast.state()
     name = _op_name(func)
     flag_op = getattr(func, "__name__", "")
     if flag_op in _RESTRIDE_INPLACE and args and isinstance(args[0], Proxy):
@@ -322,7 +327,7 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     argument_updates.begin(sub)
     if fn is not None:
         try:
-            with tracing(Tracer(sub, inline=True)):
+            with tracing(Tracer(sub, inline=True)), autocast.autocast_off():
                 result = fn(*sub_args, **sub_kwargs)
             decomposition = sub
         except NoDecomposition as e:
@@ -386,6 +391,8 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     if decomposition is None:
         counters["fallback"][name] += 1
         if real is None:
+            if region and not autocast_cast:  # (meta tensors do not see autocast)
+                raise UnsupportedError(f"{name} runs with torch under torch.autocast with no example values")
             try:
                 real = _eager(func, args, kwargs, "meta")
             except Exception as e:
@@ -414,6 +421,8 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
         if decomposition is not None:
             decomposition.output_node.args = (tuple(p.node for p in flatten(structure) if isinstance(p, Proxy)),)
             dce(decomposition)
+    if decomposition is None and region and not autocast_cast:
+        target = autocast.UnderAutocast(target, region)  # eager's result depends on the state
     if _output_requires_grad(func, args, kwargs):
         metas = tuple(dataclasses.replace(m, requires_grad=True) if m.dtype.is_floating_point or
                       m.dtype.is_complex else m for m in metas)
@@ -466,41 +475,6 @@ def _output_requires_grad(func: Any, args: tuple, kwargs: dict) -> bool:
 
 def _flat_tensor_sequence(structure: Any) -> bool:
     return isinstance(structure, (tuple, list)) and all(isinstance(v, (Proxy, torch.Tensor)) for v in structure)
-
-
-class TensorLeaves:
-    """Calls a torch op whose result nests tensors and returns its tensors as one flat tuple."""
-
-    def __init__(self, fn: Any):
-        self.fn = fn
-        self.__name__ = getattr(fn, "__name__", "op")
-        self.__qualname__ = f"tensor_leaves({torch_name(fn)})"
-        self.__module__ = "kiln.ops.registry"
-
-    def __call__(self, *args: Any, **kwargs: Any) -> tuple:
-        return tuple(v for v in flatten(self.fn(*args, **kwargs)) if isinstance(v, torch.Tensor))
-
-    def __repr__(self) -> str:
-        return self.__qualname__
-
-
-class OnCopy:
-    """Runs an in-place torch op on a copy of its first argument and returns the updated copy (also when
-    the op returns None, like Tensor.__setitem__)."""
-
-    def __init__(self, fn: Any):
-        self.fn = fn
-        self.__name__ = getattr(fn, "__name__", "op")
-        self.__qualname__ = f"on_copy({torch_name(fn)})"
-        self.__module__ = "kiln.ops.registry"
-
-    def __call__(self, target: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        copy = target.clone()
-        out = self.fn(copy, *args, **kwargs)
-        return copy if out is None or out is target else out  # None: Tensor.__setitem__
-
-    def __repr__(self) -> str:
-        return self.__qualname__
 
 
 def _identity_output(result: Any, sub_inputs: list[Proxy], outer: list[Proxy]) -> Any:
@@ -569,6 +543,8 @@ def _record_out(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     flat = list(targets) if isinstance(targets, (tuple, list)) else [targets]
     if not all(isinstance(t, Proxy) for t in flat):
         raise UnsupportedError(f"{name}(out=...) writes a tensor that is not traced (a constant)")
+    if autocast.policy_of(func, args, kwargs) is not None:
+        raise UnsupportedError(f"{name}(out=...) under torch.autocast (eager casts only out-of-place ops)")
     for t in flat:
         _check_inplace(tracer.graph, func, (t, *args, *kwargs.values()))
     result = _record(tracer, func, args, kwargs)
