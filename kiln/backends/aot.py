@@ -33,6 +33,7 @@ from ..graph.layout import contiguous_strides
 from ..graph.meta import TensorMeta
 from ..graph.specialize import size_bindings, specialize_graph, unbound_symbols
 from ..graph.symbolic import SymInt, has_symbols, substitute
+from ..ops import autocast
 
 _VIEW_PRIMS = {"view", "permute", "squeeze", "expand_dims", "broadcast_in_dim", "slice", "diagonal",
                "as_strided", "unfold"}
@@ -197,10 +198,16 @@ class KilnFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:
         state: _State = ctx.state
-        joint = state.joint
         everything = ctx.saved_tensors
         saved, inputs_kept = everything[:ctx.n_saved], everything[ctx.n_saved:]
         by_leaf = dict(zip(ctx.tensor_positions, grads))
+        # (backward() called inside a torch.autocast region: the backward graph's externs must not cast)
+        with autocast.autocast_off():
+            return KilnFunction._backward(ctx, state, saved, inputs_kept, by_leaf)
+
+    @staticmethod
+    def _backward(ctx: Any, state: _State, saved: tuple, inputs_kept: tuple, by_leaf: dict) -> Any:
+        joint = state.joint
         if torch.is_grad_enabled():
             return (None,) + state.double_backward(list(inputs_kept), by_leaf)
         inputs = []

@@ -1,0 +1,308 @@
+"""torch.autocast under kiln.compile: its state is guarded (a switch recaptures), its policy becomes explicit
+casts in the graph, regions inside compiled code are captured, and results equal eager autocast's.
+
+Each case runs the same program eagerly and compiled, under the same autocast state, and compares values
+and dtypes (bit-equal where kiln runs the same arithmetic as eager: casts, mm, and elementwise ops in the
+autocast dtype); models are judged by the accuracy rule against an fp64 reference.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln.ops import autocast as kiln_autocast
+from kiln.testing import models as zoo
+from kiln.testing.accuracy import check
+
+pytestmark = pytest.mark.usefixtures("kiln_cache")
+
+LOW = [torch.bfloat16, torch.float16]
+BACKENDS = ["eager", "cpp"]
+
+
+def _same(eager, compiled):
+    """Equal values and dtypes, leaf by leaf."""
+    if isinstance(eager, (tuple, list)):
+        assert len(eager) == len(compiled)
+        for e, c in zip(eager, compiled):
+            _same(e, c)
+        return
+    if isinstance(eager, torch.Tensor):
+        assert compiled.dtype == eager.dtype, (compiled.dtype, eager.dtype)
+        torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    else:
+        assert compiled == eager
+
+
+def _relu_mm(x, w):
+    return torch.relu(x @ w) + 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("first_on", [False, True])
+def test_switching_autocast_recaptures(backend, first_on, counters):
+    """The issue's repro: a capture made without autocast was reused under it (values ~1e27 off), and the
+    other order too. Every call now equals eager's, and each switch is a counted recompile."""
+    kiln.reset()
+    cf = kiln.compile(_relu_mm, backend=backend)
+    x, w = torch.randn(8, 16), torch.randn(16, 4)
+    states = [True, False, True, False] if first_on else [False, True, False, True]
+    for on in states:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=on):
+            eager, compiled = _relu_mm(x, w), cf(x, w)
+        _same(eager, compiled)
+        assert compiled.dtype == (torch.bfloat16 if on else torch.float32)
+    assert sum(counters["captures"].values()) == 2
+    reasons = " ".join(counters["recompiles"])
+    assert "torch.autocast is off" in reasons or "torch.autocast state is cpu: bfloat16" in reasons
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_autocast_dtype_change_recaptures(dtype):
+    kiln.reset()
+    cf = kiln.compile(_relu_mm, backend="cpp")
+    x, w = torch.randn(8, 16), torch.randn(16, 4)
+    for d in (torch.bfloat16, torch.float16, dtype):
+        with torch.autocast("cpu", dtype=d):
+            _same(_relu_mm(x, w), cf(x, w))
+
+
+class _ConvNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8 * 8 * 8, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        return self.fc(y.flatten(1)).softmax(-1), y.sum()
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_conv_batchnorm_linear_model(dtype, counters):
+    """A Conv/BatchNorm/Linear model gave values around -4.5e21 or NaN under autocast."""
+    kiln.reset()
+    model = _ConvNet().eval()
+    cm = kiln.compile(model, backend="cpp")
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        for on in (False, True, False, True):
+            with torch.autocast("cpu", dtype=dtype, enabled=on):
+                eager, compiled = model(x), cm(x)
+            for e, c in zip(eager, compiled):
+                assert c.dtype == e.dtype
+                torch.testing.assert_close(c.float(), e.float(), rtol=2e-2, atol=2e-2)
+    assert not [k for k in counters["fallback"] if "conv" in k or "linear" in k]
+
+
+def _regions(x, w):
+    y = x @ w  # outside: float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z = torch.relu(x @ w) + 1
+        enabled = torch.is_autocast_enabled("cpu")
+        with torch.autocast("cpu", enabled=False):
+            q = z.float() @ w.t()  # a disabled region nested in an enabled one: float32
+        with torch.autocast("cpu", dtype=torch.float16):
+            h = x @ w  # nested with another dtype
+        e = torch.einsum("ij,jk->ik", x, w)  # a composite whose inner bmm autocast reaches
+    return y, z, q, h, e, enabled, torch.is_autocast_enabled("cpu")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_regions_inside_compiled_code(backend, counters):
+    """with torch.autocast(...) in compiled code is captured (one graph, no break); nested regions, a
+    disabled region, torch.is_autocast_enabled() inside; the state after the call is eager's."""
+    kiln.reset()
+    cf = kiln.compile(_regions, backend=backend)
+    x, w = torch.randn(8, 16), torch.randn(16, 4)
+    for _ in range(2):
+        _same(_regions(x, w), cf(x, w))
+        assert not torch.is_autocast_enabled("cpu")
+    assert sum(counters["graphs"].values()) == 1
+    assert not counters["graph_breaks"]
+
+
+def test_region_entered_outside_and_inside(counters):
+    """A region around the compiled call and another inside it."""
+    kiln.reset()
+    cf = kiln.compile(_regions, backend="cpp")
+    x, w = torch.randn(8, 16), torch.randn(16, 4)
+    with torch.autocast("cpu", dtype=torch.float16):
+        _same(_regions(x, w), cf(x, w))
+        assert torch.get_autocast_dtype("cpu") == torch.float16 and torch.is_autocast_enabled("cpu")
+
+
+_DECORATOR = torch.autocast("cpu", dtype=torch.bfloat16)
+
+
+@_DECORATOR
+def _decorated(x, w):
+    return F.linear(x, w.t()).softmax(-1), F.cross_entropy(x @ w, torch.tensor([0, 1, 2, 3] * 2))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_decorator_form(backend):
+    kiln.reset()
+    cf = kiln.compile(_decorated, backend=backend)
+    x, w = torch.randn(8, 16), torch.randn(16, 4)
+    for _ in range(2):
+        _same(_decorated(x, w), cf(x, w))
+    assert not torch.is_autocast_enabled("cpu")
+
+
+class _Custom(torch.autograd.Function):
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a.mm(b)
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        return g.mm(b.t()), a.t().mm(g)
+
+
+def _custom(x, w):
+    return _Custom.apply(x @ w, w.t()).relu()
+
+
+def test_custom_fwd_bwd():
+    kiln.reset()
+    cf = kiln.compile(_custom, backend="cpp")
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _same(_custom(x, w), cf(x, w))
+
+
+# ops of each cast policy, and ops autocast leaves alone
+_OPS = {
+    "addmm": lambda b, x, w: torch.addmm(b, x, w),
+    "baddbmm": lambda b, x, w: torch.baddbmm(b.expand(2, 8, 4), x.expand(2, 8, 16), w.expand(2, 16, 4)),
+    "matmul_bias": lambda b, x, w: F.linear(x, w.t(), b),
+    "mixed_inputs": lambda b, x, w: x.to(torch.bfloat16) @ w,  # mm of a bf16 and an f32 operand
+    "fp32_policy": lambda b, x, w: F.mse_loss(x.to(torch.bfloat16) @ w, (x @ w).to(torch.bfloat16)),
+    "cat_promote": lambda b, x, w: torch.cat([x @ w, b.expand(8, 4)]),
+    "stack_low": lambda b, x, w: torch.stack([x @ w, x @ w]),
+    "double_not_cast": lambda b, x, w: x.double() @ w.double(),
+    "passthrough": lambda b, x, w: (x @ w).float().exp().sum(-1),
+}
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("case", sorted(_OPS))
+def test_policy_ops(case, dtype, counters):
+    kiln.reset()
+    fn = _OPS[case]
+    cf = kiln.compile(fn, backend="cpp")
+    b, x, w = torch.randn(4), torch.randn(8, 16), torch.randn(16, 4)
+    with torch.autocast("cpu", dtype=dtype):
+        eager, compiled = fn(b, x, w), cf(b, x, w)
+    assert compiled.dtype == eager.dtype
+    torch.testing.assert_close(compiled.double(), eager.double(), rtol=1e-2, atol=1e-2)
+    assert not counters["fallback"], dict(counters["fallback"])
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("grad", [False, True])
+def test_grad_mode(dtype, grad):
+    kiln.reset()
+    cf = kiln.compile(_relu_mm, backend="cpp")
+    x, w = torch.randn(8, 16), torch.randn(16, 4, requires_grad=True)
+    with torch.set_grad_enabled(grad), torch.autocast("cpu", dtype=dtype):
+        eager, compiled = _relu_mm(x, w), cf(x, w)
+    _same(eager.detach(), compiled.detach())
+    assert compiled.requires_grad == eager.requires_grad
+
+
+@pytest.mark.parametrize("backward_inside", [False, True])
+@pytest.mark.parametrize("name", ["mlp", "resnet_tiny", "nanogpt_tiny"])
+def test_training_step(name, backward_inside):
+    """A training step under autocast: gradients by the accuracy rule against fp64, as eager's. With
+    backward() inside the region, the compiled backward's externs once cast again (NaN gradients)."""
+    kiln.reset()
+    model, (args, kwargs) = zoo.build(name)
+    model.train()
+    compiled_model, ref = copy.deepcopy(model), copy.deepcopy(model).double()
+    cm = kiln.compile(compiled_model, backend="cpp")
+    for m, on in ((model, True), (cm, True), (ref, False)):
+        torch.manual_seed(0)
+        inputs = [a.double() if a.is_floating_point() and not on else a for a in args]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=on):
+            loss = m(*inputs, **kwargs).float().pow(2).mean()
+            if backward_inside:
+                loss.backward()
+        if not backward_inside:
+            loss.backward()
+    grads = [[p.grad for p in m.parameters()] for m in (model, compiled_model, ref)]
+    verdict = check(grads[1], grads[0], grads[2])
+    assert verdict.passed, verdict.reason
+    assert all(g1.dtype == g0.dtype for g0, g1 in zip(grads[0], grads[1]))
+
+
+_LIBRARY_PRIMS = ("linear", "matmul", "mm", "sdpa", "scaled_dot_product", "conv", "addmm")
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("name", ["mlp", "resnet_tiny", "nanogpt_tiny", "llama", "hf_gpt2", "hf_bert"])
+def test_zoo_under_autocast(name, dtype, counters):
+    """Zoo and Hugging Face models under autocast: right by the accuracy rule, no linear, matmul,
+    convolution or attention running with torch, and the next call without autocast right too."""
+    spec = zoo.get(name)
+    if not spec.available():
+        pytest.skip(f"needs {spec.requires}")
+    kiln.reset()
+    model, (args, kwargs) = zoo.build(name)
+    ref_model = copy.deepcopy(model).double()
+    cm = kiln.compile(model, backend="cpp")
+    with torch.no_grad():
+        ref = ref_model(*[a.double() if a.is_floating_point() else a for a in args], **kwargs)
+        with torch.autocast("cpu", dtype=dtype):
+            eager, compiled = model(*args, **kwargs), cm(*args, **kwargs)
+        verdict = check(compiled, eager, ref)
+        assert verdict.passed, verdict.reason
+        verdict = check(cm(*args, **kwargs), model(*args, **kwargs), ref)
+        assert verdict.passed, verdict.reason
+    assert not [k for k in counters["fallback"] if any(w in k for w in _LIBRARY_PRIMS)], \
+        dict(counters["fallback"])
+
+
+def test_policy_table_against_dispatcher():
+    """Every op kiln casts to the autocast dtype or to the widest input has an autocast kernel of that
+    kind in some torch release; those the installed torch registers for the CPU include the matmuls,
+    convolutions and attention (the ops that decide a model's speed)."""
+    registered = kiln_autocast._registered("cpu")
+    for name in ("mm", "bmm", "addmm", "baddbmm", "linear", "matmul", "conv2d", "scaled_dot_product_attention",
+                 "cat", "stack"):
+        assert name in registered, name
+    assert "einsum" not in kiln_autocast._registered("cpu")  # a composite: runs with torch under a region
+
+
+def test_state_after_failed_capture_is_restored():
+    """A region the capture entered is left as eager leaves it even when the frame breaks inside it."""
+    def f(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = x @ x
+            print_ = str(y.sum().item())  # a graph break inside the region (the frame runs natively)
+        return y, print_
+    kiln.reset()
+    cf = kiln.compile(f, backend="eager")
+    x = torch.randn(4, 4)
+    eager, compiled = f(x), cf(x)
+    _same(eager[0], compiled[0])
+    assert not torch.is_autocast_enabled("cpu")
+    assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
+def test_explain_names_the_autocast_guard():
+    kiln.reset()
+    x, w = torch.randn(8, 16), torch.randn(16, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        report = kiln.explain(_relu_mm, x, w)
+    assert "torch.autocast state is cpu: bfloat16" in str(report)
