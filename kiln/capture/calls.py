@@ -140,6 +140,14 @@ class CallOps:
     def call(self, fn: Any, args: list, kwargs: dict) -> Any:
         """Call `fn` on symbolic arguments: inline it, record it, or break."""
         cap = self.cap
+        owner = getattr(fn, "__self__", None)
+        if isinstance(owner, type) and issubclass(owner, torch.autograd.Function) and \
+                getattr(fn, "__name__", "") == "apply" and torch.is_grad_enabled() and any(
+                    isinstance(a, Proxy) and a.meta.requires_grad for a in flatten((args, kwargs))):
+            # its forward would be traced as plain ops and differentiated by kiln's rules, not by the
+            # user's backward (a straight-through round got no gradient at all)
+            raise GraphBreak(f"torch.autograd.Function {owner.__qualname__} on inputs that require grad "
+                             "(its backward is user code)", "it runs eagerly, the rest is compiled")
         if isinstance(fn, NativeCall):
             if fn.fn is None:
                 raise GraphBreak(f"data-dependent: tensor.{fn.attr}() reads the tensor's values",
