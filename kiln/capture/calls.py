@@ -46,7 +46,8 @@ _FRAME_READS = {globals, locals, vars, dir, exec, eval, breakpoint, sys._getfram
 
 
 _STATE_SETTERS = ("set_", "_set_", "manual_seed", "seed", "use_deterministic", "_jit_set", "_enable",
-                  "_disable", "_push", "_pop", "_increment", "_add_", "_remove_", "_register")
+                  "_disable", "_push", "_pop", "_increment", "_add_", "_remove_", "_register", "autocast_",
+                  "clear_autocast")
 
 
 def sets_state(fn: Any) -> bool:
