@@ -289,6 +289,23 @@ def _torch_grad_enabled(frame: Frame, args: list, kwargs: dict) -> bool:
 _BUILTIN_HANDLERS[torch.is_tensor] = _torch_is_tensor
 _BUILTIN_HANDLERS[torch.is_grad_enabled] = _torch_grad_enabled
 
+
+def _autocast_query(fn: Any) -> Callable[..., Any]:
+    """torch.is_autocast_enabled(), get_autocast_dtype(), ...: the answer follows from the state at entry
+    (and the regions the code entered since), so that whole state is guarded, dtypes of devices it is off
+    for included (the first guard covers only what changes results)."""
+    def handler(frame: Frame, args: list, kwargs: dict) -> Any:
+        cap = frame.cap
+        cap.guards.autocast_full(cap.autocast_saved)
+        return fn(*args, **kwargs)
+    return handler
+
+
+for _query in ("is_autocast_enabled", "get_autocast_dtype", "is_autocast_cache_enabled",
+               "get_autocast_cpu_dtype", "get_autocast_gpu_dtype", "is_autocast_cpu_enabled"):
+    if hasattr(torch, _query):
+        _BUILTIN_HANDLERS[getattr(torch, _query)] = _autocast_query(getattr(torch, _query))
+
 def _compiling(frame: Frame, args: list, kwargs: dict) -> bool:
     return True  # libraries take their trace-friendly paths under a graph compiler, as under Dynamo
 

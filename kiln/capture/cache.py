@@ -226,7 +226,7 @@ class CompiledFunction:
                       dynamic_dims=self.cache.dynamic_dims)
         rng = torch.random.get_rng_state()
         grad = torch.is_grad_enabled()
-        autocast_before = autocast.saved()
+        autocast_before = cap.autocast_saved = autocast.saved()
         cap.autocast_entry = autocast.state()
         brk: GraphBreak | None = None
         frame = ret = None

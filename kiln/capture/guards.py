@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .. import config
-from ..ops.autocast import describe, state as autocast_state
+from ..ops.autocast import describe, saved as autocast_saved, state as autocast_state
 from .sources import Namespace, Source
 
 log = config.channel("guards")
@@ -135,6 +135,11 @@ class GuardSet:
             return
         fn = self.ns.hold(autocast_state, "autocast_state")
         self.add(f"{fn}() == {self.ns.literal(state)}", f"torch.autocast state is {describe(state)}", "autocast")
+
+    def autocast_full(self, saved: tuple) -> None:
+        """All of autocast's state (kiln.ops.autocast.saved), for code that reads it."""
+        fn = self.ns.hold(autocast_saved, "autocast_saved")
+        self.add(f"{fn}() == {self.ns.literal(saved)}", f"torch.autocast's whole state is {saved}", "autocast")
 
     def default_dtype(self, dtype: torch.dtype) -> None:
         """Factories without a dtype (torch.ones(2), torch.tensor([1.5])) bake the default dtype in."""

@@ -77,6 +77,7 @@ class Capture:
         self.tuple_origins: dict[int, tuple[Any, Source, Any]] = {}
         self.root = root
         self.autocast_entry: tuple = ()  # torch.autocast's state when the frame was entered (guarded)
+        self.autocast_saved: tuple = ()  # all of it (kiln.ops.autocast.saved), guarded when code reads it
         self._module_paths: dict[int, Source] | None = None
         self.grad_changes = 0
         self.generators: list[Any] = []  # GeneratorValues made in this capture

@@ -306,3 +306,21 @@ def test_explain_names_the_autocast_guard():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         report = kiln.explain(_relu_mm, x, w)
     assert "torch.autocast state is cpu: bfloat16" in str(report)
+
+
+def _reads_state(x):
+    return x.to(torch.get_autocast_dtype("cpu")), torch.is_autocast_enabled("cpu")
+
+
+def test_reading_the_state_guards_it():
+    """Code that reads autocast's dtype while it is off: changing the dtype recaptures."""
+    kiln.reset()
+    cf = kiln.compile(_reads_state, backend="eager")
+    x = torch.randn(3)
+    before = torch.get_autocast_dtype("cpu")
+    try:
+        for dtype in (torch.bfloat16, torch.float16, torch.bfloat16):
+            torch.set_autocast_dtype("cpu", dtype)
+            _same(_reads_state(x), cf(x))
+    finally:
+        torch.set_autocast_dtype("cpu", before)
