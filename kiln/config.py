@@ -113,7 +113,6 @@ class _Flags:
 flags = _Flags()
 
 # ---- the flags -------------------------------------------------------------------------------------------
-define("logs", "", "comma-separated log channels to print (or 'all')", type=str)
 define("debug_dir", None, "dump every artifact of every compiled graph into this directory")
 define("verify", False, "run the graph verifier after every pass")
 define("cache_dir", os.path.join(os.path.expanduser("~"), ".cache", "kiln"), "on-disk cache directory",
@@ -161,14 +160,54 @@ define("pool_max_bytes", 256 << 20, "cpp backend: the most bytes of freed buffer
 
 
 # ---- log channels ----------------------------------------------------------------------------------------
-CHANNELS = ("capture", "guards", "recompiles", "breaks", "graph", "prims", "passes", "fusion", "kernels",
-            "cache", "bench", "dynamic")
+CHANNELS = {
+    "capture": "each capture of a frame: its time and guard count",
+    "guards": "the guards of each capture",
+    "recompiles": "each recapture and the guard that failed",
+    "breaks": "each graph break: where and why",
+    "graph": "each captured graph, as runnable Python",
+    "prims": "decompositions that failed or disagreed with eager (the op then runs with torch)",
+    "passes": "each compiler pass with its time, and each optimization decision (KILN_FUEL)",
+    "fusion": "fusion decisions",
+    "kernels": "generated kernels",
+    "cache": "kernel, graph and entry cache hits, misses, writes and evictions",
+    "bench": "the benchmark runner's steps",
+    "dynamic": "symbolic sizes: facts guarded, sizes specialized",
+}
 _handler: logging.Handler | None = None
 
 
+def channels_help() -> str:
+    """What KILN_LOGS=help prints: every channel and what it prints."""
+    width = max(len(name) for name in CHANNELS)
+    lines = [f"  {name:{width}s}  {doc}" for name, doc in CHANNELS.items()]
+    return ("KILN_LOGS takes comma-separated channels ('all' for every one):\n" + "\n".join(lines))
+
+
+def _channel_names(text: str) -> list[str]:
+    """The names in a KILN_LOGS value, checked: an unknown name raises, listing the channels."""
+    names = [c.strip() for c in str(text).split(",") if c.strip()]
+    unknown = [n for n in names if n not in CHANNELS and n not in ("all", "help")]
+    if unknown:
+        raise ValueError(f"unknown log channel(s) {', '.join(map(repr, unknown))} in KILN_LOGS\n"
+                         f"{channels_help()}")
+    return names
+
+
+def _parse_logs(text: str) -> str:
+    names = _channel_names(text)
+    if "help" in names:
+        print(channels_help(), file=sys.stderr)
+    return ",".join(n for n in names if n != "help")
+
+
+define("logs", "", "comma-separated log channels to print ('all' for every one, 'help' lists them)",
+       type=_parse_logs)
+
+
 def _enabled_channels() -> set[str]:
-    names = {c.strip() for c in str(get("logs")).split(",") if c.strip()}
-    return {*CHANNELS} if "all" in names else names  # (`set` is shadowed by config.set)
+    names = _channel_names(get("logs"))
+    return {*CHANNELS} if "all" in names else {*names}  # (`set` is shadowed by config.set)
 
 
 def channel(name: str) -> logging.Logger:

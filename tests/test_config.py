@@ -131,3 +131,19 @@ def test_log_channels_print_to_stderr_when_switched_on():
     assert "[kiln.fusion] fused 3 kernels" in on.stderr
     assert "[kiln.fusion] fused 3 kernels" in _python(code, KILN_LOGS="all").stderr
     assert "fused 3 kernels" not in _python(code, KILN_LOGS="graph").stderr
+
+
+def test_unknown_log_channels_fail_loudly():
+    """KILN_LOGS=graphs,recompile (typos) was silently ignored: it now fails naming them and listing the
+    channels; KILN_LOGS=help lists them and goes on."""
+    bad = _python("import kiln", KILN_LOGS="graphs,recompile")
+    assert bad.returncode != 0
+    assert "unknown log channel(s) 'graphs', 'recompile'" in bad.stderr
+    assert all(name in bad.stderr for name in config.CHANNELS)
+    ok = _python("from kiln import config; print(config.get('logs'))", KILN_LOGS="help,graph")
+    assert ok.returncode == 0 and ok.stdout.strip() == "graph"
+    assert "recompiles  each recapture" in ok.stderr
+    with pytest.raises(ValueError, match="unknown log channel"):
+        with config.patch(logs="fusion,nope"):
+            config.refresh_channels()
+    config.refresh_channels()
