@@ -24,7 +24,8 @@ from ..ops import call as ops_call
 from ..ops.trace import _RecordMode
 from .errors import HINTS, GraphBreak, RaisedError
 from .blocks import GradModeContext, GradModeExit, set_grad
-from .builtin_calls import _BUILTIN_HANDLERS, _BUILTIN_TYPES, _SPECIAL_FUNCTIONS, _type, sort_items
+from .builtin_calls import (_BUILTIN_HANDLERS, _BUILTIN_TYPES, _SPECIAL_FUNCTIONS, _type, check_arguments,
+                            sort_items)
 from .entry import NO_SELF
 from .guards import is_constant
 from .sources import Source
@@ -182,7 +183,15 @@ class CallOps:
             # the cache is an optimization of a function assumed pure: trace the function itself
             return self.call(self.load_attr(fn, "__wrapped__"), args, kwargs)
         if isinstance(fn, functools.partial):
-            return self.call(fn.func, list(fn.args) + list(args), {**fn.keywords, **kwargs})
+            func, bound, keywords = fn.func, fn.args, fn.keywords
+            src = cap.source_of(fn)
+            if src is not None and not cap.is_local(fn):  # one from outside: what it binds is guarded
+                func = cap.wrap(func, src.attr("func"))
+                bound = cap.wrap(bound, src.attr("args"))
+                keywords = cap.wrap(keywords, src.attr("keywords"))
+            elif not cap.is_local(fn):
+                raise GraphBreak("calling a functools.partial kiln cannot reload", HINTS["call"])
+            return self.call(func, list(bound) + list(args), {**keywords, **kwargs})
         if isinstance(fn, type):
             return self.construct(fn, args, kwargs)
         if isinstance(fn, _BUILTIN_TYPES):
@@ -204,6 +213,7 @@ class CallOps:
         cap = self.cap
         handler = _BUILTIN_HANDLERS.get(fn)
         if handler is not None:
+            check_arguments(fn, args, kwargs)
             return handler(self, args, kwargs)
         owner = getattr(fn, "__self__", None)
         name = getattr(fn, "__name__", "")
@@ -437,7 +447,10 @@ class CallOps:
                                                                     reversed) else args
                 if cls is bool and len(args) == 1:
                     return self.truth(args[0])
-            return self.native(cls, args, kwargs, cls.__name__)
+            made = self.native(cls, args, kwargs, cls.__name__)
+            if isinstance(made, tuple) and isinstance(getattr(made, "__dict__", None), dict):
+                cap.new_local(made)  # a NamedTuple subclass's instance: its attributes may be set here
+            return made
         if is_torch_callable(cls):
             return self.torch_call(cls, args, kwargs)
         if cls in (operator.itemgetter, operator.attrgetter):
@@ -446,16 +459,22 @@ class CallOps:
             items = self.call_builtin_iterables(args[:1]) + list(args[1:]) if cls is not \
                 collections.defaultdict else list(args)
             return cap.new_local(self.native(cls, items, kwargs, cls.__name__))
+        meta_call = class_lookup(type(cls), "__call__")
+        if isinstance(meta_call, types.FunctionType):  # a metaclass's own __call__ makes the instance
+            return self.call(meta_call, [cls] + list(args), kwargs)
         new = class_lookup(cls, "__new__")
+        if isinstance(new, staticmethod):  # (a `def __new__` in a class body is one)
+            new = new.__func__
         init = class_lookup(cls, "__init__")
         if init in (list.__init__, set.__init__) and not isinstance(new, types.FunctionType):
             # a subclass of list or set with the builtin constructor
             obj = cap.new_local(cls.__new__(cls))
             self.native(init, [obj] + self.call_builtin_iterables(args), kwargs, f"{cls.__name__}()")
             return obj
-        if isinstance(new, types.FunctionType) or not (isinstance(init, types.FunctionType) or
-                                                       init is object.__init__ or init is dict.__init__):
-            raise GraphBreak(f"creating a {cls.__name__} (custom __new__ or C __init__)", HINTS["call"])
+        if isinstance(new, types.FunctionType):
+            return self.construct_with_new(cls, new, init, args, kwargs)
+        if not (isinstance(init, types.FunctionType) or init is object.__init__ or init is dict.__init__):
+            raise GraphBreak(f"creating a {cls.__name__} (C __init__)", HINTS["call"])
         try:
             obj = cls.__new__(cls)
         except Exception as e:
@@ -465,6 +484,21 @@ class CallOps:
             self.call(init, [obj] + list(args), kwargs)
         elif args or kwargs:
             raise GraphBreak(f"creating a {cls.__name__} with arguments to a C __init__")
+        return obj
+
+    def construct_with_new(self, cls: type, new: types.FunctionType, init: Any, args: list,
+                           kwargs: dict) -> Any:
+        """cls(*args) for a class with its own __new__, as type.__call__ does it: __init__ runs only on an
+        instance of cls that __new__ returned (one of another class is returned as it is)."""
+        if issubclass(cls, torch.Tensor):
+            raise GraphBreak(f"creating a {cls.__name__} (a tensor subclass)", HINTS["call"])
+        obj = self.call(new, [cls] + list(args), kwargs)
+        if isinstance(obj, Proxy) or not issubclass(type(obj), cls):
+            return obj
+        if isinstance(init, types.FunctionType):
+            self.call(init, [obj] + list(args), kwargs)
+        elif init is not object.__init__:  # (object's ignores the arguments when __new__ is overridden)
+            raise GraphBreak(f"creating a {cls.__name__} (C __init__)", HINTS["call"])
         return obj
 
     def make_super(self, args: list) -> Any:

@@ -3,6 +3,8 @@ assertion rewriting, hasattr on tensors, __new__ returning another class, isinst
 attributes of NamedTuple subclasses, partials live across a break, module hooks, disabled functions."""
 from __future__ import annotations
 
+import functools
+import typing
 import warnings
 
 import pytest
@@ -105,7 +107,181 @@ def s_hasattr_tensor_attrs(x):
     return hasattr(x, "shape"), hasattr(x, "mT"), hasattr(x, "_version"), hasattr(x, "no_such")
 
 
+# ---- construction: __new__ and a metaclass's __call__ decide, as type.__call__ does
+class Plain:
+    pass
+
+
+class NewReturnsOther:
+    def __new__(cls):
+        o = object.__new__(Plain)
+        o.a = 7
+        return o
+
+    def __init__(self):  # not run: __new__ returned no instance of this class
+        self.a = 11
+
+
+class NewAndInit:
+    def __new__(cls, v):
+        o = super().__new__(cls)
+        o.made = 1
+        return o
+
+    def __init__(self, v):
+        self.v = v
+
+
+class Tagged(type):
+    def __call__(cls, v):
+        return ("made by the metaclass", cls.__name__, v)
+
+
+class ByMetaclass(metaclass=Tagged):
+    def __init__(self, v):
+        self.v = v
+
+
+def s_new_returns_another_class(x):
+    b = NewReturnsOther()
+    return torch.sin(x) * b.a, type(b).__name__
+
+
+def s_new_then_init(x):
+    b = NewAndInit(3)
+    return x * b.v + b.made, type(b).__name__
+
+
+def s_new_missing_argument(x):
+    try:
+        NewAndInit()
+    except TypeError:
+        return x - 1
+    return x
+
+
+def s_metaclass_call(x):
+    return x + 1, ByMetaclass(2)
+
+
+def s_object_new_with_arguments(x):
+    try:
+        object.__new__(Plain, 1)
+    except TypeError:
+        return x * 2
+    return x
+
+
+# ---- builtins called with arguments they do not take raise eager's TypeError
+def s_isinstance_keyword(x):
+    return isinstance(x, torch.Tensor, invalid=True)
+
+
+def s_isinstance_keyword_caught(x):
+    try:
+        return isinstance(x, torch.Tensor, invalid=True)
+    except TypeError:
+        return x + 1
+
+
+def s_getattr_too_many(x):
+    try:
+        return getattr(x, "shape", 1, 2)
+    except TypeError:
+        return x * 3
+
+
+def s_len_keyword(x):
+    try:
+        return len(x, obj=x)
+    except TypeError:
+        return x - 3
+
+
+# ---- attributes of NamedTuple instances: a subclass's instance has a __dict__, a plain one has none
+class Pair(typing.NamedTuple):
+    a: torch.Tensor
+    b: int
+
+
+class PairWithDict(Pair):
+    pass
+
+
+def s_named_tuple_subclass_attr_set(tup, t):
+    tup.c = t
+    return tup
+
+
+def s_named_tuple_subclass_attr_identity(tup, t):
+    tup.c = t * 2
+    return tup, vars(tup), tup.c + 1
+
+
+def s_named_tuple_subclass_attr_read(tup):
+    return tup.a * tup.scale, getattr(tup, "missing", 3)
+
+
+def s_named_tuple_subclass_made_here(x):
+    tup = PairWithDict(x, 2)
+    tup.c = x + 1
+    return tup, vars(tup)
+
+
+def s_named_tuple_attr_set_raises(x):
+    tup = Pair(x, 2)
+    tup.c = x + 1
+    return tup
+
+
+def s_named_tuple_attr_set_caught(tup):
+    try:
+        tup.c = 1
+    except AttributeError:
+        return tup.a - 1
+    return tup.a
+
+
+def with_scale(scale):
+    def make():
+        tup = PairWithDict(X.clone(), 1)
+        tup.scale = scale
+        return (tup,)
+    return make
+
+
+# ---- functools.partial: live across a break (rebuilt), and one from outside (what it binds is guarded)
+def add_k(x, k=0):
+    return x + k
+
+
+def s_partial_keyword_across_break(x):
+    p = functools.partial(add_k, k=1)
+    print("break")
+    return p(x)
+
+
+def s_partial_returned_across_break(x):
+    p = functools.partial(add_k, x, k=2)
+    print("break")
+    return p(), p.keywords, p.args[0] is x
+
+
+def s_partial_from_outside(p, x):
+    return p(x)
+
+
 TABLE = [
+    (s_partial_keyword_across_break, (X,)), (s_partial_returned_across_break, (X,)),
+    (s_partial_from_outside, (functools.partial(add_k, k=3), X)),
+    (s_named_tuple_subclass_attr_set, (PairWithDict(X, 1), X * 3)),
+    (s_named_tuple_subclass_attr_identity, (PairWithDict(X, 1), X)),
+    (s_named_tuple_subclass_attr_read, with_scale(4)), (s_named_tuple_subclass_made_here, (X,)),
+    (s_named_tuple_attr_set_raises, (X,)), (s_named_tuple_attr_set_caught, (Pair(X, 1),)),
+    (s_new_returns_another_class, (X,)), (s_new_then_init, (X,)), (s_new_missing_argument, (X,)),
+    (s_metaclass_call, (X,)), (s_object_new_with_arguments, (X,)),
+    (s_isinstance_keyword, (X,)), (s_isinstance_keyword_caught, (X,)), (s_getattr_too_many, (X,)),
+    (s_len_keyword, (X,)),
     (s_hasattr_on_tensor, (X,)), (s_hasattr_on_tagged_tensor, tagged(test=None)),
     (s_getattr_default_on_tensor, (X,)), (s_getattr_default_on_tagged_tensor, tagged(scale=5)),
     (s_tensor_attr_read, tagged(scale=2.5)), (s_missing_tensor_attr_caught, (X,)),
@@ -162,3 +338,30 @@ def test_tensor_attributes_are_guarded():
     del t.test, t.scale
     torch.testing.assert_close(tag(t), t + 1)
     torch.testing.assert_close(scale(t), t * 3)
+
+
+def test_named_tuple_subclass_attributes():
+    """The tuple passed in is the one returned, with the attribute set on it; one made inside has it too;
+    an attribute read is guarded."""
+    kiln.reset()
+    compiled = kiln.compile(s_named_tuple_subclass_attr_set, backend="eager")
+    tup = PairWithDict(X, 1)
+    assert compiled(tup, X) is tup and tup.c is not None
+    torch.testing.assert_close(tup.c, X)
+    made = kiln.compile(s_named_tuple_subclass_made_here, backend="eager")(X)[0]
+    torch.testing.assert_close(made.c, X + 1)
+    read = kiln.compile(s_named_tuple_subclass_attr_read, backend="eager")
+    (tup,) = with_scale(4)()
+    torch.testing.assert_close(read(tup)[0], X * 4)
+    tup.scale = 5
+    tup.missing = 6
+    assert read(tup)[1] == 6
+    torch.testing.assert_close(read(tup)[0], X * 5)
+
+
+def test_partial_from_outside_is_guarded():
+    kiln.reset()
+    compiled = kiln.compile(s_partial_from_outside, backend="eager")
+    for p in (functools.partial(add_k, k=1), functools.partial(add_k, k=5), functools.partial(torch.mul, other=3),
+              functools.partial(add_k, X)):
+        torch.testing.assert_close(compiled(p, X), p(X))
