@@ -26,7 +26,9 @@ from .errors import HINTS, GraphBreak, RaisedError
 from .blocks import GradModeContext, GradModeExit, set_grad
 from .builtin_calls import (_BUILTIN_HANDLERS, _BUILTIN_TYPES, _SPECIAL_FUNCTIONS, _type, check_arguments,
                             sort_items)
+from .disabled import disabled_by
 from .entry import NO_SELF
+from .guards import hooks_present
 from .guards import is_constant
 from .sources import Source
 from .frame import NATIVE_OPERAND_TYPES, NULL, has_proxy, symbolic_break
@@ -163,6 +165,9 @@ class CallOps:
                 return self.call_module(owner, args, kwargs)
             return self.call(func, [owner] + list(args), kwargs)
         if isinstance(fn, types.FunctionType):
+            disabled = disabled_by(fn)
+            if disabled is not None:
+                raise GraphBreak(f"call to {fn.__qualname__}, disabled by {disabled}", HINTS["disabled"])
             if fn in _SPECIAL_FUNCTIONS:
                 return _SPECIAL_FUNCTIONS[fn](self, args, kwargs)
             if args and args[0] is _ENVIRON and fn.__name__ in _ENVIRON_READS:
@@ -396,15 +401,8 @@ class CallOps:
             raise symbolic_break(e, name, not has_proxy) from None
 
     def call_module(self, module: torch.nn.Module, args: list, kwargs: dict) -> Any:
-        hooks = torch.nn.modules.module
-        if (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or
-                getattr(module, "_backward_pre_hooks", None) or hooks._global_forward_hooks or
-                hooks._global_forward_pre_hooks or hooks._global_backward_hooks):
+        if hooks_present(module, self.cap.guards, self.cap.source_of(module)):
             raise GraphBreak(f"module {type(module).__name__} has hooks", "hooks run eagerly")
-        src = self.cap.source_of(module)
-        if src is not None:
-            self.cap.guards.add(f"not {src.expr}._forward_hooks and not {src.expr}._forward_pre_hooks",
-                                f"{src.name} has no forward hooks", "hooks")
         forward = self.load_attr(module, "forward")
         return self.call(forward, args, kwargs)
 

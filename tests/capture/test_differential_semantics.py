@@ -365,3 +365,153 @@ def test_partial_from_outside_is_guarded():
     for p in (functools.partial(add_k, k=1), functools.partial(add_k, k=5), functools.partial(torch.mul, other=3),
               functools.partial(add_k, X)):
         torch.testing.assert_close(compiled(p, X), p(X))
+
+
+# ---- module hooks: global and per-module, registered before or after the first call
+class TwoLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.b(self.a(x).relu())
+
+
+def _fired(model, x, log):
+    log.clear()
+    model(x).sum().backward()
+    return list(log)
+
+
+@pytest.mark.parametrize("register", [
+    torch.nn.modules.module.register_module_full_backward_pre_hook,
+    torch.nn.modules.module.register_module_full_backward_hook,
+    torch.nn.modules.module.register_module_forward_hook,
+    torch.nn.modules.module.register_module_forward_pre_hook,
+], ids=lambda f: f.__name__)
+def test_global_module_hooks_fire_on_submodules(register):
+    kiln.reset()
+    model = TwoLinear()
+    compiled = kiln.compile(model, backend="eager")
+    x = torch.randn(2, 4, requires_grad=True)
+    log: list = []
+    assert _fired(compiled, x, log) == _fired(model, x, log) == []
+    handle = register(lambda mod, *args: log.append(type(mod).__name__))
+    try:
+        expected = _fired(model, x, log)
+        assert expected and _fired(compiled, x, log) == expected
+    finally:
+        handle.remove()
+    assert _fired(compiled, x, log) == []
+
+
+@pytest.mark.parametrize("kind", ["full_backward", "full_backward_pre", "forward", "forward_pre"])
+def test_submodule_hook_added_after_first_call(kind):
+    kiln.reset()
+    model = TwoLinear()
+    compiled = kiln.compile(model, backend="eager")
+    through_function = kiln.compile(lambda x: model(x), backend="eager")
+    x = torch.randn(2, 4, requires_grad=True)
+    log: list = []
+    assert _fired(compiled, x, log) == _fired(through_function, x, log) == []
+    getattr(model.b, f"register_{kind}_hook")(lambda mod, *args: log.append(kind))
+    expected = _fired(model, x, log)
+    assert expected == [kind]
+    assert _fired(compiled, x, log) == expected
+    assert _fired(through_function, x, log) == expected
+
+
+# ---- disabled functions run natively: a counted break at the call, the rest of the caller captured
+COMPILING: list = []
+
+
+@torch.compiler.disable
+def torch_disabled(x):
+    COMPILING.append(torch.compiler.is_compiling())
+    return x * 2
+
+
+def _torch_disabled_by_call(x):
+    COMPILING.append(torch.compiler.is_compiling())
+    return x - 1
+
+
+torch_disabled_by_call = torch.compiler.disable(_torch_disabled_by_call)
+
+
+@kiln.disable
+def kiln_disabled(x):
+    COMPILING.append(torch.compiler.is_compiling())
+    return x + 10
+
+
+def _kiln_disabled_by_call(x):
+    COMPILING.append(torch.compiler.is_compiling())
+    return x / 2
+
+
+kiln_disabled_by_call = kiln.disable(_kiln_disabled_by_call)
+
+
+class WithDisabledMethod(torch.nn.Module):
+    @torch.compiler.disable
+    def helper(self, x):
+        COMPILING.append(torch.compiler.is_compiling())
+        return x + 1
+
+    def forward(self, x):
+        return self.helper(x.sin()).cos()
+
+
+def calls_disabled(x):
+    y = x.sin()
+    z = torch_disabled(y) + torch_disabled_by_call(y) + kiln_disabled(y) + kiln_disabled_by_call(y)
+    return z.cos()
+
+
+def calls_disabled_in_a_loop(x):
+    for i in range(2):
+        print("a break in a loop: this frame runs natively, its callees are captured")
+        x = torch_disabled(x) + kiln_disabled(x)
+    return x
+
+
+def test_disabled_functions_run_natively(counters):
+    kiln.reset()
+    x = torch.randn(3)
+    COMPILING.clear()
+    expected = calls_disabled(x)
+    compiled = kiln.compile(calls_disabled, backend="eager")
+    for _ in range(2):
+        COMPILING.clear()
+        torch.testing.assert_close(compiled(x), expected)
+        assert COMPILING == [False] * 4  # each ran, natively
+    breaks = [b for b in counters["graph_breaks"] if "disabled by" in b]
+    assert len(breaks) == 4, dict(counters["graph_breaks"])
+    assert sum(1 for b in breaks if "torch.compiler.disable" in b) == 2
+    # the code around the calls is captured: sin before them, the sum and cos after them
+    ops = [op for e in all_entries(compiled) if e.graph is not None for op in e.ops]
+    assert ops, [e.brk for e in all_entries(compiled)]
+    assert not counters["capture_errors"], dict(counters["capture_errors"])
+
+
+def test_disabled_method_and_native_frames(counters):
+    kiln.reset()
+    model = WithDisabledMethod()
+    x = torch.randn(3)
+    COMPILING.clear()
+    torch.testing.assert_close(kiln.compile(model, backend="eager")(x), model(x))
+    assert COMPILING == [False, False]
+    COMPILING.clear()
+    expected = calls_disabled_in_a_loop(x)
+    torch.testing.assert_close(kiln.compile(calls_disabled_in_a_loop, backend="eager")(x), expected)
+    assert COMPILING == [False] * 8
+    assert not counters["capture_errors"], dict(counters["capture_errors"])
+
+
+def test_compiling_a_disabled_function_returns_it():
+    assert kiln.compile(torch_disabled, backend="eager") is torch_disabled
+    assert kiln.compile(kiln_disabled) is kiln_disabled
+    assert kiln_disabled_by_call.__wrapped__ is _kiln_disabled_by_call
+    assert kiln.disable(reason="why")(_kiln_disabled_by_call)(torch.ones(1)).item() == 0.5
