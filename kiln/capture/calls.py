@@ -194,8 +194,6 @@ class CallOps:
                 func = cap.wrap(func, src.attr("func"))
                 bound = cap.wrap(bound, src.attr("args"))
                 keywords = cap.wrap(keywords, src.attr("keywords"))
-            elif not cap.is_local(fn):
-                raise GraphBreak("calling a functools.partial kiln cannot reload", HINTS["call"])
             return self.call(func, list(bound) + list(args), {**keywords, **kwargs})
         if isinstance(fn, type):
             return self.construct(fn, args, kwargs)
