@@ -169,7 +169,7 @@ class Reconstructor:
         typ = type(v)
         origin = cap.tuple_origins.get(id(v))
         if origin is not None and origin[0] is v and isinstance(getattr(v, "__dict__", None), dict):
-            return origin[1].expr  # an outside NamedTuple subclass's instance: itself (its attributes written)
+            return origin[1].expr  # an outside NamedTuple subclass's instance: itself, attributes written
         if typ is tuple:
             return "(" + "".join(self.value(x) + ", " for x in v) + ")"
         if isinstance(v, tuple) and hasattr(v, "_fields"):

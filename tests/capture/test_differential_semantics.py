@@ -286,7 +286,8 @@ TABLE = [
     (s_getattr_default_on_tensor, (X,)), (s_getattr_default_on_tagged_tensor, tagged(scale=5)),
     (s_tensor_attr_read, tagged(scale=2.5)), (s_missing_tensor_attr_caught, (X,)),
     (s_proxy_internals_are_no_attributes, (X,)), (s_hasattr_tensor_attrs, (X,)),
-    (s_assert_breaks_inside, (X,)), (s_assert_passes_then_break, (X,)), (s_assert_message_then_break, (X,)), (s_assert_after_break, (X,)),
+    (s_assert_breaks_inside, (X,)), (s_assert_passes_then_break, (X,)), (s_assert_message_then_break, (X,)),
+    (s_assert_after_break, (X,)),
     (s_assert_fails_after_break, (X,)), (s_assert_tensor_then_break, (X,)),
 ]
 
@@ -362,8 +363,8 @@ def test_named_tuple_subclass_attributes():
 def test_partial_from_outside_is_guarded():
     kiln.reset()
     compiled = kiln.compile(s_partial_from_outside, backend="eager")
-    for p in (functools.partial(add_k, k=1), functools.partial(add_k, k=5), functools.partial(torch.mul, other=3),
-              functools.partial(add_k, X)):
+    for p in (functools.partial(add_k, k=1), functools.partial(add_k, k=5),
+              functools.partial(torch.mul, other=3), functools.partial(add_k, X)):
         torch.testing.assert_close(compiled(p, X), p(X))
 
 
