@@ -26,7 +26,7 @@ from .runtime import code_cache  # noqa: F401  (installs the capture's disk memo
 from .wrapping import WrappedModule
 from .capture.errors import GraphBreakError
 from .capture.guards import hooks_present
-from .capture.disabled import disable, disabled_by  # noqa: F401  (kiln.disable)
+from .capture.disabled import disable, disabled_by, module_disabled_by  # noqa: F401  (kiln.disable)
 from .counters import counters
 from .distributed import CompiledDDP, CompiledFSDP, is_ddp, is_fsdp
 from .counters import reset as _reset_counters
@@ -64,7 +64,7 @@ def compile(model: Any = None, *, backend: Any = "auto", fullgraph: bool = False
         return CompiledFSDP(model, backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode,
                             options=options)
     if isinstance(model, torch.nn.Module):
-        if disable:
+        if disable or module_disabled_by(model) is not None:
             return model
         return CompiledModule(model, backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode,
                               options=options)

@@ -24,7 +24,7 @@ from ..counters import counters
 from ..graph import count_ops
 from ..graph.pipeline import without_cyclic_gc
 from .dynamic import changed_dims, changed_ints
-from .disabled import disabled_by
+from .disabled import disabled_by, module_disabled_by
 from .entry import MISS, NO_SELF, make_eager_entry, make_graph_entry, source_reader
 from .errors import BreakRecord, GraphBreak, GraphBreakError
 from .calls import bind_arguments, sets_state
@@ -411,7 +411,7 @@ class CalleeCaller:
     def compiled_for(self, fn: Any) -> tuple[Any, Any]:
         bound = NO_SELF
         if isinstance(fn, torch.nn.Module):
-            if hooks_present(fn):  # (checked on every call: nothing to guard)
+            if hooks_present(fn) or module_disabled_by(fn) is not None:  # (checked on every call)
                 return None, NO_SELF
             fn = fn.forward
         if isinstance(fn, types.MethodType):

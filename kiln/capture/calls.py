@@ -26,7 +26,7 @@ from .errors import HINTS, GraphBreak, RaisedError
 from .blocks import GradModeContext, GradModeExit, set_grad
 from .builtin_calls import (_BUILTIN_HANDLERS, _BUILTIN_TYPES, _SPECIAL_FUNCTIONS, _type, check_arguments,
                             sort_items)
-from .disabled import disabled_by
+from .disabled import disabled_by, module_disabled_by
 from .entry import NO_SELF
 from .guards import hooks_present
 from .guards import is_constant
@@ -399,6 +399,10 @@ class CallOps:
             raise symbolic_break(e, name, not has_proxy) from None
 
     def call_module(self, module: torch.nn.Module, args: list, kwargs: dict) -> Any:
+        disabled = module_disabled_by(module)
+        if disabled is not None:
+            raise GraphBreak(f"call to module {type(module).__name__}, disabled by {disabled}",
+                             HINTS["disabled"])
         if hooks_present(module, self.cap.guards, self.cap.source_of(module)):
             raise GraphBreak(f"module {type(module).__name__} has hooks", "hooks run eagerly")
         forward = self.load_attr(module, "forward")

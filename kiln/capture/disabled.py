@@ -48,3 +48,18 @@ def disabled_by(fn: Any) -> str | None:
     if attrs.get(_TORCH_FLAG) is True:
         return "torch.compiler.disable"
     return None
+
+
+def module_disabled_by(module: Any) -> str | None:
+    """disabled_by for calling an nn.Module: its class decorated (torch.compiler.disable on a class wraps
+    its __call__ and _call_impl) or its forward a disabled function (torch.compiler.disable(module)'s
+    wrapper sets one on itself)."""
+    cls = type(module)
+    for name in ("__call__", "_call_impl"):
+        for klass in cls.__mro__:
+            if name in klass.__dict__:
+                found = disabled_by(klass.__dict__[name])
+                if found is not None:
+                    return found
+                break
+    return disabled_by(module.__dict__.get("forward"))

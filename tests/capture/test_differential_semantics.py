@@ -516,3 +516,43 @@ def test_compiling_a_disabled_function_returns_it():
     assert kiln.compile(kiln_disabled) is kiln_disabled
     assert kiln_disabled_by_call.__wrapped__ is _kiln_disabled_by_call
     assert kiln.disable(reason="why")(_kiln_disabled_by_call)(torch.ones(1)).item() == 0.5
+
+
+@torch.compiler.disable
+class DisabledModule(torch.nn.Module):
+    def forward(self, x):
+        COMPILING.append(torch.compiler.is_compiling())
+        return x * 3
+
+
+class Recording(torch.nn.Module):
+    def forward(self, x):
+        COMPILING.append(torch.compiler.is_compiling())
+        return x - 3
+
+
+class CallsDisabledModules(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.by_class = DisabledModule()
+        self.by_instance = torch.compiler.disable(Recording())
+
+    def forward(self, x):
+        return self.by_instance(self.by_class(x.sin())).cos()
+
+
+def test_disabled_modules_run_natively(counters):
+    kiln.reset()
+    model = CallsDisabledModules()
+    x = torch.randn(3)
+    COMPILING.clear()
+    expected = model(x)
+    assert COMPILING == [False, False]
+    compiled = kiln.compile(model, backend="eager")
+    for _ in range(2):
+        COMPILING.clear()
+        torch.testing.assert_close(compiled(x), expected)
+        assert COMPILING == [False, False]
+    breaks = [b for b in counters["graph_breaks"] if "disabled by torch.compiler.disable" in b]
+    assert len(breaks) == 2, dict(counters["graph_breaks"])
+    assert kiln.compile(model.by_class) is model.by_class
