@@ -1,12 +1,12 @@
 """kiln: a compiler for unmodified PyTorch programs.
 
-The public API (DESIGN.md): kiln.compile, kiln.explain, kiln.check, kiln.profile, kiln.reset,
+The public API (DESIGN.md): kiln.compile, kiln.disable, kiln.explain, kiln.check, kiln.profile, kiln.reset,
 kiln.counters, kiln.register_backend, kiln.GraphBreakError.
 """
 from . import config
 from .counters import counters
 
-__all__ = ["config", "counters", "compile", "explain", "check", "reset", "register_backend",
+__all__ = ["config", "counters", "compile", "disable", "explain", "check", "reset", "register_backend",
            "GraphBreakError", "mark_dynamic", "mark_static", "profile"]
 __version__ = "0.1.0"
 
@@ -15,7 +15,7 @@ CAPTURE_PYTHON = (3, 11)  # the bytecode capture reads; the backends (kiln.ops.t
 
 
 def __getattr__(name: str):  # the API imports torch and kiln.ops; load it on first use
-    if name in ("compile", "explain", "check", "reset", "register_backend", "GraphBreakError",
+    if name in ("compile", "disable", "explain", "check", "reset", "register_backend", "GraphBreakError",
                 "CompiledModule", "mark_dynamic", "mark_static"):
         _check_python()
         with _collector_paused():

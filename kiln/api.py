@@ -25,6 +25,8 @@ from .optim import CompiledOptimizerStep, is_optimizer_step
 from .runtime import code_cache  # noqa: F401  (installs the capture's disk memo, kiln.graph.memo)
 from .wrapping import WrappedModule
 from .capture.errors import GraphBreakError
+from .capture.guards import hooks_present
+from .capture.disabled import disable, disabled_by, module_disabled_by  # noqa: F401  (kiln.disable)
 from .counters import counters
 from .distributed import CompiledDDP, CompiledFSDP, is_ddp, is_fsdp
 from .counters import reset as _reset_counters
@@ -62,14 +64,14 @@ def compile(model: Any = None, *, backend: Any = "auto", fullgraph: bool = False
         return CompiledFSDP(model, backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode,
                             options=options)
     if isinstance(model, torch.nn.Module):
-        if disable:
+        if disable or module_disabled_by(model) is not None:
             return model
         return CompiledModule(model, backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode,
                               options=options)
     if not callable(model):
         raise TypeError(f"kiln.compile expects a function, method or nn.Module, got a "
                         f"{type(model).__name__} ({model!r:.60})")
-    if disable:
+    if disable or disabled_by(model) is not None:  # (kiln.disable, torch.compiler.disable: runs as it is)
         return model
     if sys.version_info[:2] != _SUPPORTED_PYTHON:
         warn_once("python", f"kiln captures CPython {_SUPPORTED_PYTHON[0]}.{_SUPPORTED_PYTHON[1]} bytecode; "
@@ -124,10 +126,7 @@ class CompiledModule(WrappedModule):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         mod = self._orig_mod
-        hooks = torch.nn.modules.module
-        if not (mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks or
-                mod._backward_pre_hooks or hooks._global_forward_hooks or hooks._global_forward_pre_hooks
-                or hooks._global_backward_hooks or hooks._global_backward_pre_hooks):
+        if not hooks_present(mod):  # (checked on every call: nothing to guard)
             return self._compiled_forward(*args, **kwargs)
         mod.forward = self._compiled_forward
         try:

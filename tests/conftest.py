@@ -2,23 +2,56 @@
 
 - Every test starts from the same torch random state (seed 0), so failures reproduce.
 - `counters` fixture: kiln.counters, emptied for the test.
-- `kiln_cache` / `kiln_cache_raising` (module scope): a shared kiln cache directory in pytest's temporary
-  directory, the second with internal compile errors raised.
+- The whole run writes nothing under the user's home: kiln's cache (`cache_dir`, and KILN_CACHE_DIR for the
+  processes tests start), Triton's, Inductor's and matplotlib's are in a temporary directory, removed at
+  the end (each xdist worker has its own).
+- `kiln_cache` / `kiln_cache_raising` (module scope): the run's kiln cache directory, the second with
+  internal compile errors raised.
 - TRITON_INTERPRET=1 (unless set): the triton backend's kernels run on Triton's interpreter.
 - `--opinfo-all-samples`: tests/test_opinfo.py runs every sample of each entry, not only the first.
 """
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 # the triton backend's tests run its kernels on Triton's interpreter (CPU tensors); Triton reads this when
 # a kernel is defined, so it is set before anything imports triton
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
-import torch
+# where the run's caches go: set before kiln's config is imported (it reads KILN_CACHE_DIR once) and before
+# any test module is collected, so that a module compiling at import writes there too
+_CACHE_ROOT = tempfile.mkdtemp(prefix="kiln-tests-")
+_CACHE_ENV = {"KILN_CACHE_DIR": os.path.join(_CACHE_ROOT, "kiln"),
+              "TRITON_CACHE_DIR": os.path.join(_CACHE_ROOT, "triton"),
+              "TORCHINDUCTOR_CACHE_DIR": os.path.join(_CACHE_ROOT, "inductor"),
+              "MPLCONFIGDIR": os.path.join(_CACHE_ROOT, "matplotlib")}
+_ENV_BEFORE = {name: os.environ.get(name) for name in _CACHE_ENV}
+os.environ.update(_CACHE_ENV)
 
-from kiln.counters import counters as _counters
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kiln.counters import counters as _counters  # noqa: E402
+
+
+def pytest_unconfigure(config):
+    for name, value in _ENV_BEFORE.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    shutil.rmtree(_CACHE_ROOT, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_kiln_cache():
+    """kiln's cache is the run's temporary one, whatever an earlier import of kiln.config read."""
+    from kiln import config
+    with config.patch(cache_dir=_CACHE_ENV["KILN_CACHE_DIR"]):
+        yield
 
 
 def pytest_addoption(parser):
@@ -33,11 +66,11 @@ def _seed_torch():
 
 
 @pytest.fixture(scope="module")
-def kiln_cache(tmp_path_factory):
-    """One kiln cache directory for the run, in pytest's temporary directory (kernels built once, the
-    user's cache untouched). A module opts in with `pytest.mark.usefixtures("kiln_cache")`."""
+def kiln_cache():
+    """The run's kiln cache directory (kernels built once, the user's cache untouched); every test uses it,
+    a module may still name it with `pytest.mark.usefixtures("kiln_cache")`."""
     from kiln import config
-    with config.patch(cache_dir=str(tmp_path_factory.getbasetemp() / "kiln_cache")):
+    with config.patch(cache_dir=_CACHE_ENV["KILN_CACHE_DIR"]):
         yield
 
 

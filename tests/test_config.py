@@ -21,7 +21,7 @@ def scratch_flags():
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_") or k == "KILN_CACHE_DIR"}
     full_env.update(env)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env,
                           timeout=120)
@@ -147,3 +147,13 @@ def test_unknown_log_channels_fail_loudly():
         with config.patch(logs="fusion,nope"):
             config.refresh_channels()
     config.refresh_channels()
+
+
+def test_tests_use_a_temporary_cache():
+    """The suite writes nothing into the user's home: kiln's cache, here and in the processes tests start,
+    is the run's temporary directory (tests/conftest.py)."""
+    default = os.path.join(os.path.expanduser("~"), ".cache", "kiln")
+    assert os.path.abspath(config.get("cache_dir")) != os.path.abspath(default)
+    assert os.environ["KILN_CACHE_DIR"] == config.get("cache_dir")
+    child = _python("from kiln import config; print(config.get('cache_dir'))")
+    assert child.stdout.strip() == config.get("cache_dir")

@@ -236,7 +236,20 @@ def _id(frame: Frame, args: list, kwargs: dict) -> Any:
     return id(obj)
 
 
+def _object_new(frame: Frame, args: list, kwargs: dict) -> Any:
+    """object.__new__(cls, ...) (a user __new__'s `super().__new__(cls)`): a new empty instance, local to
+    the capture. Nothing of the arguments but their number is used (object's argument check)."""
+    if not args or not isinstance(args[0], type) or issubclass(args[0], (torch.Tensor, torch.nn.Module)):
+        raise GraphBreak("object.__new__ of something other than a plain class", HINTS["call"])
+    try:
+        obj = object.__new__(args[0], *[None] * (len(args) - 1), **dict.fromkeys(kwargs))
+    except TypeError as e:
+        raise RaisedError(e, "object.__new__()") from None
+    return frame.cap.new_local(obj)
+
+
 _BUILTIN_HANDLERS: dict[Any, Callable[..., Any]] = {
+    object.__new__: _object_new,
     builtins.isinstance: _isinstance,
     builtins.len: _len,
     builtins.getattr: _getattr,
@@ -276,6 +289,39 @@ _BUILTIN_HANDLERS[sys.exc_info] = _exc_info
 if hasattr(sys, "exception"):
     _BUILTIN_HANDLERS[sys.exception] = _exception
 _BUILTIN_HANDLERS[functools.reduce] = _reduce
+
+
+# how each builtin above may be called: (fewest positional arguments, most, keywords it takes); a call outside
+# that raises eager's TypeError (the handlers read only what a valid call passes)
+_NO_KEYWORDS: frozenset[str] = frozenset()
+_ARITY: dict[Any, tuple[int, float, frozenset[str]]] = {
+    builtins.isinstance: (2, 2, _NO_KEYWORDS), builtins.issubclass: (2, 2, _NO_KEYWORDS),
+    builtins.len: (1, 1, _NO_KEYWORDS), builtins.getattr: (2, 3, _NO_KEYWORDS),
+    builtins.hasattr: (2, 2, _NO_KEYWORDS), builtins.setattr: (3, 3, _NO_KEYWORDS),
+    builtins.delattr: (2, 2, _NO_KEYWORDS), builtins.iter: (1, 2, _NO_KEYWORDS),
+    builtins.next: (1, 2, _NO_KEYWORDS), builtins.min: (1, float("inf"), frozenset({"key", "default"})),
+    builtins.max: (1, float("inf"), frozenset({"key", "default"})),
+    builtins.sum: (1, 2, frozenset({"start"})), builtins.sorted: (1, 1, frozenset({"key", "reverse"})),
+    builtins.any: (1, 1, _NO_KEYWORDS), builtins.all: (1, 1, _NO_KEYWORDS),
+    builtins.callable: (1, 1, _NO_KEYWORDS), builtins.id: (1, 1, _NO_KEYWORDS),
+    sys.exc_info: (0, 0, _NO_KEYWORDS),
+}
+
+
+def check_arguments(fn: Any, args: list, kwargs: dict) -> None:
+    """Raise eager's TypeError for a call of a handled builtin with arguments it does not take
+    (`isinstance(x, torch.Tensor, invalid=True)`)."""
+    arity = _ARITY.get(fn)
+    if arity is None:
+        return
+    low, high, keywords = arity
+    if low <= len(args) <= high and keywords.issuperset(kwargs):
+        return
+    try:  # placeholders of the same number and names: the builtin's own message for the call's shape
+        fn(*[None] * len(args), **dict.fromkeys(kwargs))
+    except TypeError as e:
+        raise RaisedError(e, f"{getattr(fn, '__name__', 'builtin')}()") from None
+    raise GraphBreak(f"call to {getattr(fn, '__name__', 'builtin')}() with these arguments", HINTS["call"])
 
 
 def _torch_is_tensor(frame: Frame, args: list, kwargs: dict) -> bool:

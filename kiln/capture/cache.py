@@ -25,11 +25,12 @@ from ..graph import count_ops
 from ..graph.pipeline import without_cyclic_gc
 from ..ops import autocast
 from .dynamic import changed_dims, changed_ints
+from .disabled import disabled_by, module_disabled_by
 from .entry import MISS, NO_SELF, make_eager_entry, make_graph_entry, source_reader
 from .errors import BreakRecord, GraphBreak, GraphBreakError
 from .calls import bind_arguments, sets_state
 from .frame import StopCapture
-from .guards import is_constant
+from .guards import hooks_present, is_constant
 from .interpreter import Interpreter
 from .native import routed_function
 from .resume import NotResumable, check_resumable, make_resume_function
@@ -415,17 +416,15 @@ class CalleeCaller:
     def compiled_for(self, fn: Any) -> tuple[Any, Any]:
         bound = NO_SELF
         if isinstance(fn, torch.nn.Module):
-            hooks = torch.nn.modules.module
-            if (fn._forward_hooks or fn._forward_pre_hooks or fn._backward_hooks or
-                    getattr(fn, "_backward_pre_hooks", None) or hooks._global_forward_hooks or
-                    hooks._global_forward_pre_hooks or hooks._global_backward_hooks or
-                    getattr(hooks, "_global_backward_pre_hooks", None)):
+            if hooks_present(fn) or module_disabled_by(fn) is not None:  # (checked on every call)
                 return None, NO_SELF
             fn = fn.forward
         if isinstance(fn, types.MethodType):
             fn, bound = fn.__func__, fn.__self__
         if not isinstance(fn, types.FunctionType) or fn.__code__.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
             return None, NO_SELF
+        if disabled_by(fn) is not None:
+            return None, NO_SELF  # kiln.disable / torch.compiler.disable: it and its callees run natively
         if (fn.__module__ or "").startswith("kiln.") or (fn.__code__.co_filename.startswith(_TORCH_DIR)
                                                         and sets_state(fn)):
             return None, NO_SELF  # torch.set_default_dtype and friends run as they are

@@ -24,8 +24,11 @@ from ..ops import call as ops_call
 from ..ops.trace import _RecordMode
 from .errors import HINTS, GraphBreak, RaisedError
 from .blocks import AutocastExit, GradModeContext, GradModeExit, set_grad
-from .builtin_calls import _BUILTIN_HANDLERS, _BUILTIN_TYPES, _SPECIAL_FUNCTIONS, _type, sort_items
+from .builtin_calls import (_BUILTIN_HANDLERS, _BUILTIN_TYPES, _SPECIAL_FUNCTIONS, _type, check_arguments,
+                            sort_items)
+from .disabled import disabled_by, module_disabled_by
 from .entry import NO_SELF
+from .guards import hooks_present
 from .guards import is_constant
 from .sources import Source
 from .frame import NATIVE_OPERAND_TYPES, NULL, has_proxy, symbolic_break
@@ -173,6 +176,9 @@ class CallOps:
                 return self.call_module(owner, args, kwargs)
             return self.call(func, [owner] + list(args), kwargs)
         if isinstance(fn, types.FunctionType):
+            disabled = disabled_by(fn)
+            if disabled is not None:
+                raise GraphBreak(f"call to {fn.__qualname__}, disabled by {disabled}", HINTS["disabled"])
             if fn in _SPECIAL_FUNCTIONS:
                 return _SPECIAL_FUNCTIONS[fn](self, args, kwargs)
             if args and args[0] is _ENVIRON and fn.__name__ in _ENVIRON_READS:
@@ -193,7 +199,13 @@ class CallOps:
             # the cache is an optimization of a function assumed pure: trace the function itself
             return self.call(self.load_attr(fn, "__wrapped__"), args, kwargs)
         if isinstance(fn, functools.partial):
-            return self.call(fn.func, list(fn.args) + list(args), {**fn.keywords, **kwargs})
+            func, bound, keywords = fn.func, fn.args, fn.keywords
+            src = cap.source_of(fn)
+            if src is not None and not cap.is_local(fn):  # one from outside: what it binds is guarded
+                func = cap.wrap(func, src.attr("func"))
+                bound = cap.wrap(bound, src.attr("args"))
+                keywords = cap.wrap(keywords, src.attr("keywords"))
+            return self.call(func, list(bound) + list(args), {**keywords, **kwargs})
         if isinstance(fn, type):
             return self.construct(fn, args, kwargs)
         if isinstance(fn, _BUILTIN_TYPES):
@@ -215,6 +227,7 @@ class CallOps:
         cap = self.cap
         handler = _BUILTIN_HANDLERS.get(fn)
         if handler is not None:
+            check_arguments(fn, args, kwargs)
             return handler(self, args, kwargs)
         owner = getattr(fn, "__self__", None)
         name = getattr(fn, "__name__", "")
@@ -397,15 +410,12 @@ class CallOps:
             raise symbolic_break(e, name, not has_proxy) from None
 
     def call_module(self, module: torch.nn.Module, args: list, kwargs: dict) -> Any:
-        hooks = torch.nn.modules.module
-        if (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or
-                getattr(module, "_backward_pre_hooks", None) or hooks._global_forward_hooks or
-                hooks._global_forward_pre_hooks or hooks._global_backward_hooks):
+        disabled = module_disabled_by(module)
+        if disabled is not None:
+            raise GraphBreak(f"call to module {type(module).__name__}, disabled by {disabled}",
+                             HINTS["disabled"])
+        if hooks_present(module, self.cap.guards, self.cap.source_of(module)):
             raise GraphBreak(f"module {type(module).__name__} has hooks", "hooks run eagerly")
-        src = self.cap.source_of(module)
-        if src is not None:
-            self.cap.guards.add(f"not {src.expr}._forward_hooks and not {src.expr}._forward_pre_hooks",
-                                f"{src.name} has no forward hooks", "hooks")
         forward = self.load_attr(module, "forward")
         return self.call(forward, args, kwargs)
 
@@ -454,7 +464,10 @@ class CallOps:
                                                                     reversed) else args
                 if cls is bool and len(args) == 1:
                     return self.truth(args[0])
-            return self.native(cls, args, kwargs, cls.__name__)
+            made = self.native(cls, args, kwargs, cls.__name__)
+            if isinstance(made, tuple) and isinstance(getattr(made, "__dict__", None), dict):
+                cap.new_local(made)  # a NamedTuple subclass's instance: its attributes may be set here
+            return made
         if is_torch_callable(cls):
             return self.torch_call(cls, args, kwargs)
         if cls in (operator.itemgetter, operator.attrgetter):
@@ -463,16 +476,22 @@ class CallOps:
             items = self.call_builtin_iterables(args[:1]) + list(args[1:]) if cls is not \
                 collections.defaultdict else list(args)
             return cap.new_local(self.native(cls, items, kwargs, cls.__name__))
+        meta_call = class_lookup(type(cls), "__call__")
+        if isinstance(meta_call, types.FunctionType):  # a metaclass's own __call__ makes the instance
+            return self.call(meta_call, [cls] + list(args), kwargs)
         new = class_lookup(cls, "__new__")
+        if isinstance(new, staticmethod):  # (a `def __new__` in a class body is one)
+            new = new.__func__
         init = class_lookup(cls, "__init__")
         if init in (list.__init__, set.__init__) and not isinstance(new, types.FunctionType):
             # a subclass of list or set with the builtin constructor
             obj = cap.new_local(cls.__new__(cls))
             self.native(init, [obj] + self.call_builtin_iterables(args), kwargs, f"{cls.__name__}()")
             return obj
-        if isinstance(new, types.FunctionType) or not (isinstance(init, types.FunctionType) or
-                                                       init is object.__init__ or init is dict.__init__):
-            raise GraphBreak(f"creating a {cls.__name__} (custom __new__ or C __init__)", HINTS["call"])
+        if isinstance(new, types.FunctionType):
+            return self.construct_with_new(cls, new, init, args, kwargs)
+        if not (isinstance(init, types.FunctionType) or init is object.__init__ or init is dict.__init__):
+            raise GraphBreak(f"creating a {cls.__name__} (C __init__)", HINTS["call"])
         try:
             obj = cls.__new__(cls)
         except Exception as e:
@@ -482,6 +501,21 @@ class CallOps:
             self.call(init, [obj] + list(args), kwargs)
         elif args or kwargs:
             raise GraphBreak(f"creating a {cls.__name__} with arguments to a C __init__")
+        return obj
+
+    def construct_with_new(self, cls: type, new: types.FunctionType, init: Any, args: list,
+                           kwargs: dict) -> Any:
+        """cls(*args) for a class with its own __new__, as type.__call__ does it: __init__ runs only on an
+        instance of cls that __new__ returned (one of another class is returned as it is)."""
+        if issubclass(cls, torch.Tensor):
+            raise GraphBreak(f"creating a {cls.__name__} (a tensor subclass)", HINTS["call"])
+        obj = self.call(new, [cls] + list(args), kwargs)
+        if isinstance(obj, Proxy) or not issubclass(type(obj), cls):
+            return obj
+        if isinstance(init, types.FunctionType):
+            self.call(init, [obj] + list(args), kwargs)
+        elif init is not object.__init__:  # (object's ignores the arguments when __new__ is overridden)
+            raise GraphBreak(f"creating a {cls.__name__} (C __init__)", HINTS["call"])
         return obj
 
     def make_super(self, args: list) -> Any:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import functools
 import re
 import types
 import warnings
@@ -63,6 +64,12 @@ def build_object(cls: type, attrs: dict, items: dict | None) -> Any:
             setitem(obj, key, value)
     if attrs:
         obj.__dict__.update(attrs)
+    return obj
+
+
+def with_attributes(obj: Any, attrs: dict) -> Any:
+    """obj with `attrs` set in its __dict__ (a NamedTuple subclass's instance made in compiled code)."""
+    obj.__dict__.update(attrs)
     return obj
 
 
@@ -161,10 +168,18 @@ class Reconstructor:
         if id(v) in cap.mirrors:
             return cap.mirrors[id(v)][1].expr
         typ = type(v)
+        origin = cap.tuple_origins.get(id(v))
+        if origin is not None and origin[0] is v and isinstance(getattr(v, "__dict__", None), dict):
+            return origin[1].expr  # an outside NamedTuple subclass's instance: itself, attributes written
         if typ is tuple:
             return "(" + "".join(self.value(x) + ", " for x in v) + ")"
         if isinstance(v, tuple) and hasattr(v, "_fields"):
-            return f"{ns.hold(typ, typ.__name__)}({', '.join(self.value(x) for x in v)})"
+            built = f"{ns.hold(typ, typ.__name__)}({', '.join(self.value(x) for x in v)})"
+            attrs = getattr(v, "__dict__", None)
+            if attrs:  # (a subclass of a NamedTuple class has a __dict__)
+                attr_src = "{" + ", ".join(f"{k!r}: {self.value(x)}" for k, x in attrs.items()) + "}"
+                return self._once(v, f"{ns.hold(with_attributes, 'with_attributes')}({built}, {attr_src})")
+            return built
         if isinstance(v, tuple) and hasattr(v, "n_fields"):
             return f"{ns.hold(typ, typ.__name__)}(({''.join(self.value(x) + ', ' for x in v)}))"
         if typ is list:
@@ -196,6 +211,15 @@ class Reconstructor:
                 kw = "None" if not v.__kwdefaults__ else self.value(dict(v.__kwdefaults__))
                 return self._once(v, f"{make}({ns.hold(v.__code__, 'code')}, {ns.hold(v.__globals__, 'G')}, "
                                      f"{self.value(v.__defaults__)}, {kw})")
+            if type(v) is functools.partial:  # (its fields are set by its constructor alone)
+                args = "".join(f", {self.value(x)}" for x in v.args)
+                kw = "".join(f", {k}={self.value(x)}" if k.isidentifier() else
+                             f", **{{{k!r}: {self.value(x)}}}" for k, x in v.keywords.items())
+                built = f"{ns.hold(functools.partial, 'partial')}({self.value(v.func)}{args}{kw})"
+                if v.__dict__:
+                    attrs = "{" + ", ".join(f"{k!r}: {self.value(x)}" for k, x in v.__dict__.items()) + "}"
+                    built = f"{ns.hold(with_attributes, 'with_attributes')}({built}, {attrs})"
+                return self._once(v, built)
             if isinstance(v, collections.deque):
                 items = ", ".join(self.value(x) for x in v)
                 return self._once(v, f"{ns.hold(typ, typ.__name__)}([{items}], {v.maxlen!r})")

@@ -90,5 +90,6 @@ HINTS = {
     "item": ".item()/.tolist() read a tensor's value; keep it a tensor, or compute it outside",
     "print": "print() is a side effect; remove it from the compiled code or log outside",
     "call": "kiln cannot see inside this function; use a torch op, or call it outside the compiled code",
+    "disabled": "the function is marked to run uncompiled; remove the disable decorator to capture it",
     "raise": "the code raises an exception; it runs eagerly so the exception is the same",
 }

@@ -151,6 +151,32 @@ class GuardSet:
         return [g.text for g in self.guards]
 
 
+_MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_GLOBAL_HOOKS = tuple(name for name in ("_global_forward_hooks", "_global_forward_pre_hooks",
+                                        "_global_backward_hooks", "_global_backward_pre_hooks")
+                      if hasattr(torch.nn.modules.module, name))
+
+
+def hooks_present(module: torch.nn.Module, guards: GuardSet | None = None,
+                  source: Source | None = None) -> bool:
+    """Whether calling `module` runs hooks: its own (forward, forward pre, backward, backward pre) or the
+    global ones (`torch.nn.modules.module.register_module_forward_hook` and the like). A module with hooks
+    runs natively, its hooks as torch runs them; one without is traced, and with `guards` that is guarded: a
+    hook registered later, globally or on the module at `source`, makes the capture miss."""
+    registry = torch.nn.modules.module
+    if any(getattr(module, name, None) for name in _MODULE_HOOKS) or \
+            any(getattr(registry, name) for name in _GLOBAL_HOOKS):
+        return True
+    if guards is not None:
+        held = guards.ns.hold(registry, "nn_module")
+        guards.add(" and ".join(f"not {held}.{name}" for name in _GLOBAL_HOOKS), "no global module hooks",
+                   "hooks")
+        if source is not None:
+            guards.add(" and ".join(f"not {source.expr}.{name}" for name in _MODULE_HOOKS
+                                    if hasattr(module, name)), f"{source.name} has no hooks", "hooks")
+    return False
+
+
 def check_expr(guards: list[Guard], reserved: "set[str] | frozenset[str]" = frozenset()) -> str:
     """All guards as one expression, for the entry function's `if not (...)`.
 

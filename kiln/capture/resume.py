@@ -12,11 +12,13 @@ Its parameters are the locals live at that point followed by the stack values (`
 are renumbered so the parameters come first; jumps in 3.11 are relative, so the original bytecode keeps
 working behind the prologue; the exception table is shifted by the prologue's length and the line table
 gets entries for it at the function's first line. Tracebacks inside a resume function point at the user's
-lines. Stack parameters get names unused by the code (a resume of a resume code already has `__stack_i`).
+lines. Stack parameters get names unused by the code (a resume of a resume code already has `__stack_i`);
+locals whose names are no identifiers (pytest's `@py_assert0`) get identifiers.
 """
 from __future__ import annotations
 
 import dis
+import keyword
 import types
 from typing import Any
 
@@ -87,6 +89,7 @@ def _build(code: types.CodeType, target: int, local_names: tuple[str, ...],
     rest = tuple(n for n in old_names if n not in local_names)
     new_names = tuple(local_names) + stack_names + rest
     index = {name: i for i, name in enumerate(new_names)}
+    new_names = _identifiers(new_names)
     n_old, n_new = len(old_names), len(new_names)
 
     def remap(op: int, arg: int) -> int:
@@ -144,6 +147,25 @@ def _build(code: types.CodeType, target: int, local_names: tuple[str, ...],
         co_qualname=f"{code.co_qualname}.<resume at {target}>",
         co_linetable=_prologue_location(units) + code.co_linetable,
         co_exceptiontable=_shift_exception_table(code.co_exceptiontable, units))
+
+
+def _identifiers(names: tuple[str, ...]) -> tuple[str, ...]:
+    """`names` with each one that is no identifier renamed to a fresh one (`@py_assert0`, a local of
+    pytest's rewritten asserts, becomes `__local_py_assert0`): the parameters of a resume code are read by
+    name in the guards and entry function kiln writes for it. Only its name changes (locals are read by
+    index)."""
+    used = set(names)
+    out = []
+    for name in names:
+        if not name.isidentifier() or keyword.iskeyword(name):
+            base = "__local_" + "".join(c if c.isalnum() or c == "_" else "_" for c in name).strip("_")
+            name, i = base, 0
+            while name in used:
+                i += 1
+                name = f"{base}_{i}"
+            used.add(name)
+        out.append(name)
+    return tuple(out)
 
 
 def _fresh_names(count: int, used: set[str]) -> tuple[str, ...]:

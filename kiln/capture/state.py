@@ -20,7 +20,7 @@ from ..graph import Graph, Proxy, TensorMeta, Tracer, dense_strides
 from ..graph.layout import strides_in_order
 from ..graph.symbolic import ShapeEnv, dim_text, min_size, python_expr, substitute
 from ..ops.registry import aliases
-from .errors import GraphBreak
+from .errors import GraphBreak, RaisedError
 from .guards import GuardSet, is_constant
 from .sources import Namespace, Source
 
@@ -117,6 +117,10 @@ class Capture:
             copy = tuple(items) if typ is tuple else typ(*items)
             self.tuple_copies[id(value)] = (copy, source, value)
             self.tuple_origins[id(copy)] = (copy, source, value)
+            attrs = getattr(value, "__dict__", None)
+            if isinstance(attrs, dict):  # a subclass of a NamedTuple class: its own attributes too
+                self.guards.keys(source.attr("__dict__"), attrs)
+                copy.__dict__.update({k: self.wrap(v, source.attr(k)) for k, v in attrs.items()})
             return copy
         if typ is list:
             self.guards.length(source, value)
@@ -349,6 +353,16 @@ class Capture:
 
     # ---- writes to outside state ----
     def write_attr(self, obj: Any, name: str, value: Any) -> None:
+        origin = self.tuple_origins.get(id(obj))
+        if origin is not None and origin[0] is obj:
+            # an outside tuple traced as a copy (a NamedTuple subclass's instance has a __dict__): the copy
+            # answers later reads, the outside tuple gets the write
+            try:
+                object.__setattr__(obj, name, value)
+            except (AttributeError, TypeError) as e:
+                raise RaisedError(e, f"setting attribute {name!r}") from None
+            self.attr_writes[(id(origin[2]), name)] = (origin[2], origin[1], name, value)
+            return
         source = self.source_of(obj)
         if source is None:
             raise GraphBreak(f"setting attribute {name!r} of a {type(obj).__name__} kiln cannot reload")

@@ -227,10 +227,14 @@ class ValueOps:
                 for size in meta.shape:
                     int(size)
             return NativeCall(getattr(proxy.example, name), f"Tensor.{name}", proxy, name)
+        cls = torch.nn.Parameter if id(proxy) in self.cap.param_proxies else torch.Tensor
+        if class_lookup(cls, name) is MISSING:
+            return self.tensor_own_attr(proxy, name)
         try:
             value = getattr(proxy, name)
         except AttributeError:
-            raise NoAttribute(f"'Tensor' object has no attribute {name!r}") from None
+            # (a tensor has it: kiln cannot answer for it, which is no absence hasattr may report)
+            raise GraphBreak(f"tensor attribute .{name} is not captured") from None
         except GraphBreak:
             raise
         except Exception as e:
@@ -238,6 +242,26 @@ class ValueOps:
         if callable(value) and not isinstance(value, (torch.dtype, torch.device, type)):
             return NativeCall(value, f"Tensor.{name}", proxy, name)
         return value
+
+    def tensor_own_attr(self, proxy: Proxy, name: str) -> Any:
+        """An attribute no tensor class has: one a program set on an input tensor (`t.tag = ...`), read
+        from the tensor and guarded like any outside value, or its absence, guarded too (`hasattr(x, "tag")`
+        must see a tag set on a later call's tensor). A tensor made in this capture has none (setting
+        one breaks the graph)."""
+        cap = self.cap
+        src = cap.proxy_sources.get(id(proxy))
+        cls = "Parameter" if id(proxy) in cap.param_proxies else "Tensor"
+        error = AttributeError(f"'{cls}' object has no attribute {name!r}")
+        if src is None:
+            raise MissingAttribute(error, str(error))
+        tensor = next((t for s, t, _ in cap.inputs if s is src), None)
+        if tensor is None:
+            raise GraphBreak(f"attribute .{name} of tensor {src.name}")
+        own = tensor.__dict__
+        if name in own:
+            return cap.wrap(own[name], src.attr(name))
+        cap.guards.add(f"not hasattr({src.expr}, {name!r})", f"{src.name} has no attribute {name!r}", "attr")
+        raise MissingAttribute(error, str(error))
 
     def iterator_attr(self, it: SymIter, name: str) -> Any:
         """Methods of a symbolic iterator: next, and send/throw/close of a generator."""
