@@ -30,7 +30,8 @@ from ..graph import (DataDependentError, Graph, Proxy, TensorMeta, Tracer, curre
 from ..graph.proxy import set_torch_call_handler
 from ..graph.symbolic import has_symbols, hint_of, specialize_all
 from . import updates as argument_updates
-from .overlap import overlaps_itself, shared_memory, uniform_fill
+from .overlap import memory_relation as _memory_relation, overlaps_itself, shared_memory, uniform_fill
+from .overlap import storage_key as _storage_key
 
 log = config.channel("prims")
 
@@ -168,8 +169,9 @@ def update_argument(target: Any, value: Any) -> None:
 
 # ---- the torch-call handler ------------------------------------------------------------------------------
 
-def _op_name(func: Any) -> str:
-    return torch_name(func)
+_op_name = torch_name
+_OVERLOADS = (torch._ops.OpOverload, torch._ops.OpOverloadPacket)
+_overload_route: Callable[[Any, tuple, dict], Any] | None = None
 
 
 def _shapes(args: tuple, kwargs: dict) -> str:
@@ -253,6 +255,19 @@ def _has_examples(args: tuple, kwargs: dict) -> bool:
 
 def call(func: Any, args: tuple, kwargs: dict) -> Any:
     """Handle a torch call whose arguments include proxies (or any torch call while tracing)."""
+    if isinstance(func, _OVERLOADS) and func not in DECOMPOSITIONS and _overload_route is not None:
+        return _overload_route(func, args, kwargs)  # torch.ops.aten.add.Tensor is recorded as torch.add
+    return call_as_is(func, args, kwargs)
+
+
+def route_overloads(handler: Callable[[Any, tuple, dict], Any]) -> None:
+    """Install kiln/ops/aten.py's handler of OpOverloads and OpOverloadPackets without decompositions."""
+    global _overload_route
+    _overload_route = handler
+
+
+def call_as_is(func: Any, args: tuple, kwargs: dict) -> Any:
+    """`call` for func itself (kiln/ops/aten.py's fallback for an overload it does not map)."""
     tracer = current_tracer()
     if tracer is None:
         proxies = [a for a in flatten((args, kwargs)) if isinstance(a, Proxy)]
@@ -650,27 +665,6 @@ def _check_inplace(graph: Graph, func: Any, args: tuple) -> None:
             f"elements)")
 
 
-def _positions(t: torch.Tensor) -> torch.Tensor:
-    """The storage offsets of t's elements, in t's element size."""
-    offsets = torch.full((), t.storage_offset(), dtype=torch.int64)
-    for n, st in zip(t.shape, t.stride()):
-        offsets = offsets.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * st
-    return offsets.reshape(-1)
-
-
-def _memory_relation(a: Any, b: Any) -> str:
-    """"same" (a and b map each index to the same location), "disjoint", or "partial" (also when unknown)."""
-    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.dtype != b.dtype or \
-            a.numel() > (1 << 22) or b.numel() > (1 << 22) or _storage_key(a) != _storage_key(b):
-        return "partial"
-    pa, pb = _positions(a), _positions(b)
-    if a.shape == b.shape and torch.equal(pa, pb):
-        return "same"
-    if torch.isin(pa, pb).any():
-        return "partial"
-    return "disjoint"
-
-
 def _views_of(al: _Aliases, root: Proxy) -> list[Proxy]:
     return [v for v in al.base.keys() if al.base.get(v) is root]
 
@@ -728,14 +722,6 @@ def _note_views(graph: Graph, source: Proxy, out: Any, step: tuple | None = None
             index = i if outputs is not None else None
             al.chain[v] = chain.then(step[0], tuple(step[1]), dict(step[2]), index) \
                 if shares and chain is not None else None
-
-
-def _storage_key(t: Any) -> int | None:
-    if not isinstance(t, torch.Tensor) or t.device.type == "meta" or t.layout != torch.strided:
-        return None  # (sparse tensors have no storage to compare)
-    if t.untyped_storage().nbytes() == 0:
-        return None
-    return t.untyped_storage().data_ptr()
 
 
 def _note_shared_storage(graph: Graph, inputs: list[Proxy], out: Any, step: tuple | None = None) -> None:
