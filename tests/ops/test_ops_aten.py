@@ -196,3 +196,14 @@ def test_opinfo_overloads_match_eager_all_samples():
         results = aten_overloads.sweep(dtype, first_only=False)
         mismatches = [(c.name, str(c.op), d) for c, d in results["mismatch"]]
         assert not mismatches, mismatches
+
+
+def test_detach_overload_result_does_not_require_grad():
+    def f(x):
+        y = aten.detach.default(x * 2)  # a fallback node: its result's requires_grad is eager's
+        return y.requires_grad, y + 1
+    x = torch.randn(3, requires_grad=True)
+    expected = f(x)
+    got = kiln.compile(f, backend="eager")(x)
+    assert got[0] is expected[0] is False
+    assert_close(got[1], expected[1])
