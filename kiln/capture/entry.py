@@ -30,6 +30,7 @@ from ..graph import Proxy, torch_callable
 from ..graph import memo
 from ..graph.graph import is_random_target
 from ..graph.symbolic import SymInt, has_symbols, python_expr, specialize_all, substitute
+from ..ops.aten import OVERLOADS
 from ..ops.registry import aliases
 from .errors import GraphBreak
 from .guards import check_expr, is_constant, storages_apart
@@ -225,7 +226,7 @@ class Reconstructor:
             return f"{method}.__get__({self.value(owner)})"
         if isinstance(v, SymIter):
             return self._once(v, v.rebuild(self))
-        if isinstance(v, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)):
+        if isinstance(v, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType) + OVERLOADS):
             return ns.hold(v, "obj")
         if isinstance(v, torch.nn.Module):
             return ns.hold(v, "module")

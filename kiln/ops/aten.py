@@ -98,6 +98,18 @@ _RULES: dict[str, Callable[[dict], Mapped | None]] = {
 }
 
 
+# metadata queries answered from the proxy's meta (its sizes are guarded, or symbolic), not run by torch
+_QUERIES: dict[str, Callable[..., Any]] = {
+    "aten::sym_size.int": lambda self, dim: self.size(dim),
+    "aten::size.int": lambda self, dim: self.size(dim),
+    "aten::sym_stride.int": lambda self, dim: self.stride(dim),
+    "aten::stride.int": lambda self, dim: self.stride(dim),
+    "aten::sym_numel.default": lambda self: self.numel(),
+    "aten::numel.default": lambda self: self.numel(),
+    "aten::dim.default": lambda self: self.dim(),
+}
+
+
 # ---- decompositions of overloads with no torch-level twin ---------------------------------------------
 
 @register(torch.ops.aten.native_layer_norm.default)
@@ -312,6 +324,12 @@ def overload_call(op: Any, args: tuple, kwargs: dict) -> Any:
         op = resolved
         if op in DECOMPOSITIONS:
             return call_as_is(op, args, kwargs)
+    query = _QUERIES.get(f"{op._schema.name}.{op._overloadname}")
+    if query is not None and args and isinstance(args[0], Proxy) and len(args) + len(kwargs) <= 2:
+        try:
+            return query(*args, **kwargs)
+        except (TypeError, IndexError):
+            pass  # (bad arguments: the fallback raises eager's error)
     mapped = _mapped(op, args, kwargs)
     if mapped is not None and _checked(op, args, kwargs, mapped):
         fn, margs, mkwargs = mapped

@@ -399,13 +399,16 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
             metas = tuple(p.meta for p in leaves)
             structure = result
     if decomposition is None:
-        counters["fallback"][name] += 1
         if real is None:
             try:
                 real = _eager(func, args, kwargs, "meta")
             except Exception as e:
                 raise UnsupportedError(f"{name} has no decomposition and no meta implementation, so kiln "
                                        f"cannot know its output shape ({type(e).__name__}: {e})") from None
+        if any(isinstance(v, (bool, int, float, complex)) for v in flatten(real)):
+            # a number computed by torch (torch.equal, aten.item): the graph would keep this call's value
+            raise UnsupportedError(f"{name} returns a Python number; it runs outside the graph")
+        counters["fallback"][name] += 1
         if has_symbols((args, kwargs)) and not all(isinstance(v, bool) for v in flatten(real)):
             # a torch op kiln cannot see into: its output sizes (or values) are the example's, right only
             # at these sizes, so every symbol of its inputs is specialized (guarded), counted

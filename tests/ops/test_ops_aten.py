@@ -185,9 +185,10 @@ def test_opinfo_overloads_match_eager():
     results = aten_overloads.sweep()
     mismatches = [(c.name, str(c.op), d) for c, d in results["mismatch"]]
     assert not mismatches, mismatches
-    # 468 cases on torch 2.13: 346 traced, 114 fallback (no decomposition: linalg, fft, ...), 8 eager
+    # 468 cases on torch 2.13: 346 traced, 111 fallback (no decomposition: linalg, fft, ...), 11 eager
+    # (numbers computed from values, writes of running statistics, data-dependent shapes)
     assert len(results["traced"]) >= 340, len(results["traced"])
-    assert len(results["eager"]) <= 10, [(c.name, d) for c, d in results["eager"]]
+    assert len(results["eager"]) <= 12, [(c.name, d) for c, d in results["eager"]]
 
 
 @pytest.mark.slow
@@ -207,3 +208,42 @@ def test_detach_overload_result_does_not_require_grad():
     got = kiln.compile(f, backend="eager")(x)
     assert got[0] is expected[0] is False
     assert_close(got[1], expected[1])
+
+
+def test_overload_first_used_in_compiled_code():
+    aten.hardshrink.__dict__.pop("default", None)  # the packet makes the overload on its first use
+
+    def f(x):
+        return aten.hardshrink.default(x, 0.5) + 1
+    expected, _, got, _, counters = compiled_run(f, torch.randn(6))
+    assert_close(got, expected)
+    assert_traced(counters)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x * int(torch.equal(x, torch.ones(3))),  # a fallback returning a number
+    lambda x: x * int(aten.equal.default(x, torch.ones(3))),
+    lambda x: (x + 1) * aten.item.default(x.sum()),
+    lambda x: x * aten.allclose.default(x, torch.ones(3)),
+], ids=["torch.equal", "aten.equal", "aten.item", "aten.allclose"])
+def test_numbers_computed_from_values_are_not_kept_in_the_graph(fn):
+    kiln.reset()
+    compiled = kiln.compile(fn, backend="eager")
+    for x in (torch.ones(3), torch.full((3,), 2.0)):
+        assert_close(compiled(x), fn(x))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x * aten.sym_size.int(x, 0),
+    lambda x: x * aten.size.int(x, -1),
+    lambda x: x * aten.sym_numel.default(x),
+    lambda x: x * aten.dim.default(x),
+    lambda x: x * aten.sym_stride.int(x, 0),
+], ids=["sym_size", "size", "sym_numel", "dim", "sym_stride"])
+def test_metadata_queries_are_traced(fn):
+    kiln.reset()
+    kiln.counters.clear()
+    compiled = kiln.compile(fn, backend="eager")
+    for x in (torch.ones(3), torch.full((4,), 2.0), torch.ones(5)):
+        assert_close(compiled(x), fn(x))
+    assert not kiln.counters["graph_breaks"] and not kiln.counters["fallback"], dict(kiln.counters)
