@@ -25,7 +25,7 @@ from .guards import GuardSet, is_constant
 from .sources import Namespace, Source
 
 _MODULE_TYPES = (torch.nn.Module,)
-_OPERATOR_TYPES = (torch._ops.OpOverload, torch._ops.OpOverloadPacket)  # torch.ops.aten.add.Tensor: by identity
+_OPERATOR_TYPES = (torch._ops.OpOverload, torch._ops.OpOverloadPacket)  # (guarded by identity)
 _IMMUTABLE_MODULES = ("torch", "math", "builtins", "operator", "functools", "itertools", "collections",
                       "typing", "numbers", "inspect", "warnings", "dataclasses", "enum", "abc", "types",
                       "copy", "numpy", "transformers", "contextlib", "logging", "os", "sys", "re")

@@ -32,8 +32,9 @@ from typing import Any, Callable
 import torch
 
 from ..graph import Proxy, flatten, map_structure
-from .registry import (_METADATA_ONLY, _RESTRIDE_INPLACE, DECOMPOSITIONS, INPLACE_OPS, VIEW_OPS, UnsupportedError,
-                       _eager, _meta_value, call, call_as_is, mark_inplace, mark_view, register, route_overloads)
+from .registry import (_METADATA_ONLY, _RESTRIDE_INPLACE, DECOMPOSITIONS, INPLACE_OPS, VIEW_OPS,
+                       UnsupportedError, _eager, _meta_value, call, call_as_is, mark_inplace, mark_view,
+                       register, route_overloads)
 
 OVERLOADS = (torch._ops.OpOverload, torch._ops.OpOverloadPacket)
 
@@ -255,7 +256,7 @@ def _checked(op: torch._ops.OpOverload, args: tuple, kwargs: dict, mapped: Mappe
         try:
             expected = _run(op, args, kwargs, on)
         except Exception:
-            continue  # (bad input fails on the examples too: the overload's own fallback raises eager's error)
+            continue  # (bad input fails on the examples too: the overload's fallback raises eager's error)
         try:
             return _meta_agree(expected, _run(fn, margs, mkwargs, on))
         except Exception:
@@ -286,7 +287,8 @@ def _resolve(packet: torch._ops.OpOverloadPacket, args: tuple, kwargs: dict) -> 
 
 def _writes(op: torch._ops.OpOverload) -> list[int]:
     """Positions in the schema of the arguments the op writes."""
-    return [i for i, a in enumerate(op._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    return [i for i, a in enumerate(op._schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write]
 
 
 def _fallback(op: Any, args: tuple, kwargs: dict) -> Any:

@@ -474,8 +474,8 @@ def _output_requires_grad(func: Any, args: tuple, kwargs: dict) -> bool:
     answer; dtypes without gradients are excluded by the caller."""
     if kwargs.get("requires_grad") is True:
         return True
-    name = str(getattr(func, "__name__", ""))
-    if not torch.is_grad_enabled() or name.split(".")[0] in _NO_GRAD_OUTPUT:  # (torch.ops.aten.detach.default)
+    name = str(getattr(func, "__name__", "")).split(".")[0]  # (torch.ops.aten.detach.default: "detach")
+    if not torch.is_grad_enabled() or name in _NO_GRAD_OUTPUT:
         return False
     for v in flatten((args, kwargs)):
         if isinstance(v, Proxy) and v.meta.requires_grad or isinstance(v, torch.Tensor) and v.requires_grad:

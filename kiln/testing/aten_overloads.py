@@ -11,8 +11,9 @@ compared with eager. Samples eager refuses in the overload's conventions are ski
     fallback   matched eager; the graph calls a torch op kiln does not decompose
     eager      matched eager, but a graph break (or the whole frame) ran in torch
     mismatch   a wrong result (or an error eager does not raise): the outcome that must never happen
-Random ops and uninitialized results (`empty_like`) are compared on structure, shapes and dtypes only. Only kiln's public API is used, so the same
-file measures an older checkout: `PYTHONPATH=<checkout> python path/to/aten_overloads.py`.
+Random ops and uninitialized results (`empty_like`) are compared on structure, shapes and dtypes
+only. Only kiln's public API is used, so the same file measures an older checkout:
+`PYTHONPATH=<checkout> python path/to/aten_overloads.py`.
 """
 from __future__ import annotations
 
@@ -63,7 +64,8 @@ def _clone(value: Any) -> Any:
     return value
 
 
-def cases(dtype: torch.dtype = torch.float32, first_only: bool = True, only: set | None = None) -> Iterator[Case]:
+def cases(dtype: torch.dtype = torch.float32, first_only: bool = True,
+          only: set | None = None) -> Iterator[Case]:
     """(OpInfo entry, overload, sample) for every entry naming an aten operator whose sample eager accepts
     in the overload's conventions."""
     from torch.testing._internal.common_methods_invocations import op_db

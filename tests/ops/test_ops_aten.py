@@ -1,4 +1,4 @@
-"""torch.ops overloads called directly (kiln/ops/aten.py): traced as their torch-level names, against eager."""
+"""torch.ops overloads called directly (kiln/ops/aten.py): traced as their torch-level names, vs eager."""
 import copy
 
 import pytest
