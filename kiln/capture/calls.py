@@ -21,6 +21,7 @@ from .. import config
 from ..graph import DataDependentError, Proxy, flatten, tracing
 from ..ops import UnsupportedError
 from ..ops import call as ops_call
+from ..ops.aten import OVERLOADS
 from ..ops.trace import _RecordMode
 from .errors import HINTS, GraphBreak, RaisedError
 from .blocks import AutocastExit, GradModeContext, GradModeExit, set_grad
@@ -166,6 +167,8 @@ class CallOps:
             return fn.leave()
         if isinstance(fn, torch.nn.Module):
             return self.call_module(fn, args, kwargs)
+        if isinstance(fn, OVERLOADS):  # torch.ops.aten.add.Tensor, torch.ops.aten.add, torch.ops.mylib.foo
+            return self.torch_call(fn, args, kwargs)
         if isinstance(fn, types.MethodType):
             owner, func = fn.__self__, fn.__func__
             if type(owner) in (torch.no_grad, torch.enable_grad) and func.__name__ == "clone":

@@ -32,6 +32,7 @@ from ..graph import memo
 from ..ops import autocast
 from ..graph.graph import is_random_target
 from ..graph.symbolic import SymInt, has_symbols, python_expr, specialize_all, substitute
+from ..ops.aten import OVERLOADS
 from ..ops.registry import aliases
 from .errors import GraphBreak
 from .guards import check_expr, is_constant, storages_apart
@@ -250,7 +251,7 @@ class Reconstructor:
             return f"{method}.__get__({self.value(owner)})"
         if isinstance(v, SymIter):
             return self._once(v, v.rebuild(self))
-        if isinstance(v, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)):
+        if isinstance(v, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType) + OVERLOADS):
             return ns.hold(v, "obj")
         if isinstance(v, torch.nn.Module):
             return ns.hold(v, "module")

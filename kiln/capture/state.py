@@ -25,6 +25,7 @@ from .guards import GuardSet, is_constant
 from .sources import Namespace, Source
 
 _MODULE_TYPES = (torch.nn.Module,)
+_OPERATOR_TYPES = (torch._ops.OpOverload, torch._ops.OpOverloadPacket)  # (guarded by identity)
 _IMMUTABLE_MODULES = ("torch", "math", "builtins", "operator", "functools", "itertools", "collections",
                       "typing", "numbers", "inspect", "warnings", "dataclasses", "enum", "abc", "types",
                       "copy", "numpy", "transformers", "contextlib", "logging", "os", "sys", "re")
@@ -154,7 +155,7 @@ class Capture:
             self.guards.identity(source.attr("__self__"), value.__self__)
             self.guards.constant(source.attr("__name__"), value.__name__)
         elif isinstance(value, (_MODULE_TYPES + (types.FunctionType, types.BuiltinFunctionType, type,
-                                                  types.ModuleType))):
+                                                  types.ModuleType) + _OPERATOR_TYPES)):
             self.guards.identity(source, value)
         elif isinstance(value, types.MethodType):
             self.guards.identity(source.attr("__func__"), value.__func__)

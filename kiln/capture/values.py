@@ -10,6 +10,7 @@ import torch
 
 from ..graph import Proxy
 from ..graph.symbolic import SymInt, has_symbols, hint_of
+from ..ops.aten import OVERLOADS
 from .errors import GraphBreak, RaisedError
 from .frame import NATIVE_OPERAND_TYPES, NULL, symbolic_break
 from .iterators import DequeIter, DictIter, GeneratorValue, ListIter, LiveListIter, NativeIter, OutsideIterator, SymIter, UserIter, drain, \
@@ -91,6 +92,11 @@ class ValueOps:
             return int if name == "__class__" else getattr(int(obj), name)
         if isinstance(obj, SymIter):
             return self.iterator_attr(obj, name)
+        if isinstance(obj, OVERLOADS):  # torch.ops.aten.add.Tensor: made on first use, kept by the packet
+            try:
+                return getattr(obj, name)
+            except AttributeError as e:
+                raise self.missing_attribute(obj, name, e) from None
         if isinstance(obj, (types.ModuleType, type, super)) or obj is NULL:
             written = cap.read_attr_overlay(obj, name)
             if written is not MISSING:

@@ -57,3 +57,32 @@ def shared_memory(target: Proxy, root: Proxy, input_name: str | None, input_meta
         if overlapping(proxy):
             return f"tensor {proxy.node.name} ({proxy.meta.short()}, strides {tuple(proxy.meta.strides)})"
     return None
+
+
+def storage_key(t: Any) -> int | None:
+    if not isinstance(t, torch.Tensor) or t.device.type == "meta" or t.layout != torch.strided:
+        return None  # (sparse tensors have no storage to compare)
+    if t.untyped_storage().nbytes() == 0:
+        return None
+    return t.untyped_storage().data_ptr()
+
+
+def _positions(t: torch.Tensor) -> torch.Tensor:
+    """The storage offsets of t's elements, in t's element size."""
+    offsets = torch.full((), t.storage_offset(), dtype=torch.int64)
+    for n, st in zip(t.shape, t.stride()):
+        offsets = offsets.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * st
+    return offsets.reshape(-1)
+
+
+def memory_relation(a: Any, b: Any) -> str:
+    """"same" (a and b map each index to the same location), "disjoint", or "partial" (also when unknown)."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.dtype != b.dtype or \
+            a.numel() > (1 << 22) or b.numel() > (1 << 22) or storage_key(a) != storage_key(b):
+        return "partial"
+    pa, pb = _positions(a), _positions(b)
+    if a.shape == b.shape and torch.equal(pa, pb):
+        return "same"
+    if torch.isin(pa, pb).any():
+        return "partial"
+    return "disjoint"

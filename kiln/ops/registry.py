@@ -32,7 +32,8 @@ from ..graph.symbolic import has_symbols, hint_of, specialize_all
 from . import autocast
 from . import updates as argument_updates
 from .targets import OnCopy, TensorLeaves
-from .overlap import overlaps_itself, shared_memory, uniform_fill
+from .overlap import memory_relation as _memory_relation, overlaps_itself, shared_memory, uniform_fill
+from .overlap import storage_key as _storage_key
 
 log = config.channel("prims")
 
@@ -170,8 +171,9 @@ def update_argument(target: Any, value: Any) -> None:
 
 # ---- the torch-call handler ------------------------------------------------------------------------------
 
-def _op_name(func: Any) -> str:
-    return torch_name(func)
+_op_name = torch_name
+_OVERLOADS = (torch._ops.OpOverload, torch._ops.OpOverloadPacket)
+_overload_route: Callable[[Any, tuple, dict], Any] | None = None
 
 
 def _shapes(args: tuple, kwargs: dict) -> str:
@@ -255,6 +257,19 @@ def _has_examples(args: tuple, kwargs: dict) -> bool:
 
 def call(func: Any, args: tuple, kwargs: dict) -> Any:
     """Handle a torch call whose arguments include proxies (or any torch call while tracing)."""
+    if isinstance(func, _OVERLOADS) and func not in DECOMPOSITIONS and _overload_route is not None:
+        return _overload_route(func, args, kwargs)  # torch.ops.aten.add.Tensor is recorded as torch.add
+    return call_as_is(func, args, kwargs)
+
+
+def route_overloads(handler: Callable[[Any, tuple, dict], Any]) -> None:
+    """Install kiln/ops/aten.py's handler of OpOverloads and OpOverloadPackets without decompositions."""
+    global _overload_route
+    _overload_route = handler
+
+
+def call_as_is(func: Any, args: tuple, kwargs: dict) -> Any:
+    """`call` for func itself (kiln/ops/aten.py's fallback for an overload it does not map)."""
     tracer = current_tracer()
     if tracer is None:
         proxies = [a for a in flatten((args, kwargs)) if isinstance(a, Proxy)]
@@ -389,7 +404,6 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
             metas = tuple(p.meta for p in leaves)
             structure = result
     if decomposition is None:
-        counters["fallback"][name] += 1
         if real is None:
             if region and not autocast_cast:  # (meta tensors do not see autocast)
                 raise UnsupportedError(f"{name} runs with torch under torch.autocast with no example values")
@@ -398,6 +412,10 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
             except Exception as e:
                 raise UnsupportedError(f"{name} has no decomposition and no meta implementation, so kiln "
                                        f"cannot know its output shape ({type(e).__name__}: {e})") from None
+        if any(isinstance(v, (bool, int, float, complex)) for v in flatten(real)):
+            # a number computed by torch (torch.equal, aten.item): the graph would keep this call's value
+            raise UnsupportedError(f"{name} returns a Python number; it runs outside the graph")
+        counters["fallback"][name] += 1
         if has_symbols((args, kwargs)) and not all(isinstance(v, bool) for v in flatten(real)):
             # a torch op kiln cannot see into: its output sizes (or values) are the example's, right only
             # at these sizes, so every symbol of its inputs is specialized (guarded), counted
@@ -465,7 +483,8 @@ def _output_requires_grad(func: Any, args: tuple, kwargs: dict) -> bool:
     answer; dtypes without gradients are excluded by the caller."""
     if kwargs.get("requires_grad") is True:
         return True
-    if not torch.is_grad_enabled() or getattr(func, "__name__", "") in _NO_GRAD_OUTPUT:
+    name = str(getattr(func, "__name__", "")).split(".")[0]  # (torch.ops.aten.detach.default: "detach")
+    if not torch.is_grad_enabled() or name in _NO_GRAD_OUTPUT:
         return False
     for v in flatten((args, kwargs)):
         if isinstance(v, Proxy) and v.meta.requires_grad or isinstance(v, torch.Tensor) and v.requires_grad:
@@ -626,27 +645,6 @@ def _check_inplace(graph: Graph, func: Any, args: tuple) -> None:
             f"elements)")
 
 
-def _positions(t: torch.Tensor) -> torch.Tensor:
-    """The storage offsets of t's elements, in t's element size."""
-    offsets = torch.full((), t.storage_offset(), dtype=torch.int64)
-    for n, st in zip(t.shape, t.stride()):
-        offsets = offsets.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * st
-    return offsets.reshape(-1)
-
-
-def _memory_relation(a: Any, b: Any) -> str:
-    """"same" (a and b map each index to the same location), "disjoint", or "partial" (also when unknown)."""
-    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.dtype != b.dtype or \
-            a.numel() > (1 << 22) or b.numel() > (1 << 22) or _storage_key(a) != _storage_key(b):
-        return "partial"
-    pa, pb = _positions(a), _positions(b)
-    if a.shape == b.shape and torch.equal(pa, pb):
-        return "same"
-    if torch.isin(pa, pb).any():
-        return "partial"
-    return "disjoint"
-
-
 def _views_of(al: _Aliases, root: Proxy) -> list[Proxy]:
     return [v for v in al.base.keys() if al.base.get(v) is root]
 
@@ -704,14 +702,6 @@ def _note_views(graph: Graph, source: Proxy, out: Any, step: tuple | None = None
             index = i if outputs is not None else None
             al.chain[v] = chain.then(step[0], tuple(step[1]), dict(step[2]), index) \
                 if shares and chain is not None else None
-
-
-def _storage_key(t: Any) -> int | None:
-    if not isinstance(t, torch.Tensor) or t.device.type == "meta" or t.layout != torch.strided:
-        return None  # (sparse tensors have no storage to compare)
-    if t.untyped_storage().nbytes() == 0:
-        return None
-    return t.untyped_storage().data_ptr()
 
 
 def _note_shared_storage(graph: Graph, inputs: list[Proxy], out: Any, step: tuple | None = None) -> None:
