@@ -486,6 +486,8 @@ def _output_requires_grad(func: Any, args: tuple, kwargs: dict) -> bool:
     name = str(getattr(func, "__name__", "")).split(".")[0]  # (torch.ops.aten.detach.default: "detach")
     if not torch.is_grad_enabled() or name in _NO_GRAD_OUTPUT:
         return False
+    if name.endswith("_like") or name.startswith("new_"):
+        return False  # factories: zeros_like(x) of an x that requires grad does not
     for v in flatten((args, kwargs)):
         if isinstance(v, Proxy) and v.meta.requires_grad or isinstance(v, torch.Tensor) and v.requires_grad:
             return True

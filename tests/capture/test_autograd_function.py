@@ -46,3 +46,29 @@ def test_without_grad_the_forward_is_traced(counters):
     torch.testing.assert_close(cf(x), _ste(x))
     assert not counters["graph_breaks"]
     assert sum(counters["graphs"].values()) == 1
+
+
+_FACTORIES = {
+    "zeros_like": lambda x: torch.zeros_like(x),
+    "ones_like": lambda x: torch.ones_like(x),
+    "full_like": lambda x: torch.full_like(x, 2.0),
+    "empty_like": lambda x: torch.empty_like(x).fill_(3),
+    "new_zeros": lambda x: x.new_zeros(3),
+    "new_full": lambda x: x.new_full((3,), 1.0),
+    "asked": lambda x: torch.zeros_like(x, requires_grad=True),
+    "differentiable": lambda x: x * 0,
+}
+
+
+@pytest.mark.parametrize("case", sorted(_FACTORIES))
+def test_requires_grad_of_factories_read_in_compiled_code(case):
+    """zeros_like(x) of an x that requires grad does not require grad; code branching on it took the other
+    branch under kiln."""
+    make = _FACTORIES[case]
+
+    def f(x):
+        z = make(x)
+        return (z + 1) if z.requires_grad else (z - 1)
+    kiln.reset()
+    x = torch.randn(3, requires_grad=True)
+    torch.testing.assert_close(kiln.compile(f, backend="eager")(x), f(x))
