@@ -324,3 +324,42 @@ def test_reading_the_state_guards_it():
             _same(_reads_state(x), cf(x))
     finally:
         torch.set_autocast_dtype("cpu", before)
+
+
+def _grid_sample(a, grid):
+    return F.grid_sample(a, grid, align_corners=False)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cpu_grid_sampler_casts_to_float32(backend):
+    """The CPU's autocast casts grid_sampler's inputs to float32 (CUDA's promotes them): kiln used CUDA's
+    policy on the CPU, bf16 inputs gave a bf16 result where eager's is float32."""
+    kiln.reset()
+    cf = kiln.compile(_grid_sample, backend=backend)
+    a, grid = torch.randn(1, 2, 4, 4).bfloat16(), (torch.rand(1, 3, 3, 2) * 2 - 1).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        eager, compiled = _grid_sample(a, grid), cf(a, grid)
+    assert eager.dtype == torch.float32
+    _same(eager, compiled)
+
+
+def _cat(a, b):
+    return torch.cat([a, b])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.float16), (torch.float16, torch.float32),
+                                    (torch.float16, torch.float16), (torch.float64, torch.float16)])
+def test_promote_raises_as_eager(backend, dtypes):
+    """Eager's widest-type cast (cat, stack, index_copy) fails on a floating type other than float32 and the
+    autocast dtype met before any float32 input; kiln cast them all to float32 and returned a result."""
+    kiln.reset()
+    cf = kiln.compile(_cat, backend=backend)
+    a, b = torch.randn(2, 3).to(dtypes[0]), torch.randn(2, 3).to(dtypes[1])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(RuntimeError, match="prioritize"):
+            _cat(a, b)
+        with pytest.raises(RuntimeError, match="prioritize"):
+            cf(a, b)
+        _same(_cat(b.float(), a), cf(b.float(), a))  # a float32 first: the widest is float32
+
