@@ -54,6 +54,16 @@ _STATE_SETTERS = ("set_", "_set_", "manual_seed", "seed", "use_deterministic", "
                   "clear_autocast")
 
 
+def _autocast_dtype_read(cls: type, args: list, kwargs: dict) -> bool:
+    """Whether torch.autocast(...) takes its dtype from autocast's state (no dtype given)."""
+    try:
+        bound = inspect.signature(cls).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return True
+    bound.apply_defaults()
+    return bound.arguments.get("dtype") is None
+
+
 def sets_state(fn: Any) -> bool:
     """A torch function (not a tensor method) whose name says it changes global state: running it while
     tracing would change the world and the graph would not redo it."""
@@ -383,6 +393,10 @@ class CallOps:
         name = _name(fn)
         if fn in _IMPURE_TORCH or sets_state(fn):
             raise GraphBreak(f"call to {name} (it changes global torch state)", HINTS["call"])
+        if getattr(fn, "__name__", "") in ("__enter__", "__exit__") and args and \
+                isinstance(args[0], torch.amp.autocast_mode.autocast):
+            # outside a with-block (a direct call, an ExitStack): the state it sets may outlive the call
+            raise GraphBreak(f"call to {name} (it changes torch.autocast's state)", HINTS["call"])
         if communicates(fn):
             raise GraphBreak(f"call to {name} (torch.distributed communication runs natively, in program "
                              "order)", "collectives break the graph; the code after one is captured again")
@@ -442,7 +456,10 @@ class CallOps:
             # followed by the interpreter (AutocastContext)
             if any(isinstance(v, Proxy) for v in flatten((args, kwargs))):
                 raise GraphBreak("torch.autocast with a tensor argument")
-            return cap.new_local(self.native(cls, args, kwargs, cls.__qualname__))
+            manager = cap.new_local(self.native(cls, args, kwargs, cls.__qualname__))
+            if _autocast_dtype_read(cls, args, kwargs):  # its dtype is the one set now (state at entry)
+                cap.guards.autocast_full(cap.autocast_saved)
+            return manager
         if cls in LAZY_TYPES:
             lazy = make_lazy(self, cls, args, kwargs)
             if lazy is not None:

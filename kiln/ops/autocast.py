@@ -40,6 +40,8 @@ _PROMOTE = frozenset("""
     stack cat index_copy addcdiv addcmul atan2 bilinear cross dot grid_sampler index_put tensordot
     scatter_add vdot
 """.split())
+# the CPU promotes only these (its grid_sampler casts to float32)
+_PROMOTE_BY_DEVICE = {"cpu": frozenset(("stack", "cat", "index_copy")), "cuda": _PROMOTE}
 
 # torch-level names whose aten op has another name
 _ATEN_ALIASES = {"cross_entropy": "cross_entropy_loss", "__matmul__": "matmul", "__rmatmul__": "matmul",
@@ -182,13 +184,26 @@ def policy_of(func: Any, args: tuple, kwargs: dict) -> tuple[str, torch.dtype] |
     name = _aten_base(func)
     if name not in _registered(device):
         return None
-    kind = "lower" if name in _LOWER else "promote" if name in _PROMOTE else "fp32"
+    kind = "lower" if name in _LOWER else "promote" if name in _PROMOTE_BY_DEVICE[device] else "fp32"
     return kind, torch.get_autocast_dtype(device)
 
 
 def _eligible(v: Any, device: str) -> bool:
     return (isinstance(v, (Proxy, torch.Tensor)) and v.dtype.is_floating_point and v.dtype != torch.float64
             and v.device.type == device)
+
+
+def _promote(low: torch.dtype, eligible: list) -> torch.dtype:
+    """The widest input type, as eager's autocast picks it (at::autocast::prioritize, in argument order):
+    float32 once an input is float32, the autocast dtype while all are; any other floating type met
+    before a float32 (float16 under bfloat16, ...) is eager's error."""
+    to = low
+    for v in eligible:
+        if to == torch.float32 or v.dtype == torch.float32:
+            to = torch.float32
+        elif v.dtype != low:
+            raise RuntimeError("Unexpected floating ScalarType in at::autocast::prioritize")
+    return to
 
 
 def cast_inputs(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict, bool]:
@@ -204,9 +219,8 @@ def cast_inputs(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict, bool
         to = low
     elif kind == "fp32":
         to = torch.float32
-    else:  # the widest: float32 if any input is, else the autocast dtype (fp16 with bf16 is float32 too)
-        kinds = {v.dtype for v in eligible}
-        to = low if kinds <= {low} else torch.float32
+    else:
+        to = _promote(low, eligible)
 
     def cast(v: Any) -> Any:
         if _eligible(v, device) and v.dtype != to:

@@ -324,3 +324,105 @@ def test_reading_the_state_guards_it():
             _same(_reads_state(x), cf(x))
     finally:
         torch.set_autocast_dtype("cpu", before)
+
+
+def _grid_sample(a, grid):
+    return F.grid_sample(a, grid, align_corners=False)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cpu_grid_sampler_casts_to_float32(backend):
+    """The CPU's autocast casts grid_sampler's inputs to float32 (CUDA's promotes them): kiln used CUDA's
+    policy on the CPU, bf16 inputs gave a bf16 result where eager's is float32."""
+    kiln.reset()
+    cf = kiln.compile(_grid_sample, backend=backend)
+    a, grid = torch.randn(1, 2, 4, 4).bfloat16(), (torch.rand(1, 3, 3, 2) * 2 - 1).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        eager, compiled = _grid_sample(a, grid), cf(a, grid)
+    assert eager.dtype == torch.float32
+    _same(eager, compiled)
+
+
+def _cat(a, b):
+    return torch.cat([a, b])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.float16), (torch.float16, torch.float32),
+                                    (torch.float16, torch.float16), (torch.float64, torch.float16)])
+def test_promote_raises_as_eager(backend, dtypes):
+    """Eager's widest-type cast (cat, stack, index_copy) fails on a floating type other than float32 and the
+    autocast dtype met before any float32 input; kiln cast them all to float32 and returned a result."""
+    kiln.reset()
+    cf = kiln.compile(_cat, backend=backend)
+    a, b = torch.randn(2, 3).to(dtypes[0]), torch.randn(2, 3).to(dtypes[1])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(RuntimeError, match="prioritize"):
+            _cat(a, b)
+        with pytest.raises(RuntimeError, match="prioritize"):
+            cf(a, b)
+        _same(_cat(b.float(), a), cf(b.float(), a))  # a float32 first: the widest is float32
+
+
+def _default_dtype_region(x, w):
+    with torch.autocast("cpu"):
+        return x @ w
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_region_without_dtype_guards_the_dtype(backend):
+    """torch.autocast("cpu") with no dtype takes autocast's dtype when it is made: a capture made under
+    bfloat16 was reused after the dtype was set to float16 (autocast off at entry, so unguarded)."""
+    kiln.reset()
+    cf = kiln.compile(_default_dtype_region, backend=backend)
+    x, w = torch.randn(8, 16), torch.randn(16, 4)
+    for dtype in (torch.bfloat16, torch.float16, torch.bfloat16):
+        with torch.autocast("cpu", dtype=dtype, enabled=False):  # sets the dtype, autocast stays off
+            eager, compiled = _default_dtype_region(x, w), cf(x, w)
+        assert eager.dtype == dtype
+        _same(eager, compiled)
+
+
+def _enter_only(x, w):
+    torch.autocast("cpu", dtype=torch.bfloat16).__enter__()
+    return x @ w
+
+
+def _enter_and_exit(x, w):
+    region = torch.autocast("cpu", dtype=torch.float16)
+    region.__enter__()
+    y = x @ w
+    region.__exit__(None, None, None)
+    return y, x @ w
+
+
+def _leave_all(saved):
+    """Back to `saved`, the nesting a region left open undone too."""
+    kiln_autocast.restore(saved)
+    torch.autocast_increment_nesting()
+    for _ in range(torch.autocast_decrement_nesting()):
+        torch.autocast_decrement_nesting()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_direct_enter_and_exit(backend):
+    """__enter__ called directly (not a with-block) ran natively while tracing: the graph had the casts
+    but the call left autocast off where eager leaves it on."""
+    x, w = torch.randn(8, 16), torch.randn(16, 4)
+    before = kiln_autocast.saved()
+    for fn in (_enter_only, _enter_and_exit):
+        kiln.reset()
+        cf = kiln.compile(fn, backend=backend)
+        for _ in range(2):
+            try:
+                eager = fn(x, w)
+                after_eager = kiln_autocast.saved()
+            finally:
+                _leave_all(before)
+            try:
+                compiled = cf(x, w)
+                after_compiled = kiln_autocast.saved()
+            finally:
+                _leave_all(before)
+            _same(eager, compiled)
+            assert after_compiled == after_eager
