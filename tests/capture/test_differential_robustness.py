@@ -1,0 +1,137 @@
+"""Differential programs from issue 38's robustness items: objects used as conditions (Python's truth rule:
+__bool__, then __len__, else True; a module used as a condition aborted capture), kiln's own decompositions
+raising inside compiled code (torch.div on numbers, torch.as_tensor of 0-d tensors, requires_grad_ on a
+traced tensor), and parameter-free modules created inside compiled code."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from capture_helpers import all_entries
+from diff_helpers import params, run_program
+
+import kiln
+
+X = torch.randn(3, 4)
+
+
+# ---- truth of objects: a module as a condition (`if self.layer_norm:`), user classes' __bool__/__len__
+class WithNorm(torch.nn.Module):
+    def __init__(self, norm: bool):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(4) if norm else None
+        self.layers = torch.nn.ModuleList([torch.nn.Identity()] if norm else [])
+
+    def forward(self, x):
+        if self.norm:
+            x = self.norm(x)
+        if not self.layers:
+            x = x * 2
+        return x + 1
+
+
+class Falsy:
+    def __bool__(self):
+        return False
+
+
+class Sized:
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+
+class BadBool:
+    def __bool__(self):
+        return 1
+
+
+class NoBool:
+    __bool__ = None
+
+
+def s_module_condition(x):
+    return WithNorm(True).forward(x), WithNorm(False).forward(x)
+
+
+def s_object_truth(x, falsy, empty, full):
+    y = x if falsy else x * 2
+    y = y + 1 if empty else y - 1
+    y = y * 3 if full else y
+    return y, not falsy, bool(full), (empty or 5), (full and 7)
+
+
+def s_plain_object_is_true(x):
+    return x + 1 if object() else x - 1
+
+
+def s_bool_returning_int_raises(x):
+    return x + 1 if BadBool() else x
+
+
+def s_bool_none_raises(x):
+    return x + 1 if NoBool() else x
+
+
+TABLE = [
+    (s_module_condition, (X,)), (s_object_truth, (X, Falsy(), Sized(0), Sized(2))),
+    (s_plain_object_is_true, (X,)), (s_bool_returning_int_raises, (X,)), (s_bool_none_raises, (X,)),
+]
+
+KNOWN: dict[str, str] = {}
+
+
+@pytest.mark.parametrize("fn,args,options", params(TABLE, KNOWN))
+def test_robustness(fn, args, options):
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*internal error.*")
+        run_program(fn, args, **options)
+
+
+def test_module_condition_is_one_graph(counters):
+    """A module used as a condition is true (it has no __len__): the forward is one graph, no error."""
+    kiln.reset()
+    model = WithNorm(True).eval()
+    compiled = kiln.compile(model, backend="eager")
+    torch.testing.assert_close(compiled(X), model(X))
+    graphs = [e for e in all_entries(compiled._compiled_forward) if e.graph is not None and e.ops]
+    assert len(graphs) == 1 and not counters["graph_breaks"], dict(counters["graph_breaks"])
+    assert not counters["capture_errors"], dict(counters["capture_errors"])
+
+
+class Planted:
+    """A value whose truth the test makes kiln's interpreter fail on (a planted internal error)."""
+
+
+def f_planted_error(x):
+    y = x + 1
+    if Planted():
+        y = y * 2
+    return y
+
+
+def test_explain_reports_capture_errors(monkeypatch, capsys):
+    """An internal error that stops a capture is in kiln.explain's report (the frame, the exception, the
+    user's line), not a silent "0 graph breaks"."""
+    from kiln.capture.interpreter import Interpreter
+    truth = Interpreter.truth
+
+    def failing_truth(self, value):
+        if isinstance(value, Planted):
+            raise RuntimeError("planted failure")
+        return truth(self, value)
+
+    monkeypatch.setattr(Interpreter, "truth", failing_truth)
+    kiln.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = kiln.explain(f_planted_error, X)
+    text = capsys.readouterr().out
+    assert report.graph_count == 0 and len(report.capture_errors) == 1, text
+    error = report.capture_errors[0]
+    assert error.frame == "f_planted_error" and error.error == "RuntimeError: planted failure", error
+    assert error.lineno == f_planted_error.__code__.co_firstlineno + 2, error
+    assert "1 capture error(s)" in text and "if Planted():" in text and "planted failure" in text, text
