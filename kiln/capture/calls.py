@@ -40,6 +40,8 @@ from .iterators import EAGER_ITERTOOLS, LAZY_TYPES, GeneratorValue, OutsideItera
 _IMPURE_TORCH = {torch.manual_seed, torch.seed, torch.set_rng_state, torch.set_default_dtype,
                  torch._C._set_grad_enabled, torch.set_printoptions, torch.use_deterministic_algorithms,
                  torch.set_num_threads}
+# torch functions that build a tensor from Python data: they read tensors in it as sequences
+_FROM_DATA = {torch.as_tensor, torch.tensor}
 _PURE_MODULES = ("math", "operator", "_operator", "builtins", "itertools", "functools", "_functools",
                  "collections", "_collections", "string", "cmath")
 # Python library code kiln runs directly when no tensor is involved (introspection, logging)
@@ -397,6 +399,8 @@ class CallOps:
         try:
             with tracing(self.cap.tracer):
                 if has_proxy:
+                    if fn in _FROM_DATA:  # they read their data as a sequence, not through __torch_function__
+                        return ops_call(fn, tuple(args), dict(kwargs))
                     if isinstance(fn, types.FunctionType):
                         with _RecordMode():
                             return fn(*args, **kwargs)

@@ -76,7 +76,43 @@ def s_bool_none_raises(x):
     return x + 1 if NoBool() else x
 
 
+# ---- torch.div and friends of Python numbers (eager returns a 0-d tensor), as_tensor of traced tensors
+def s_div_numbers(x, n):
+    return (x * torch.div(n, 2, rounding_mode="trunc"), torch.div(-7, 2, rounding_mode="trunc"),
+            torch.div(-7, 2, rounding_mode="floor"), torch.div(7, 2),
+            torch.div(7.5, 2, rounding_mode="floor"), torch.true_divide(7, 2), torch.floor_divide(-7, 2),
+            torch.divide(True, True))
+
+
+def s_arithmetic_numbers(x):
+    return (torch.add(1, 2), torch.add(1.5, 2, alpha=3), torch.sub(3, 1), torch.mul(True, 2),
+            torch.mul(1j, 2), torch.multiply(2, 3), x + torch.add(x.shape[0], 1))
+
+
+def s_div_numbers_by_zero(x):
+    return x + torch.div(7, 0, rounding_mode="trunc")
+
+
+def s_rsub_numbers_raises(x):
+    return x + torch.rsub(1, 2)
+
+
+def s_as_tensor_of_tensors(x):
+    s = x.sum()
+    same = torch.as_tensor(x)
+    return (torch.as_tensor(s) + 1, same is x, torch.as_tensor(x, dtype=torch.float64),
+            torch.as_tensor([x[0, 0], x[1, 1]]), torch.as_tensor([[s], [s * 2]], dtype=torch.float64),
+            torch.tensor([x[0, 1], s]))
+
+
+def s_as_tensor_mixed_falls_back(x):
+    return torch.as_tensor([x[0, 0].int(), x[1, 1]]), torch.as_tensor([x[0, 0], 1.5]), torch.tensor(x[0])
+
+
 TABLE = [
+    (s_div_numbers, (X, 5), {"graphs": 1}), (s_arithmetic_numbers, (X,), {"graphs": 1}),
+    (s_div_numbers_by_zero, (X,)), (s_rsub_numbers_raises, (X,)), (s_as_tensor_of_tensors, (X,), {"graphs": 1}),
+    (s_as_tensor_mixed_falls_back, (X,)),
     (s_module_condition, (X,)), (s_object_truth, (X, Falsy(), Sized(0), Sized(2))),
     (s_plain_object_is_true, (X,)), (s_bool_returning_int_raises, (X,)), (s_bool_none_raises, (X,)),
 ]
@@ -135,3 +171,21 @@ def test_explain_reports_capture_errors(monkeypatch, capsys):
     assert error.frame == "f_planted_error" and error.error == "RuntimeError: planted failure", error
     assert error.lineno == f_planted_error.__code__.co_firstlineno + 2, error
     assert "1 capture error(s)" in text and "if Planted():" in text and "planted failure" in text, text
+
+
+@pytest.mark.parametrize("backend", ["eager", "cpp"])
+def test_numbers_and_as_tensor_in_one_graph(backend, counters):
+    """torch.div of Python ints (Longformer: `torch.div(n, w, rounding_mode="trunc")`) and as_tensor of
+    traced 0-d tensors (TAPAS) are graph nodes: one graph, no break, no capture error, values as eager's."""
+    def f(x, n):
+        chunks = torch.div(n, 2, rounding_mode="trunc")
+        scale = torch.as_tensor(x.amax()) + torch.as_tensor([x[0, 0], x[2, 3]]).sum()
+        return x * chunks + scale + torch.div(x.shape[1], 3, rounding_mode="floor")
+
+    kiln.reset()
+    compiled = kiln.compile(f, backend=backend)
+    for n in (5, 5):
+        torch.testing.assert_close(compiled(X, n), f(X, n))
+    graphs = [e for e in all_entries(compiled) if e.graph is not None and e.ops]
+    assert len(graphs) == 1 and not counters["graph_breaks"], dict(counters["graph_breaks"])
+    assert not counters["capture_errors"] and not counters["decomposition_error"], dict(counters)
