@@ -33,6 +33,7 @@ from .guards import hooks_present
 from .guards import is_constant
 from .sources import Source
 from .frame import NATIVE_OPERAND_TYPES, NULL, has_proxy, symbolic_break
+from .module_construction import construct_module
 from .values import NativeCall, class_lookup
 from .iterators import EAGER_ITERTOOLS, LAZY_TYPES, GeneratorValue, OutsideIterator, SymIter, \
     chain_from_iterable, drain, eager_itertool, is_outside_iterator, make_lazy
@@ -456,7 +457,7 @@ class CallOps:
         if cls is type:
             return _type(self, args, kwargs)
         if issubclass(cls, torch.nn.Module):
-            raise GraphBreak(f"creating module {cls.__name__} inside compiled code", HINTS["call"])
+            return construct_module(cap, cls, args, kwargs)
         if cls is GeneratorExit or cls is StopIteration:
             return cls(*args)
         if cls is functools.partial:

@@ -109,7 +109,61 @@ def s_as_tensor_mixed_falls_back(x):
     return torch.as_tensor([x[0, 0].int(), x[1, 1]]), torch.as_tensor([x[0, 0], 1.5]), torch.tensor(x[0])
 
 
+# ---- modules created inside compiled code: parameter-free ones from constants are made and traced
+ACTIVATIONS = {"silu": torch.nn.SiLU, "gelu": (torch.nn.GELU, {"approximate": "tanh"})}
+
+
+def make_activation(name):  # transformers' ClassInstantier: ACT2FN[name] makes a new module on every read
+    cls, kwargs = ACTIVATIONS[name] if isinstance(ACTIVATIONS[name], tuple) else (ACTIVATIONS[name], {})
+    return cls(**kwargs)
+
+
+def s_parameter_free_modules(x):
+    y = torch.nn.Softmax(dim=-1)(x)
+    y = torch.nn.ConstantPad1d((1, 2), 0.5)(y)
+    y = torch.nn.MaxPool1d(kernel_size=2, stride=2)(y.unsqueeze(0)).squeeze(0)
+    return make_activation("silu")(y) + make_activation("gelu")(y), torch.nn.Dropout(0.0)(y)
+
+
+def s_module_made_in_loop_and_try(x):
+    for _ in range(2):
+        try:
+            x = torch.nn.SiLU()(x) + 1
+        except RuntimeError:
+            x = x - 1
+    return x
+
+
+def s_module_with_parameters_breaks(x):
+    return torch.nn.Linear(4, 3)(x).shape, x + 1
+
+
+class OwnInit(torch.nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return x * self.scale
+
+
+def s_module_with_user_init_breaks(x):
+    return OwnInit(3)(x) + 1
+
+
+def s_module_made_here_returned(x):
+    act = torch.nn.ReLU()
+    return act(x), act
+
+
+def s_module_from_tensor_argument_breaks(x):
+    return torch.nn.Softmax(dim=int(x.shape[0]) - 4)(x)
+
+
 TABLE = [
+    (s_parameter_free_modules, (X,), {"graphs": 1}), (s_module_made_in_loop_and_try, (X,), {"graphs": 1}),
+    (s_module_with_parameters_breaks, (X,)), (s_module_with_user_init_breaks, (X,)),
+    (s_module_made_here_returned, (X,)), (s_module_from_tensor_argument_breaks, (X,)),
     (s_div_numbers, (X, 5), {"graphs": 1}), (s_arithmetic_numbers, (X,), {"graphs": 1}),
     (s_div_numbers_by_zero, (X,)), (s_rsub_numbers_raises, (X,)), (s_as_tensor_of_tensors, (X,), {"graphs": 1}),
     (s_as_tensor_mixed_falls_back, (X,)),
@@ -189,3 +243,27 @@ def test_numbers_and_as_tensor_in_one_graph(backend, counters):
     graphs = [e for e in all_entries(compiled) if e.graph is not None and e.ops]
     assert len(graphs) == 1 and not counters["graph_breaks"], dict(counters["graph_breaks"])
     assert not counters["capture_errors"] and not counters["decomposition_error"], dict(counters)
+
+
+@pytest.mark.parametrize("fn,reason", [
+    (s_module_with_parameters_breaks, "creating module Linear with parameters or buffers"),
+    (s_module_with_user_init_breaks, "creating module OwnInit inside compiled code (its __init__"),
+    (s_module_made_here_returned, "a module ReLU made inside compiled code outlives the call"),
+])
+def test_module_construction_breaks_with_reason(fn, reason, capsys):
+    kiln.reset()
+    report = kiln.explain(fn, X)
+    capsys.readouterr()
+    reasons = [b.reason for b in report.breaks]
+    assert any(reason in r for r in reasons), reasons
+    assert not report.capture_errors, report.capture_errors
+
+
+def test_parameter_free_modules_cpp(counters):
+    """Modules made inside forward compile with the cpp backend in one graph, equal to eager."""
+    kiln.reset()
+    compiled = kiln.compile(s_parameter_free_modules, backend="cpp")
+    for _ in range(2):
+        torch.testing.assert_close(compiled(X), s_parameter_free_modules(X))
+    graphs = [e for e in all_entries(compiled) if e.graph is not None and e.ops]
+    assert len(graphs) == 1 and not counters["graph_breaks"], dict(counters["graph_breaks"])
