@@ -386,6 +386,9 @@ class CallOps:
         name = _name(fn)
         if fn in _IMPURE_TORCH or sets_state(fn):
             raise GraphBreak(f"call to {name} (it changes global torch state)", HINTS["call"])
+        if getattr(fn, "__module__", "").startswith("torch._higher_order_ops"):
+            # (associative_scan, scan, cond, while_loop, map: they run Python callables on proxies)
+            raise GraphBreak(f"call to {name}, a torch higher-order op kiln does not trace", HINTS["call"])
         if communicates(fn):
             raise GraphBreak(f"call to {name} (torch.distributed communication runs natively, in program "
                              "order)", "collectives break the graph; the code after one is captured again")
