@@ -158,6 +158,7 @@ class ExplainReport:
         self.guards = guards
         self.ops_per_graph = ops
         self.fallbacks = fallbacks
+        self.capture_errors: list = []   # internal errors that made a frame run eagerly (CaptureErrorRecord)
 
     @property
     def graph_count(self) -> int:
@@ -173,7 +174,17 @@ class ExplainReport:
         return [b.native_frame for b in self.breaks if getattr(b, "native_frame", None)]
 
     def __str__(self) -> str:
-        lines = [f"kiln.explain: {self.graph_count} graph(s), {self.graph_break_count} graph break(s)"]
+        errors = getattr(self, "capture_errors", ())
+        lines = [f"kiln.explain: {self.graph_count} graph(s), {self.graph_break_count} graph break(s)"
+                 + (f", {len(errors)} capture error(s)" if errors else "")]
+        for i, error in enumerate(errors):
+            # an internal error of kiln: the frame (and every frame it calls) runs eagerly
+            lines.append(f"  capture error {i + 1}: {error.frame} runs eagerly, its capture failed with "
+                         f"{error.error}")
+            if error.lineno:
+                lines.append(f"      at {error.location}: {error.source_line}")
+            lines.append("      (an internal error of kiln: please report it; "
+                         "options={'raise_on_error': True} raises it)")
         for i, brk in enumerate(self.breaks):
             lines.append(f"  break {i + 1}: {brk.location}: {brk.reason}")
             if brk.source_line:
@@ -262,7 +273,7 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
         compiled(*args, **kwargs)
     native_callees = [k for k, v in counters["callees_run_natively"].items() if v > before.get(k, 0)]
     graphs, breaks, guards, ops, fallbacks, symbols = [], [], [], [], [], []
-    for entry in recorded:
+    for entry in recorded.entries:
         guards.append(entry.guards)
         symbols.append(entry.symbols)
         if entry.brk is not None:
@@ -276,5 +287,6 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
     report.symbols = symbols
     report.native_callees = native_callees
     report.ddp_splits = splitter.splits if splitter is not None else []
+    report.capture_errors = recorded.errors
     print(report)
     return report

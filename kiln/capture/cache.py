@@ -27,9 +27,9 @@ from ..ops import autocast
 from .dynamic import changed_dims, changed_ints
 from .disabled import disabled_by, module_disabled_by
 from .entry import MISS, NO_SELF, make_eager_entry, make_graph_entry, source_reader
-from .errors import BreakRecord, GraphBreak, GraphBreakError
+from .errors import BreakRecord, CaptureErrorRecord, GraphBreak, GraphBreakError
 from .calls import bind_arguments, sets_state
-from .frame import StopCapture
+from .frame import Frame, StopCapture
 from .guards import hooks_present, is_constant
 from .interpreter import Interpreter
 from .native import routed_function
@@ -188,6 +188,7 @@ class CompiledFunction:
             if self.raise_on_error or config.get("raise_on_error"):
                 raise
             counters["capture_errors"][f"{self.name}: {type(e).__name__}: {e}"] += 1
+            record_error(CaptureErrorRecord(self.name, f"{type(e).__name__}: {e}", interpreted_at(e)))
             warn_once(f"error:{self.name}", f"kiln: internal error while capturing {self.name} "
                       f"({type(e).__name__}: {e}); running it eagerly")
             cache.eager = True
@@ -198,6 +199,7 @@ class CompiledFunction:
             reason = entry.first_failure(args, kwargs)
             cache.entries.remove(entry)
             counters["capture_errors"][f"{self.name}: fresh guards failed: {reason}"] += 1
+            record_error(CaptureErrorRecord(self.name, f"the guards of a fresh capture fail: {reason}"))
             warn_once(f"guard:{self.name}", f"kiln: guards of a fresh capture of {self.name} fail "
                       f"({reason}); running eagerly")
             cache.eager = True
@@ -305,7 +307,7 @@ class CompiledFunction:
         log_capture.info("captured %s in %.1f ms (%d guards)", self.name,
                          (time.perf_counter() - start) * 1e3, len(guards))
         for recording in _RECORDING:
-            recording.append(entry)
+            recording.entries.append(entry)
         return entry
 
     def _native_frame(self, children: list) -> Callable[..., Any]:
@@ -315,6 +317,7 @@ class CompiledFunction:
             return routed_function(self.fn, CalleeCaller(self.backend, self.raise_on_error, children, self.dynamic))
         except Exception as e:  # an unusual code object: the frame and its callees run natively
             counters["capture_errors"][f"{self.name}: routing calls: {type(e).__name__}: {e}"] += 1
+            record_error(CaptureErrorRecord(self.name, f"routing calls: {type(e).__name__}: {e}"))
             return self.fn
 
     def _capture_until(self, args: tuple, kwargs: dict, brk: GraphBreak, children: list) -> tuple | None:
@@ -361,18 +364,44 @@ class CompiledFunction:
 _RESUMES: dict[tuple, CompiledFunction] = {}
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _CALLEES: dict[tuple, CompiledFunction] = {}
-_RECORDING: list[list[CacheEntry]] = []  # the lists `recording()` fills
+class Recording:
+    """What `recording()` collects: cache entries captured, and internal errors that stopped a capture."""
+
+    def __init__(self) -> None:
+        self.entries: list[CacheEntry] = []
+        self.errors: list[CaptureErrorRecord] = []
+
+
+_RECORDING: list[Recording] = []  # the recordings `recording()` fills
 
 
 @contextlib.contextmanager
-def recording() -> Iterator[list[CacheEntry]]:
-    """`with recording() as entries:` collects every cache entry captured inside the block (kiln.explain)."""
-    entries: list[CacheEntry] = []
-    _RECORDING.append(entries)
+def recording() -> Iterator[Recording]:
+    """`with recording() as recorded:` collects every cache entry captured inside the block, and every
+    internal capture error (kiln.explain)."""
+    recorded = Recording()
+    _RECORDING.append(recorded)
     try:
-        yield entries
+        yield recorded
     finally:
-        _RECORDING.remove(entries)
+        _RECORDING.remove(recorded)
+
+
+def record_error(error: CaptureErrorRecord) -> None:
+    for recorded in _RECORDING:
+        recorded.errors.append(error)
+
+
+def interpreted_at(exc: BaseException) -> tuple[str, int] | None:
+    """The user's file and line the symbolic interpreter was at when `exc` escaped it (innermost frame)."""
+    where = None
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame.f_locals.get("self")
+        if isinstance(frame, Frame):
+            where = (frame.code.co_filename, frame.lineno)
+        tb = tb.tb_next
+    return where
 
 
 def closure_key(fn: Any) -> tuple:

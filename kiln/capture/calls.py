@@ -33,6 +33,7 @@ from .guards import hooks_present
 from .guards import is_constant
 from .sources import Source
 from .frame import NATIVE_OPERAND_TYPES, NULL, has_proxy, symbolic_break
+from .module_construction import construct_module
 from .values import NativeCall, class_lookup
 from .iterators import EAGER_ITERTOOLS, LAZY_TYPES, GeneratorValue, OutsideIterator, SymIter, \
     chain_from_iterable, drain, eager_itertool, is_outside_iterator, make_lazy
@@ -40,6 +41,8 @@ from .iterators import EAGER_ITERTOOLS, LAZY_TYPES, GeneratorValue, OutsideItera
 _IMPURE_TORCH = {torch.manual_seed, torch.seed, torch.set_rng_state, torch.set_default_dtype,
                  torch._C._set_grad_enabled, torch.set_printoptions, torch.use_deterministic_algorithms,
                  torch.set_num_threads}
+# torch functions that build a tensor from Python data: they read tensors in it as sequences
+_FROM_DATA = {torch.as_tensor, torch.tensor}
 _PURE_MODULES = ("math", "operator", "_operator", "builtins", "itertools", "functools", "_functools",
                  "collections", "_collections", "string", "cmath")
 # Python library code kiln runs directly when no tensor is involved (introspection, logging)
@@ -397,6 +400,9 @@ class CallOps:
                 isinstance(args[0], torch.amp.autocast_mode.autocast):
             # outside a with-block (a direct call, an ExitStack): the state it sets may outlive the call
             raise GraphBreak(f"call to {name} (it changes torch.autocast's state)", HINTS["call"])
+        if getattr(fn, "__module__", "").startswith("torch._higher_order_ops"):
+            # (associative_scan, scan, cond, while_loop, map: they run Python callables on proxies)
+            raise GraphBreak(f"call to {name}, a torch higher-order op kiln does not trace", HINTS["call"])
         if communicates(fn):
             raise GraphBreak(f"call to {name} (torch.distributed communication runs natively, in program "
                              "order)", "collectives break the graph; the code after one is captured again")
@@ -411,6 +417,8 @@ class CallOps:
         try:
             with tracing(self.cap.tracer):
                 if has_proxy:
+                    if fn in _FROM_DATA:  # they read their data as a sequence, not through __torch_function__
+                        return ops_call(fn, tuple(args), dict(kwargs))
                     if isinstance(fn, types.FunctionType):
                         with _RecordMode():
                             return fn(*args, **kwargs)
@@ -469,7 +477,7 @@ class CallOps:
         if cls is type:
             return _type(self, args, kwargs)
         if issubclass(cls, torch.nn.Module):
-            raise GraphBreak(f"creating module {cls.__name__} inside compiled code", HINTS["call"])
+            return construct_module(cap, cls, args, kwargs)
         if cls is GeneratorExit or cls is StopIteration:
             return cls(*args)
         if cls is functools.partial:

@@ -202,6 +202,9 @@ class Reconstructor:
         if src is not None:
             return src.expr
         if cap.is_local(v):
+            if isinstance(v, torch.nn.Module):
+                raise GraphBreak(f"a module {typ.__name__} made inside compiled code outlives the call "
+                                 "(returned or stored)")
             if isinstance(v, dict) and typ.__module__ == "collections":
                 pairs = ", ".join(f"({self.key(k)}, {self.value(x)})" for k, x in v.items())
                 factory = self.value(v.default_factory) if isinstance(v, collections.defaultdict) else "None"

@@ -84,6 +84,29 @@ class BreakRecord:
                 "hint": self.hint}
 
 
+class CaptureErrorRecord:
+    """An internal error of kiln that stopped the capture of a frame, which then runs eagerly (its callees
+    run natively too), as `kiln.explain` reports it: the frame, the exception, and the user's line the
+    interpreter was at when it failed (where known)."""
+
+    def __init__(self, frame: str, error: str, where: tuple[str, int] | None = None):
+        self.frame = frame
+        self.error = error
+        self.filename, self.lineno = where or ("?", 0)
+        self.source_line = linecache.getline(self.filename, self.lineno).strip() if where else ""
+
+    @property
+    def location(self) -> str:
+        return f"{self.filename}:{self.lineno}"
+
+    def __repr__(self) -> str:
+        return f"CaptureErrorRecord({self.frame}: {self.error} at {self.location})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"frame": self.frame, "error": self.error, "location": self.location,
+                "source": self.source_line}
+
+
 HINTS = {
     "data": "the branch needs a tensor's value; use torch.where / masking, or move the check outside "
             "the compiled function",

@@ -18,6 +18,7 @@ from ..graph import DataDependentError, Proxy, tracing
 from ..ops import UnsupportedError
 from .errors import HINTS, GraphBreak, RaisedError
 from .iterators import SymIter
+from .state import MISSING
 
 _SYMBOL_NAMES = {"+": "add", "-": "sub", "*": "mul", "@": "matmul", "/": "truediv", "//": "floordiv",
                  "%": "mod", "**": "pow", "<<": "lshift", ">>": "rshift", "&": "and", "|": "or", "^": "xor"}
@@ -285,6 +286,7 @@ class OperatorOps:
 
     def truth(self, value: Any) -> bool:
         from .frame import NATIVE_OPERAND_TYPES
+        from .values import class_lookup
         if isinstance(value, Proxy):
             raise GraphBreak(f"data-dependent branch on tensor {value.node.name} ({value.meta.short()})",
                              HINTS["data"])
@@ -292,11 +294,19 @@ class OperatorOps:
             return bool(value)
         if isinstance(value, SymIter):
             return True
-        if isinstance(value, torch.nn.Module):
-            return True if type(value).__len__ is torch.nn.Module.__len__ else bool(len(self.iterate(value)))
+        # Python's rule: the class's __bool__, else its __len__ (through len(), which also traces module
+        # containers), else True; both looked up on the class, never on the instance
         cls = type(value)
-        if getattr(cls, "__bool__", None) is None and getattr(cls, "__len__", None) is None:
-            return True
-        return bool(self.call(getattr(cls, "__bool__", None) or len, [value] if hasattr(cls, "__bool__")
-                              else [value], {}))
+        method = class_lookup(cls, "__bool__")
+        if method is MISSING:
+            return True if class_lookup(cls, "__len__") is MISSING else bool(self.call(len, [value], {}))
+        if method is None:
+            raise RaisedError(TypeError("'NoneType' object is not callable"), "bool()")
+        result = self.call(method, [value], {})
+        if isinstance(result, Proxy):
+            return self.truth(result)
+        if type(result) is not bool:
+            raise RaisedError(TypeError(f"__bool__ should return bool, returned {type(result).__name__}"),
+                              "bool()")
+        return result
 

@@ -155,19 +155,73 @@ _MAX_CONSTANT = 1 << 16  # larger literal data stays a fallback node rather than
 
 def _from_data(op: str, data: Any, kwargs: dict, dtype: Any = None, device: Any = None) -> Any:
     from ..graph import flatten
-    if is_tensor(data) or any(is_tensor(v) for v in flatten(data)):
-        raise NoDecomposition(f"{op} of tensors")
     dtype = kwargs.pop("dtype", None) or dtype
     device = kwargs.pop("device", None) or device
     if kwargs.pop("requires_grad", False) or kwargs.pop("pin_memory", False):
         raise NoDecomposition(f"{op} with requires_grad or pin_memory")
     check(not kwargs, lambda: f"{op}() got unexpected keyword arguments {sorted(kwargs)}", TypeError)
+    if op == "as_tensor" and is_tensor(data):
+        return _tensor_as_tensor(data, dtype, device)
+    if isinstance(data, (list, tuple)) and any(is_tensor(v) for v in flatten(data)):
+        return _stacked_scalars(op, data, dtype, device)
+    if is_tensor(data):
+        raise NoDecomposition(f"{op} of a tensor")
     # a real tensor (a graph constant), built exactly as eager builds it
     with torch._C.DisableTorchFunction():
         value = torch.tensor(data, dtype=dtype, device=device)
     if value.numel() > _MAX_CONSTANT:
         raise NoDecomposition(f"{op} of more than {_MAX_CONSTANT} values")
     return prims.clone(value, torch.contiguous_format)
+
+
+def _tensor_as_tensor(data: Any, dtype: Any, device: Any) -> Any:
+    """as_tensor of a tensor: the tensor itself (eager returns the same object), or a converted copy."""
+    if device is not None and torch.device(device) != data.device:
+        raise NoDecomposition("as_tensor to another device")
+    if dtype is None or dtype == data.dtype:
+        return data
+    return prims.convert_element_type(data, dtype)
+
+
+def _stacked_scalars(op: str, data: Any, dtype: Any, device: Any) -> Any:
+    """tensor/as_tensor of (nested) lists of 0-d tensors, as eager reads them: each element's value, stacked
+    into a tensor of the lists' shape. Mixed dtypes or numbers among them (eager infers the dtype by
+    rules of its own) and tensors on another device stay a fallback."""
+    shape: list[int] = []
+    level = data
+    while isinstance(level, (list, tuple)):
+        shape.append(len(level))
+        level = level[0] if level else None
+    leaves = _nested_leaves(data, len(shape))
+    if leaves is None or not leaves or not all(is_tensor(v) and v.ndim == 0 for v in leaves):
+        raise NoDecomposition(f"{op} of lists mixing tensors and other values, or of tensors with dims")
+    dtypes = {v.dtype for v in leaves}
+    if dtype is None and len(dtypes) > 1:
+        raise NoDecomposition(f"{op} of tensors of several dtypes")
+    where = torch.device(device) if device is not None else torch.device("cpu")
+    if any(v.device != where for v in leaves):
+        raise NoDecomposition(f"{op} of tensors on another device")
+    dtype = dtype or leaves[0].dtype
+    values = [prims.expand_dims(prims.convert_element_type(v, dtype), (0,)) for v in leaves]
+    return prims.view(prims.cat(values, 0), tuple(shape))   # (n,) -> the lists' shape
+
+
+def _nested_leaves(data: Any, depth: int) -> list | None:
+    """The leaves of lists nested exactly `depth` deep, all of one length per level; None if ragged."""
+    if depth == 0:
+        return None if isinstance(data, (list, tuple)) else [data]
+    if not isinstance(data, (list, tuple)):
+        return None
+    lengths = {len(item) if isinstance(item, (list, tuple)) else -1 for item in data}
+    if depth > 1 and len(lengths) > 1:
+        return None
+    leaves: list = []
+    for item in data:
+        inner = _nested_leaves(item, depth - 1)
+        if inner is None:
+            return None
+        leaves += inner
+    return leaves
 
 
 @register(torch.tensor)

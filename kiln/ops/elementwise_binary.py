@@ -39,8 +39,26 @@ def _require_tensors(op: str, *args: Any) -> None:
 
 # ---- arithmetic ----------------------------------------------------------------------------------------
 
+def _numbers_as_tensors(input: Any, other: Any) -> tuple[Any, Any]:
+    """torch.add/sub/mul/div of two Python numbers: eager makes each a 0-d CPU tensor (bool, int64, the
+    default float dtype, its complex dtype) and returns a 0-d tensor; with a tensor among them, unchanged."""
+    if is_tensor(input) or is_tensor(other):
+        return input, other
+    return tuple(prims.full((), v, _number_dtype(v), torch.device("cpu")) if is_number(v) else v
+                 for v in (input, other))
+
+
+def _number_dtype(value: Any) -> torch.dtype:
+    if isinstance(value, bool):
+        return torch.bool
+    if isinstance(value, complex):
+        return torch.complex128 if torch.get_default_dtype() == torch.float64 else torch.complex64
+    return torch.get_default_dtype() if isinstance(value, float) else torch.int64
+
+
 @decomposition(torch.add, method("add"), method("__add__"), method("__radd__"))
 def add(input: Any, other: Any, *, alpha: Any = None) -> Any:
+    input, other = _numbers_as_tensors(input, other)
     if alpha is not None:
         _check_bool_alpha(alpha, input, other, op="add")
         if not is_tensor(other):
@@ -64,6 +82,7 @@ def _is_bool(a: Any) -> bool:
 
 @decomposition(torch.sub, torch.subtract, method("sub"), method("subtract"), method("__sub__"))
 def sub(input: Any, other: Any, *, alpha: Any = None) -> Any:
+    input, other = _numbers_as_tensors(input, other)
     _check_sub(input, other)
     if alpha is not None:
         _check_bool_alpha(alpha, input, other, op="sub")
@@ -75,12 +94,15 @@ def sub(input: Any, other: Any, *, alpha: Any = None) -> Any:
 
 @decomposition(torch.rsub, method("__rsub__"))
 def rsub(input: Any, other: Any, *, alpha: Any = None) -> Any:
+    check(is_tensor(input) or is_tensor(other), lambda: "rsub() received an invalid combination of arguments "
+          f"- got ({type(input).__name__}, {type(other).__name__})", TypeError)
     return sub(other, input, alpha=alpha)
 
 
 @decomposition(torch.mul, torch.multiply, method("mul"), method("multiply"), method("__mul__"),
                method("__rmul__"))
 def mul(input: Any, other: Any) -> Any:
+    input, other = _numbers_as_tensors(input, other)
     return elementwise(prims.mul, input, other)
 
 
@@ -109,6 +131,7 @@ def _floor_divide_int(a: Any, b: Any) -> Any:
 @decomposition(torch.div, torch.divide, method("div"), method("divide"), method("__truediv__"),
                method("__div__"))
 def div(input: Any, other: Any, *, rounding_mode: str | None = None) -> Any:
+    input, other = _numbers_as_tensors(input, other)
     if rounding_mode is None:
         return elementwise(prims.div, input, other, promotion="int_to_float")
     check(rounding_mode in ("trunc", "floor"), lambda: "div expected rounding_mode to be one of None, "
