@@ -4,7 +4,7 @@ kiln.GraphBreakError.
     model = kiln.compile(model)                 # an nn.Module: a wrapper whose forward is compiled
     fn = kiln.compile(fn, backend="eager")      # a function or bound method
     @kiln.compile                               # a decorator, with or without arguments
-    report = kiln.explain(fn, *args)            # graphs, breaks with reasons and lines, guards
+    print(kiln.explain(fn, *args))              # graphs, breaks with reasons and lines, guards
     report = kiln.check(fn, *args)              # each compiled kernel against the fp64 reference
 """
 from __future__ import annotations
@@ -149,7 +149,11 @@ def reset() -> None:
 
 
 class ExplainReport:
-    """What kiln.explain found: graphs, breaks (reason, file:line, source line, hint), ops, guards."""
+    """What kiln.explain found: graphs, breaks (reason, file:line, source line, hint), ops, guards.
+
+    `repr(report)` is a short summary (what a REPL shows); `str(report)` / `print(report)` is the full
+    text with each capture's guards folded to a count; `report.format(guards=True)` lists them,
+    `report.guards_text()` only them."""
 
     def __init__(self, graphs: list, breaks: list, guards: list[list[str]], ops: list[dict[str, int]],
                  fallbacks: list[dict[str, int]]):
@@ -159,6 +163,8 @@ class ExplainReport:
         self.ops_per_graph = ops
         self.fallbacks = fallbacks
         self.capture_errors: list = []   # internal errors that made a frame run eagerly (CaptureErrorRecord)
+        self.capture_names: list[str] = []  # the frame each capture (and its guards) belongs to
+        self.recompiles: list[str] = []  # "name: the guard that failed", in the explain call
 
     @property
     def graph_count(self) -> int:
@@ -173,10 +179,38 @@ class ExplainReport:
         """Frames that run natively (a break kiln could not resume); their callees are still captured."""
         return [b.native_frame for b in self.breaks if getattr(b, "native_frame", None)]
 
-    def __str__(self) -> str:
+    def _headline(self) -> str:
         errors = getattr(self, "capture_errors", ())
-        lines = [f"kiln.explain: {self.graph_count} graph(s), {self.graph_break_count} graph break(s)"
-                 + (f", {len(errors)} capture error(s)" if errors else "")]
+        return (f"kiln.explain: {self.graph_count} graph(s), {self.graph_break_count} graph break(s)"
+                + (f", {len(errors)} capture error(s)" if errors else ""))
+
+    def __repr__(self) -> str:
+        natively = len(self.frames_run_natively) + len(getattr(self, "native_callees", ()))
+        counts = (f"{natively} frame(s) run natively, {len(getattr(self, 'capture_errors', ()))} capture "
+                  f"error(s), {len(getattr(self, 'recompiles', ()))} recompile(s), "
+                  f"{sum(len(g) for g in self.guards)} guard(s)")
+        return (f"<{self._headline()}\n  {counts}\n  print(report) for the breaks, ops and guard counts; "
+                f"report.format(guards=True) lists the guards>")
+
+    def __str__(self) -> str:
+        return self.format()
+
+    def guards_text(self) -> str:
+        """Every capture's guards, one per line, headed by the capture's frame."""
+        lines: list[str] = []
+        for i, guards in enumerate(self.guards):
+            lines.append(f"guards of capture {i + 1}{self._capture_name(i)}:")
+            lines.extend(f"  {g}" for g in guards)
+        return "\n".join(lines)
+
+    def _capture_name(self, i: int) -> str:
+        names = getattr(self, "capture_names", ())
+        return f" ({names[i]})" if i < len(names) else ""
+
+    def format(self, guards: bool = False) -> str:
+        """The full report; `guards=True` lists every guard instead of a count per capture."""
+        errors = getattr(self, "capture_errors", ())
+        lines = [self._headline()]
         for i, error in enumerate(errors):
             # an internal error of kiln: the frame (and every frame it calls) runs eagerly
             lines.append(f"  capture error {i + 1}: {error.frame} runs eagerly, its capture failed with "
@@ -195,13 +229,18 @@ class ExplainReport:
             lines.append(f"  frame run natively (its calls are still captured): {frame}")
         for callee in getattr(self, "native_callees", ()):
             lines.append(f"  callee run natively: {callee}")
+        for recompile in getattr(self, "recompiles", ()):
+            lines.append(f"  recompiled {recompile}")
         for i, ops in enumerate(self.ops_per_graph):
             total = sum(ops.values())
             detail = ", ".join(f"{k} x{v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])[:8])
             lines.append(f"  graph {i + 1}: {total} ops ({detail})")
-        for i, guards in enumerate(self.guards):
-            lines.append(f"  guards of capture {i + 1}:")
-            lines.extend(f"    {g}" for g in guards)
+        if guards:
+            lines.extend("  " + line for line in self.guards_text().splitlines())
+        else:
+            for i, listed in enumerate(self.guards):
+                lines.append(f"  guards of capture {i + 1}{self._capture_name(i)}: {len(listed)}"
+                             + (" (report.format(guards=True) lists them)" if i == 0 else ""))
         for i, symbols in enumerate(getattr(self, "symbols", ())):
             if symbols:
                 lines.append(f"  symbolic sizes of capture {i + 1} (symbol = where it is read, then the facts "
@@ -216,8 +255,6 @@ class ExplainReport:
         for split in getattr(self, "ddp_splits", ()):
             lines.append(f"  {split}")
         return "\n".join(lines)
-
-    __repr__ = __str__
 
 
 def _python_code(fn_or_module: Any, caller: str) -> tuple[types.FunctionType, Any]:
@@ -249,10 +286,12 @@ def check(fn_or_module: Any, *args: Any, tol: float | None = None, **kwargs: Any
 
 
 def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
-    """Run `fn_or_module(*args, **kwargs)` once under capture with the eager backend, and print and return
-    a report of every frame it captured: the top frame, its resume functions after each graph break, and
-    callees captured as their own frames (graphs, breaks with reason, file:line, source line and hint,
-    ops per graph, guards). The call runs for real, side effects included."""
+    """Run `fn_or_module(*args, **kwargs)` once under capture with the eager backend, and return a report
+    of every frame it captured: the top frame, its resume functions after each graph break, and callees
+    captured as their own frames (graphs, breaks with reason, file:line, source line and hint, ops per
+    graph, guards). The call runs for real, side effects included. It prints nothing: a REPL shows the
+    report's short repr, `print(report)` the full text (guards counted), `report.format(guards=True)` the
+    guards too."""
     fn, bound_self = _python_code(fn_or_module, "kiln.explain")
     # a DDP module: its module's graphs cut at the gradient buckets, as kiln.compile(ddp) cuts them
     splitter = (BucketSplitCompiler(compiler_for("eager"), getattr(fn_or_module, "_orig_mod", fn_or_module))
@@ -266,15 +305,20 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
     if isinstance(original, CompiledFunction):
         compiled.cache.dynamic_dims |= original.cache.dynamic_dims
     before = dict(counters["callees_run_natively"])
+    recompiles_before = dict(counters["recompiles"])
     if isinstance(fn_or_module, CompiledFSDP):  # through the model: FSDP's hooks around each forward
         compiled = fn_or_module.calling_with(lambda m: CompiledFunction(type(m).forward, compiler_for("eager"),
                                                                         bound_self=m, family=object()))
     with recording() as recorded:
         compiled(*args, **kwargs)
     native_callees = [k for k, v in counters["callees_run_natively"].items() if v > before.get(k, 0)]
+    recompiles = [key for key, count in counters["recompiles"].items()
+                  for _ in range(count - recompiles_before.get(key, 0))]
     graphs, breaks, guards, ops, fallbacks, symbols = [], [], [], [], [], []
+    names = []
     for entry in recorded.entries:
         guards.append(entry.guards)
+        names.append(entry.name)
         symbols.append(entry.symbols)
         if entry.brk is not None:
             breaks.append(entry.brk)
@@ -288,5 +332,6 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
     report.native_callees = native_callees
     report.ddp_splits = splitter.splits if splitter is not None else []
     report.capture_errors = recorded.errors
-    print(report)
+    report.capture_names = names
+    report.recompiles = recompiles
     return report

@@ -147,7 +147,7 @@ def census_one(name: str, batch: int | None = None) -> dict[str, Any]:
                 row["eager_s"] = _eager_seconds(model, args, kwargs)
                 before = {category: dict(values) for category, values in kiln.counters.items()}
                 start = time.perf_counter()
-                with contextlib.redirect_stdout(io.StringIO()):   # explain prints its report
+                with contextlib.redirect_stdout(io.StringIO()):   # (the model's own prints)
                     report = kiln.explain(model, *args, **kwargs)
                 row["explain_s"] = time.perf_counter() - start
         errors = _counter_delta(before, "capture_errors")

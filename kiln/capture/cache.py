@@ -63,6 +63,7 @@ class CacheEntry:
         self.brk = brk
         self.source = source
         self.ops = ops
+        self.name = ""  # the captured frame's readable name (CompiledFunction.name)
         self.children: list["CompiledFunction"] = children if children is not None else []
 
     def first_failure(self, args: tuple, kwargs: dict) -> str:
@@ -296,6 +297,7 @@ class CompiledFunction:
             counters["graphs"][self.name] += 1
         entry = CacheEntry(entry_fn, checks, guards, graph, record if brk is not None else None, source, ops,
                            children)
+        entry.name = self.name
         entry.tensor_inputs = [(src, tuple(t.shape)) for src, t, by_identity in cap.inputs if not by_identity]
         entry.tensor_inputs += cap.alias_inputs
         entry.int_inputs = list(cap.int_inputs)

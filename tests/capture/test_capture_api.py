@@ -2,6 +2,7 @@
 register_backend, GraphBreakError, the fallback contract and replayed side effects."""
 from __future__ import annotations
 
+import io
 import warnings
 
 import pytest
@@ -11,6 +12,7 @@ import kiln
 from kiln.graph import run
 
 STATE = {"calls": 0}
+SINK = io.StringIO()
 TOTAL = 0
 
 
@@ -140,8 +142,8 @@ def test_explain_reports_breaks_and_graphs(capsys):
     brk = report.breaks[0]
     assert "item" in brk.reason and brk.source_line == "return y.item()" and brk.hint
     assert "test_capture_api.py" in brk.location
-    printed = capsys.readouterr().out
-    assert "1 graph break" in printed
+    assert capsys.readouterr().out == ""  # returned, not printed (a REPL would show it twice)
+    assert "1 graph break" in str(report) and "1 graph break" in repr(report)
 
     def g(x):
         return (x + 1).relu()
@@ -149,6 +151,31 @@ def test_explain_reports_breaks_and_graphs(capsys):
     assert report.graph_count == 1 and report.graph_break_count == 0
     assert sum(report.ops_per_graph[0].values()) == 2
     assert any("x: Tensor" in guard for guard in report.guards[0])
+
+
+def test_explain_repr_is_short_and_guards_fold():
+    """repr is a few lines of counts; str folds each capture's guards to a count; format(guards=True) and
+    guards_text() list them."""
+    def f(x, y):
+        z = (x * y).sum()
+        print("side effect", file=SINK)
+        return z + y.mean()
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    report = kiln.explain(f, x, y)
+    short = repr(report)
+    assert len(short.splitlines()) <= 4, short
+    assert "2 graph(s), 1 graph break(s)" in short and "0 frame(s) run natively" in short, short
+    assert "0 capture error(s)" in short and "0 recompile(s)" in short, short
+    every_guard = [g for guards in report.guards for g in guards]
+    assert len(every_guard) >= 4
+    text = str(report)
+    assert all(g not in text for g in every_guard if "x: Tensor" in g), text
+    assert (f"guards of capture 1 ({f.__qualname__}): {len(report.guards[0])} (report.format(guards=True) "
+            "lists them)") in text
+    full = report.format(guards=True)
+    assert all(g in full for g in every_guard) and full.startswith(text.splitlines()[0])
+    assert all(g in report.guards_text() for g in every_guard)
+    assert "break 1:" not in report.guards_text()
 
 
 def test_explain_module():

@@ -203,7 +203,7 @@ def f_planted_error(x):
     return y
 
 
-def test_explain_reports_capture_errors(monkeypatch, capsys):
+def test_explain_reports_capture_errors(monkeypatch):
     """An internal error that stops a capture is in kiln.explain's report (the frame, the exception, the
     user's line), not a silent "0 graph breaks"."""
     from kiln.capture.interpreter import Interpreter
@@ -219,12 +219,13 @@ def test_explain_reports_capture_errors(monkeypatch, capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         report = kiln.explain(f_planted_error, X)
-    text = capsys.readouterr().out
+    text = str(report)
     assert report.graph_count == 0 and len(report.capture_errors) == 1, text
     error = report.capture_errors[0]
     assert error.frame == "f_planted_error" and error.error == "RuntimeError: planted failure", error
     assert error.lineno == f_planted_error.__code__.co_firstlineno + 2, error
     assert "1 capture error(s)" in text and "if Planted():" in text and "planted failure" in text, text
+    assert "1 capture error(s)" in repr(report), repr(report)
 
 
 @pytest.mark.parametrize("backend", ["eager", "cpp"])
