@@ -12,6 +12,7 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import time
 import types
 import warnings
@@ -116,6 +117,32 @@ def warn_once(key: str, message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
+def frame_name(fn: Any, bound_self: Any = NO_SELF) -> str:
+    """A captured frame's readable name: the function a decorator wraps (`functools.wraps`' `__wrapped__`,
+    innermost first: transformers' `can_return_tuple.<locals>.wrapper` around `GPT2Model.forward` is
+    `GPT2Model.forward`), a closure bound to a module as its class and the function's name, else the code's
+    qualified name (a resume function's names the line it continues at: `f (resumed at line 12)`)."""
+    code = fn.__code__
+    inner, depth = fn, 0
+    while getattr(inner, "__wrapped__", None) is not None and depth < 32:
+        inner, depth = inner.__wrapped__, depth + 1
+    name = getattr(inner, "__qualname__", None)
+    if inner is not fn and isinstance(name, str):
+        return name
+    if "<locals>" in code.co_qualname and isinstance(bound_self, torch.nn.Module):
+        method = "forward" if getattr(type(bound_self), "forward", None) is fn else code.co_name
+        return f"{type(bound_self).__name__}.{method}"
+    return code.co_qualname
+
+
+def graph_name(frame: str) -> str:
+    """A graph's name (an identifier: generated code and debug dump directories use it) from its frame's
+    readable name: `GPT2Model.forward` -> `GPT2Model_forward`, `f (resumed at line 12)` -> `f_line_12`."""
+    frame = frame.rsplit(".<locals>.", 1)[-1].replace("(resumed at ", "")
+    name = re.sub(r"\W+", "_", frame).strip("_")
+    return name if name and not name[0].isdigit() else f"g_{name}"
+
+
 class CompiledFunction:
     """A function (or a bound method) whose frames kiln captures."""
 
@@ -138,7 +165,7 @@ class CompiledFunction:
         # two functions reading different globals)
         self.cache = cache_for(self.code, bound_self, (closure_key(fn), defaults_key(fn), id(fn.__globals__),
                                                        family))
-        self.name = self.code.co_qualname
+        self.name = frame_name(fn, bound_self)  # (counters, logs, explain, graph and dump names)
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -226,7 +253,7 @@ class CompiledFunction:
         """Run the frame symbolically: (capture, top frame, return value, break, stopped, grad changed)."""
         fn, code = self.fn, self.code
         root = self.bound_self if isinstance(self.bound_self, torch.nn.Module) else None
-        cap = Capture(code.co_name.replace("<", "_").replace(">", "_"), root=root, dynamic=self.dynamic,
+        cap = Capture(graph_name(self.name), root=root, dynamic=self.dynamic,
                       dynamic_dims=self.cache.dynamic_dims)
         rng = torch.random.get_rng_state()
         grad = torch.is_grad_enabled()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dis
 import keyword
+import re
 import types
 from typing import Any
 
@@ -144,9 +145,20 @@ def _build(code: types.CodeType, target: int, local_names: tuple[str, ...],
         co_kwonlyargcount=0, co_flags=flags, co_nlocals=len(new_names),
         co_stacksize=code.co_stacksize + 1,
         co_name=f"__resume_{code.co_name}_at_{target}",
-        co_qualname=f"{code.co_qualname}.<resume at {target}>",
+        co_qualname=resume_qualname(code, target),
         co_linetable=_prologue_location(units) + code.co_linetable,
         co_exceptiontable=_shift_exception_table(code.co_exceptiontable, units))
+
+
+def resume_qualname(code: types.CodeType, target: int) -> str:
+    """The readable name of the resume code of `code` at byte offset `target`: `f (resumed at line 12)`,
+    the source line it continues at (a resume of a resume names the frame once)."""
+    base = _RESUMED.sub("", code.co_qualname)
+    line = next((line for start, end, line in code.co_lines() if start <= target < end), None)
+    return f"{base} (resumed at line {line})" if line is not None else f"{base} (resumed at offset {target})"
+
+
+_RESUMED = re.compile(r" \(resumed at (line|offset) \d+\)$")
 
 
 def _identifiers(names: tuple[str, ...]) -> tuple[str, ...]:

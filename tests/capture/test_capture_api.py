@@ -2,6 +2,7 @@
 register_backend, GraphBreakError, the fallback contract and replayed side effects."""
 from __future__ import annotations
 
+import functools
 import io
 import warnings
 
@@ -436,3 +437,61 @@ def test_another_python_gets_a_clear_error_not_a_crash(monkeypatch):
     monkeypatch.setattr(kiln, "CAPTURE_PYTHON", (3, 99))
     with pytest.raises(RuntimeError, match=r"captures CPython 3\.99 bytecode.*kiln\.ops\.trace"):
         kiln.compile
+
+
+# ---- frame names: the user's module and method, the line a resume function continues at ------------------
+def plain_decorator(method):  # no functools.wraps: the wrapper's own name says nothing
+    def wrapper(self, *args):
+        return method(self, *args)
+    return wrapper
+
+
+def wrapping_decorator(method):  # as transformers' can_return_tuple and deprecate_kwarg
+    @functools.wraps(method)
+    def wrapped_func(self, *args):
+        return method(self, *args)
+    return wrapped_func
+
+
+class DecoratedNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    @wrapping_decorator
+    @wrapping_decorator
+    def forward(self, x):
+        return self.fc(x).relu()
+
+
+class PlainDecoratedNet(DecoratedNet):
+    @plain_decorator
+    def forward(self, x):
+        return self.fc(x) * 2
+
+
+def resumed(x):
+    y = x + 1
+    print("in between", file=SINK)
+    return y * 2
+
+
+def test_frames_named_after_the_module_method_and_resume_line(tmp_path):
+    kiln.reset()
+    x = torch.randn(2, 4)
+    assert kiln.explain(DecoratedNet(), x).capture_names == ["DecoratedNet.forward"]
+    assert kiln.explain(PlainDecoratedNet(), x).capture_names == ["PlainDecoratedNet.forward"]
+    report = kiln.explain(resumed, x)
+    line = resumed.__code__.co_firstlineno + 3  # `return y * 2`, where the frame continues after the print
+    assert report.capture_names == ["resumed", f"resumed (resumed at line {line})"], report.capture_names
+    assert f"guards of capture 2 (resumed (resumed at line {line})): " in str(report)
+    kiln.reset()
+    graphs = []
+
+    def recording(graph, example_inputs):
+        graphs.append(graph.name)
+        return kiln.backends.lookup_backend("eager")(graph, example_inputs)
+    kiln.compile(DecoratedNet(), backend=recording)(x)
+    kiln.compile(resumed, backend=recording)(x)
+    assert graphs == ["DecoratedNet_forward", "resumed", f"resumed_line_{line}"], graphs
+    assert kiln.counters["graphs"]["DecoratedNet.forward"] == 1, dict(kiln.counters["graphs"])
