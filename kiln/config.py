@@ -113,7 +113,8 @@ class _Flags:
 flags = _Flags()
 
 # ---- the flags -------------------------------------------------------------------------------------------
-define("debug_dir", None, "dump every artifact of every compiled graph into this directory")
+define("debug_dir", None, "dump every artifact of every compiled graph into this directory (1/true: "
+       "./kiln_debug), one folder per graph and index.txt naming each one's frame and file:line")
 define("verify", False, "run the graph verifier after every pass")
 define("cache_dir", os.path.join(os.path.expanduser("~"), ".cache", "kiln"), "on-disk cache directory",
        type=str)

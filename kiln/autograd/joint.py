@@ -62,7 +62,7 @@ class _Builder:
 
     def __init__(self, forward: Graph):
         self.forward = forward
-        self.graph = Graph(f"{forward.name}_backward")
+        self.graph = Graph(f"{forward.name}_backward", forward.origin)
         self.values: dict[Node, Proxy] = {}  # forward node -> its value in the backward graph
         self.inputs: list[tuple[str, Any]] = []  # ("saved", forward node) | ("grad", leaf index)
         self.getitems: dict[tuple[Node, int], Node] = {}
@@ -317,7 +317,7 @@ def _with_all_outputs(graph: Graph, active: set[Node]) -> Graph:
     """A copy of `graph` with a getitem node for every output of every multi-output prim (the rules see
     all of a prim's outputs), and every `active` fallback torch op (one that gets a backward) returning the
     generator state before it as its output 0 (`_WithRngState`), its own outputs after it."""
-    out = Graph(graph.name)
+    out = Graph(graph.name, graph.origin)
     mapping: dict[Node, Node] = {}
     present = {(n.args[0], n.args[1]) for n in graph.nodes if n.op == "getitem"}
     wrapped: dict[Node, Node] = {}  # original fallback node -> its wrapped copy
@@ -352,7 +352,7 @@ def _with_all_outputs(graph: Graph, active: set[Node]) -> Graph:
 
 def _forward_with_saved(graph: Graph, leaves: list, saved: list[Node]) -> Graph:
     """A copy of `graph` whose output is (its output leaves..., the saved values...)."""
-    out = Graph(graph.name)
+    out = Graph(graph.name, graph.origin)
     mapping: dict[Node, Node] = {}
     _copy_nodes(graph, out, mapping)
     out.output(tuple(mapping[v] if isinstance(v, Node) else v for v in leaves) + tuple(mapping[n] for n in saved))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import marshal
 import os
@@ -261,12 +260,8 @@ def _return_freed_memory() -> None:
 
 
 def _dump(directory: str, graph: Graph, files: dict[str, str]) -> None:
-    digest = hashlib.sha256("".join(files.values()).encode()).hexdigest()[:10]
-    path = os.path.join(directory, f"{graph.name}_{digest}")
-    os.makedirs(path, exist_ok=True)
-    for name, text in files.items():
-        with open(os.path.join(path, name), "w") as f:
-            f.write(text)
+    from ..runtime.debug_dump import dump_graph
+    dump_graph(directory, graph.name, graph.origin, files)
 
 
 @register_backend("cpp")

@@ -195,7 +195,7 @@ def split_graph(graph: Graph, piece_of: dict[Node, int]) -> list[_PieceGraph]:
     by_name = {p.name: p for p in graph.placeholders}
     result = []
     for k in range(n_pieces):
-        sub = Graph(f"{graph.name}_bucket{k}")
+        sub = Graph(f"{graph.name}_bucket{k}", graph.origin)
         mapping: dict[Node, Node] = {}
         inputs: list[tuple[str, Any]] = []
         members = [n for n in graph.nodes if piece_of.get(n) == k]

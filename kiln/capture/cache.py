@@ -255,6 +255,8 @@ class CompiledFunction:
         root = self.bound_self if isinstance(self.bound_self, torch.nn.Module) else None
         cap = Capture(graph_name(self.name), root=root, dynamic=self.dynamic,
                       dynamic_dims=self.cache.dynamic_dims)
+        # the frame and its line, for the index of KILN_DEBUG_DIR
+        cap.graph.origin = f"{self.name} ({code.co_filename}:{code.co_firstlineno})"
         rng = torch.random.get_rng_state()
         grad = torch.is_grad_enabled()
         autocast_before = cap.autocast_saved = autocast.saved()

@@ -132,7 +132,7 @@ def _split(graph: Graph) -> tuple | None:
 
 
 def _subgraph(graph: Graph, k: int, nodes: list[Node], inputs: list[Node], outputs: list[Node]) -> Graph:
-    sub = Graph(f"{graph.name}_{k // 2}")
+    sub = Graph(f"{graph.name}_{k // 2}", graph.origin)
     mapping: dict[int, Node] = {}
     for node in inputs:
         mapping[id(node)] = sub.placeholder(node.name, node.meta)

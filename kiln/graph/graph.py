@@ -40,8 +40,9 @@ def is_random_target(fn: Any) -> bool:
 class Graph:
     """An ordered list of nodes with one output node at the end."""
 
-    def __init__(self, name: str = "forward"):
+    def __init__(self, name: str = "forward", origin: str = ""):
         self.name = name
+        self.origin = origin  # the frame captured into it and its file:line (debug dumps' index), if any
         self.nodes: list[Node] = []
         self._names: set[str] = set()
         self._counter = itertools.count()

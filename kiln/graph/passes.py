@@ -170,7 +170,7 @@ def to_prims(graph: Graph) -> Graph:
 
     Fallback nodes stay torch-level `call_torch` nodes with no decomposition.
     """
-    out = Graph(graph.name)
+    out = Graph(graph.name, graph.origin)
     mapping: dict[int, Any] = {}
 
     def sub(v: Any) -> Any:

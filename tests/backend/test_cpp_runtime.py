@@ -1,5 +1,6 @@
 """The cpp backend's runtime: disk cache (reuse, corrupt entries, other processes), missing compiler,
 debug dumps, the registered backends `cpp` and `auto`."""
+import logging
 import os
 import shutil
 import subprocess
@@ -77,7 +78,7 @@ def test_debug_dir_dumps_artifacts(tmp_path):
     with config.patch(cache_dir=str(tmp_path / "cache"), debug_dir=str(tmp_path / "debug"),
                       raise_on_error=True):
         compile_graph(kiln.ops.trace(fn, x, y), [x, y])
-    (graph_dir,) = list((tmp_path / "debug").iterdir())
+    (graph_dir,) = [p for p in (tmp_path / "debug").iterdir() if p.is_dir()]  # (and index.txt)
     names = sorted(p.name for p in graph_dir.iterdir())
     assert names == ["00_to_prims.py", "01_dce.py", "02_cse.py", "03_lower.py", "04_fold_bias.py",
                      "05_fuse.py", "06_order.py", "07_plan.py", "09_build.py", "kernels.cpp"]
@@ -88,6 +89,44 @@ def test_debug_dir_dumps_artifacts(tmp_path):
         namespace = {}
         exec(compile((graph_dir / name).read_text(), name, "exec"), namespace)
         torch.testing.assert_close(namespace["run"](x, y), fn(x, y))
+
+
+def test_debug_dir_index_and_default_directory(tmp_path, monkeypatch):
+    """KILN_DEBUG_DIR=1 is ./kiln_debug (not a folder named 1); index.txt names each graph's directory with
+    its frame and file:line; the first dump says where they go, once per directory."""
+    from kiln.runtime import debug_dump
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(debug_dump, "_announced", set())
+    said = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: said.append(record.getMessage())  # (kiln's channels print on stderr)
+    logging.getLogger("kiln.kernels").addHandler(handler)
+    x = torch.randn(4, 8)
+
+    def scaled(t):
+        return (t * 2).relu().sum(-1)
+    try:
+        with config.patch(cache_dir=str(tmp_path / "cache"), debug_dir="1", raise_on_error=True):
+            kiln.reset()
+            kiln.compile(scaled, backend="cpp")(x)
+            kiln.compile(DumpedNet(), backend="cpp")(x)
+    finally:
+        logging.getLogger("kiln.kernels").removeHandler(handler)
+    assert not (tmp_path / "1").exists()
+    dumps = tmp_path / "kiln_debug"
+    dirs = sorted(p.name for p in dumps.iterdir() if p.is_dir())
+    assert len(dirs) == 2 and dirs[0].startswith("DumpedNet_forward_") and dirs[1].startswith("scaled_"), dirs
+    index = (dumps / "index.txt").read_text().splitlines()
+    code = scaled.__code__
+    assert f"{dirs[1]}  {scaled.__qualname__} ({code.co_filename}:{code.co_firstlineno})" in index, index
+    assert any(line.startswith(f"{dirs[0]}  DumpedNet.forward (") for line in index), index
+    (message,) = [m for m in said if "KILN_DEBUG_DIR" in m]
+    assert str(dumps) in message and "default directory" in message and "index.txt" in message, message
+
+
+class DumpedNet(torch.nn.Module):
+    def forward(self, x):
+        return torch.tanh(x) + 1
 
 
 def test_auto_picks_cpp_for_cpu(tmp_path):
