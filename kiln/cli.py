@@ -7,6 +7,7 @@
     kiln explain [--models NAMES|all] [--suite quick|full|hf] [--json PATH] [--isolate] [--batch N]
                  [--threads N]
     kiln cache info|clear
+    kiln --version
     kiln bisect [--workdir DIR] [--timeout S] SCRIPT [ARGS...]
 """
 from __future__ import annotations
@@ -20,9 +21,34 @@ def _names(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
+def version_text() -> str:
+    """kiln's version (the installed package's metadata, else kiln.__version__), torch's and Python's."""
+    from importlib import metadata
+    try:
+        kiln_version = metadata.version("kiln")
+    except metadata.PackageNotFoundError:
+        from . import __version__ as kiln_version
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "not installed"
+    return f"kiln {kiln_version} (torch {torch_version}, Python {sys.version.split()[0]})"
+
+
+def human_bytes(count: int) -> str:
+    """`12.3 MiB` for 12_897_484 bytes (binary units; plain bytes below 1 KiB)."""
+    value = float(count)
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{count} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kiln", description="kiln: a compiler for unmodified PyTorch "
                                                               "programs")
+    parser.add_argument("--version", action="version", version=version_text())
     commands = parser.add_subparsers(dest="command", required=True)
     bench = commands.add_parser(
         "bench", help="benchmark the model zoo: eager, torch.compile and kiln side by side",
@@ -201,12 +227,14 @@ def cache_main(args: argparse.Namespace) -> int:
 
     if args.action == "clear":
         removed, size = cache.clear()
-        print(f"removed {removed} entries ({size} bytes) from {cache.configured_directory()}")
+        print(f"removed {removed} entries ({human_bytes(size)}) from {cache.configured_directory()}")
         return 0
     info = cache.info()
     cap = info["max_bytes"]
-    print(f"directory: {info['directory']}\nentries: {info['entries']}\nbytes: {info['bytes']}\n"
-          f"max bytes: {cap}{'' if cap >= 0 else ' (no cap)'}\nstatus: {info['status']}")
+    print(f"directory: {info['directory']}\nentries: {info['entries']}\n"
+          f"size: {human_bytes(info['bytes'])} ({info['bytes']} bytes)\n"
+          f"max size: {f'{human_bytes(cap)} ({cap} bytes)' if cap >= 0 else 'no cap'}\n"
+          f"status: {info['status']}")
     return 0
 
 

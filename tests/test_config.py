@@ -157,3 +157,16 @@ def test_tests_use_a_temporary_cache():
     assert os.environ["KILN_CACHE_DIR"] == config.get("cache_dir")
     child = _python("from kiln import config; print(config.get('cache_dir'))")
     assert child.stdout.strip() == config.get("cache_dir")
+
+
+def test_cli_version_and_human_sizes(capsys):
+    """`kiln --version` prints kiln's and torch's versions; sizes read in binary units."""
+    import torch
+    from kiln import cli
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("kiln 0.") and f"torch {torch.__version__.split('+')[0]}" in out, out
+    assert [cli.human_bytes(n) for n in (0, 1023, 1536, 12_897_484, 3 << 30)] == [
+        "0 bytes", "1023 bytes", "1.5 KiB", "12.3 MiB", "3.0 GiB"]

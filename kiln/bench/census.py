@@ -228,14 +228,14 @@ def _s(value: Any) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     """One line per model, then per model its breaks grouped by reason."""
-    header = ("model", "status", "graphs", "breaks", "native", "capture s", "eager s")
+    header = ("model", "status", "graphs", "breaks", "native", "capture s", "eager ms")
     body = []
     for row in rows:
         if row["status"] != "ok":
             body.append((row["model"], row["status"], "-", "-", "-", "-", "-"))
             continue
         body.append((row["model"], "ok", str(row["graphs"]), str(row["breaks"]), str(row["native"]),
-                     _s(row["capture_s"]), f"{row['eager_s'] * 1e3:.2f} ms"))
+                     _s(row["capture_s"]), f"{row['eager_s'] * 1e3:.2f}"))
     widths = [max(len(header[i]), *(len(line[i]) for line in body)) for i in range(len(header))]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)),
              "  ".join("-" * w for w in widths)]

@@ -90,7 +90,9 @@ def test_cli_explain_writes_json(tmp_path, capsys):
     path = tmp_path / "census.json"
     assert cli.main(["explain", "--models", "mlp", "--json", str(path)]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0].split()[:5] == ["model", "status", "graphs", "breaks", "native"]
+    assert out.splitlines()[0].split() == ["model", "status", "graphs", "breaks", "native", "capture", "s",
+                                           "eager", "ms"]  # (eager ms over values in ms, no unit per cell)
+    assert not out.splitlines()[2].rstrip().endswith("ms"), out
     data = json.loads(path.read_text())
     assert [row["model"] for row in data["rows"]] == ["mlp"] and data["reasons"] == []
 

@@ -204,10 +204,12 @@ def test_kiln_cache_info_and_clear(cache_dir, capsys):
     total = sum(entry(cache_dir, a).stat().st_size for a in (20, 21))
     assert cli.main(["cache", "info"]) == 0
     out = capsys.readouterr().out
-    assert f"directory: {cache_dir / 'cpp'}" in out and "entries: 2" in out and f"bytes: {total}" in out
-    assert "status: ok" in out and f"max bytes: {config.get('cache_max_bytes')}" in out
+    assert f"directory: {cache_dir / 'cpp'}" in out and "entries: 2" in out
+    assert f"size: {cli.human_bytes(total)} ({total} bytes)" in out and "KiB" in out, out  # (readable sizes)
+    cap = config.get("cache_max_bytes")
+    assert "status: ok" in out and f"max size: {cli.human_bytes(cap)} ({cap} bytes)" in out, out
     assert cli.main(["cache", "clear"]) == 0
-    assert f"removed 2 entries ({total} bytes)" in capsys.readouterr().out
+    assert f"removed 2 entries ({cli.human_bytes(total)})" in capsys.readouterr().out
     assert os.listdir(cache_dir / "cpp") == [fresh.name]
     forget_loaded()
     build_quietly(20)  # rebuilt after the clear
