@@ -1,6 +1,6 @@
 """kiln: a compiler for unmodified PyTorch programs.
 
-The public API (DESIGN.md): kiln.compile, kiln.disable, kiln.explain, kiln.check, kiln.profile, kiln.reset,
+The public API (kiln/api.py): kiln.compile, kiln.disable, kiln.explain, kiln.check, kiln.profile, kiln.reset,
 kiln.counters, kiln.register_backend, kiln.GraphBreakError.
 """
 from . import config

@@ -1,4 +1,4 @@
-"""Model outputs judged by the accuracy rule (DESIGN.md; the rule itself is `kiln.testing.tolerance`).
+"""Model outputs judged by the accuracy rule (the rule itself is `kiln.testing.tolerance`).
 
 A compiled result is right when every float tensor it returns passes the rule against eager's result and
 an fp64 reference (allclose to eager at `tol`, or RMSE(compiled, fp64) <= 2 * RMSE(eager, fp64) + tol / 10),

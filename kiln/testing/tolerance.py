@@ -1,4 +1,4 @@
-"""The accuracy rule (DESIGN.md, Testing), as PyTorch's benchmark runner judges its compiler: one function,
+"""The accuracy rule, as PyTorch's benchmark runner judges its compiler: one function,
 used by the OpInfo harness (per op sample) and by the model checks (`kiln.testing.accuracy`, per output).
 
 A float (or complex) tensor `actual` is accurate when
