@@ -1,0 +1,130 @@
+"""Compiled outputs have eager's strides: elementwise results follow TensorIterator's layout rule
+(kiln.graph.layout.elementwise_strides), and the cpp backend writes its buffers in the declared layout, so
+code that reads strides (as_strided, view, empty_strided(x.stride())) sees eager's memory."""
+import random
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+import kiln.ops
+from kiln import config
+from kiln.backends.cpp import compile_graph
+from kiln.graph.layout import elementwise_strides
+
+pytestmark = [pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler"),
+              pytest.mark.usefixtures("kiln_cache_raising")]
+
+
+def compiled(fn, *inputs):
+    return compile_graph(kiln.ops.trace(fn, *inputs), list(inputs))
+
+
+def same_as_eager(fn, *inputs):
+    """Values and strides of every output equal eager's, traced and compiled."""
+    want = fn(*inputs)
+    want = want if isinstance(want, tuple) else (want,)
+    graph = kiln.ops.trace(fn, *inputs)
+    got = compile_graph(graph, list(inputs))(*inputs)
+    got = got if isinstance(got, tuple) else (got,)
+    metas = [n.meta for n in kiln.graph.flatten(graph.output_value)]
+    for g, w, m in zip(got, want, metas):
+        torch.testing.assert_close(g, w)
+        assert g.stride() == w.stride(), (g.stride(), w.stride())
+        assert tuple(m.strides) == w.stride(), (m.strides, w.stride())
+    return got
+
+
+def test_as_strided_of_an_elementwise_result_reads_eagers_memory():
+    # eager and torch.compile: [[1, 3, 5], [2, 4, 6]]; kiln wrote x + 1 row-major: [[1, 2, 3], [4, 5, 6]]
+    def g(x):
+        return torch.as_strided(x + 1, (2, 3), (1, 2), 0)
+    x = torch.arange(6.).view(2, 3).t()
+    same_as_eager(g, x)
+    assert kiln.compile(g, backend="cpp")(x).tolist() == [[1, 3, 5], [2, 4, 6]]
+
+
+def test_permuted_operand_decides_the_layout():
+    a, b = torch.randn(2, 4, 4, 4), torch.randn(2, 4, 4, 4)
+    out = same_as_eager(lambda a, b: a.permute(0, 2, 3, 1) + b, a, b)[0]
+    assert out.stride() == (64, 4, 1, 16)
+    same_as_eager(lambda a, b: a.permute(0, 2, 3, 1) + b, a, torch.randn(4))  # a broadcast operand
+    same_as_eager(lambda a, b: b + a.permute(0, 2, 3, 1), a, torch.randn(2, 4, 4, 4))  # the first decides
+    same_as_eager(lambda a: (a.t() * 2).exp(), torch.randn(5, 7))  # unary chains keep it
+    same_as_eager(lambda a: a[:, ::2].t() + 1, torch.randn(6, 8))  # a non-dense operand: dense in its order
+
+
+def test_view_after_a_layout_preserving_op():
+    x = torch.randn(4, 6)
+    same_as_eager(lambda x: (x.t() + 1).t().reshape(-1), x)
+    same_as_eager(lambda x: (x.t() * 3).contiguous().view(-1), x)
+
+
+def test_empty_strided_copy_of_a_sliced_view():
+    def f(x):
+        y = x[:, 1:5] * 2
+        out = torch.empty_strided(y.size(), y.stride())
+        out.copy_(y)
+        return out
+    same_as_eager(f, torch.randn(3, 8).t())
+
+
+def test_channels_last_stays_channels_last_between_kernels():
+    w1, w2 = torch.randn(8, 4, 3, 3), torch.randn(8, 8, 1, 1)
+
+    def f(x):
+        y = F.relu(F.conv2d(x, w1, padding=1)) + 1
+        z = torch.sigmoid(F.conv2d(y, w2)) * y
+        return torch.cat([z, F.max_pool2d(y, 1)], 1), y * 2
+    x = torch.randn(2, 4, 8, 8).contiguous(memory_format=torch.channels_last)
+    c = compiled(f, x)
+    for got, want in zip(c(x), f(x)):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        assert got.stride() == want.stride()
+        assert got.is_contiguous(memory_format=torch.channels_last)
+    nchw = [b for b in c.loop.buffers.values() if tuple(b.layout.shape) in ((2, 8, 8, 8), (2, 16, 8, 8))]
+    assert len(nchw) >= 3, c.loop.describe()
+    for buf in nchw:  # every (N, C, H, W) buffer between the kernels is NHWC
+        assert buf.layout.strides[1] == 1, (buf.name, buf.layout)
+
+
+def test_contiguous_inputs_keep_contiguous_results():
+    a, b = torch.randn(3, 5), torch.randn(5)
+    graph = kiln.ops.trace(lambda a, b: torch.where(a > 0, a * b, -a).to(torch.float64), a, b)
+    assert graph.output_value.meta.is_contiguous()
+
+
+def _random_operand(rng, shape):
+    kind = rng.choice(["contiguous", "permuted", "sliced", "channels_last", "broadcast"])
+    if kind == "permuted":
+        order = list(range(len(shape)))
+        rng.shuffle(order)
+        return torch.randn([shape[i] for i in order]).permute([order.index(i) for i in range(len(shape))])
+    if kind == "sliced":
+        return torch.randn(*shape[:-1], 2 * shape[-1])[..., ::2]
+    if kind == "channels_last" and len(shape) == 4:
+        return torch.randn(shape).contiguous(memory_format=torch.channels_last)
+    if kind == "broadcast":
+        sizes = list(shape)
+        sizes[rng.randrange(len(shape))] = 1
+        return torch.randn(sizes)
+    return torch.randn(shape)
+
+
+def test_elementwise_rule_matches_tensoriterator():
+    rng = random.Random(0)
+    for _ in range(1500):
+        shape = [rng.choice([1, 2, 3, 4]) for _ in range(rng.randint(1, 4))]
+        operands = [_random_operand(rng, shape) for _ in range(rng.randint(1, 3))]
+        scalar = len(operands) == 1 and rng.random() < 0.3
+        if len(operands) == 1:
+            out = operands[0] * 2 if scalar else operands[0].exp()
+        elif len(operands) == 2:
+            out = operands[0] + operands[1]
+        else:
+            out = torch.addcmul(*operands)
+        strides = [tuple(t.expand(out.shape).stride()) for t in operands]
+        assert elementwise_strides(tuple(out.shape), strides, scalars=scalar) == out.stride(), \
+            ([(tuple(t.shape), t.stride()) for t in operands], scalar, out.stride())
