@@ -135,15 +135,15 @@ def preserve_strides(shape: Sequence[Dim], strides: Sequence[Dim]) -> tuple[Dim,
     return dense_strides_like(shape, strides)
 
 
-def _channels_last_4d(shape: Sequence[int], strides: Sequence[int]) -> bool:
-    """Eager's is_contiguous(memory_format=channels_last): a 4-d tensor dense in (N, H, W, C) order,
-    size-1 dims' strides ignored."""
-    if len(shape) != 4:
+def channels_last_contiguous(shape: Sequence[Dim], strides: Sequence[Dim]) -> bool:
+    """Eager's is_contiguous(memory_format=channels_last / channels_last_3d): a 4-d (5-d) tensor dense in
+    (N, H, W, C) ((N, D, H, W, C)) order, size-1 dims' strides ignored (False for symbolic sizes)."""
+    if len(shape) not in (4, 5) or not all(type(v) is int for v in (*shape, *strides)):
         return False
     if any(size == 0 for size in shape):
         return True
     expected = 1
-    for d in (1, 3, 2, 0):
+    for d in ((1, 3, 2, 0) if len(shape) == 4 else (1, 4, 3, 2, 0)):
         if shape[d] != 1 and strides[d] != expected:
             return False
         expected *= shape[d]
@@ -186,7 +186,7 @@ def elementwise_strides(shape: Sequence[Dim], operands: Sequence[Sequence[Dim]],
     if not scalars:
         if all(is_contiguous(shape, s) for s in operands):
             return contiguous_strides(shape)
-        if all(_channels_last_4d(shape, s) for s in operands):
+        if ndim == 4 and all(channels_last_contiguous(shape, s) for s in operands):
             return strides_in_order(shape, (1, 3, 2, 0))
         first = tuple(operands[0])
         if all(tuple(s) == first for s in operands) and is_non_overlapping_and_dense(shape, first):

@@ -283,9 +283,9 @@ def masked_fill(input: Any, mask: Any, value: Any) -> Any:
               f"tensor with {value.ndim} dimension(s).")
         value = value if value.dtype == input.dtype else prims.convert_element_type(value, input.dtype)
         mask, value, input = broadcast(mask, value, input)
-        return prims.where(mask, value, input)
+        return prims.where(mask, value, input).contiguous()  # eager's result is contiguous
     mask, input = broadcast(mask, input)
-    return prims.where(mask, _cast_number(value, input.dtype), input)
+    return prims.where(mask, _cast_number(value, input.dtype), input).contiguous()
 
 
 @register(torch.masked_select, torch.Tensor.masked_select, torch.nonzero, torch.Tensor.nonzero,

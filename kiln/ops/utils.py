@@ -14,6 +14,7 @@ import torch
 from ..graph.symbolic import SymInt, same_sizes
 from .. import prims
 from ..graph import Proxy, TensorMeta
+from ..graph.layout import suggests_channels_last
 from ..prims.registry import check, shape_text, wrap_dim
 from .registry import NoDecomposition, register
 
@@ -218,6 +219,17 @@ def elementwise(prim: Any, *args: Any, promotion: str = "default", name: str | N
     if promotion == "always_bool":
         return out
     return convert(out, dtype) if out.dtype != dtype else out
+
+
+def eager_format(value: Any, like: Any) -> Any:
+    """`value` laid out as eager's kernels allocate a result computed from `like` (its
+    suggest_memory_format): channels-last when `like`'s strides suggest it (4-d or 5-d), else contiguous.
+    A copy only where `value` is laid out otherwise, which a compiled graph folds into the kernel writing
+    it."""
+    memory_format = torch.contiguous_format
+    if value.ndim == like.ndim and suggests_channels_last(like.meta.shape, like.meta.strides):
+        memory_format = torch.channels_last if like.ndim == 4 else torch.channels_last_3d
+    return value.contiguous(memory_format=memory_format)
 
 
 def meta_like(a: Any) -> TensorMeta:

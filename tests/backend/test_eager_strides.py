@@ -128,3 +128,39 @@ def test_elementwise_rule_matches_tensoriterator():
         strides = [tuple(t.expand(out.shape).stride()) for t in operands]
         assert elementwise_strides(tuple(out.shape), strides, scalars=scalar) == out.stride(), \
             ([(tuple(t.shape), t.stride()) for t in operands], scalar, out.stride())
+
+
+_X4 = torch.randn(2, 3, 6, 6)
+_LAYOUTS4 = {"channels_last": _X4.contiguous(memory_format=torch.channels_last),
+             "transposed": _X4.transpose(2, 3)}
+_KERNEL_OPS = {  # ops whose eager kernels allocate their result contiguous or in the input's memory format
+    "softmax": lambda a: a.softmax(1),
+    "log_softmax": lambda a: F.log_softmax(a, -1),
+    "layer_norm": lambda a: F.layer_norm(a, (6,)),
+    "batch_norm": lambda a: F.batch_norm(a, torch.zeros(3), torch.ones(3)),
+    "max_pool2d": lambda a: F.max_pool2d(a, 2),
+    "max_pool2d_indices": lambda a: F.max_pool2d(a, 2, return_indices=True),
+    "avg_pool2d": lambda a: F.avg_pool2d(a, 3, 1, 1),
+    "adaptive_avg_pool2d": lambda a: F.adaptive_avg_pool2d(a, 4),
+    "adaptive_max_pool2d": lambda a: F.adaptive_max_pool2d(a, 3),
+    "bilinear": lambda a: F.interpolate(a, scale_factor=2, mode="bilinear"),
+    "nearest": lambda a: F.interpolate(a, scale_factor=2),
+    "masked_fill": lambda a: a.masked_fill(a > 0, 1.0),
+    "renorm": lambda a: a.renorm(2, 0, 1.0),
+    "addmm": lambda a: torch.addmm(a[0, 0], a[0, 1], a[1, 0]),
+    "conv2d": lambda a: F.conv2d(a, torch.ones(4, 3, 3, 3)),
+}
+
+
+@pytest.mark.parametrize("layout", list(_LAYOUTS4))
+@pytest.mark.parametrize("name", list(_KERNEL_OPS))
+def test_kernel_results_have_eagers_layout(name, layout):
+    same_as_eager(_KERNEL_OPS[name], _LAYOUTS4[layout])
+
+
+@pytest.mark.parametrize("pool", [lambda a: F.avg_pool1d(a, 2), lambda a: F.adaptive_avg_pool1d(a, 4),
+                                  lambda a: F.max_pool1d(a, 2), lambda a: F.adaptive_max_pool1d(a, 3),
+                                  lambda a: F.max_pool1d(a, 2, return_indices=True)])
+def test_one_dim_pools_of_a_transposed_input(pool):
+    # eager runs most 1-d pools as 2-d ones over input.unsqueeze(-2): a transposed input stays transposed
+    same_as_eager(pool, torch.randn(2, 6, 3).transpose(1, 2))
