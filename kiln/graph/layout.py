@@ -167,6 +167,18 @@ def suggests_channels_last(shape: Sequence[Dim], strides: Sequence[Dim]) -> bool
     return True
 
 
+def convolution_channels_last(x_shape: Sequence[Dim], x_strides: Sequence[Dim], w_shape: Sequence[Dim],
+                              w_strides: Sequence[Dim]) -> bool:
+    """Whether eager's CPU convolution runs, and returns, channels-last: its input or weight suggests it.
+    A 1-d convolution runs as a 2-d one over unsqueeze(2) views of a contiguous copy of its input and of its
+    weight, so only the weight's layout counts there (a transposed weight gives a (N, L, C)-ordered
+    result)."""
+    if len(w_shape) == 3:
+        k, k_stride = w_shape[2], w_strides[2]
+        return suggests_channels_last((*w_shape[:2], 1, k), (*w_strides[:2], k * k_stride, k_stride))
+    return suggests_channels_last(x_shape, x_strides) or suggests_channels_last(w_shape, w_strides)
+
+
 def elementwise_strides(shape: Sequence[Dim], operands: Sequence[Sequence[Dim]],
                         scalars: bool = False) -> tuple[Dim, ...]:
     """The strides eager's TensorIterator gives the result of an elementwise op whose tensor operands,

@@ -35,7 +35,8 @@ from typing import Any, Sequence
 import torch
 
 from .. import config, prims
-from ..graph.layout import suggests_channels_last
+from ..graph.layout import convolution_channels_last
+from .utils import dense_in_order
 from ..graph.lazy import is_expr
 
 
@@ -90,7 +91,7 @@ def convolution(x: Any, w: Any, bias: Any, stride: Sequence[int], padding: Seque
     """conv(x, w) + bias for an `eligible` convolution, as gather + mm (same values up to summation order)."""
     n = w.ndim - 2
     # eager's CPU convolution returns channels-last when its input or weight is (kiln.prims.convolution)
-    channels_last = n in (2, 3) and any(suggests_channels_last(t.shape, t.stride()) for t in (x, w))
+    channels_last = convolution_channels_last(x.shape, x.stride(), w.shape, w.stride())
     batch, channels, out_channels = x.shape[0], x.shape[1], w.shape[0]
     out = _out_sizes(x, w, stride, padding, dilation)
     window = _prod(w.shape[2:])
@@ -125,6 +126,8 @@ def convolution(x: Any, w: Any, bias: Any, stride: Sequence[int], padding: Seque
     if bias is not None:
         result = result + torch.reshape(bias, (1, -1) + (1,) * n)
     # eager's layout: the copy is a pointwise remap the consumer's kernel absorbs
+    if channels_last and n == 1:
+        return dense_in_order(result, (0, 2, 1))
     if channels_last:
         return result.contiguous(memory_format=torch.channels_last if n == 2 else torch.channels_last_3d)
     return result.contiguous()

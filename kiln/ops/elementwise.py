@@ -421,7 +421,7 @@ _real_identity("conj", torch.conj, method("conj"))
 _real_identity("real", torch.real)
 _real_identity("resolve_conj", torch.resolve_conj, method("resolve_conj"))
 _real_identity("resolve_neg", torch.resolve_neg, method("resolve_neg"))
-_real_identity("conj_physical", torch.conj_physical, method("conj_physical"), fresh=True)
+_real_identity("conj_physical", torch.conj_physical, method("conj_physical"))  # eager: self
 
 
 # ---- type conversions ----------------------------------------------------------------------------------

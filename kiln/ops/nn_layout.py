@@ -138,7 +138,7 @@ def pixel_shuffle(input: Any, upscale_factor: int) -> Any:
     b = len(batch)
     x = torch.reshape(input, batch + [c // (r * r), r, r, h, w])
     x = torch.permute(x, list(range(b)) + [b, b + 3, b + 1, b + 4, b + 2])
-    return torch.reshape(x, batch + [c // (r * r), h * r, w * r])
+    return eager_format(torch.reshape(x, batch + [c // (r * r), h * r, w * r]), input)
 
 
 @register(F.pixel_unshuffle, torch.pixel_unshuffle)
@@ -155,7 +155,7 @@ def pixel_unshuffle(input: Any, downscale_factor: int) -> Any:
     b = len(batch)
     x = torch.reshape(input, batch + [c, h // r, r, w // r, r])
     x = torch.permute(x, list(range(b)) + [b, b + 2, b + 4, b + 1, b + 3])
-    return torch.reshape(x, batch + [c * r * r, h // r, w // r])
+    return eager_format(torch.reshape(x, batch + [c * r * r, h // r, w // r]), input)
 
 
 @register(F.one_hot)

@@ -459,4 +459,4 @@ def channel_shuffle(input: Any, groups: int) -> Any:
           f"{groups} groups.", RuntimeError)
     n, rest = input.shape[0], list(input.shape[2:])
     x = torch.reshape(input, [n, groups, c // groups] + rest)
-    return torch.reshape(torch.transpose(x, 1, 2), [n, c] + rest)
+    return eager_format(torch.reshape(torch.transpose(x, 1, 2), [n, c] + rest), input)

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..graph import TensorMeta
-from ..graph.layout import preserve_strides, strides_in_order, suggests_channels_last
+from ..graph.layout import convolution_channels_last, preserve_strides, strides_in_order
 from .registry import check, is_tensor, meta_of, prim, shape_text, wrap_dim
 
 
@@ -166,9 +166,9 @@ def _convolution_meta(x: Any, w: Any, bias: Any, stride: Sequence[int], padding:
           f"({' x '.join(map(str, sizes))}). Calculated output size per channel: "
           f"({' x '.join(map(str, spatial))}). Output size is too small")
     shape = (xm.shape[0], out_channels, *spatial)
-    if any(suggests_channels_last(m.shape, m.strides) for m in (xm, wm)):
+    if convolution_channels_last(xm.shape, xm.strides, wm.shape, wm.strides):
         # eager's CPU convolutions run channels-last when the input or the weight is, and return so
-        order = (1, 3, 2, 0) if n == 2 else (1, 4, 3, 2, 0)
+        order = (1,) + tuple(range(n + 1, 1, -1)) + (0,)  # C, the spatial dims from the last, N
         return TensorMeta(shape, xm.dtype, xm.device, strides_in_order(shape, order))
     return TensorMeta(shape, xm.dtype, xm.device)
 

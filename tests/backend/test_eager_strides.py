@@ -149,6 +149,10 @@ _KERNEL_OPS = {  # ops whose eager kernels allocate their result contiguous or i
     "renorm": lambda a: a.renorm(2, 0, 1.0),
     "addmm": lambda a: torch.addmm(a[0, 0], a[0, 1], a[1, 0]),
     "conv2d": lambda a: F.conv2d(a, torch.ones(4, 3, 3, 3)),
+    "pixel_shuffle": lambda a: F.pixel_shuffle(a[:, :1].expand(2, 4, 6, 6).contiguous(), 2),
+    "channel_shuffle": lambda a: F.channel_shuffle(torch.cat([a, a], 1), 2),
+    "slice_scatter": lambda a: torch.slice_scatter(a, a[:, :, :2] * 2, 2, 0, 2),
+    "index_put": lambda a: a.index_put((torch.tensor([0, 1]),), a[0, 0]),
 }
 
 
@@ -164,3 +168,18 @@ def test_kernel_results_have_eagers_layout(name, layout):
 def test_one_dim_pools_of_a_transposed_input(pool):
     # eager runs most 1-d pools as 2-d ones over input.unsqueeze(-2): a transposed input stays transposed
     same_as_eager(pool, torch.randn(2, 6, 3).transpose(1, 2))
+
+
+def test_one_dim_convolutions_follow_the_weights_layout():
+    # eager runs them as 2-d ones over a contiguous copy of the input and an unsqueezed weight: a transposed
+    # weight gives an (N, L, C)-ordered result, a transposed input alone a contiguous one
+    x, w = torch.randn(2, 3, 8), torch.randn(4, 3, 3)
+    t = lambda a: a.transpose(1, 2).contiguous().transpose(1, 2)  # noqa: E731
+    for xs, ws in [(x, t(w)), (t(x), w), (t(x), t(w))]:
+        same_as_eager(lambda x, w: F.conv1d(x, w), xs, ws)
+        same_as_eager(lambda x, w: F.conv_transpose1d(x, w.transpose(0, 1)), xs, ws)
+
+
+def test_conj_physical_of_a_real_tensor_is_the_tensor():
+    x = torch.randn(4, 6)[:, ::2]
+    same_as_eager(torch.conj_physical, x)
