@@ -194,9 +194,8 @@ def _add_scaled(op: str, inp: Any, product: Any, operands: Sequence[Any], beta: 
                            f"{list(shape)}") from None
     out = _scale(out, alpha)
     if isinstance(beta, bool) or beta != 0:
-        # (the product first: the sum takes its layout, as eager allocates these results contiguous)
-        out = out + _scale(convert(inp, compute), beta)
-    return convert(out, dtype)
+        out = _scale(convert(inp, compute), beta) + out
+    return convert(out, dtype).contiguous()  # eager allocates these results contiguous
 
 
 @register(torch.addmm, torch.Tensor.addmm)
