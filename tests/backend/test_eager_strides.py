@@ -183,3 +183,32 @@ def test_one_dim_convolutions_follow_the_weights_layout():
 def test_conj_physical_of_a_real_tensor_is_the_tensor():
     x = torch.randn(4, 6)[:, ::2]
     same_as_eager(torch.conj_physical, x)
+
+
+def test_advanced_indexing_rule_matches_eager():
+    from kiln.graph import TensorMeta
+    from kiln.prims.indexing import _index_strides
+    rng = random.Random(1)
+    torch.manual_seed(1)
+    for _ in range(600):
+        shape = [rng.choice([1, 2, 3, 4]) for _ in range(rng.randint(1, 4))]
+        x = _random_operand(rng, shape).expand(shape)
+        positions = sorted(rng.sample(range(len(shape)), rng.randint(1, len(shape))))
+        index_shape = [rng.choice([1, 2, 3]) for _ in range(rng.randint(1, 2))]
+        indices = [None] * (positions[-1] + 1)
+        for d in positions:
+            index = torch.randint(0, shape[d], index_shape)
+            indices[d] = index.t().contiguous().t() if index.ndim == 2 and rng.random() < 0.3 else index
+        out = torch.ops.aten.index.Tensor(x, indices)
+        got = _index_strides(TensorMeta.of(x), [None if i is None else TensorMeta.of(i) for i in indices],
+                             tuple(out.shape))
+        placed = [(n, s) for n, s in zip(out.shape, got) if n > 1]
+        assert out.numel() == 0 or placed == [(n, s) for n, s in zip(out.shape, out.stride()) if n > 1], \
+            (tuple(x.shape), x.stride(), positions, got, out.stride())
+
+
+def test_advanced_indexing_of_a_transposed_input():
+    x = torch.randn(5, 6, 7).transpose(1, 2)
+    same_as_eager(lambda x: x[[1, 2]], x)
+    same_as_eager(lambda x: x[:, torch.tensor([[0, 2], [1, 1]])], x)
+    same_as_eager(lambda x: x[torch.tensor([0, 3]), :, torch.tensor([1, 5])], x)
