@@ -135,6 +135,103 @@ def preserve_strides(shape: Sequence[Dim], strides: Sequence[Dim]) -> tuple[Dim,
     return dense_strides_like(shape, strides)
 
 
+def channels_last_contiguous(shape: Sequence[Dim], strides: Sequence[Dim]) -> bool:
+    """Eager's is_contiguous(memory_format=channels_last / channels_last_3d): a 4-d (5-d) tensor dense in
+    (N, H, W, C) ((N, D, H, W, C)) order, size-1 dims' strides ignored (False for symbolic sizes)."""
+    if len(shape) not in (4, 5) or not all(type(v) is int for v in (*shape, *strides)):
+        return False
+    if any(size == 0 for size in shape):
+        return True
+    expected = 1
+    for d in ((1, 3, 2, 0) if len(shape) == 4 else (1, 4, 3, 2, 0)):
+        if shape[d] != 1 and strides[d] != expected:
+            return False
+        expected *= shape[d]
+    return True
+
+
+def suggests_channels_last(shape: Sequence[Dim], strides: Sequence[Dim]) -> bool:
+    """c10's is_channels_last_strides_{2d,3d} (what suggest_memory_format asks): a 4-d or 5-d layout whose
+    strides order the channel dim innermost, then the spatial dims from the last, then the batch."""
+    if len(shape) not in (4, 5) or not all(type(v) is int for v in (*shape, *strides)) or strides[1] == 0:
+        return False
+    smallest = 0
+    for d in ((1, 3, 2, 0) if len(shape) == 4 else (1, 4, 3, 2, 0)):
+        if shape[d] == 0 or strides[d] < smallest:
+            return False
+        if d == 0 and smallest == strides[1]:
+            return False
+        smallest = strides[d]
+        if shape[d] > 1:
+            smallest *= shape[d]
+    return True
+
+
+def convolution_channels_last(x_shape: Sequence[Dim], x_strides: Sequence[Dim], w_shape: Sequence[Dim],
+                              w_strides: Sequence[Dim]) -> bool:
+    """Whether eager's CPU convolution runs, and returns, channels-last: its input or weight suggests it.
+    A 1-d convolution runs as a 2-d one over unsqueeze(2) views of a contiguous copy of its input and of its
+    weight, so only the weight's layout counts there (a transposed weight gives a (N, L, C)-ordered
+    result)."""
+    if len(w_shape) == 3:
+        k, k_stride = w_shape[2], w_strides[2]
+        return suggests_channels_last((*w_shape[:2], 1, k), (*w_strides[:2], k * k_stride, k_stride))
+    return suggests_channels_last(x_shape, x_strides) or suggests_channels_last(w_shape, w_strides)
+
+
+def elementwise_strides(shape: Sequence[Dim], operands: Sequence[Sequence[Dim]],
+                        scalars: bool = False) -> tuple[Dim, ...]:
+    """The strides eager's TensorIterator gives the result of an elementwise op whose tensor operands,
+    broadcast to `shape`, have these strides (a broadcast dim's stride 0), in argument order; `scalars`: a
+    number takes part too (eager wraps it in a 0-d tensor, which rules out its fast paths).
+
+    Fast paths first: operands all contiguous give a contiguous result, all channels-last (4-d) a
+    channels-last one, all non-overlapping and dense with the same strides those strides. Otherwise the
+    dims are ordered innermost first by the operands' strides: a pair of dims is compared on the first
+    operand that orders them (stride-0 dims are skipped, equal strides put the smaller size inside), an
+    undecided pair keeps row-major order; the result is dense in that order. Symbolic sizes or strides give
+    row-major strides (the rule needs comparable ints)."""
+    ndim = len(shape)
+    values = (*shape, *(s for strides in operands for s in strides))
+    if not all(type(v) is int for v in values) or not operands:
+        return contiguous_strides(shape)
+    if not scalars:
+        if all(is_contiguous(shape, s) for s in operands):
+            return contiguous_strides(shape)
+        if ndim == 4 and all(channels_last_contiguous(shape, s) for s in operands):
+            return strides_in_order(shape, (1, 3, 2, 0))
+        first = tuple(operands[0])
+        if all(tuple(s) == first for s in operands) and is_non_overlapping_and_dense(shape, first):
+            return first
+    if ndim <= 1:
+        return contiguous_strides(shape)
+
+    def should_swap(d0: int, d1: int) -> int:
+        for strides in operands:
+            s0, s1 = strides[d0], strides[d1]
+            if s0 == 0 or s1 == 0:
+                continue
+            if s0 < s1:
+                return -1
+            if s0 > s1:
+                return 1
+            if shape[d0] > shape[d1]:
+                return 1
+        return 0
+    perm = list(range(ndim - 1, -1, -1))  # innermost first
+    # insertion sort, as ATen's (TensorIteratorBase::reorder_dimensions): an undecided comparison moves on
+    for i in range(1, ndim):
+        dim1 = i
+        for dim0 in range(i - 1, -1, -1):
+            comparison = should_swap(perm[dim0], perm[dim1])
+            if comparison > 0:
+                perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
+                dim1 = dim0
+            elif comparison < 0:
+                break
+    return strides_in_order(shape, perm)
+
+
 def storage_size(shape: Sequence[Dim], strides: Sequence[Dim], offset: Dim = 0) -> Dim:
     """Elements of storage a layout reaches: its offset plus one past its last element (0 when empty)."""
     if any(size == 0 for size in shape):

@@ -35,6 +35,8 @@ from typing import Any, Sequence
 import torch
 
 from .. import config, prims
+from ..graph.layout import convolution_channels_last
+from .utils import dense_in_order
 from ..graph.lazy import is_expr
 
 
@@ -88,6 +90,8 @@ def convolution(x: Any, w: Any, bias: Any, stride: Sequence[int], padding: Seque
                 dilation: Sequence[int], groups: int = 1) -> Any:
     """conv(x, w) + bias for an `eligible` convolution, as gather + mm (same values up to summation order)."""
     n = w.ndim - 2
+    # eager's CPU convolution returns channels-last when its input or weight is (kiln.prims.convolution)
+    channels_last = convolution_channels_last(x.shape, x.stride(), w.shape, w.stride())
     batch, channels, out_channels = x.shape[0], x.shape[1], w.shape[0]
     out = _out_sizes(x, w, stride, padding, dilation)
     window = _prod(w.shape[2:])
@@ -121,5 +125,9 @@ def convolution(x: Any, w: Any, bias: Any, stride: Sequence[int], padding: Seque
     result = prims.permute(product, (1, 0) + spatial)
     if bias is not None:
         result = result + torch.reshape(bias, (1, -1) + (1,) * n)
-    # eager's convolution output is contiguous: the copy is a pointwise remap the consumer's kernel absorbs
+    # eager's layout: the copy is a pointwise remap the consumer's kernel absorbs
+    if channels_last and n == 1:
+        return dense_in_order(result, (0, 2, 1))
+    if channels_last:
+        return result.contiguous(memory_format=torch.channels_last if n == 2 else torch.channels_last_3d)
     return result.contiguous()

@@ -17,6 +17,7 @@ import torch
 from ..graph.symbolic import SymInt
 from .. import prims
 from ..graph import TensorMeta
+from ..graph.layout import is_non_overlapping_and_dense
 from ..prims.registry import check
 from .registry import NoDecomposition
 from .utils import (computation_dtype, convert, decomposition, elementwise, full_like, in_dtype,
@@ -420,20 +421,12 @@ _real_identity("conj", torch.conj, method("conj"))
 _real_identity("real", torch.real)
 _real_identity("resolve_conj", torch.resolve_conj, method("resolve_conj"))
 _real_identity("resolve_neg", torch.resolve_neg, method("resolve_neg"))
-_real_identity("conj_physical", torch.conj_physical, method("conj_physical"), fresh=True)
+_real_identity("conj_physical", torch.conj_physical, method("conj_physical"))  # eager: self
 
 
 # ---- type conversions ----------------------------------------------------------------------------------
 
 _LAST_DIM_ORDERS = {torch.channels_last: (0, 2, 3, 1), torch.channels_last_3d: (0, 2, 3, 4, 1)}
-
-
-def _to_channels_last(input: Any, dtype: torch.dtype, order: tuple[int, ...]) -> Any:
-    """A converted copy with the dims laid out in `order` (outermost first): convert the permuted tensor
-    densely, then permute back (a view)."""
-    inverse = tuple(order.index(i) for i in range(len(order)))
-    converted = prims.convert_element_type(prims.permute(input, order), dtype)
-    return prims.permute(converted, inverse)
 
 
 def _is_channels_last(meta: TensorMeta) -> bool:
@@ -471,29 +464,25 @@ def _converted(input: Any, dtype: torch.dtype | None, copy_: bool,
                                      _suggest_memory_format(meta) == memory_format):
         return input
     dtype = dtype or input.dtype
-    if memory_format in _LAST_DIM_ORDERS and input.ndim == len(_LAST_DIM_ORDERS[memory_format]):
-        return _to_channels_last(input, dtype, _LAST_DIM_ORDERS[memory_format])
+    converted = prims.convert_element_type(input, dtype)  # laid out as TensorIterator lays it out
     if memory_format == torch.preserve_format:
-        order = _dense_order(meta)
-        if order is not None:  # eager keeps the strides of a dense, permuted input (channels-last, transpose)
-            return _to_channels_last(input, dtype, order)
-    elif memory_format != torch.contiguous_format:
+        # eager's _to_copy: a dense input's strides (TensorIterator's too), else the suggested format
+        if is_non_overlapping_and_dense(meta.shape, meta.strides):
+            return converted
+        memory_format = _suggest_memory_format(meta)
+    if memory_format in _LAST_DIM_ORDERS and input.ndim == len(_LAST_DIM_ORDERS[memory_format]):
+        return _laid_out(converted, memory_format)
+    if memory_format != torch.contiguous_format:
         raise NoDecomposition(f"a conversion to {memory_format}")
-    return prims.convert_element_type(input, dtype)
+    return _laid_out(converted, memory_format)
 
 
-def _dense_order(meta: TensorMeta) -> tuple[int, ...] | None:
-    """For a non-contiguous input whose strides are a permutation of dense strides: the dims from the
-    largest stride to the smallest; None otherwise (contiguous, overlapping, or with gaps)."""
-    if meta.is_contiguous() or any(not isinstance(v, (int, SymInt)) for v in (*meta.shape, *meta.strides)):
-        return None
-    order = tuple(sorted(range(meta.ndim), key=lambda d: (-meta.strides[d], d)))
-    expected = 1
-    for d in reversed(order):
-        if meta.shape[d] != 1 and meta.strides[d] != expected:
-            return None
-        expected *= meta.shape[d]
-    return order
+def _laid_out(value: Any, memory_format: Any) -> Any:
+    """`value` itself when its strides are the memory format's, else a copy with them."""
+    strides = prims.shape.memory_format_strides(value.meta.shape, memory_format, "to")
+    if tuple(value.meta.strides) == tuple(strides):
+        return value
+    return prims.clone(value, memory_format)
 
 
 def _parse_device(device: Any) -> torch.device | None:

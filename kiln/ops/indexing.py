@@ -25,7 +25,7 @@ from ..prims.common_vjp import reshape as reshape_value
 from ..prims.indexing import index_result_shape
 from ..prims.registry import check, shape_text, wrap_dim
 from .registry import DataDependentShape, NoDecomposition, register
-from .utils import broadcast, broadcast_shapes, broadcast_to, is_tensor
+from .utils import broadcast, broadcast_shapes, broadcast_to, is_tensor, preserve_layout
 
 _INDEX_DTYPES = (torch.int64, torch.int32)
 
@@ -255,7 +255,7 @@ def put(input: Any, index: Any, source: Any, accumulate: bool = False) -> Any:
           f"number of elements, but got source.numel() = {source.numel()}, index.numel() = {index.numel()}",
           IndexError)
     out = prims.index_put(input.reshape(-1), [index.reshape(-1)], source.reshape(-1), bool(accumulate))
-    return out.reshape(input.shape)
+    return preserve_layout(out.reshape(input.shape), input)  # eager writes into a clone of input
 
 
 @register(torch.index_fill, torch.Tensor.index_fill)
@@ -283,9 +283,9 @@ def masked_fill(input: Any, mask: Any, value: Any) -> Any:
               f"tensor with {value.ndim} dimension(s).")
         value = value if value.dtype == input.dtype else prims.convert_element_type(value, input.dtype)
         mask, value, input = broadcast(mask, value, input)
-        return prims.where(mask, value, input)
+        return prims.where(mask, value, input).contiguous()  # eager's result is contiguous
     mask, input = broadcast(mask, input)
-    return prims.where(mask, _cast_number(value, input.dtype), input)
+    return prims.where(mask, _cast_number(value, input.dtype), input).contiguous()
 
 
 @register(torch.masked_select, torch.Tensor.masked_select, torch.nonzero, torch.Tensor.nonzero,
@@ -433,14 +433,15 @@ def index_put(input: Any, indices: Sequence[Any], values: Any, accumulate: bool 
           f"{getattr(values, 'dtype', type(values).__name__)} for the source.")
     check(all(is_tensor(i) for i in indices), lambda: "index_put(): expected a tuple of index tensors, got "
           f"{[type(i).__name__ for i in indices]}", TypeError)
-    if any(i.dtype in (torch.bool, torch.uint8) for i in indices):
-        return _static_mask_put(input, list(indices), values, accumulate)
+    if any(i.dtype in (torch.bool, torch.uint8) for i in indices):  # (eager writes into a clone of input)
+        return preserve_layout(_static_mask_put(input, list(indices), values, accumulate), input)
     tensors = _index_tensors(input, list(indices))
     if not tensors:
         raise NoDecomposition("index_put without index tensors")
     positions = [d for d, i in enumerate(tensors) if i is not None]
     shape = index_result_shape(input.shape, tensors[positions[0]].shape, positions)
-    return prims.index_put(input, tensors, _broadcast_values(values, shape), accumulate)
+    out = prims.index_put(input, tensors, _broadcast_values(values, shape), accumulate)
+    return preserve_layout(out, input)
 
 
 # ---- embedding ------------------------------------------------------------------------------------------

@@ -195,7 +195,7 @@ def _add_scaled(op: str, inp: Any, product: Any, operands: Sequence[Any], beta: 
     out = _scale(out, alpha)
     if isinstance(beta, bool) or beta != 0:
         out = _scale(convert(inp, compute), beta) + out
-    return convert(out, dtype)
+    return convert(out, dtype).contiguous()  # eager allocates these results contiguous
 
 
 @register(torch.addmm, torch.Tensor.addmm)

@@ -325,7 +325,7 @@ def renorm(input: Any, p: Any, dim: int, maxnorm: Any) -> Any:
     norm = torch.linalg.vector_norm(input, float(p), dims, keepdim=True)
     # eager: maxnorm / (norm + 1e-7) where the norm exceeds maxnorm, else 1
     factor = torch.where(norm > maxnorm, float(maxnorm) / (norm + 1e-7), torch.ones_like(norm))
-    return input * factor
+    return (input * factor).contiguous()  # eager allocates its result contiguous
 
 
 @decomposition(torch.linalg.matrix_power, torch.matrix_power, method("matrix_power"))

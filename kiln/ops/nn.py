@@ -28,7 +28,7 @@ try:
     from .registry import mark_inplace_flag
 except ImportError:  # a registry without conditional in-place ops: inplace=True falls back
     mark_inplace_flag = None
-from .utils import computation_dtype, convert, elementwise, is_float_dtype
+from .utils import computation_dtype, convert, eager_format, elementwise, is_float_dtype
 
 
 def register_missing(*targets: Any):
@@ -341,13 +341,13 @@ def _softmax(op: str, input: Any, dim: Any, dtype: torch.dtype | None, negate: b
     if negate:
         x = -x
     e = torch.exp(_shifted(x, d))
-    return convert(e / torch.sum(e, d, keepdim=True), out_dtype)
+    return convert(e / torch.sum(e, d, keepdim=True), out_dtype).contiguous()  # eager's is contiguous
 
 
 def _log_softmax(op: str, input: Any, dim: Any, dtype: torch.dtype | None) -> Any:
     x, d, out_dtype = _softmax_input(op, input, dim, dtype)
     s = _shifted(x, d)
-    return convert(s - torch.log(torch.sum(torch.exp(s), d, keepdim=True)), out_dtype)
+    return convert(s - torch.log(torch.sum(torch.exp(s), d, keepdim=True)), out_dtype).contiguous()
 
 
 @register(F.softmax)
@@ -415,7 +415,7 @@ def layer_norm(input: Any, normalized_shape: Sequence[int], weight: Any = None, 
         out = out * _param(weight, x.dtype)
     if bias is not None:
         out = out + _param(bias, x.dtype)
-    return convert(out, input.dtype)
+    return convert(out, input.dtype).contiguous()  # eager's kernel normalizes a contiguous copy
 
 
 @register(torch.layer_norm)
@@ -444,7 +444,7 @@ def rms_norm(input: Any, normalized_shape: Sequence[int], weight: Any = None,
     out = convert(x * torch.rsqrt(torch.mean(x * x, dims, keepdim=True) + eps), input.dtype)
     if weight is not None:
         out = convert(out * weight, input.dtype)  # eager: result.mul_(weight), in the input's dtype
-    return out
+    return out.contiguous()  # eager's fused kernel returns a contiguous result
 
 
 def _channel_shape(input: Any) -> list[int]:
@@ -462,7 +462,7 @@ def _normalize_channels(input: Any, mean: Any, var: Any, weight: Any, bias: Any,
     beta = -mean * alpha if bias is None else convert(bias, dtype) - mean * alpha
     shape = _channel_shape(input)
     out = x * torch.reshape(alpha, shape) + torch.reshape(beta, shape)
-    return convert(out, input.dtype)
+    return eager_format(convert(out, input.dtype), input)
 
 
 def _check_channels(op: str, input: Any, tensors: dict[str, Any]) -> None:

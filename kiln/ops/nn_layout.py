@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from .. import prims
 from ..prims.registry import check, shape_text, wrap_dim
 from .registry import NoDecomposition, register
-from .utils import computation_dtype, convert, is_float_dtype, result_type
+from .utils import computation_dtype, convert, eager_format, is_float_dtype, result_type
 
 
 # ---- pad --------------------------------------------------------------------------------------------------
@@ -138,7 +138,7 @@ def pixel_shuffle(input: Any, upscale_factor: int) -> Any:
     b = len(batch)
     x = torch.reshape(input, batch + [c // (r * r), r, r, h, w])
     x = torch.permute(x, list(range(b)) + [b, b + 3, b + 1, b + 4, b + 2])
-    return torch.reshape(x, batch + [c // (r * r), h * r, w * r])
+    return eager_format(torch.reshape(x, batch + [c // (r * r), h * r, w * r]), input)
 
 
 @register(F.pixel_unshuffle, torch.pixel_unshuffle)
@@ -155,7 +155,7 @@ def pixel_unshuffle(input: Any, downscale_factor: int) -> Any:
     b = len(batch)
     x = torch.reshape(input, batch + [c, h // r, r, w // r, r])
     x = torch.permute(x, list(range(b)) + [b, b + 2, b + 4, b + 1, b + 3])
-    return torch.reshape(x, batch + [c * r * r, h // r, w // r])
+    return eager_format(torch.reshape(x, batch + [c * r * r, h // r, w // r]), input)
 
 
 @register(F.one_hot)
@@ -378,7 +378,7 @@ def interpolate(input: Any, size: Any = None, scale_factor: Any = None, mode: st
             idx = _nearest_indices(input.shape[2 + d], sizes[d], scales[d], mode == "nearest-exact", n == 2)
             if idx != list(range(input.shape[2 + d])):
                 x = torch.index_select(x, 2 + d, torch.tensor(idx, dtype=torch.int64, device=input.device))
-        return x
+        return _upsampled(x, input)
     check(is_float_dtype(input.dtype), lambda: f"\"upsample_{mode}\" not implemented for "
           f"'{str(input.dtype).removeprefix('torch.').capitalize()}'", RuntimeError)
     compute = computation_dtype(input.dtype)
@@ -388,7 +388,13 @@ def interpolate(input: Any, size: Any = None, scale_factor: Any = None, mode: st
     for d in reversed(range(n)):
         taps, weights = taps_of(np_dtype, input.shape[2 + d], sizes[d], align_corners, scales[d])
         x = _mix(x, 2 + d, taps, weights, input.dtype)
-    return convert(x, input.dtype)
+    return _upsampled(convert(x, input.dtype), input)
+
+
+def _upsampled(x: Any, input: Any) -> Any:
+    """An upsampled 2-d or 3-d image laid out as eager's upsample kernels lay it out (channels-last when the
+    input is)."""
+    return eager_format(x, input) if input.ndim in (4, 5) and x is not input else x
 
 
 @register(F.pdist, torch.pdist)
@@ -418,4 +424,4 @@ def safe_softmax(input: Any, dim: int, dtype: torch.dtype | None = None) -> Any:
     into NaN (eager's gradient of such a row is 0)."""
     masked = torch.all(input == float("-inf"), dim, keepdim=True)
     out = F.softmax(torch.where(masked, torch.zeros_like(input), input), dim, dtype=dtype)
-    return torch.where(masked, torch.zeros_like(out), out)
+    return torch.where(masked, torch.zeros_like(out), out).contiguous()  # eager's is contiguous

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from .. import prims
 from ..prims.registry import check, shape_text
 from .registry import NoDecomposition, register
-from .utils import computation_dtype, convert, is_float_dtype
+from .utils import computation_dtype, convert, eager_format, is_float_dtype
 
 
 def _tuple(op: str, name: str, value: Any, n: int, default: Any = None) -> tuple[int, ...]:
@@ -144,16 +144,25 @@ def _max_pool_with_indices(w: Windows, input: Any) -> tuple[Any, Any]:
     return best, best_index
 
 
+def _pooled(result: Any, input: Any, n: int) -> Any:
+    """A pool's result laid out as eager's kernels lay it out: in its input's suggested memory format; a
+    1-d pool runs as a 2-d one over input.unsqueeze(-2) (so a transposed input gives a transposed result)."""
+    if n == 1 and input.ndim == 3:
+        return eager_format(result.unsqueeze(-2), input.unsqueeze(-2)).squeeze(-2)
+    return eager_format(result, input)
+
+
 def _max_pool(op: str, n: int, input: Any, kernel_size: Any, stride: Any, padding: Any, dilation: Any,
               ceil_mode: bool, return_indices: bool) -> Any:
     w = Windows(op, input, n, kernel_size, stride, padding, dilation, ceil_mode)
     check(input.dtype != torch.bool, lambda: f"{op}: not implemented for 'Bool'", RuntimeError)
     if return_indices:
-        return _max_pool_with_indices(w, input)
+        best, index = _max_pool_with_indices(w, input)
+        return _pooled(best, input, n), _pooled(index, input, n)
     result = None
     for s in w.slices(w.padded(input, _lowest(input.dtype))):
         result = s if result is None else torch.maximum(result, s)  # propagates NaN, as eager
-    return result
+    return eager_format(result, input)
 
 
 @register(F.max_pool1d_with_indices)
@@ -223,20 +232,20 @@ def _avg_pool(op: str, n: int, input: Any, kernel_size: Any, stride: Any, paddin
     for s in w.slices(w.padded(x, 0.0)):
         total = s if total is None else total + s
     if divisor_override is not None:
-        return convert(total / divisor_override, input.dtype)
+        return _pooled(convert(total / divisor_override, input.dtype), input, n)
     factors = _avg_divisors(w, count_include_pad)
     if all(len(set(row)) == 1 for row in factors):
         divisor = 1
         for row in factors:
             divisor *= row[0]
-        return convert(total / divisor, input.dtype)
+        return _pooled(convert(total / divisor, input.dtype), input, n)
     # Windows at the border count fewer elements: one divisor per output position.
     table = torch.ones(w.out, dtype=torch.float64, device=total.device)
     for d, row in enumerate(factors):
         shape = [1] * n
         shape[d] = len(row)
         table = table * torch.tensor(row, dtype=torch.float64, device=total.device).reshape(shape)
-    return convert(total / table.to(total.dtype), input.dtype)
+    return _pooled(convert(total / table.to(total.dtype), input.dtype), input, n)
 
 
 @register(F.avg_pool1d, torch.avg_pool1d)
@@ -314,10 +323,10 @@ def _adaptive_pool(op: str, n: int, input: Any, output_size: Any, is_max: bool) 
         if all(o == 1 for o in out):
             dims = list(range(lead, input.ndim))
             result = torch.amax(x, dims, keepdim=True) if is_max else torch.mean(x, dims, keepdim=True)
-            return convert(result, input.dtype)
+            return _pooled(convert(result, input.dtype), input, n)
         kernel = [s // o for s, o in zip(sizes, out)]
-        if is_max:
-            return _max_pool(op, n, input, kernel, kernel, 0, 1, False, False)
+        if is_max:  # (eager's adaptive 1-d pools run as 2-d ones, as its max_pool1d does not)
+            return _pooled(_max_pool(op, n, input, kernel, kernel, 0, 1, False, False), input, n)
         w = Windows(op, x, n, kernel, kernel, 0, 1, False)
         total = None
         for s in w.slices(x):
@@ -325,7 +334,7 @@ def _adaptive_pool(op: str, n: int, input: Any, output_size: Any, is_max: bool) 
         area = 1
         for k in kernel:
             area *= k
-        return convert(total / area, input.dtype)
+        return _pooled(convert(total / area, input.dtype), input, n)
     # Irregular windows [floor(i * s / o), ceil((i + 1) * s / o)): reduce one dim at a time (a window is a
     # box, so the mean of per-dim means is the box mean, and the max of maxes its max).
     for d in range(n):
@@ -338,7 +347,7 @@ def _adaptive_pool(op: str, n: int, input: Any, output_size: Any, is_max: bool) 
             parts.append(torch.amax(window, dim, keepdim=True) if is_max else
                          torch.mean(window, dim, keepdim=True))
         x = torch.cat(parts, dim)
-    return convert(x, input.dtype)
+    return _pooled(convert(x, input.dtype), input, n)
 
 
 def _adaptive_avg_pool(op: str, n: int, input: Any, output_size: Any) -> Any:
@@ -450,4 +459,4 @@ def channel_shuffle(input: Any, groups: int) -> Any:
           f"{groups} groups.", RuntimeError)
     n, rest = input.shape[0], list(input.shape[2:])
     x = torch.reshape(input, [n, groups, c // groups] + rest)
-    return torch.reshape(torch.transpose(x, 1, 2), [n, c] + rest)
+    return eager_format(torch.reshape(torch.transpose(x, 1, 2), [n, c] + rest), input)

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..graph.layout import channels_last_contiguous
 from ..graph.symbolic import SymInt, broadcastable, same_sizes
 from .. import prims
 from ..prims.registry import check, wrap_dim
@@ -308,9 +309,13 @@ def contiguous(a: Any, memory_format: torch.memory_format = torch.contiguous_for
         raise RuntimeError("preserve memory format is unsupported by the contiguous operator")
     if memory_format == torch.contiguous_format and a.meta.is_contiguous():
         return a
-    if memory_format != torch.contiguous_format:
-        raise NoDecomposition("contiguous with a channels-last memory format")
-    return prims.clone(a, memory_format)
+    if memory_format in (torch.channels_last, torch.channels_last_3d):
+        if a.ndim == (4 if memory_format == torch.channels_last else 5) and \
+                channels_last_contiguous(a.meta.shape, a.meta.strides):
+            return a
+    elif memory_format != torch.contiguous_format:
+        raise NoDecomposition(f"contiguous with {memory_format}")
+    return prims.clone(a, memory_format)  # (raises eager's error for a channels-last tensor of another rank)
 
 
 @register(torch.clone, torch.Tensor.clone)

@@ -14,7 +14,7 @@ from . import shape as views
 from .getitem import _slice_bounds, place, zero_of
 from .registry import DataDependentShape, NoDecomposition, register
 from .shape import _expand, _reshape, _sizes, _transpose, slice_dim
-from .utils import is_tensor, result_type
+from .utils import is_tensor, preserve_layout, result_type
 
 
 # ---- joining: cat / stack and friends -----------------------------------------------------------------
@@ -366,7 +366,7 @@ def _scatter_region(op: str, a: Any, src: Any, dim: int, region: tuple, view_sha
     ranges = [(0, s, 1) for s in a.shape]
     ranges[dim] = region
     value = src if src.ndim == a.ndim else prims.expand_dims(src, (dim,))
-    return place(a, value, ranges)
+    return preserve_layout(place(a, value, ranges), a)  # eager writes src into a clone of a
 
 
 @register(torch.select_scatter)
@@ -406,7 +406,7 @@ def diagonal_scatter(a: Any, src: Any, offset: int = 0, dim1: int = 0, dim2: int
     if perm != tuple(range(a.ndim)):  # contiguous operands, so the result is laid out as a fresh tensor
         mask = prims.clone(prims.permute(mask, perm), torch.contiguous_format)
         placed = prims.clone(prims.permute(placed, perm), torch.contiguous_format)
-    return prims.where(mask, placed, a)
+    return preserve_layout(prims.where(mask, placed, a), a)  # eager writes src into a clone of a
 
 
 # ---- grids ----------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import torch
 from ..graph.symbolic import SymInt, same_sizes
 from .. import prims
 from ..graph import Proxy, TensorMeta
+from ..graph.layout import preserve_strides, suggests_channels_last
 from ..prims.registry import check, shape_text, wrap_dim
 from .registry import NoDecomposition, register
 
@@ -218,6 +219,39 @@ def elementwise(prim: Any, *args: Any, promotion: str = "default", name: str | N
     if promotion == "always_bool":
         return out
     return convert(out, dtype) if out.dtype != dtype else out
+
+
+def eager_format(value: Any, like: Any) -> Any:
+    """`value` laid out as eager's kernels allocate a result computed from `like` (its
+    suggest_memory_format): channels-last when `like`'s strides suggest it (4-d or 5-d), else contiguous.
+    A copy only where `value` is laid out otherwise, which a compiled graph folds into the kernel writing
+    it."""
+    memory_format = torch.contiguous_format
+    if value.ndim == like.ndim and suggests_channels_last(like.meta.shape, like.meta.strides):
+        memory_format = torch.channels_last if like.ndim == 4 else torch.channels_last_3d
+    return value.contiguous(memory_format=memory_format)
+
+
+def preserve_layout(value: Any, like: Any) -> Any:
+    """`value` laid out as eager's empty_like(like) (preserve_format): like's strides when dense, else dense
+    in its dim order. For ops whose eager kernel clones its input and writes into the clone (the scatters,
+    index_put, put). A copy only where `value` is laid out otherwise."""
+    meta, have = like.meta, value.meta
+    if not all(type(v) is int for v in (*meta.shape, *meta.strides)):
+        return value.contiguous()
+    strides = preserve_strides(meta.shape, meta.strides)
+    if tuple(have.strides) == strides or have.with_(strides=strides).is_contiguous() and have.is_contiguous():
+        return value
+    order = sorted(range(len(strides)), key=lambda d: (-strides[d], -meta.shape[d], d))  # outermost first
+    return dense_in_order(value, tuple(order))
+
+
+def dense_in_order(value: Any, order: Sequence[int]) -> Any:
+    """A copy of `value` dense in dim `order` (outermost first): a contiguous copy of the permuted dims,
+    permuted back (a remap in a compiled graph)."""
+    inverse = tuple(order.index(d) for d in range(len(order)))
+    copy = prims.clone(prims.permute(value, tuple(order)), torch.contiguous_format)
+    return prims.permute(copy, inverse)
 
 
 def meta_like(a: Any) -> TensorMeta:

@@ -12,6 +12,7 @@ import torch
 
 from ..graph.symbolic import SymInt
 from ..graph import TensorMeta
+from ..graph.layout import elementwise_strides
 from .registry import Prim, check, is_tensor, meta_of, prim, shape_text
 
 
@@ -54,7 +55,24 @@ def _elementwise_meta(name: str, operands: tuple, out_dtype: torch.dtype | None 
     if allowed is not None:
         check(allowed(first.dtype), lambda: f"prims.{name}: not defined for {first.dtype} tensors{what}",
               TypeError)
-    return TensorMeta(first.shape, out_dtype or first.dtype, first.device)
+    return TensorMeta(first.shape, out_dtype or first.dtype, first.device, _strides(operands))
+
+
+def _strides(operands: tuple) -> tuple:
+    """The result's strides: eager's TensorIterator rule over the operands (kiln.graph.layout)."""
+    tensors = [meta_of(a) for a in operands if is_tensor(a)]
+    return elementwise_strides(tensors[0].shape, [t.strides for t in tensors],
+                               scalars=len(tensors) < len(operands))
+
+
+def _laid_out(out: torch.Tensor, operands: tuple) -> torch.Tensor:
+    """A reference's result with the strides its meta promises (torch's kernels mostly agree already)."""
+    strides = _strides(operands)
+    if tuple(out.stride()) == tuple(strides):
+        return out
+    fresh = torch.empty_strided(out.shape, strides, dtype=out.dtype, device=out.device)
+    fresh.copy_(out)
+    return fresh
 
 
 def _is_float(dtype: torch.dtype) -> bool:
@@ -96,9 +114,9 @@ def _unary(name: str, ref: Callable[..., Any], allowed: Callable[[torch.dtype], 
         check(is_tensor(a), lambda: f"prims.{name}: expected a tensor, got {type(a).__name__}", TypeError)
         return _elementwise_meta(name, (a,), out_dtype, allowed)
 
-    def contiguous_ref(a: Any) -> Any:
-        return ref(a).contiguous()  # the meta promises a fresh contiguous tensor; eager keeps a's layout
-    return prim(name, meta, contiguous_ref, tags=tags + ("unary",))
+    def laid_out_ref(a: Any) -> Any:
+        return _laid_out(ref(a), (a,))  # a fresh tensor, laid out as the meta says
+    return prim(name, meta, laid_out_ref, tags=tags + ("unary",))
 
 
 def _binary(name: str, ref: Callable[..., Any], allowed: Callable[[torch.dtype], bool] | None = None,
@@ -110,12 +128,13 @@ def _binary(name: str, ref: Callable[..., Any], allowed: Callable[[torch.dtype],
         # A Python number operand becomes a 0-d tensor of the other operand's dtype: the prim computes in
         # that dtype (torch's own scalar overloads would promote, and some ops have none for a first scalar).
         tensor = a if isinstance(a, torch.Tensor) else b
+        operands = (a, b)
         a = scalar_tensor(a, tensor.dtype, tensor.device)
         b = scalar_tensor(b, tensor.dtype, tensor.device)
         out = ref(a, b)
         dtype = out_dtype or tensor.dtype
         out = out if out.dtype == dtype else out.to(dtype)
-        return out.contiguous()  # the meta promises a fresh contiguous tensor; eager keeps the layout
+        return _laid_out(out, operands)  # a fresh tensor, laid out as the meta says
     return prim(name, meta, strict_ref, tags=tags + ("binary",))
 
 
@@ -241,13 +260,14 @@ def _where_meta(pred: Any, a: Any, b: Any) -> TensorMeta:
         raise TypeError("prims.where: at least one of the values must be a tensor")
     check(meta_of(pred).shape == values.shape, lambda: f"prims.where: condition shape "
           f"{shape_text(pred)} differs from value shape [{', '.join(map(str, values.shape))}]")
-    return values
+    return values.with_(strides=_strides((pred, a, b)))
 
 
 def _where_ref(pred: torch.Tensor, a: Any, b: Any) -> torch.Tensor:
     tensor = a if isinstance(a, torch.Tensor) else b
-    return torch.where(pred, scalar_tensor(a, tensor.dtype, tensor.device),
-                       scalar_tensor(b, tensor.dtype, tensor.device)).contiguous()
+    out = torch.where(pred, scalar_tensor(a, tensor.dtype, tensor.device),
+                      scalar_tensor(b, tensor.dtype, tensor.device))
+    return _laid_out(out, (pred, a, b))
 
 
 where = prim("where", _where_meta, _where_ref, tags=("elementwise", "ternary"))
@@ -259,12 +279,12 @@ def _convert_meta(a: Any, dtype: torch.dtype) -> TensorMeta:
           lambda: f"prims.convert_element_type: expected a dtype, got {dtype!r}",
           TypeError)
     m = meta_of(a)
-    return TensorMeta(m.shape, dtype, m.device)
+    return TensorMeta(m.shape, dtype, m.device, _strides((a,)))
 
 
 def _convert_ref(a: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    # A fresh contiguous tensor, as every elementwise prim returns.
-    return a.to(dtype, memory_format=torch.contiguous_format, copy=True)
+    # A fresh tensor laid out as every elementwise prim lays out its result.
+    return _laid_out(a.to(dtype, copy=True), (a,))
 
 
 convert_element_type = prim("convert_element_type", _convert_meta, _convert_ref,

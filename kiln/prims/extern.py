@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..graph import TensorMeta
-from ..graph.layout import preserve_strides
+from ..graph.layout import convolution_channels_last, preserve_strides, strides_in_order
 from .registry import check, is_tensor, meta_of, prim, shape_text, wrap_dim
 
 
@@ -165,7 +165,12 @@ def _convolution_meta(x: Any, w: Any, bias: Any, stride: Sequence[int], padding:
     check(all(s > 0 for s in spatial), lambda: f"{name}: Given input size per channel: "
           f"({' x '.join(map(str, sizes))}). Calculated output size per channel: "
           f"({' x '.join(map(str, spatial))}). Output size is too small")
-    return TensorMeta((xm.shape[0], out_channels, *spatial), xm.dtype, xm.device)
+    shape = (xm.shape[0], out_channels, *spatial)
+    if convolution_channels_last(xm.shape, xm.strides, wm.shape, wm.strides):
+        # eager's CPU convolutions run channels-last when the input or the weight is, and return so
+        order = (1,) + tuple(range(n + 1, 1, -1)) + (0,)  # C, the spatial dims from the last, N
+        return TensorMeta(shape, xm.dtype, xm.device, strides_in_order(shape, order))
+    return TensorMeta(shape, xm.dtype, xm.device)
 
 
 def _convolution_ref(x: torch.Tensor, w: torch.Tensor, bias: Any, stride: Sequence[int],

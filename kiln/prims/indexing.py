@@ -22,6 +22,8 @@ from typing import Any, Sequence
 import torch
 
 from ..graph import TensorMeta
+from ..graph.layout import elementwise_strides
+from .shape import view_strides
 from .registry import check, is_tensor, meta_of, prim, shape_text, wrap_dim
 
 
@@ -197,7 +199,30 @@ def _index_check(name: str, a: Any, indices: Any) -> tuple[TensorMeta, tuple]:
 
 def _index_meta(a: Any, indices: Sequence[Any]) -> TensorMeta:
     m, shape = _index_check("index", a, indices)
-    return TensorMeta(shape, m.dtype, m.device)
+    return TensorMeta(shape, m.dtype, m.device, _index_strides(m, indices, shape))
+
+
+def _index_strides(m: TensorMeta, indices: Sequence[Any], shape: tuple) -> tuple:
+    """Eager's layout of an advanced-indexing result: a TensorIterator over the input restrided to the
+    result's shape (its indexed dims, moved to the front when not adjacent, replaced by the index shape with
+    stride 0) and the index tensors (stride 0 outside the index shape)."""
+    positions = [d for d, i in enumerate(indices) if i is not None]
+    index_meta = meta_of(indices[positions[0]])
+    adjacent = positions == list(range(positions[0], positions[-1] + 1))
+    order = list(range(m.ndim)) if adjacent else positions + [d for d in range(m.ndim) if d not in positions]
+    before = positions[0] if adjacent else 0
+    after = m.ndim - before - len(positions)
+    k = len(index_meta.shape)
+    source = [m.strides[d] for d in order]
+    operands = [tuple(source[:before]) + (0,) * k + tuple(source[before + len(positions):])]
+    for d in positions:  # eager views each index as (1,) * before + its shape + (1,) * after
+        im = meta_of(indices[d])
+        viewed = view_strides(im.shape, im.strides, (1,) * before + tuple(im.shape) + (1,) * after)
+        viewed = viewed or (0,) * len(shape)
+        # a dim the index broadcasts along has stride 0; a size-1 dim of the result keeps the view's
+        operands.append(tuple(s if before <= d < before + k or shape[d] == 1 else 0
+                              for d, s in enumerate(viewed)))
+    return elementwise_strides(shape, operands, scalars=bool(before or after))
 
 
 def _index_ref(a: torch.Tensor, indices: Sequence[Any]) -> torch.Tensor:
