@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import keyword
 import logging
 import os
 import re
@@ -140,7 +141,8 @@ def graph_name(frame: str) -> str:
     readable name: `GPT2Model.forward` -> `GPT2Model_forward`, `f (resumed at line 12)` -> `f_line_12`."""
     frame = frame.rsplit(".<locals>.", 1)[-1].replace("(resumed at ", "")
     name = re.sub(r"\W+", "_", frame).strip("_")
-    return name if name and not name[0].isdigit() else f"g_{name}"
+    # (`<lambda>` would be `lambda`, a keyword: the graph's printed code and its generated functions take it)
+    return name if name.isidentifier() and not keyword.iskeyword(name) else f"g_{name}"
 
 
 class CompiledFunction:

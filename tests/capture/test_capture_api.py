@@ -495,3 +495,15 @@ def test_frames_named_after_the_module_method_and_resume_line(tmp_path):
     kiln.compile(resumed, backend=recording)(x)
     assert graphs == ["DecoratedNet_forward", "resumed", f"resumed_line_{line}"], graphs
     assert kiln.counters["graphs"]["DecoratedNet.forward"] == 1, dict(kiln.counters["graphs"])
+
+
+@pytest.mark.parametrize("frame", ["<lambda>", "f.<locals>.<lambda>", "class", "3d", "GPT2Model.forward",
+                                   "f (resumed at line 12)", "<genexpr>"])
+def test_graph_names_are_identifiers_not_keywords(frame):
+    """A compiled lambda's graph was named `lambda` (a keyword): its symbolic-size graphs ran with torch and
+    failed (arange of a SymInt), and a symbolic int argument gave NotImplemented."""
+    import keyword
+
+    from kiln.capture.cache import graph_name
+    name = graph_name(frame)
+    assert name.isidentifier() and not keyword.iskeyword(name), name
