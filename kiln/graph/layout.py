@@ -99,32 +99,7 @@ def is_non_overlapping(shape: Sequence[Dim], strides: Sequence[Dim]) -> bool:
 def dense_strides_like(shape: Sequence[Dim], strides: Sequence[Dim]) -> tuple[Dim, ...]:
     """Dense strides in the dim order of `strides` (eager's infer_dense_strides, as empty_like uses):
     dims sorted by stride, ties and stride-0 dims keeping their order from the last dim outwards."""
-    ndim = len(shape)
-    perm = list(range(ndim - 1, -1, -1))  # innermost first
-
-    def should_swap(d0: int, d1: int) -> int:
-        s0, s1 = strides[d0], strides[d1]
-        if s0 == 0 or s1 == 0:
-            return 0
-        if s0 < s1:
-            return -1
-        if s0 > s1:
-            return 1
-        if shape[d0] > shape[d1]:
-            return 1
-        return 0
-    # insertion sort, as ATen's: stride-0 dims compare equal to everything, so this is not a plain sort
-    for i in range(1, ndim):
-        dim1 = i
-        for j in range(1, i + 1):
-            dim0 = i - j
-            comparison = should_swap(perm[dim0], perm[dim1])
-            if comparison > 0:
-                perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
-                dim1 = dim0
-            elif comparison < 0:
-                break
-    return strides_in_order(shape, perm)
+    return _dense_in_stride_order(shape, (strides,))
 
 
 def preserve_strides(shape: Sequence[Dim], strides: Sequence[Dim]) -> tuple[Dim, ...]:
@@ -206,6 +181,16 @@ def elementwise_strides(shape: Sequence[Dim], operands: Sequence[Sequence[Dim]],
     if ndim <= 1:
         return contiguous_strides(shape)
 
+    return _dense_in_stride_order(shape, operands)
+
+
+def _dense_in_stride_order(shape: Sequence[Dim], operands: Sequence[Sequence[Dim]]) -> tuple[Dim, ...]:
+    """Dense strides with the dims ordered innermost first by the operands' strides, as ATen orders them
+    (TensorIteratorBase::reorder_dimensions, infer_dense_strides): a pair of dims is compared on the first
+    operand that orders it (stride-0 dims skipped, equal strides put the smaller size inside); an insertion
+    sort, since an undecided pair compares equal to everything and so is not a plain sort."""
+    ndim = len(shape)
+
     def should_swap(d0: int, d1: int) -> int:
         for strides in operands:
             s0, s1 = strides[d0], strides[d1]
@@ -219,7 +204,6 @@ def elementwise_strides(shape: Sequence[Dim], operands: Sequence[Sequence[Dim]],
                 return 1
         return 0
     perm = list(range(ndim - 1, -1, -1))  # innermost first
-    # insertion sort, as ATen's (TensorIteratorBase::reorder_dimensions): an undecided comparison moves on
     for i in range(1, ndim):
         dim1 = i
         for dim0 in range(i - 1, -1, -1):

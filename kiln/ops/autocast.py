@@ -61,12 +61,13 @@ def _registered(device: str) -> frozenset:
 
 @functools.lru_cache(maxsize=4096)
 def _aten_base(func: Any) -> str:
-    name = torch_name(func).rsplit(".", 1)[-1]
+    full = torch_name(func)
+    name = full.rsplit(".", 1)[-1]
     name = _ATEN_ALIASES.get(name, name)
     module = getattr(func, "__module__", "") or ""
-    if module.endswith("linalg") or ".linalg." in torch_name(func):
+    if module.endswith("linalg") or ".linalg." in full:
         name = "linalg_" + name.removeprefix("linalg_")
-    elif module.endswith("fft") or ".fft." in torch_name(func):
+    elif module.endswith("fft") or ".fft." in full:
         name = "fft_" + name.removeprefix("fft_")
     return name
 
@@ -129,7 +130,7 @@ class UnderAutocast:
         self.fn = fn
         self.state = st
         self.__name__ = getattr(fn, "__name__", "op")
-        self.__qualname__ = f"under_autocast({torch_name(fn)}, {_describe(st)})"
+        self.__qualname__ = f"under_autocast({torch_name(fn)}, {describe(st)})"
         self.__module__ = "kiln.ops.autocast"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -156,13 +157,9 @@ class AutocastOff:
         return getattr(self.fn, name)
 
 
-def _describe(st: tuple) -> str:
-    return ", ".join(f"{d}: {str(dt).removeprefix('torch.')}" for d, dt in st) or "off"
-
-
 def describe(st: tuple) -> str:
     """`torch.autocast` state for guards and explain: 'off' or 'cpu: bfloat16, ...'."""
-    return _describe(st)
+    return ", ".join(f"{d}: {str(dt).removeprefix('torch.')}" for d, dt in st) or "off"
 
 
 # ---- the policy -----------------------------------------------------------------------------------------
@@ -174,8 +171,8 @@ def _device_of(args: tuple, kwargs: dict) -> str | None:
     return None
 
 
-def policy_of(func: Any, args: tuple, kwargs: dict) -> tuple[str, torch.dtype] | None:
-    """(policy, autocast dtype) eager's autocast applies to this call now, or None."""
+def policy_of(func: Any, args: tuple, kwargs: dict) -> tuple[str, torch.dtype, str] | None:
+    """(policy, autocast dtype, device) eager's autocast applies to this call now, or None."""
     if not torch._C._is_any_autocast_enabled():
         return None
     device = _device_of(args, kwargs)
@@ -185,7 +182,7 @@ def policy_of(func: Any, args: tuple, kwargs: dict) -> tuple[str, torch.dtype] |
     if name not in _registered(device):
         return None
     kind = "lower" if name in _LOWER else "promote" if name in _PROMOTE_BY_DEVICE[device] else "fp32"
-    return kind, torch.get_autocast_dtype(device)
+    return kind, torch.get_autocast_dtype(device), device
 
 
 def _eligible(v: Any, device: str) -> bool:
@@ -212,8 +209,7 @@ def cast_inputs(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict, bool
     found = policy_of(func, args, kwargs)
     if found is None:
         return args, kwargs, False
-    kind, low = found
-    device = _device_of(args, kwargs)
+    kind, low, device = found
     eligible = [v for v in flatten((args, kwargs)) if _eligible(v, device)]
     if kind == "lower":
         to = low
