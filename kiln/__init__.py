@@ -11,7 +11,9 @@ __all__ = ["config", "counters", "compile", "disable", "explain", "check", "rese
 __version__ = "0.1.0"
 
 
-CAPTURE_PYTHON = (3, 11)  # the bytecode capture reads; the backends (kiln.ops.trace + a backend) run on any
+# the CPython versions whose bytecode the capture reads (kiln.capture.bytecode); the backends
+# (kiln.ops.trace + a backend) run on any
+CAPTURE_PYTHONS = ((3, 11), (3, 12), (3, 13))
 
 
 def __getattr__(name: str):  # the API imports torch and kiln.ops; load it on first use
@@ -31,10 +33,11 @@ def __getattr__(name: str):  # the API imports torch and kiln.ops; load it on fi
 
 def _check_python() -> None:
     import sys
-    if sys.version_info[:2] != CAPTURE_PYTHON:
+    if sys.version_info[:2] not in CAPTURE_PYTHONS:
+        versions = ", ".join(".".join(map(str, v)) for v in CAPTURE_PYTHONS)
         raise RuntimeError(
-            f"kiln.compile captures CPython {'.'.join(map(str, CAPTURE_PYTHON))} bytecode; this is Python "
-            f"{sys.version.split()[0]}, whose bytecode it does not read yet. Run under Python 3.11, or compile a "
+            f"kiln.compile captures CPython {versions} bytecode; this is Python {sys.version.split()[0]}, whose "
+            f"bytecode it does not read yet. Run under one of those, or compile a "
             f"traced graph without capture: kiln.backends.lookup_backend(name)(kiln.ops.trace(fn, *args), args)")
 
 

@@ -35,7 +35,7 @@ from .graph.pipeline import FUEL, CompileContext
 __all__ = ["compile", "explain", "check", "reset", "register_backend", "GraphBreakError", "CompiledModule",
            "ExplainReport"]
 
-_SUPPORTED_PYTHON = (3, 11)
+_SUPPORTED_PYTHONS = ((3, 11), (3, 12), (3, 13))  # (kiln.CAPTURE_PYTHONS)
 
 
 def compile(model: Any = None, *, backend: Any = "auto", fullgraph: bool = False, dynamic: Any = None,
@@ -73,8 +73,9 @@ def compile(model: Any = None, *, backend: Any = "auto", fullgraph: bool = False
                         f"{type(model).__name__} ({model!r:.60})")
     if disable or disabled_by(model) is not None:  # (kiln.disable, torch.compiler.disable: runs as it is)
         return model
-    if sys.version_info[:2] != _SUPPORTED_PYTHON:
-        warn_once("python", f"kiln captures CPython {_SUPPORTED_PYTHON[0]}.{_SUPPORTED_PYTHON[1]} bytecode; "
+    if sys.version_info[:2] not in _SUPPORTED_PYTHONS:
+        versions = ", ".join(f"{a}.{b}" for a, b in _SUPPORTED_PYTHONS)
+        warn_once("python", f"kiln captures CPython {versions} bytecode; "
                   f"on Python {sys.version_info[0]}.{sys.version_info[1]} compiled code runs eagerly")
         return model
     if is_optimizer_step(model):  # opt.step of SGD/Adam/AdamW: one fused update (kiln.optim)

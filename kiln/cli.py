@@ -4,7 +4,7 @@
                [--mode inference|training] [--batch N] [--out DIR] [--kiln-backend NAME] [--memory]
                [--memory-only] [--profile] [--profile-only]
     kiln bench --distributed N [--models NAMES] [--bucket-cap-mb MB]
-    kiln explain [--models NAMES|all] [--suite quick|full|hf] [--json PATH] [--isolate] [--batch N]
+    kiln explain [--models NAMES|all] [--suite quick|full|hf] [--json PATH] [--against PATH] [--isolate] [--batch N]
                  [--threads N]
     kiln cache info|clear
     kiln --version
@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--suite", choices=("quick", "full", "hf"), default="hf",
                          help="the zoo suite to explain when --models is not given (default: hf)")
     explain.add_argument("--json", default=None, metavar="PATH", help="also write the rows as JSON to PATH")
+    explain.add_argument("--against", default=None, metavar="PATH",
+                         help="compare graphs, breaks, frames run natively, ops and fallbacks per model with a "
+                              "census written by --json (another Python or torch); exit 1 when they differ")
     explain.add_argument("--batch", type=int, default=None, help="batch size (default: each model's own)")
     explain.add_argument("--isolate", action="store_true",
                          help="one fresh process per model (a crash or hang is a row; slower)")
@@ -219,6 +222,12 @@ def explain_main(args: argparse.Namespace) -> int:
     if args.json:
         census.write_json(rows, args.json)
         print(f"\nwrote {args.json}")
+    if args.against:
+        differences = census.compare(rows, args.against)
+        for line in differences:
+            print(f"differs: {line}")
+        print(f"\n{len(differences)} difference(s) from {args.against}")
+        return 1 if differences else 0
     return 0
 
 

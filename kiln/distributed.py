@@ -30,6 +30,7 @@ from .backends.ddp import BucketSplitCompiler, SplitPlan
 from .capture.cache import CompiledFunction, warn_once
 from .graph.pipeline import CompileContext
 from .wrapping import WrappedModule
+from . import CAPTURE_PYTHONS
 
 __all__ = ["CompiledDDP", "CompiledFSDP", "is_ddp", "is_fsdp"]
 
@@ -61,7 +62,7 @@ class CompiledDDP(WrappedModule):
         inner = ddp.module
         forward = type(inner).forward
         object.__setattr__(self, "_splitter", splitter)
-        if sys.version_info[:2] != (3, 11) or not isinstance(forward, types.FunctionType):
+        if sys.version_info[:2] not in CAPTURE_PYTHONS or not isinstance(forward, types.FunctionType):
             warn_once(f"ddp:{id(ddp)}", "kiln.compile(DDP(...)): the wrapped module's forward is not Python "
                       "code kiln captures here; it runs eagerly")
             object.__setattr__(self, "_compiled_forward", None)
@@ -118,7 +119,7 @@ class CompiledFSDP(WrappedModule):
                                               options=options, backend=name)
         compiler = compiler_for(backend, context)
         forwards = []
-        if sys.version_info[:2] == (3, 11):
+        if sys.version_info[:2] in CAPTURE_PYTHONS:
             for module in model.modules():  # the sharded modules, and the model itself
                 forward = type(module).forward
                 if (is_fsdp(module) or module is model) and isinstance(forward, types.FunctionType):
@@ -126,8 +127,8 @@ class CompiledFSDP(WrappedModule):
                                                               raise_on_error=context.raise_on_error,
                                                               bound_self=module)))
         else:
-            warn_once(f"fsdp:{id(model)}", "kiln.compile(fully_shard(...)): kiln captures CPython 3.11 "
-                      "bytecode; the model runs eagerly")
+            warn_once(f"fsdp:{id(model)}", "kiln.compile(fully_shard(...)): kiln does not capture this "
+                      "Python's bytecode; the model runs eagerly")
         object.__setattr__(self, "_compiled_forwards", forwards)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -287,6 +287,29 @@ def summary_of_reasons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(reasons.values(), key=lambda r: (-len(r["models"]), -r["count"]))
 
 
+COMPARED = ("status", "graphs", "breaks", "resumed_breaks", "native", "ops", "fallbacks")
+
+
+def compare(rows: list[dict[str, Any]], path: str) -> list[str]:
+    """What differs between `rows` and the census written to `path` (another Python or torch): per model,
+    each of COMPARED that is not equal, as lines. Models in only one of the two are named too."""
+    with open(path) as f:
+        other = json.load(f)
+    theirs = {row["model"]: row for row in other["rows"]}
+    where = f"python {other.get('python', '?')}, torch {other.get('torch', '?')}"
+    out = []
+    for row in rows:
+        them = theirs.pop(row["model"], None)
+        if them is None:
+            out.append(f"{row['model']}: not in {path}")
+            continue
+        for key in COMPARED:
+            if row.get(key) != them.get(key):
+                out.append(f"{row['model']}: {key} {row.get(key)!r} here, {them.get(key)!r} on {where}")
+    out += [f"{name}: only in {path}" for name in theirs]
+    return out
+
+
 def write_json(rows: list[dict[str, Any]], path: str) -> None:
     data = {"torch": torch.__version__, "python": sys.version.split()[0], "rows": rows,
             "reasons": summary_of_reasons(rows)}

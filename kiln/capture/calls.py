@@ -24,6 +24,7 @@ from ..ops import call as ops_call
 from ..ops.aten import OVERLOADS
 from ..ops.trace import _RecordMode
 from .errors import HINTS, GraphBreak, RaisedError
+from .bytecode import PY
 from .blocks import AutocastExit, GradModeContext, GradModeExit, set_grad
 from .builtin_calls import (_BUILTIN_HANDLERS, _BUILTIN_TYPES, _SPECIAL_FUNCTIONS, _type, check_arguments,
                             sort_items)
@@ -102,6 +103,17 @@ def is_torch_callable(fn: Any) -> bool:
     return owner is not None and type(owner).__name__ in ("_VariableFunctionsClass",)
 
 
+def callee_and_args(second: Any, first: Any, args: list) -> tuple[Any, list]:
+    """The callable and arguments of a CALL from the two slots below its arguments: (NULL, f) on 3.11-3.12
+    and (f, NULL) on 3.13+ call f; (method, self) and 3.13's (f, value) pass the second as the first
+    argument."""
+    if first is NULL:
+        return second, args
+    if second is NULL:
+        return first, args
+    return first, [second] + args
+
+
 class CallOps:
     """Frame mixin: CALL and friends, and the call dispatcher."""
 
@@ -112,12 +124,7 @@ class CallOps:
     def op_CALL(self, inst: dis.Instruction) -> None:
         argc = inst.arg
         args = self.popn(argc)
-        second = self.pop()
-        first = self.pop()
-        if first is NULL:
-            fn = second
-        else:
-            fn, args = first, [second] + args
+        fn, args = callee_and_args(self.pop(), self.pop(), args)
         kwargs = {}
         if self.kw_names:
             names = self.kw_names
@@ -127,17 +134,32 @@ class CallOps:
             kwargs = dict(zip(names, values))
         self.push(self.call(fn, args, kwargs))
 
+    def op_CALL_KW(self, inst: dis.Instruction) -> None:
+        """3.13+: CALL with the keyword names on top of the stack."""
+        self.kw_names = self.pop()
+        self.op_CALL(inst)
+
     def op_CALL_FUNCTION_EX(self, inst: dis.Instruction) -> None:
         kwargs = self.pop() if inst.arg & 1 else {}
         args = self.pop()
         fn = self.pop()
-        if self.stack and self.stack[-1] is NULL:
+        if fn is NULL:  # 3.13+: the callable, then its NULL
+            fn = self.pop()
+        elif self.stack and self.stack[-1] is NULL:
             self.pop()
         if not isinstance(kwargs, dict):
             kwargs = self.as_mapping(kwargs)
         self.push(self.call(fn, list(self.iterate(args)), dict(kwargs)))
 
     def op_MAKE_FUNCTION(self, inst: dis.Instruction) -> None:
+        if PY >= (3, 13):  # a bare function; SET_FUNCTION_ATTRIBUTE adds the rest
+            code = self.pop()
+            empty = tuple(types.CellType() for _ in code.co_freevars) or None
+            fn = types.FunctionType(code, self.globals, code.co_name, None, empty)
+            fn.__qualname__ = code.co_qualname
+            self.cap.new_local(fn)
+            self.push(fn)
+            return
         code = self.pop()
         flags = inst.arg
         closure = self.pop() if flags & 0x08 else None
@@ -152,6 +174,25 @@ class CallOps:
                 if isinstance(annotations, tuple) else dict(annotations)
         fn.__qualname__ = code.co_qualname
         self.cap.new_local(fn)
+        self.push(fn)
+
+    def op_SET_FUNCTION_ATTRIBUTE(self, inst: dis.Instruction) -> None:
+        fn = self.pop()
+        value = self.pop()
+        if inst.arg == 0x08:  # a closure is fixed when a function is made: make it again
+            made = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, value)
+            made.__kwdefaults__, made.__qualname__ = fn.__kwdefaults__, fn.__qualname__
+            made.__annotations__ = fn.__annotations__
+            fn = made
+            self.cap.new_local(fn)
+        elif inst.arg == 0x01:
+            fn.__defaults__ = value
+        elif inst.arg == 0x02:
+            fn.__kwdefaults__ = value
+        elif inst.arg == 0x04:
+            fn.__annotations__ = dict(zip(value[::2], value[1::2])) if isinstance(value, tuple) else dict(value)
+        else:
+            raise GraphBreak(f"function attribute {inst.argrepr} is not supported by kiln's interpreter")
         self.push(fn)
 
     # ---- dispatch ----

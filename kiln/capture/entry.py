@@ -16,6 +16,7 @@ An entry for a frame that broke calls the original function instead of the graph
 from __future__ import annotations
 
 import ast
+import dis
 import collections
 import functools
 import re
@@ -445,6 +446,9 @@ def _runs_on_close(frame: Any, target: int) -> bool:
     chain of `except SomeError:` clauses (all Exception subclasses) does not."""
     i = frame.index[target]
     insts = frame.insts
+    if insts[i].opname == "CALL_INTRINSIC_1" and \
+            dis._intrinsic_1_descs[insts[i].arg] == "INTRINSIC_STOPITERATION_ERROR":  # type: ignore[attr-defined]
+        return False  # (3.12+: the handler around every generator body turns StopIteration into an error)
     if insts[i].opname != "PUSH_EXC_INFO":
         return True
     checked = False

@@ -1,4 +1,4 @@
-"""The symbolic interpreter over CPython 3.11 bytecode: one `Frame` per code object being run.
+"""The symbolic interpreter over CPython bytecode (3.11 to 3.14): one `Frame` per code object being run.
 
 The top frame is the compiled function; calls to Python functions and modules are inlined as child
 frames. Each instruction is a method `op_<OPNAME>`; anything without one, or that cannot be followed
@@ -18,7 +18,9 @@ import torch
 from ..graph import DataDependentError, Proxy
 from ..graph.symbolic import SymInt
 from ..ops import UnsupportedError
+from . import bytecode
 from . import sources as S
+from .bytecode import PUSHES_NULL_FIRST, PY
 from .errors import HINTS, GraphBreak, RaisedError
 from .iterators import _STOP as STOP, GeneratorValue, Suspend, SymIter
 from .state import Capture
@@ -50,13 +52,25 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 
 
 class Null:
-    """The NULL that PUSH_NULL / LOAD_GLOBAL push below a callable."""
+    """The NULL that PUSH_NULL / LOAD_GLOBAL push beside a callable."""
 
     def __repr__(self) -> str:
         return "NULL"
 
 
 NULL = Null()
+
+
+class Unbound:
+    """What LOAD_FAST_AND_CLEAR (3.12+, an inlined comprehension) pushes for a local that has no value;
+    STORE_FAST of it unbinds the local again."""
+
+    def __repr__(self) -> str:
+        return "<unbound>"
+
+
+UNBOUND = Unbound()
+_EXHAUSTED = object()  # what FOR_ITER leaves for END_FOR to pop (3.12+)
 
 
 class _Instructions:
@@ -68,12 +82,12 @@ class _Instructions:
         self.insts = []
         self.index: dict[int, int] = {}
         pending: list[int] = []  # EXTENDED_ARG offsets: a jump to one lands on the instruction it extends
-        for inst in dis.get_instructions(code):
+        for inst in bytecode.decode(code):
             pending.append(inst.offset)
             if inst.opname == "EXTENDED_ARG":
                 continue
             for offset in pending:
-                self.index[offset] = len(self.insts)
+                self.index.setdefault(offset, len(self.insts))  # (a split superinstruction: its first)
             pending.clear()
             self.insts.append(inst)
         self.lines: list[int] = []
@@ -82,9 +96,8 @@ class _Instructions:
             if inst.positions is not None and inst.positions.lineno is not None:
                 line = inst.positions.lineno
             self.lines.append(line)
-        # (start, end, target, depth, lasti) in bytes; CPython 3.11 tables do not overlap
-        self.handlers = [(e.start, e.end, e.target, e.depth, e.lasti)
-                         for e in dis._parse_exception_table(code)]  # type: ignore[attr-defined]
+        # (start, end, target, depth, lasti) in bytes; CPython's tables do not overlap
+        self.handlers = bytecode.exception_table(code)
 
     @classmethod
     def of(cls, code: types.CodeType) -> "_Instructions":
@@ -113,6 +126,17 @@ def symbolic_break(e: BaseException, what: str, genuine: bool = True) -> GraphBr
     brk = GraphBreak(reason, hint, e)
     brk.resumable = False
     return brk
+
+
+def stop_iteration_error(exc: Any, flags: int) -> Any:
+    """What leaves a generator (or coroutine) that let `exc` escape: a StopIteration becomes a
+    RuntimeError (PEP 479), chained to it; anything else leaves as it is."""
+    if not isinstance(exc, StopIteration):
+        return exc
+    kind = "coroutine" if flags & 0x80 else "async generator" if flags & 0x200 else "generator"
+    error = RuntimeError(f"{kind} raised StopIteration")
+    error.__cause__ = error.__context__ = exc
+    return error
 
 
 def has_proxy(value: Any, depth: int = 0) -> bool:
@@ -276,10 +300,20 @@ class Frame:
         try:
             self.push(self.locals[inst.argval])
         except KeyError:
+            if inst.argval in self.cells and PY >= (3, 13):  # (3.13 spells LOAD_CLOSURE so)
+                self.push(self.cells[inst.argval])
+                return
             raise GraphBreak(f"local variable {inst.argval!r} is read before it is assigned") from None
 
     def op_STORE_FAST(self, inst: dis.Instruction) -> None:
-        self.locals[inst.argval] = self.pop()
+        value = self.pop()
+        if value is UNBOUND:
+            self.locals.pop(inst.argval, None)
+        else:
+            self.locals[inst.argval] = value
+
+    def op_LOAD_FAST_AND_CLEAR(self, inst: dis.Instruction) -> None:
+        self.push(self.locals.pop(inst.argval, UNBOUND))
 
     def op_DELETE_FAST(self, inst: dis.Instruction) -> None:
         self.locals.pop(inst.argval, None)
@@ -287,11 +321,33 @@ class Frame:
     def op_RETURN_VALUE(self, inst: dis.Instruction) -> None:
         raise _Return(self.pop())
 
+    def op_RETURN_CONST(self, inst: dis.Instruction) -> None:
+        raise _Return(inst.argval)
+
+    def op_TO_BOOL(self, inst: dis.Instruction) -> None:
+        """3.13+: always followed by a conditional jump or UNARY_NOT, which test truth themselves (so a
+        data-dependent break lands on the jump, as on 3.11)."""
+
+    op_NOT_TAKEN = op_TO_BOOL
+
+    def op_CALL_INTRINSIC_1(self, inst: dis.Instruction) -> None:
+        kind = dis._intrinsic_1_descs[inst.arg]  # type: ignore[attr-defined]
+        if kind == "INTRINSIC_LIST_TO_TUPLE":
+            self.push(tuple(self.pop()))
+        elif kind == "INTRINSIC_UNARY_POSITIVE":
+            self.op_UNARY_POSITIVE(inst._replace(opname="UNARY_POSITIVE"))  # type: ignore[attr-defined]
+        elif kind == "INTRINSIC_STOPITERATION_ERROR":  # 3.12+: a generator's handler around its body
+            self.push(stop_iteration_error(self.pop(), self.code.co_flags))
+        else:
+            raise GraphBreak(f"{kind.lower().replace('intrinsic_', '')} is not supported by kiln's interpreter")
+
     # ---- globals ----
     def op_LOAD_GLOBAL(self, inst: dis.Instruction) -> None:
-        if inst.arg & 1:
+        if inst.arg & 1 and PUSHES_NULL_FIRST:
             self.push(NULL)
         self.push(self.load_global(inst.argval))
+        if inst.arg & 1 and not PUSHES_NULL_FIRST:
+            self.push(NULL)
 
     def load_global(self, name: str) -> Any:
         cap = self.cap
@@ -444,6 +500,18 @@ class Frame:
         container = self.pop()
         self.push(self.subscript(container, index))
 
+    def op_BINARY_SLICE(self, inst: dis.Instruction) -> None:
+        end = self.pop()
+        start = self.pop()
+        container = self.pop()
+        self.push(self.subscript(container, slice(start, end)))
+
+    def op_STORE_SLICE(self, inst: dis.Instruction) -> None:
+        end = self.pop()
+        start = self.pop()
+        self.push(slice(start, end))
+        self.op_STORE_SUBSCR(inst)
+
     def op_STORE_SUBSCR(self, inst: dis.Instruction) -> None:
         index = self.pop()
         container = self.pop()
@@ -536,10 +604,23 @@ class Frame:
             it = self.get_iterator(it)  # a resume function's stack: an iterator from outside breaks
         value = it.advance(self)
         if value is STOP:
-            self.pop()
+            if self.insts[self.index[inst.argval]].opname == "END_FOR":
+                self.push(_EXHAUSTED)  # 3.12+: END_FOR (and POP_TOP / POP_ITER) clean up
+            else:
+                self.pop()
             return inst.argval
         self.push(value)
         return None
+
+    def op_END_FOR(self, inst: dis.Instruction) -> None:
+        self.pop()
+        if PY == (3, 12):  # 3.12's END_FOR pops the iterator too
+            self.pop()
+
+    op_POP_ITER = op_POP_TOP
+
+    def op_END_SEND(self, inst: dis.Instruction) -> None:
+        del self.stack[-2]
 
     # ---- generators: a frame suspended at each yield (iterators.GeneratorValue) ----
     def op_RETURN_GENERATOR(self, inst: dis.Instruction) -> None:
@@ -557,26 +638,52 @@ class Frame:
         if isinstance(it, GeneratorValue):
             item = it.resume(value, None)
             if item is STOP:
-                self.stack[-1] = it.returned
-                return inst.argval
+                return self._sent_all(it.returned, inst.argval)
         elif isinstance(it, SymIter):
             if value is not None:
                 raise GraphBreak(f"send() of a value into a {it.describe()}")
             item = it.advance(self)
             if item is STOP:
-                self.stack[-1] = None
-                return inst.argval
+                return self._sent_all(None, inst.argval)
         else:
             raise GraphBreak(f"yield from a {type(it).__name__}")
         self.push(item)
         return None
 
+    def _sent_all(self, returned: Any, target: int) -> int:
+        """The iterator SEND drove returned: 3.11 replaces it with the value, 3.12+ pushes the value
+        above it for END_SEND to drop the iterator."""
+        if PY < (3, 12):
+            self.stack[-1] = returned
+        else:
+            self.push(returned)
+        return target
+
     # ---- formatting ----
+    def op_CONVERT_VALUE(self, inst: dis.Instruction) -> None:
+        value = self.pop()
+        self.check_formattable(value)
+        self.push((str, repr, ascii)[inst.arg - 1](value))
+
+    def op_FORMAT_SIMPLE(self, inst: dis.Instruction) -> None:
+        value = self.pop()
+        self.check_formattable(value)
+        self.push(format(value))
+
+    def op_FORMAT_WITH_SPEC(self, inst: dis.Instruction) -> None:
+        spec = self.pop()
+        value = self.pop()
+        self.check_formattable(value)
+        self.push(format(value, spec))
+
+    def check_formattable(self, value: Any) -> None:
+        if isinstance(value, Proxy) or not isinstance(value, NATIVE_OPERAND_TYPES):
+            raise GraphBreak(f"formatting a {type(value).__name__} into a string", HINTS["print"])
+
     def op_FORMAT_VALUE(self, inst: dis.Instruction) -> None:
         spec = self.pop() if inst.arg & 0x04 else ""
         value = self.pop()
-        if isinstance(value, Proxy) or not isinstance(value, NATIVE_OPERAND_TYPES):
-            raise GraphBreak(f"formatting a {type(value).__name__} into a string", HINTS["print"])
+        self.check_formattable(value)
         conv = inst.arg & 0x03
         if conv == 1:
             value = str(value)

@@ -34,17 +34,20 @@ from typing import Any
 import torch
 
 from ..counters import counters
+from .bytecode import PY, cache_entries
 from .resume import _write_varint, exception_entries
 
 _OP = dis.opmap
-_CACHES = dis._inline_cache_entries  # type: ignore[attr-defined]
 _EXT = _OP["EXTENDED_ARG"]
 _NOP = _OP["NOP"]
 _JUMP_OPS = set(dis.hasjrel) | set(dis.hasjabs)
 # instructions that may be moved into a trampoline in front of CALL_FUNCTION_EX (no jumps, no position)
 _MOVABLE = {_OP[n] for n in ("LOAD_FAST", "LOAD_DEREF", "LOAD_CONST", "LOAD_GLOBAL", "LOAD_ATTR", "BUILD_MAP",
                              "BUILD_TUPLE", "BUILD_LIST", "LIST_TO_TUPLE", "DICT_MERGE", "DICT_UPDATE",
-                             "LIST_EXTEND", "BINARY_SUBSCR", "LOAD_CLOSURE", "COPY", "BUILD_CONST_KEY_MAP")}
+                             "LIST_EXTEND", "BINARY_SUBSCR", "LOAD_CLOSURE", "COPY", "BUILD_CONST_KEY_MAP",
+                             "CALL_INTRINSIC_1", "LOAD_FAST_CHECK", "LOAD_FAST_LOAD_FAST", "LOAD_FAST_BORROW",
+                             "LOAD_FAST_BORROW_LOAD_FAST_BORROW", "LOAD_SMALL_INT", "PUSH_NULL")
+            if n in _OP}
 _CO_GENERATOR_LIKE = 0x20 | 0x80 | 0x100 | 0x200
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _STDLIB_DIRS = tuple({sysconfig.get_paths()["stdlib"] + os.sep, sysconfig.get_paths()["platstdlib"] + os.sep})
@@ -148,7 +151,7 @@ def _decode(co_code: bytes) -> list[_Inst]:
             continue
         full = ext | arg
         ext = 0
-        units = i - start + 1 + _CACHES[op]
+        units = i - start + 1 + cache_entries(op)
         out.append(_Inst(start, op, full, units, i))
         i = start = start + units
     return out
@@ -164,16 +167,7 @@ def _emit(op: int, arg: int = 0) -> bytes:
         value >>= 8
     for byte in reversed(shifts):
         prefix += bytes((_EXT, byte))
-    return bytes(prefix) + bytes((op, arg & 0xFF)) + bytes(2 * _CACHES[op])
-
-
-def _ext_units(arg: int) -> int:
-    n = 0
-    arg >>= 8
-    while arg:
-        n += 1
-        arg >>= 8
-    return n
+    return bytes(prefix) + bytes((op, arg & 0xFF)) + bytes(2 * cache_entries(op))
 
 
 def _jump_targets(code: types.CodeType) -> set[int]:
@@ -208,10 +202,12 @@ def _sites(code: types.CodeType, insts: list[_Inst], router_index: int) -> list[
     sites = []
     for k, inst in enumerate(insts):
         name = dis.opname[inst.op]
-        if name == "LOAD_METHOD":
-            body = _emit(_OP["LOAD_ATTR"], inst.arg) + _emit(_OP["PUSH_NULL"]) + _emit(_OP["SWAP"], 2)
+        if name == "LOAD_METHOD" or (PY == (3, 12) and name in ("LOAD_ATTR", "LOAD_SUPER_ATTR") and inst.arg & 1):
+            # (3.11-3.12: a method load leaves (method, self); made (NULL, bound method) like every call)
+            load = _emit(_OP["LOAD_ATTR"], inst.arg) if name == "LOAD_METHOD" else _emit(inst.op, inst.arg & ~1)
+            body = load + _emit(_OP["PUSH_NULL"]) + _emit(_OP["SWAP"], 2)
             sites.append((inst.start, inst.units, [(body, inst.body)]))
-        elif name == "CALL" and k >= 1 and dis.opname[insts[k - 1].op] == "PRECALL":
+        elif name == "CALL" and PY < (3, 12) and k >= 1 and dis.opname[insts[k - 1].op] == "PRECALL":
             precall = insts[k - 1]
             first = k - 1
             if k >= 2 and dis.opname[insts[k - 2].op] == "KW_NAMES":
@@ -222,11 +218,26 @@ def _sites(code: types.CodeType, insts: list[_Inst], router_index: int) -> list[
             parts = [(_route(precall.arg + 1, router_index), inst.body)]
             parts += [(_copy(raw, w), w.body) for w in window]
             sites.append((window[0].start, sum(w.units for w in window), parts))
+        elif name in ("CALL", "CALL_KW") and PY >= (3, 12):
+            first = k
+            if k >= 1 and dis.opname[insts[k - 1].op] == ("KW_NAMES" if PY == (3, 12) else "LOAD_CONST") and \
+                    (name == "CALL_KW" or PY == (3, 12)):
+                first = k - 1  # (the keyword names come with the call: the route goes before them)
+            elif name == "CALL_KW":
+                continue
+            window = insts[first:k + 1]
+            if any(w.start in targets for w in window[1:]):
+                continue
+            # the callable: above its NULL on 3.12, below it (or the self it was loaded with) on 3.13+
+            depth = inst.arg + (1 if PY == (3, 12) else 2)
+            parts = [(_route(depth, router_index), inst.body)]
+            parts += [(_copy(raw, w), w.body) for w in window]
+            sites.append((window[0].start, sum(w.units for w in window), parts))
         elif name == "CALL_FUNCTION_EX" and k >= 1:
             prev = insts[k - 1]
             if prev.op not in _MOVABLE or inst.start in targets:
                 continue
-            depth = 3 if inst.arg & 1 else 2
+            depth = (3 if inst.arg & 1 else 2) + (0 if PY < (3, 13) else 1)
             parts = [(_copy(raw, prev), prev.body), (_route(depth, router_index), inst.body),
                      (_copy(raw, inst), inst.body)]
             sites.append((prev.start, prev.units + inst.units, parts))
@@ -308,7 +319,7 @@ def routed_code(code: types.CodeType, router: Router) -> types.CodeType:
         jump = None
         for size in (1, 2, 3):
             delta = tramp - (start + size)
-            if 1 + _ext_units(delta) == size:
+            if len(_emit(_OP["JUMP_FORWARD"], delta)) // 2 == size:
                 jump = _emit(_OP["JUMP_FORWARD"], delta)
                 break
         if jump is None or len(jump) // 2 > units:
@@ -320,9 +331,9 @@ def routed_code(code: types.CodeType, router: Router) -> types.CodeType:
             piece_origins += [origin] * (len(chunk) // 2)
         back_origin = parts[-1][1]
         end = start + units
-        for size in (1, 2, 3):
+        for size in (1, 2, 3, 4):  # (3.13+: JUMP_BACKWARD has a cache unit)
             delta = tramp + len(piece) // 2 + size - end
-            if 1 + _ext_units(delta) == size:
+            if len(_emit(_OP["JUMP_BACKWARD"], delta)) // 2 == size:
                 piece += _emit(_OP["JUMP_BACKWARD"], delta)
                 piece_origins += [back_origin] * size
                 break

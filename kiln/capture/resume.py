@@ -23,16 +23,18 @@ import re
 import types
 from typing import Any
 
+from .bytecode import PY, cache_entries, decode
 from .errors import GraphBreak
 
 _OP = dis.opmap
 _LOCAL_OPS = set(dis.haslocal)
 _FREE_OPS = set(dis.hasfree)
-_CACHES = dis._inline_cache_entries  # type: ignore[attr-defined]
 _BACKWARD = {_OP[n] for n in ("JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "POP_JUMP_BACKWARD_IF_TRUE",
                               "POP_JUMP_BACKWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_NONE",
-                              "POP_JUMP_BACKWARD_IF_NOT_NONE")}
+                              "POP_JUMP_BACKWARD_IF_NOT_NONE") if n in _OP}
 CO_VARARGS, CO_VARKEYWORDS, CO_GENERATOR = 0x04, 0x08, 0x20
+_PACKED = {"LOAD_FAST_LOAD_FAST", "STORE_FAST_LOAD_FAST", "STORE_FAST_STORE_FAST",
+           "LOAD_FAST_BORROW_LOAD_FAST_BORROW"}
 _NOT_RESUMABLE_FLAGS = 0x20 | 0x80 | 0x100 | 0x200  # generators, coroutines, async generators
 
 
@@ -52,17 +54,25 @@ def check_resumable(code: types.CodeType, offset: int) -> None:
         if entry.start <= offset < entry.end:
             raise NotResumable("the break is inside a try or with block")
     for inst in dis.get_instructions(code):
-        if inst.opcode in _BACKWARD and inst.argval <= offset <= inst.offset:
+        # (3.12+ handlers jump back to the code after their try or with block with
+        # JUMP_BACKWARD_NO_INTERRUPT: a handler covering the break was refused above, so no loop)
+        if inst.opcode in _BACKWARD and inst.argval <= offset <= inst.offset and \
+                not (PY >= (3, 12) and inst.opname == "JUMP_BACKWARD_NO_INTERRUPT"):
             raise NotResumable("the break is inside a loop")
 
 
 def live_locals(code: types.CodeType, offset: int) -> set[str]:
     """Locals possibly read at or after `offset` (sound when no backward jump crosses `offset`)."""
-    names = set()
-    for inst in dis.get_instructions(code):
-        if inst.offset >= offset and inst.opcode in _LOCAL_OPS and inst.opname != "STORE_FAST":
-            names.add(inst.argval)
-    return names
+    return {inst.argval for inst in decode(code)
+            if inst.offset >= offset and inst.opname in ("LOAD_FAST", "DELETE_FAST", "LOAD_FAST_AND_CLEAR")}
+
+
+def resume_arguments(code: types.CodeType, local_names: tuple[str, ...]) -> tuple[str | None, ...]:
+    """The local each leading parameter of a resume code of `code` receives, None for a local passed as
+    None and unbound by the prologue (3.12+ keeps every local's slot; see `_build_in_place`)."""
+    if PY < (3, 12):
+        return local_names
+    return tuple(n if n in local_names else None for n in code.co_varnames)
 
 
 _RESUME_CODES: dict[tuple, types.CodeType] = {}
@@ -77,8 +87,85 @@ def resume_code(code: types.CodeType, target: int, local_names: tuple[str, ...],
     key = (code, target, local_names, stack)
     found = _RESUME_CODES.get(key)
     if found is None:
-        found = _RESUME_CODES[key] = _build(code, target, local_names, stack)
+        build = _build if PY < (3, 12) else _build_in_place
+        found = _RESUME_CODES[key] = build(code, target, local_names, stack)
     return found
+
+
+def _build_in_place(code: types.CodeType, target: int, local_names: tuple[str, ...],
+                    stack: tuple[bool, ...]) -> types.CodeType:
+    """3.12+: every local keeps its slot and becomes a parameter (3.13's superinstructions pack two slots
+    of at most 15 into one argument, so locals cannot be renumbered); the stack values follow them. The
+    prologue unbinds the locals the frame had no value for."""
+    if code.co_cellvars:
+        raise NotResumable("the frame has cell variables")
+    old_names = code.co_varnames
+    n_old = len(old_names)
+    stack_names = _fresh_names(sum(stack), set(old_names))
+    n_stack = len(stack_names)
+    new_names = _identifiers(old_names + stack_names)
+    body = bytearray(code.co_code)
+    i = 0
+    ext = 0
+    while i < len(body):
+        op, arg = body[i], body[i + 1]
+        if op == _OP["EXTENDED_ARG"]:
+            ext = (ext | arg) << 8
+            i += 2
+            continue
+        full = ext | arg
+        ext = 0
+        name = dis.opname[op]
+        if name in _PACKED:  # two slots of 4 bits each
+            hi, lo = (v + n_stack if v >= n_old else v for v in (full >> 4, full & 15))
+            if hi > 15 or lo > 15:
+                raise NotResumable("the frame has too many local variables to renumber")
+            body[i + 1] = hi << 4 | lo
+        elif (op in _FREE_OPS or op in _LOCAL_OPS) and full >= n_old:
+            # free variables follow the locals (3.13's LOAD_FAST of one pushes its cell)
+            if full > 255 or full + n_stack > 255:
+                raise NotResumable("the frame has too many local variables to renumber")
+            body[i + 1] = full + n_stack
+        i += 2 + 2 * cache_entries(op)
+    prologue = bytearray()
+    if code.co_freevars:
+        prologue += bytes((_OP["COPY_FREE_VARS"], len(code.co_freevars)))
+    prologue += bytes((_OP["RESUME"], 0))
+    for slot, name in enumerate(old_names):
+        if name not in local_names:
+            if slot > 255:
+                raise NotResumable("the frame has too many local variables to unbind")
+            prologue += bytes((_OP["DELETE_FAST"], slot))
+    k = 0
+    for is_value in stack:
+        if is_value:
+            slot = n_old + k
+            if slot > 255:
+                raise NotResumable("too many values on the stack to pass")
+            prologue += bytes((_OP["LOAD_FAST"], slot))
+            k += 1
+        else:
+            prologue += bytes((_OP["PUSH_NULL"], 0))
+    return _finish(code, target, prologue, new_names, n_old + n_stack, body)
+
+
+def _finish(code: types.CodeType, target: int, prologue: bytearray, new_names: tuple[str, ...],
+            n_args: int, body: bytes | None = None) -> types.CodeType:
+    """The resume code: `prologue`, a jump to `target`, the original code (or `body`) behind it."""
+    units = len(prologue) // 2 + 2  # EXTENDED_ARG + JUMP_FORWARD
+    delta = target // 2  # relative to the instruction after the jump (the first original one)
+    if delta > 0xFFFF:
+        raise NotResumable("the frame's code is too long")
+    prologue += bytes((_OP["EXTENDED_ARG"], delta >> 8, _OP["JUMP_FORWARD"], delta & 0xFF))
+    flags = code.co_flags & ~(CO_VARARGS | CO_VARKEYWORDS)
+    return code.replace(
+        co_code=bytes(prologue) + bytes(code.co_code if body is None else body), co_varnames=new_names,
+        co_argcount=n_args, co_posonlyargcount=0, co_kwonlyargcount=0, co_flags=flags,
+        co_nlocals=len(new_names), co_stacksize=code.co_stacksize + 1,
+        co_name=f"__resume_{code.co_name}_at_{target}",
+        co_qualname=resume_qualname(code, target),
+        co_linetable=_prologue_location(units) + code.co_linetable,
+        co_exceptiontable=_shift_exception_table(code.co_exceptiontable, units))
 
 
 def _build(code: types.CodeType, target: int, local_names: tuple[str, ...],
@@ -116,7 +203,7 @@ def _build(code: types.CodeType, target: int, local_names: tuple[str, ...],
             if full > 255 or new > 255:
                 raise NotResumable("the frame has too many local variables to renumber")
             body[i + 1] = new
-        i += 2 + 2 * _CACHES[op]
+        i += 2 + 2 * cache_entries(op)
 
     prologue = bytearray()
     if code.co_freevars:
@@ -132,22 +219,7 @@ def _build(code: types.CodeType, target: int, local_names: tuple[str, ...],
             k += 1
         else:
             prologue += bytes((_OP["PUSH_NULL"], 0))
-    units = len(prologue) // 2 + 2  # EXTENDED_ARG + JUMP_FORWARD
-    delta = target // 2  # relative to the instruction after the jump (the first original one)
-    if delta > 0xFFFF:
-        raise NotResumable("the frame's code is too long")
-    prologue += bytes((_OP["EXTENDED_ARG"], delta >> 8, _OP["JUMP_FORWARD"], delta & 0xFF))
-
-    flags = code.co_flags & ~(CO_VARARGS | CO_VARKEYWORDS)
-    n_args = len(local_names) + len(stack_names)
-    return code.replace(
-        co_code=bytes(prologue + body), co_varnames=new_names, co_argcount=n_args, co_posonlyargcount=0,
-        co_kwonlyargcount=0, co_flags=flags, co_nlocals=len(new_names),
-        co_stacksize=code.co_stacksize + 1,
-        co_name=f"__resume_{code.co_name}_at_{target}",
-        co_qualname=resume_qualname(code, target),
-        co_linetable=_prologue_location(units) + code.co_linetable,
-        co_exceptiontable=_shift_exception_table(code.co_exceptiontable, units))
+    return _finish(code, target, prologue, new_names, len(local_names) + len(stack_names), body)
 
 
 def resume_qualname(code: types.CodeType, target: int) -> str:

@@ -26,7 +26,8 @@ from .entry import Reconstructor, _entry_source, _checks_source, _exec, _fix_set
     _guard_mutated_aliasing, compile_for_entry, graph_call, parameters, side_effect_writes
 from .errors import GraphBreak
 from .frame import _BINARY_BY_ARG, _COMPARE, NULL, Frame
-from .resume import NotResumable, check_resumable, live_locals, resume_code
+from .bytecode import PUSHES_NULL_FIRST
+from .resume import NotResumable, check_resumable, live_locals, resume_arguments, resume_code
 from .state import Capture
 
 _UNARY = {"UNARY_NOT": operator.not_, "UNARY_NEGATIVE": operator.neg, "UNARY_POSITIVE": operator.pos,
@@ -58,24 +59,34 @@ def native_instruction(frame: Frame, inst: dis.Instruction, stack: list[str | No
             raise NotResumable(f"{name} with a short stack")
         return stack[len(stack) - n:]
 
-    if name == "CALL":
+    if name in ("CALL", "CALL_KW"):
         argc = inst.arg
-        first, second, *rest = top(argc + 2)
+        names = 1 if name == "CALL_KW" else 0  # (3.13+: the keyword names on top)
+        first, second, *rest = top(argc + 2 + names)[:argc + 2]
         if first is None:
             callee, args = second, rest
+        elif second is None:
+            callee, args = first, rest
         else:
             callee, args = first, [second] + rest
-        kw = list(frame.kw_names)
+        kw = list(frame.stack[-1] if names else frame.kw_names)
         if None in args or callee is None:
             raise NotResumable("a call with a NULL argument")
         positional = args[:len(args) - len(kw)]
         keywords = [f"{k}={v}" for k, v in zip(kw, args[len(args) - len(kw):])]
         call_args = ", ".join([callee] + positional + keywords)
-        return argc + 2, [f"__r = __call({call_args})"], [(None, Continuation(nxt, ["__r"]))]
+        return argc + 2 + names, [f"__r = __call({call_args})"], [(None, Continuation(nxt, ["__r"]))]
     if name == "CALL_FUNCTION_EX":
         n = 3 if inst.arg & 1 else 2
-        items = top(n)
-        consumed = n + (1 if len(stack) > n and stack[-n - 1] is None else 0)
+        if PUSHES_NULL_FIRST:
+            items = top(n)
+            consumed = n + (1 if len(stack) > n and stack[-n - 1] is None else 0)
+        else:  # the callable, its NULL, the arguments
+            items = top(n + 1)
+            if items[1] is not None:
+                raise NotResumable("CALL_FUNCTION_EX without its NULL")
+            items = [items[0]] + items[2:]
+            consumed = n + 1
         kwargs = f", **{items[2]}" if n == 3 else ""
         lines = [f"__r = __call({items[0]}, *{items[1]}{kwargs})"]
         return consumed, lines, [(None, Continuation(nxt, ["__r"]))]
@@ -119,7 +130,19 @@ def native_instruction(frame: Frame, inst: dis.Instruction, stack: list[str | No
         return 1, [f"__r = getattr({obj}, {inst.argval!r})"], [(None, Continuation(nxt, ["__r"]))]
     if name == "LOAD_METHOD":
         (obj,) = top(1)
-        return 1, [f"__r = getattr({obj}, {inst.argval!r})"], [(None, Continuation(nxt, [None, "__r"]))]
+        pushed = [None, "__r"] if PUSHES_NULL_FIRST else ["__r", None]
+        return 1, [f"__r = getattr({obj}, {inst.argval!r})"], [(None, Continuation(nxt, pushed))]
+    if name in ("FORMAT_SIMPLE", "FORMAT_WITH_SPEC"):
+        items = top(2 if name == "FORMAT_WITH_SPEC" else 1)
+        spec = items[1] if len(items) == 2 else "''"
+        return len(items), [f"__r = format({items[0]}, {spec})"], [(None, Continuation(nxt, ["__r"]))]
+    if name == "CONVERT_VALUE":
+        (a,) = top(1)
+        conv = _CONVERSIONS[inst.arg]
+        return 1, [f"__r = {hold(conv, conv.__name__)}({a})"], [(None, Continuation(nxt, ["__r"]))]
+    if name == "BINARY_SLICE":
+        a, lo, hi = top(3)
+        return 3, [f"__r = {a}[{lo}:{hi}]"], [(None, Continuation(nxt, ["__r"]))]
     if name == "FORMAT_VALUE":
         has_spec = bool(inst.arg & 0x04)
         items = top(2 if has_spec else 1)
@@ -156,7 +179,7 @@ def make_break_entry(cap: Capture, fn: Any, code: types.CodeType, frame: Frame, 
     instruction): graph, restore, native instruction, resume functions. Raises GraphBreak (NotResumable
     among them) when the frame cannot be continued this way; the caller then runs it natively."""
     inst = frame.insts[frame.pc]
-    if not brk.resumable and not (brk.in_callee and inst.opname in ("CALL", "CALL_FUNCTION_EX")):
+    if not brk.resumable and not (brk.in_callee and inst.opname in ("CALL", "CALL_KW", "CALL_FUNCTION_EX")):
         raise NotResumable("the break raises an exception")
     check_resumable(code, inst.offset)
     if grad_changed:
@@ -206,7 +229,8 @@ def make_break_entry(cap: Capture, fn: Any, code: types.CodeType, frame: Frame, 
             rcode = resume_code(code, cont.offset, local_names[cont.offset], layout)
             resumed = resume_factory(rcode)
             resumes.append(resumed)
-            call_args = [local_temps[n] for n in local_names[cont.offset]]
+            call_args = ["None" if n is None else local_temps[n]
+                         for n in resume_arguments(code, local_names[cont.offset])]
             call_args += [v for v in values if v is not None]
             call = f"return {ns.hold(resumed, 'resume')}({', '.join(call_args)})"
         if cond is None:

@@ -12,6 +12,7 @@ from ..graph import Proxy
 from ..graph.symbolic import SymInt, has_symbols, hint_of
 from ..ops.aten import OVERLOADS
 from .errors import GraphBreak, RaisedError
+from .bytecode import PUSHES_NULL_FIRST
 from .frame import NATIVE_OPERAND_TYPES, NULL, symbolic_break
 from .iterators import DequeIter, DictIter, GeneratorValue, ListIter, LiveListIter, NativeIter, OutsideIterator, SymIter, UserIter, drain, \
     is_outside_iterator, stop_iteration, _STOP
@@ -75,8 +76,28 @@ class ValueOps:
 
     def op_LOAD_METHOD(self, inst: dis.Instruction) -> None:
         obj = self.pop()
-        self.push(NULL)
-        self.push(self.load_attr(obj, inst.argval))
+        self.push_callable(self.load_attr(obj, inst.argval))
+
+    def push_callable(self, fn: Any) -> None:
+        """A callable and its NULL, in the running version's order (CALL accepts either)."""
+        if PUSHES_NULL_FIRST:
+            self.push(NULL)
+            self.push(fn)
+        else:
+            self.push(fn)
+            self.push(NULL)
+
+    def op_LOAD_SUPER_ATTR(self, inst: dis.Instruction) -> None:
+        """3.12+: `super().name` / `super(C, self).name` as one instruction over (super, class, self)."""
+        obj = self.pop()
+        cls = self.pop()
+        sup = self.pop()
+        bound = self.call(sup, [cls, obj], {})
+        value = self.load_attr(bound, inst.argval)
+        if inst.arg & 1:
+            self.push_callable(value)
+        else:
+            self.push(value)
 
     def op_STORE_ATTR(self, inst: dis.Instruction) -> None:
         obj = self.pop()

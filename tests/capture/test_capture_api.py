@@ -378,7 +378,7 @@ def test_no_grad_inside_graph():
 def test_other_python_runs_eagerly(monkeypatch):
     import kiln.api as api
     from kiln.capture import cache
-    monkeypatch.setattr(api, "_SUPPORTED_PYTHON", (3, 99))
+    monkeypatch.setattr(api, "_SUPPORTED_PYTHONS", ((3, 99),))
     monkeypatch.setattr(cache, "_WARNED", set())
 
     def f(x):
@@ -434,7 +434,7 @@ def test_another_python_gets_a_clear_error_not_a_crash(monkeypatch):
     # on Python 3.12 importing the capture raised KeyError('POP_JUMP_BACKWARD_IF_TRUE') (a GPU machine's
     # Python); the API says what it needs and what runs instead
     import kiln
-    monkeypatch.setattr(kiln, "CAPTURE_PYTHON", (3, 99))
+    monkeypatch.setattr(kiln, "CAPTURE_PYTHONS", ((3, 99),))
     with pytest.raises(RuntimeError, match=r"captures CPython 3\.99 bytecode.*kiln\.ops\.trace"):
         kiln.compile
 

@@ -1,0 +1,74 @@
+"""The one place that knows which CPython runs: code objects decoded into the instruction forms the symbolic
+interpreter implements, and the version's facts that bytecode writers need.
+
+Where versions differ only in spelling, `decode` normalizes once, so each instruction's meaning lives in
+one handler (frame.py and its mixins):
+
+- 3.12+ `LOAD_ATTR` with its method bit becomes 3.11's `LOAD_METHOD` (the handler pushes in the running
+  version's order, `PUSHES_NULL_FIRST`).
+- 3.13's superinstructions `LOAD_FAST_LOAD_FAST`, `STORE_FAST_LOAD_FAST` and `STORE_FAST_STORE_FAST` become
+  two instructions at the same offset (jumps land on the first; no break can fall between them).
+- `LOAD_FAST_CHECK` (3.12+) and `LOAD_FAST_BORROW` (3.14) become `LOAD_FAST`; 3.12+ `POP_JUMP_IF_*` are
+  3.11's forward forms (dis already gives the absolute target); `COMPARE_OP`'s argval loses 3.13's
+  `bool(...)` (the consumer tests truth either way).
+
+What differs in meaning is a handler reading `PY` (the stack order of a callable and its NULL, END_FOR's
+pops, MAKE_FUNCTION's flags, the forms of SEND and the with-block's exit).
+"""
+from __future__ import annotations
+
+import dis
+import sys
+import types
+
+PY = sys.version_info[:2]
+SUPPORTED = ((3, 11), (3, 12), (3, 13), (3, 14))
+# 3.11 and 3.12 push the NULL below a callable (`PUSH_NULL; LOAD_FAST f`); 3.13+ above it (`f; NULL`)
+PUSHES_NULL_FIRST = PY < (3, 13)
+
+_CACHES = dis._inline_cache_entries  # type: ignore[attr-defined]
+
+
+def cache_entries(op: int) -> int:
+    """Inline cache units following opcode `op` (a list indexed by opcode up to 3.12, a dict by name
+    from 3.13)."""
+    if isinstance(_CACHES, dict):
+        return _CACHES.get(dis.opname[op], 0)
+    return _CACHES[op]
+
+
+_SAME = {"LOAD_FAST_CHECK": "LOAD_FAST", "LOAD_FAST_BORROW": "LOAD_FAST",
+         "POP_JUMP_IF_TRUE": "POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_IF_FALSE": "POP_JUMP_FORWARD_IF_FALSE",
+         "POP_JUMP_IF_NONE": "POP_JUMP_FORWARD_IF_NONE",
+         "POP_JUMP_IF_NOT_NONE": "POP_JUMP_FORWARD_IF_NOT_NONE"}
+_PAIRS = {"LOAD_FAST_LOAD_FAST": ("LOAD_FAST", "LOAD_FAST"),
+          "LOAD_FAST_BORROW_LOAD_FAST_BORROW": ("LOAD_FAST", "LOAD_FAST"),
+          "STORE_FAST_LOAD_FAST": ("STORE_FAST", "LOAD_FAST"),
+          "STORE_FAST_STORE_FAST": ("STORE_FAST", "STORE_FAST")}
+
+
+def decode(code: types.CodeType) -> list[dis.Instruction]:
+    """The instructions of `code` in interpreter form (EXTENDED_ARG kept: frames fold it)."""
+    out = []
+    for inst in dis.get_instructions(code):
+        name = inst.opname
+        if name in _PAIRS:
+            first, second = _PAIRS[name]
+            a, b = inst.argval
+            out.append(inst._replace(opname=first, argval=a, arg=inst.arg >> 4, argrepr=a))
+            out.append(inst._replace(opname=second, argval=b, arg=inst.arg & 15, argrepr=b))
+            continue
+        if name in _SAME:
+            inst = inst._replace(opname=_SAME[name])
+        elif name == "LOAD_ATTR" and PY >= (3, 12) and inst.arg & 1:
+            inst = inst._replace(opname="LOAD_METHOD")
+        elif name == "COMPARE_OP" and isinstance(inst.argval, str) and inst.argval.startswith("bool("):
+            inst = inst._replace(argval=inst.argval[5:-1])
+        out.append(inst)
+    return out
+
+
+def exception_table(code: types.CodeType) -> list[tuple[int, int, int, int, bool]]:
+    """(start, end, target, depth, lasti) in bytes."""
+    return [(e.start, e.end, e.target, e.depth, e.lasti)
+            for e in dis._parse_exception_table(code)]  # type: ignore[attr-defined]
