@@ -1,5 +1,7 @@
 """The `kiln` command.
 
+Both `bench` and `explain` run the quick suite unless told otherwise (--suite, --models).
+
     kiln bench [--suite quick|full|hf] [--models NAMES] [--backends eager,torch.compile,kiln]
                [--mode inference|training] [--batch N] [--out DIR] [--kiln-backend NAME] [--memory]
                [--memory-only] [--profile] [--profile-only]
@@ -45,6 +47,12 @@ def human_bytes(count: int) -> str:
     return f"{value:.1f} GiB"
 
 
+DEFAULT_SUITE = "quick"  # of both `kiln bench` and `kiln explain`
+SUITES = ("quick", "full", "hf")
+SUITE_HELP = ("quick: a few tiny models (minutes); full: the hand-written zoo and five Hugging Face models; "
+              "hf: the 21 Hugging Face models (default: quick)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kiln", description="kiln: a compiler for unmodified PyTorch "
                                                               "programs")
@@ -54,9 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="benchmark the model zoo: eager, torch.compile and kiln side by side",
         description="Per model and compiler: accuracy (fp64 reference), speedup over eager, compile time "
                     "cold and warm, peak memory. Writes a table, results.json, results.md and plots.")
-    bench.add_argument("--suite", choices=("quick", "full", "hf"), default="quick",
-                       help="quick: a few tiny models (minutes); full: the hand-written zoo and five Hugging "
-                            "Face models; hf: the 21 Hugging Face models (default: quick)")
+    bench.add_argument("--suite", choices=SUITES, default=DEFAULT_SUITE, help=SUITE_HELP)
     bench.add_argument("--models", type=_names, default=None,
                        help="comma-separated zoo names (overrides --suite); --list shows them")
     bench.add_argument("--backends", type=_names, default=["eager", "torch.compile", "kiln"],
@@ -105,8 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "they happen and a hint. A model that fails is an error row; the census goes on.")
     explain.add_argument("--models", type=_names, default=None,
                          help="comma-separated zoo names, or 'all' for the whole zoo (default: --suite)")
-    explain.add_argument("--suite", choices=("quick", "full", "hf"), default="hf",
-                         help="the zoo suite to explain when --models is not given (default: hf)")
+    explain.add_argument("--suite", choices=SUITES, default=DEFAULT_SUITE,
+                         help="the zoo suite to explain when --models is not given; " + SUITE_HELP)
     explain.add_argument("--json", default=None, metavar="PATH", help="also write the rows as JSON to PATH")
     explain.add_argument("--against", default=None, metavar="PATH",
                          help="compare graphs, breaks, frames run natively, ops and fallbacks per model with a "

@@ -6,7 +6,9 @@ Every tunable lives here as a typed `Flag`. Each flag can be overridden from the
 `with config.patch(name=value): ...`.
 
 Log channels: `log = channel("fusion")` gives a `logging.Logger` named `kiln.fusion` that prints to
-stderr when `KILN_LOGS=fusion` (comma separated; `all` switches every channel on).
+stderr when `KILN_LOGS=fusion` (comma separated; `all` switches every channel on), as torch's TORCH_LOGS:
+a channel's `log.info` prints with `fusion`, its `log.debug` too with `+fusion`, its warnings always
+unless `-fusion`. `KILN_LOGS=help` lists the channels (`CHANNELS`, `VERBOSE`).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import dataclasses
 import logging
 import os
 import sys
+import textwrap
 from typing import Any, Callable, Iterator
 
 
@@ -161,34 +164,63 @@ define("pool_max_bytes", 256 << 20, "cpp backend: the most bytes of freed buffer
 
 
 # ---- log channels ----------------------------------------------------------------------------------------
+# what each channel prints when named in KILN_LOGS (logging's INFO level)
 CHANNELS = {
     "capture": "each capture of a frame: its time and guard count",
     "guards": "the guards of each capture",
     "recompiles": "each recapture and the guard that failed",
     "breaks": "each graph break: where and why",
     "graph": "each captured graph, as runnable Python",
-    "prims": "decompositions that failed or disagreed with eager (the op then runs with torch)",
-    "passes": "each compiler pass with its time, and each optimization decision (KILN_FUEL)",
-    "fusion": "fusion decisions",
-    "kernels": "generated kernels",
-    "cache": "kernel, graph and entry cache hits, misses, writes and evictions",
-    "bench": "the benchmark runner's steps",
-    "dynamic": "symbolic sizes: facts guarded, sizes specialized",
+    "prims": "each graph decomposed into prims, as runnable Python; decompositions that fail or disagree "
+             "with eager warn here whatever KILN_LOGS says (the op then runs with torch)",
+    "passes": "each graph's compiler passes with their times in one line (with KILN_FUEL, the decision "
+              "where the fuel ran out), or that its compile came from the graph cache and the passes were "
+              "skipped",
+    "fusion": "each graph's kernels and what each one fuses, or that its compile came from the graph cache "
+              "and fusion was skipped",
+    "kernels": "each graph compiled (seconds, kernels, externs and fallbacks) and each shared object built",
+    "output_code": "where each graph's generated code is: its kernels' shared object or Triton modules, "
+                   "and its KILN_DEBUG_DIR folder",
+    "cache": "kernel and graph cache hits, misses, writes, refused entries and evictions",
+    "bench": "the benchmark runner's steps: each model and compiler's runs as they start and end, and "
+             "each row's status",
+    "dynamic": "symbolic sizes: a size a recompile makes dynamic, each graph's symbols and the facts "
+               "guarded, sizes specialized, and whether a graph compiles once for every size",
+}
+# what `+name` adds (logging's DEBUG level); a channel without an entry prints the same with `+`
+VERBOSE = {
+    "graph": "the user's source line above the nodes it made, and nodes dead-code elimination removed",
+    "passes": "each pass as it ends, and each optimization decision (KILN_FUEL)",
+    "fusion": "each decision: a node fused into a kernel or starting one, dims collapsed, buffers "
+              "reused or written in place, kernels reordered",
+    "kernels": "split builds that fell back to one unit, and autotuning's configs",
+    "output_code": "the generated C++ or Triton source and the Python wrapper",
+    "cache": "the capture's entry-function cache (kiln.graph.memo): hits, misses and writes",
+    "dynamic": "each size fact as the capture decides it, and where a size is specialized",
 }
 _handler: logging.Handler | None = None
 
 
 def channels_help() -> str:
-    """What KILN_LOGS=help prints: every channel and what it prints."""
-    width = max(len(name) for name in CHANNELS)
-    lines = [f"  {name:{width}s}  {doc}" for name, doc in CHANNELS.items()]
-    return ("KILN_LOGS takes comma-separated channels ('all' for every one):\n" + "\n".join(lines))
+    """What KILN_LOGS=help prints: every channel, what it prints and what `+name` adds."""
+    width = max(len(name) for name in CHANNELS) + 1
+    lines = []
+    for name, doc in CHANNELS.items():
+        entries = [(name, doc)] + ([("+" + name, "also " + VERBOSE[name])] if name in VERBOSE else [])
+        for label, text in entries:
+            lines.append(textwrap.fill(text, 110, initial_indent=f"  {label:{width}s}  ",
+                                       subsequent_indent=" " * (width + 4)))
+    return ("KILN_LOGS takes comma-separated channels ('all' for every one). 'name' prints what the channel "
+            "names;\n'+name' also its details; '-name' silences its warnings too (only errors print); "
+            "'+all'/'-all' set\nevery channel, and a channel named on its own overrides 'all':\n"
+            + "\n".join(lines))
 
 
 def _channel_names(text: str) -> list[str]:
     """The names in a KILN_LOGS value, checked: an unknown name raises, listing the channels."""
     names = [c.strip() for c in str(text).split(",") if c.strip()]
-    unknown = [n for n in names if n not in CHANNELS and n not in ("all", "help")]
+    unknown = [n for n in names if n.lstrip("+-") not in CHANNELS and n.lstrip("+-") != "all"
+               and n != "help"]
     if unknown:
         raise ValueError(f"unknown log channel(s) {', '.join(map(repr, unknown))} in KILN_LOGS\n"
                          f"{channels_help()}")
@@ -202,37 +234,61 @@ def _parse_logs(text: str) -> str:
     return ",".join(n for n in names if n != "help")
 
 
-define("logs", "", "comma-separated log channels to print ('all' for every one, 'help' lists them)",
-       type=_parse_logs)
+define("logs", "", "comma-separated log channels to print: name, +name (more detail), -name (not even "
+       "warnings); 'all' for every one, 'help' lists them", type=_parse_logs)
+
+_LEVEL_OF_PREFIX = {"+": logging.DEBUG, "-": logging.ERROR}
 
 
-def _enabled_channels() -> set[str]:
+def channel_levels() -> dict[str, int]:
+    """The logging level of every channel under the current KILN_LOGS: WARNING when not named, INFO for
+    `name`, DEBUG for `+name`, ERROR for `-name`; `all` (with its prefix) first, single names over it."""
+    levels = dict.fromkeys(CHANNELS, logging.WARNING)
     names = _channel_names(get("logs"))
-    return {*CHANNELS} if "all" in names else {*names}  # (`set` is shadowed by config.set)
+    for every in (True, False):
+        for text in names:
+            name = text.lstrip("+-")
+            if (name == "all") != every:
+                continue
+            level = _LEVEL_OF_PREFIX.get(text[0], logging.INFO)
+            for target in (CHANNELS if every else (name,)):
+                levels[target] = level
+    return levels
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is at the time (pytest's capture, a redirect), not the stream
+    there was when the first channel was made."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self) -> Any:  # type: ignore[override]
+        return sys.stderr
 
 
 def channel(name: str) -> logging.Logger:
-    """The logger of one channel; it prints when the channel is named in KILN_LOGS."""
+    """The logger of one channel; it prints when the channel is named in KILN_LOGS (see channel_levels)."""
     global _handler
     if name not in CHANNELS:
         raise ValueError(f"unknown log channel {name!r}; channels: {', '.join(CHANNELS)}")
     logger = logging.getLogger("kiln." + name)
     if _handler is None:
-        _handler = logging.StreamHandler(sys.stderr)
+        _handler = _StderrHandler()
         _handler.setFormatter(logging.Formatter("[kiln.%(name_short)s] %(message)s"))
         _handler.addFilter(_short_name)
     if _handler not in logger.handlers:
         logger.addHandler(_handler)
         logger.propagate = False
-    logger.setLevel(logging.DEBUG if name in _enabled_channels() else logging.WARNING)
+    logger.setLevel(channel_levels()[name])
     return logger
 
 
 def refresh_channels() -> None:
     """Re-read `logs` after it was changed at run time (e.g. by config.patch)."""
-    enabled = _enabled_channels()
-    for name in CHANNELS:
-        logging.getLogger("kiln." + name).setLevel(logging.DEBUG if name in enabled else logging.WARNING)
+    for name, level in channel_levels().items():
+        logging.getLogger("kiln." + name).setLevel(level)
 
 
 def _short_name(record: logging.LogRecord) -> bool:

@@ -358,7 +358,7 @@ def compile_or_run_with_torch(name: str, graph: Graph, example_inputs: list, con
             warnings.warn(f"kiln {name} backend could not compile graph {graph.name}, running it with torch: "
                           f"{type(e).__name__}: {e}", stacklevel=3)
         else:
-            log.debug("graph %s runs with torch: %s", graph.name, e)
+            log.info("graph %s runs with torch: %s", graph.name, e)
 
         def run_eager(*inputs: Any) -> Any:
             return run(graph, inputs, torch_level=True)

@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 
 log = config.channel("kernels")
 fusion_log = config.channel("fusion")
+passes_log = config.channel("passes")
+code_log = config.channel("output_code")
+cache_log = config.channel("cache")
 
 
 def __getattr__(name: str) -> Any:
@@ -65,6 +68,7 @@ class CompiledGraph:
         self.call = call
         self.records = records or []  # each pass: name, ms (and its IR dump with a debug dir)
         self.timings = timings  # a profiling compile's per-step and per-kernel times (else None)
+        self.library_key: str | None = None  # the kernel cache entry of its shared object (None: no kernels)
 
     @property
     def from_cache(self) -> bool:
@@ -132,13 +136,18 @@ def compile_graph(graph: Graph, example_inputs: list, context: CompileContext | 
             key = graph_cache.graph_key(graph, example_inputs, context, target)
         except graph_cache.Uncacheable as e:
             counters["cache"][f"graphs not cached: {e}"] += 1
+            cache_log.info("graph %s is not cached: %s", graph.name, e)
         else:
             hit = _from_graph_cache(key, graph, example_inputs, context, target)
             if hit is not None:
-                log.debug("compiled %s from the graph cache in %.3f s", graph.name, time.perf_counter() - start)
+                seconds = time.perf_counter() - start
+                passes_log.info("cpp %s: loaded from the graph cache (%s): passes skipped", graph.name, key)
+                fusion_log.info("cpp %s: loaded from the graph cache (%s): fusion skipped, its kernels are "
+                                "those of the compile that wrote the entry", graph.name, key)
+                log.info("compiled %s from the graph cache in %.3f s", graph.name, seconds)
+                log_code("cpp", graph.name, _library_path(hit.library_key), None, None, hit.wrapper_source)
                 return hit
     from ..lower.sizes import size_hints
-    from ..schedule.fusion import FusedGroup
     if passes is None:
         from .cpp_passes import PASSES as passes
     debug_dir = context.flag("debug_dir")
@@ -152,20 +161,59 @@ def compile_graph(graph: Graph, example_inputs: list, context: CompileContext | 
         refused = graph_cache.store(key, entry)
         if refused is not None:
             counters["cache"][f"graphs not cached: {refused}"] += 1
-    if fusion_log.isEnabledFor(logging.DEBUG):
-        fusion_log.debug("%s: %d kernels, %d externs/fallbacks\n%s", graph.name,
-                         sum(isinstance(s, FusedGroup) for s in state.schedule),
-                         sum(not isinstance(s, FusedGroup) for s in state.schedule),
-                         "\n".join(s.describe() for s in state.schedule))
-    log.debug("compiled %s in %.3f s", graph.name, time.perf_counter() - start)
+            cache_log.info("graph %s is not cached: %s", graph.name, refused)
+    log_schedule("cpp", graph.name, state.schedule, time.perf_counter() - start)
+    dumped = None
     if debug_dir:
         files = {f"{i:02d}_{r.name}.py": r.dump for i, r in enumerate(state.records) if r.dump is not None}
         files["kernels.cpp"] = state.cpp_source
-        _dump(debug_dir, graph, files)
+        dumped = _dump(debug_dir, graph, files)
     counters["cpp"]["graphs compiled"] += 1
     compiled = CompiledGraph(graph, state.loop, state.schedule, state.plan, state.cpp_source,
                              state.wrapper_source, state.call, state.records, getattr(state, "timings", None))
+    compiled.library_key = state.library_key
+    log_code("cpp", graph.name, _library_path(state.library_key), dumped, state.cpp_source,
+             state.wrapper_source)
     return _trimming_first_call(compiled)
+
+
+def log_schedule(backend: str, name: str, schedule: list, seconds: float) -> None:
+    """The `fusion` log's kernels of a compiled graph and the `kernels` log's line for it."""
+    from ..schedule.fusion import FusedGroup
+    kernels = sum(isinstance(s, FusedGroup) for s in schedule)
+    if fusion_log.isEnabledFor(logging.INFO):
+        fusion_log.info("%s %s: %d kernels, %d externs/fallbacks\n%s", backend, name, kernels,
+                        len(schedule) - kernels, "\n".join(s.describe() for s in schedule))
+    log.info("compiled %s for %s in %.3f s: %d kernels, %d externs/fallbacks", name, backend, seconds,
+             kernels, len(schedule) - kernels)
+
+
+def _library_path(key: str | None) -> str | None:
+    from ..runtime import cache
+    return cache.entry_path(cache.directory(), key) if key is not None else None
+
+
+def log_code(backend: str, name: str, where: str | list[str] | None, dumped: str | None, source: str | None,
+             wrapper: str) -> None:
+    """The `output_code` log: where the graph's generated code is (and, with +output_code, the code; a
+    graph-cache hit has only its wrapper, the kernels' source is not generated again)."""
+    if not code_log.isEnabledFor(logging.INFO):
+        return
+    paths = [where] if isinstance(where, str) else list(where or [])
+    kernels = f"kernels in {', '.join(paths)}" if paths else "no kernels (externs and fallbacks only)"
+    if backend != "cpp":  # (Triton's kernels are Python modules: their source is the files named)
+        kept = f"; IR dumps in {dumped}" if dumped is not None else ""
+    elif dumped is not None:
+        kept = f"; C++ source and IR dumps in {dumped}"
+    else:
+        kept = "; the C++ source is not kept on disk (KILN_DEBUG_DIR keeps it, +output_code prints it)"
+    code_log.info("%s %s: %s%s", backend, name, kernels, kept)
+    if code_log.isEnabledFor(logging.DEBUG):
+        language = "C++" if backend == "cpp" else "Triton"
+        if source is None:
+            source = "(loaded from the graph cache: the kernels' source is not generated again)"
+        code_log.debug("%s %s: the generated %s source:\n%s\n%s %s: the Python wrapper:\n%s", backend, name,
+                       language, source or "(none: no kernels)", backend, name, wrapper)
 
 
 def _from_graph_cache(key: str, graph: Graph, example_inputs: list, context: CompileContext,
@@ -178,6 +226,7 @@ def _from_graph_cache(key: str, graph: Graph, example_inputs: list, context: Com
     lib = load_built(entry.library_key) if entry.library_key is not None else None
     if entry.library_key is not None and lib is None:
         counters["cache"]["graph misses: its kernels were evicted"] += 1
+        cache_log.info("graph cache entry %s: its kernels were evicted; compiling afresh", key)
         return None
     env = helper_globals()
     env.update(entry.constants)
@@ -210,8 +259,10 @@ def _from_graph_cache(key: str, graph: Graph, example_inputs: list, context: Com
         finally:
             counters.clear()
             counters.update(counted)
-    return _trimming_first_call(CompiledGraph(graph, None, None, None, None, entry.wrapper_source,
-                                              env["kiln_call"], recompute=recompute))
+    compiled = CompiledGraph(graph, None, None, None, None, entry.wrapper_source, env["kiln_call"],
+                             recompute=recompute)
+    compiled.library_key = entry.library_key
+    return _trimming_first_call(compiled)
 
 
 def _trimming_first_call(compiled: CompiledGraph) -> CompiledGraph:
@@ -259,9 +310,9 @@ def _return_freed_memory() -> None:
         trim(0)
 
 
-def _dump(directory: str, graph: Graph, files: dict[str, str]) -> None:
+def _dump(directory: str, graph: Graph, files: dict[str, str]) -> str:
     from ..runtime.debug_dump import dump_graph
-    dump_graph(directory, graph.name, graph.origin, files)
+    return dump_graph(directory, graph.name, graph.origin, files)
 
 
 @register_backend("cpp")

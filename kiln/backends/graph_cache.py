@@ -280,17 +280,20 @@ def load(key: str) -> Entry | None:
     """The entry of `key`, or None (no entry, or one refused: counted, and compiled afresh)."""
     data = cache.read_entry(key, SUFFIX, refused="graph entries refused")
     if data is None:
+        log.info("graph cache miss %s", key)
         return None
     try:
         entry = pickle.loads(data)
     except Exception as e:  # an entry of an older layout, a constant whose module is gone
         counters["cache"]["graph entries refused"] += 1
-        log.debug("graph entry %s does not load: %s", key, e)
+        log.info("graph entry %s does not load: %s", key, e)
         return None
     if not isinstance(entry, Entry):
         counters["cache"]["graph entries refused"] += 1
         return None
-    cache.touch(cache.entry_path(cache.directory(), key, SUFFIX))
+    path = cache.entry_path(cache.directory(), key, SUFFIX)
+    cache.touch(path)
+    log.info("graph cache hit %s", path)
     return entry
 
 
@@ -354,4 +357,5 @@ def store(key: str, entry: Entry) -> str | None:
         cache.write_entry(cache.directory(), key, data, SUFFIX)
     except OSError as e:
         return f"writing it failed: {e.strerror or e}"
+    log.info("graph cache wrote %s", cache.entry_path(cache.directory(), key, SUFFIX))
     return None

@@ -27,7 +27,7 @@ from ..graph import Graph, flatten, run, to_prims, verify
 from ..graph.pipeline import CompileContext, CompileState, Pass, run_pipeline
 from ..schedule.memory import Segment
 from . import register_backend
-from .cpp import PASSES as CPP_PASSES, CompiledGraph, _dump
+from .cpp import PASSES as CPP_PASSES, CompiledGraph, _dump, log_code, log_schedule
 
 log = config.channel("kernels")
 
@@ -71,6 +71,7 @@ def _build(state: CompileState, ctx: CompileContext) -> None:
     from ..runtime import tritonlib
     graph = state.graph
     entries = {}
+    state.module_paths = []
     for step in state.plan.steps:
         if isinstance(step.node, Segment):
             seg = state.segments[step.node.name]
@@ -81,6 +82,7 @@ def _build(state: CompileState, ctx: CompileContext) -> None:
                 if source is not None:
                     module = tritonlib.load_module(source)
             entries[step.node.name] = getattr(module, seg.name)
+            state.module_paths.append(module.__file__)
 
     def fallback(*inputs: Any) -> Any:
         counters["triton"]["input layout changed: ran the graph with torch"] += 1
@@ -108,11 +110,13 @@ def compile_graph(graph: Graph, example_inputs: list, context: CompileContext | 
     debug_dir = context.flag("debug_dir")
     state = run_pipeline(f"triton {graph.name}", passes or PASSES,
                          CompileState(graph, example_inputs, TRITON_TARGET), context, dump=bool(debug_dir))
-    log.debug("compiled %s for triton in %.3f s", graph.name, time.perf_counter() - start)
+    log_schedule("triton", graph.name, state.schedule, time.perf_counter() - start)
+    dumped = None
     if debug_dir:
         files = {f"{i:02d}_{r.name}.py": r.dump for i, r in enumerate(state.records) if r.dump is not None}
         files["kernels_triton.py"] = state.cpp_source
-        _dump(debug_dir, graph, files)
+        dumped = _dump(debug_dir, graph, files)
+    log_code("triton", graph.name, state.module_paths, dumped, state.cpp_source, state.wrapper_source)
     counters["triton"]["graphs compiled"] += 1
     compiled = CompiledGraph(graph, state.loop, state.schedule, state.plan, state.cpp_source,
                              state.wrapper_source, state.call, state.records)

@@ -190,7 +190,7 @@ def select(models: list[str] | None, suite: str | None = None) -> list[str]:
         return list(models)
     if models == ["all"]:
         return zoo.names()
-    return zoo.names(suite or "hf")
+    return zoo.names(suite or "quick")  # (kiln explain's default suite, as kiln bench's)
 
 
 def _isolated(name: str, batch: int | None, timeout_s: float, threads: int | None) -> dict[str, Any]:

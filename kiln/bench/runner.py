@@ -66,8 +66,12 @@ class Progress:
         self.total, self.done, self.stream, self.enabled = total, 0, stream or sys.stderr, enabled
         self.start = time.monotonic()
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.logged = ""
 
     def show(self, label: str) -> None:
+        if label and label != self.logged:  # (the `bench` log channel: each step once, bar or no bar)
+            self.logged = label
+            log.info("%s", label)
         if not self.enabled:
             return
         elapsed = int(time.monotonic() - self.start)
@@ -270,7 +274,8 @@ def run(options: Options, launch: Callable[[dict[str, Any], float], dict[str, An
                 row = bench_one(model, compiler, options, progress, launch)
                 results["rows"].append(row)
                 report.write(results, options.out)
-                log.info("%s / %s: %s", model, compiler, row["status"])
+                log.info("row %s / %s: %s%s", model, compiler, row["status"],
+                         f" ({row['error']})" if row.get("error") else "")
         if profiling:
             results["profiles"] = []
             for model in models:

@@ -45,6 +45,7 @@ log_guards = config.channel("guards")
 log_recompiles = config.channel("recompiles")
 log_breaks = config.channel("breaks")
 log_graph = config.channel("graph")
+log_dynamic = config.channel("dynamic")
 
 
 class CacheEntry:
@@ -208,6 +209,7 @@ class CompiledFunction:
             grown = self._automatic_dynamic(cache, args, kwargs)
             if grown:
                 reason = f"{reason}; size change {grown}: now dynamic"
+                log_dynamic.info("%s: %s: now dynamic (recapturing with symbolic sizes)", self.name, grown)
             counters["recompiles"][f"{self.name}: {reason}"] += 1
             log_recompiles.info("recompiling %s: guard failed: %s", self.name, reason)
         try:
@@ -335,8 +337,11 @@ class CompiledFunction:
         entry.reader = source_reader(cap, fn, code) if entry.tensor_inputs or entry.int_inputs else None
         entry.symbols = cap.shape_env.describe() if cap.shape_env.hints else []
         if graph is not None and log_graph.isEnabledFor(logging.INFO):  # (printing a large graph takes ms)
-            log_graph.info("captured %s:\n%s", self.name, graph.python_code(f"capture of {self.name}")[0])
+            code = graph.python_code(f"capture of {self.name}", log_graph.isEnabledFor(logging.DEBUG))[0]
+            log_graph.info("captured %s:\n%s", self.name, code)
         log_guards.info("guards of %s:\n  %s", self.name, "\n  ".join(guards))
+        if entry.symbols:
+            log_dynamic.info("symbolic sizes of %s:\n  %s", self.name, "\n  ".join(entry.symbols))
         log_capture.info("captured %s in %.1f ms (%d guards)", self.name,
                          (time.perf_counter() - start) * 1e3, len(guards))
         for recording in _RECORDING:

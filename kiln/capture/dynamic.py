@@ -24,7 +24,7 @@ from ..graph import Graph, Node
 from ..graph.specialize import size_bindings, specialize_graph
 from ..graph.symbolic import FrozenShapeEnv, SymInt, has_symbols, symbols_of
 
-log = config.channel("recompiles")
+log = config.channel("dynamic")
 
 
 def mark_dynamic(t: torch.Tensor, dim: int | list[int] | tuple[int, ...]) -> None:

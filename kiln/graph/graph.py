@@ -126,9 +126,11 @@ class Graph:
         return len(self.nodes)
 
     # -- printing --
-    def python_code(self, header: str | None = None) -> tuple[str, dict[str, Any]]:
-        """Source of a runnable Python function computing this graph, and the globals it needs."""
-        return python_code(self, header)
+    def python_code(self, header: str | None = None,
+                    source_lines: bool = False) -> tuple[str, dict[str, Any]]:
+        """Source of a runnable Python function computing this graph, and the globals it needs; with
+        `source_lines`, each user source line is a comment above the nodes it made."""
+        return python_code(self, header, source_lines)
 
     def __str__(self) -> str:
         return self.python_code()[0]

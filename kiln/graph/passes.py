@@ -6,6 +6,7 @@ pipeline's runner (verified between passes when `config.verify` is on).
 """
 from __future__ import annotations
 
+import logging
 import struct
 from typing import Any, Callable, Sequence
 
@@ -18,6 +19,7 @@ from .pipeline import FUEL, CompileContext, CompileState, Pass, run_pipeline
 from .symbolic import SymInt
 
 log = config.channel("graph")
+prims_log = config.channel("prims")
 
 
 class GraphVerifyError(AssertionError):
@@ -196,6 +198,9 @@ def to_prims(graph: Graph) -> Graph:
             inputs = [sub(a) for a in node.tensor_args()]
             mapping[id(node)] = inline(out, node.decomposition, inputs, origin=node.origin or node.target_name())
     out.mutated_inputs = {k: mapping[id(v)] for k, v in graph.mutated_inputs.items()}
+    if prims_log.isEnabledFor(logging.INFO):  # (printing a large graph takes ms)
+        code = out.python_code(f"{graph.name} decomposed into prims")[0]
+        prims_log.info("%s in prims:\n%s", graph.name, code)
     return out
 
 

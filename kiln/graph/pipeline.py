@@ -10,7 +10,7 @@ graph, the prim graph, the loop IR, the schedule, the plan, the source...). The 
 and, with a debug dir, keeps the IR each pass produced, printed by the pass's printer and headed by the
 pass's name and time. Every optimizing decision (a fusion, a rewrite, an in-place write) spends one unit of
 `FUEL`; with `KILN_FUEL=n` decision n+1 and later are refused, so a wrong result can be bisected to the
-first decision that changes it, which the `passes` log names.
+first decision that changes it, which the `+passes` log names.
 """
 from __future__ import annotations
 

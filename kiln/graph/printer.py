@@ -5,7 +5,9 @@ mutated_inputs, output_value) and does not import kiln.graph.graph.
 """
 from __future__ import annotations
 
+import linecache
 import math
+import re
 import types
 from typing import Any
 
@@ -86,7 +88,18 @@ class _Emitter:
         return self.hold(node.target, "fn")
 
 
-def python_code(graph: Any, header: str | None = None) -> tuple[str, dict[str, Any]]:
+_LOCATION = re.compile(r"(.+):(\d+)$")
+
+
+def _source_line(origin: str) -> str | None:
+    """`# file:line: text` for a node made at a user's file:line, else None."""
+    found = _LOCATION.match(origin)
+    text = linecache.getline(found[1], int(found[2])).strip() if found else ""
+    return f"# {origin}: {text}" if text else None
+
+
+def python_code(graph: Any, header: str | None = None,
+                source_lines: bool = False) -> tuple[str, dict[str, Any]]:
     em = _Emitter()
     lines: list[str] = []
     if header:
@@ -103,10 +116,16 @@ def python_code(graph: Any, header: str | None = None) -> tuple[str, dict[str, A
                 em.symbols.add(size.expr)
                 lines.append(f"    {size.expr} = {node.name}.shape[{d}]")
     body = 0
+    last_line = None
     for node in graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
         body += 1
+        if source_lines and node.origin and node.origin != last_line:
+            last_line = node.origin
+            line = _source_line(node.origin)
+            if line is not None:
+                lines.append(f"    {line}")
         comment = f"  # {meta_text(node.meta)}"
         if node.is_fallback:
             comment += "  (fallback)"

@@ -138,6 +138,7 @@ class ShapeEnv:
                                      "were written")
             fact = rel if value else sympy.Not(rel)
             self.facts.append(fact)
+            log.debug("size fact: %s", fact)
             if self.on_fact is not None:
                 self.on_fact(fact)
         self._decided[rel] = value
@@ -145,10 +146,12 @@ class ShapeEnv:
 
     def specialize(self, expr: sympy.Expr) -> int:
         hint = self.hint(expr)
-        if not self.frozen and log.isEnabledFor(logging.INFO):
+        if not self.frozen and log.isEnabledFor(logging.DEBUG):
             where = next((f"{f.filename}:{f.lineno}" for f in reversed(traceback.extract_stack()[:-2])
                           if "symbolic.py" not in f.filename), "?")
-            log.info("specializing %s = %d (at %s)", expr, hint, where)
+            log.debug("specializing %s = %d (at %s)", expr, hint, where)
+        elif not self.frozen:
+            log.info("specializing %s = %d", expr, hint)
         self.decide(sympy.Eq(expr, hint))
         return hint
 

@@ -115,6 +115,7 @@ def build(source: str) -> ctypes.CDLL:
     path = cache.entry_path(directory, key)
     lib = _load_cached(path, key)
     if lib is None:
+        cache_log.info("kernel cache miss %s: building it", path)
         lib = _compile(compiler, source, directory, key)
     _LOADED[key] = lib
     return lib
@@ -148,7 +149,7 @@ def _load_cached(path: str, key: str, warn: bool = True) -> ctypes.CDLL | None:
             _warn_rebuild(path, f"fails to load ({_loader_message(e)})")
         return None
     cache.touch(path)
-    cache_log.debug("cache hit %s", path)
+    cache_log.info("kernel cache hit %s", path)
     counters["cache"]["hits"] += 1
     return lib
 
@@ -197,8 +198,9 @@ def _compile(compiler: str, source: str, directory: str, key: str) -> ctypes.CDL
         for temporary in (tmp_so, src_path):
             if temporary is not None:
                 cache.remove(temporary)  # KILN_DEBUG_DIR keeps the source
+    cache_log.info("kernel cache wrote %s", path)
     cache.evict(directory, keep=path)
-    log.debug("built %s in %.2f s", path, time.perf_counter() - start)
+    log.info("built %s in %.2f s", path, time.perf_counter() - start)
     return lib
 
 

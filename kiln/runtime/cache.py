@@ -234,7 +234,7 @@ def read_entry(key: str, suffix: str, refused: str = "entries refused") -> bytes
         return None
     except BadEntry as e:
         counters["cache"][refused] += 1
-        log.debug("%s refused: %s", path, e.reason)
+        log.info("%s refused: %s", path, e.reason)
         remove(path)
         return None
     except OSError:
@@ -324,7 +324,7 @@ def evict(directory: str, keep: str) -> None:
         remove(e.path)
         total -= e.size
         counters["cache"]["entries evicted"] += 1
-        log.debug("evicted %s (%d bytes; cache now %d of %d bytes)", e.path, e.size, total, limit)
+        log.info("evicted %s (%d bytes; cache now %d of %d bytes)", e.path, e.size, total, limit)
 
 
 def _remove_stale_temporaries(directory: str, older_than: float = STALE_TEMP_S) -> int:

@@ -15,7 +15,9 @@ class DiskStore:
     def get(self, key: str, suffix: str) -> bytes | None:
         if not config.get("graph_cache"):
             return None
-        return cache.read_entry(key, suffix)
+        data = cache.read_entry(key, suffix)
+        log.debug("entry cache %s %s%s", "miss" if data is None else "hit", key, suffix)
+        return data
 
     def put(self, key: str, suffix: str, data: bytes) -> None:
         if not config.get("graph_cache"):
@@ -24,7 +26,9 @@ class DiskStore:
             cache.write_entry(cache.directory(), key, data, suffix)
         except OSError as e:
             counters["cache"]["entries not written"] += 1
-            log.debug("writing a %s entry failed: %s", suffix, e)
+            log.info("writing a %s entry failed: %s", suffix, e)
+        else:
+            log.debug("entry cache wrote %s%s", key, suffix)
 
 
 memo.install(DiskStore())

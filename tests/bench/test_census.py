@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from kiln import cli
-from kiln.bench import census
+from kiln.bench import census, runner
 from kiln.testing import accuracy
 from kiln.testing import models as zoo
 
@@ -78,12 +78,26 @@ def test_cli_parses_explain():
                                                                    False)
     args = cli.build_parser().parse_args(["explain", "--models", "all", "--isolate", "--timeout", "30"])
     assert args.models == ["all"] and args.isolate and args.timeout == 30
-    assert cli.build_parser().parse_args(["explain"]).suite == "hf"
+    assert cli.build_parser().parse_args(["explain"]).suite == "quick"
     assert census.select(["all"]) == zoo.names()
     assert census.select(None, "quick") == zoo.names("quick")
     with pytest.raises(KeyError):
         census.select(["no_such_model"])
     assert cli.main(["explain", "--models", "no_such_model"]) == 2
+
+
+def test_bench_and_explain_default_to_the_same_suite(capsys):
+    """`kiln bench` and `kiln explain` without --suite or --models run the same models: the quick suite,
+    and each one's --help says so."""
+    parser = cli.build_parser()
+    assert parser.parse_args(["bench"]).suite == parser.parse_args(["explain"]).suite == "quick"
+    assert census.select(None) == runner.select_models(runner.Options()) == zoo.names("quick")
+    for command in ("bench", "explain"):
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "quick: a few tiny models (minutes)" in text and "(default: quick)" in text, text
+        assert "default: hf" not in text
 
 
 def test_cli_explain_writes_json(tmp_path, capsys):
