@@ -87,7 +87,7 @@ def on_device(value):
 
 def compile_traced(fn, args):
     """The triton backend on fn traced by kiln.ops.trace: kiln.compile's backend without its capture, which
-    reads CPython 3.11's bytecode only (a GPU machine's Python may be another). Every arg is a tensor."""
+    reads CPython 3.11-3.13 bytecode (a GPU machine's Python may be another). Every arg is a tensor."""
     from kiln.backends import lookup_backend
     compiled = lookup_backend("triton")(kiln.ops.trace(fn, *args), list(args))
     return lambda *a: compiled(*a)
@@ -95,7 +95,7 @@ def compile_traced(fn, args):
 
 def kiln_compile(fn, args):
     """kiln.compile(fn, backend="triton") where capture runs on this Python, else compile_traced."""
-    if sys.version_info[:2] == (3, 11):
+    if sys.version_info[:2] in kiln.CAPTURE_PYTHONS:
         return kiln.compile(fn, backend="triton")
     return compile_traced(fn, args)
 
@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     from bench_kernels import cases
     device_name = torch.cuda.get_device_name() if HAS_CUDA else "CPU (Triton interpreter: times mean nothing)"
     bandwidth = copy_bandwidth(args.reps)
-    capture = "kiln.compile" if sys.version_info[:2] == (3, 11) else "kiln.ops.trace (no capture off 3.11)"
+    capture = "kiln.compile" if sys.version_info[:2] in kiln.CAPTURE_PYTHONS else \
+        "kiln.ops.trace (capture does not read this Python's bytecode)"
     print(f"# via {capture}, Python {sys.version.split()[0]}, torch {torch.__version__}", flush=True)
     print(f"# kiln triton on {device_name}; copy bandwidth {bandwidth:.1f} GB/s; size {args.size}\n", flush=True)
     case_rows, kernel_table, model_rows = [], [], []

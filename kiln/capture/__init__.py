@@ -1,5 +1,6 @@
-"""Bytecode frontend: a symbolic interpreter over CPython 3.11 bytecode that captures graphs of torch
-operations, with sources and guards, a per-code cache and recapture on guard failure.
+"""Bytecode frontend: a symbolic interpreter over CPython bytecode (3.11, 3.12, 3.13: `bytecode.py` is the
+one place that knows the version) that captures graphs of torch operations, with sources and guards, a
+per-code cache and recapture on guard failure.
 
 At a graph break (`stitch.py`) the entry runs the graph so far, rebuilds the stack and live locals, runs
 the breaking instruction natively and continues in a resume function (`resume.py`: the original bytecode

@@ -47,6 +47,28 @@ _PAIRS = {"LOAD_FAST_LOAD_FAST": ("LOAD_FAST", "LOAD_FAST"),
           "STORE_FAST_STORE_FAST": ("STORE_FAST", "STORE_FAST")}
 
 
+# Instructions the interpreter does not follow, and what they are: each breaks the graph where it runs (the
+# frame runs natively there). tests/capture/test_bytecode.py checks every opcode of the running Python is
+# handled, normalized here, or listed.
+NOT_FOLLOWED = {
+    **dict.fromkeys(("GET_LEN", "MATCH_CLASS", "MATCH_KEYS", "MATCH_MAPPING", "MATCH_SEQUENCE"),
+                    "a match statement"),
+    **dict.fromkeys(("GET_AITER", "GET_ANEXT", "BEFORE_ASYNC_WITH", "END_ASYNC_FOR", "GET_AWAITABLE",
+                     "ASYNC_GEN_WRAP"), "async code"),
+    **dict.fromkeys(("CHECK_EG_MATCH", "PREP_RERAISE_STAR"), "except*"),
+    "CALL_INTRINSIC_2": "except* or type parameters",
+    **dict.fromkeys(("LOAD_BUILD_CLASS", "SETUP_ANNOTATIONS", "STORE_NAME", "DELETE_NAME", "LOAD_NAME",
+                     "LOAD_LOCALS", "LOAD_FROM_DICT_OR_DEREF", "LOAD_FROM_DICT_OR_GLOBALS", "LOAD_CLASSDEREF",
+                     "IMPORT_STAR", "PRINT_EXPR"), "a class body or module-level code"),
+    "DELETE_GLOBAL": "deleting a global variable",
+    "DELETE_DEREF": "deleting a closure variable",
+    "CLEANUP_THROW": "generator.throw() into a `yield from`",
+    **dict.fromkeys(("EXIT_INIT_CHECK", "INTERPRETER_EXIT", "ENTER_EXECUTOR", "RESERVED"),
+                    "an instruction of CPython's own (its compiler does not emit it into functions)"),
+}
+NORMALIZED = set(_SAME) | set(_PAIRS)  # (and LOAD_ATTR's method form, which keeps a handler)
+
+
 def decode(code: types.CodeType) -> list[dis.Instruction]:
     """The instructions of `code` in interpreter form (EXTENDED_ARG kept: frames fold it)."""
     out = []

@@ -212,7 +212,9 @@ class Frame:
             handler = getattr(self, "op_" + inst.opname, None)
             try:
                 if handler is None:
-                    raise GraphBreak(f"bytecode {inst.opname} is not supported by kiln's interpreter",
+                    what = bytecode.NOT_FOLLOWED.get(inst.opname)
+                    raise GraphBreak(f"bytecode {inst.opname}{f' ({what})' if what else ''} is not supported "
+                                     "by kiln's interpreter",
                                      "rewrite the construct, or call it outside the compiled function")
                 result = handler(inst)
             except _Return as r:
