@@ -14,6 +14,7 @@ import torch
 from .. import config
 from ..ops.autocast import describe, saved as autocast_saved, state as autocast_state
 from .sources import Namespace, Source
+from ..graph import torch_internals
 
 log = config.channel("guards")
 
@@ -130,7 +131,7 @@ class GuardSet:
     def autocast(self, state: tuple) -> None:
         """torch.autocast's state (per device: on, and its dtype): it changes what ops compute."""
         if not state:
-            fn = self.ns.hold(torch._C._is_any_autocast_enabled, "is_any_autocast_enabled")
+            fn = self.ns.hold(torch_internals.any_autocast_enabled, "is_any_autocast_enabled")
             self.add(f"not {fn}()", "torch.autocast is off", "autocast")
             return
         fn = self.ns.hold(autocast_state, "autocast_state")

@@ -35,6 +35,7 @@ from ..graph import Proxy, flatten, map_structure
 from .registry import (_METADATA_ONLY, _RESTRIDE_INPLACE, DECOMPOSITIONS, INPLACE_OPS, VIEW_OPS,
                        UnsupportedError, _eager, _meta_value, call, call_as_is, mark_inplace, mark_view,
                        register, route_overloads)
+from ..graph import torch_internals
 
 OVERLOADS = (torch._ops.OpOverload, torch._ops.OpOverloadPacket)
 
@@ -279,8 +280,10 @@ def _resolve(packet: torch._ops.OpOverloadPacket, args: tuple, kwargs: dict) -> 
     """The overload torch's dispatcher picks for these arguments, or None."""
     try:
         stand_ins = map_structure(_meta_value, args), map_structure(_meta_value, kwargs)
-        name = torch._C._jit_resolve_packet(packet._qualified_op_name, *stand_ins[0], **stand_ins[1])
+        name = torch_internals.resolve_overload(packet, stand_ins[0], stand_ins[1])
         return getattr(packet, name)
+    except torch_internals.TorchInternalsError:
+        raise
     except Exception:
         return None
 

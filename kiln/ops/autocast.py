@@ -24,6 +24,7 @@ from typing import Any, Iterator
 import torch
 
 from ..graph import Proxy, flatten, map_structure, torch_name
+from ..graph import torch_internals
 
 DEVICES = ("cpu", "cuda")
 
@@ -52,10 +53,7 @@ _ATEN_ALIASES = {"cross_entropy": "cross_entropy_loss", "__matmul__": "matmul", 
 def _registered(device: str) -> frozenset:
     """Base names of the aten ops with an autocast kernel for `device` in the installed torch."""
     key = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}[device]
-    try:
-        names = torch._C._dispatch_get_registrations_for_dispatch_key(key)
-    except (AttributeError, RuntimeError):
-        return frozenset()
+    names = torch_internals.autocast_registrations(key)
     return frozenset(n.removeprefix("aten::").split(".")[0] for n in names if n.startswith("aten::"))
 
 
@@ -77,7 +75,7 @@ def _aten_base(func: Any) -> str:
 def state() -> tuple:
     """The autocast state that changes results: ((device, dtype), ...) for each device it is on for;
     () when it is off everywhere (the common case, one cheap check)."""
-    if not torch._C._is_any_autocast_enabled():
+    if not torch_internals.any_autocast_enabled():
         return ()
     return tuple((d, torch.get_autocast_dtype(d)) for d in DEVICES if torch.is_autocast_enabled(d))
 
@@ -119,7 +117,7 @@ def under(st: tuple) -> Iterator[None]:
 
 def autocast_off() -> Any:
     """A context running with autocast off everywhere (a no-op context when it already is)."""
-    return under(()) if torch._C._is_any_autocast_enabled() else contextlib.nullcontext()
+    return under(()) if torch_internals.any_autocast_enabled() else contextlib.nullcontext()
 
 
 class UnderAutocast:
@@ -173,7 +171,7 @@ def _device_of(args: tuple, kwargs: dict) -> str | None:
 
 def policy_of(func: Any, args: tuple, kwargs: dict) -> tuple[str, torch.dtype, str] | None:
     """(policy, autocast dtype, device) eager's autocast applies to this call now, or None."""
-    if not torch._C._is_any_autocast_enabled():
+    if not torch_internals.any_autocast_enabled():
         return None
     device = _device_of(args, kwargs)
     if device not in DEVICES or not torch.is_autocast_enabled(device):

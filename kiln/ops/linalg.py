@@ -16,6 +16,7 @@ from ..prims.registry import check, shape_text
 from . import conv_gemm, nn_attention
 from .registry import NoDecomposition, register
 from .utils import broadcast_shapes, broadcast_to, computation_dtype, convert, is_tensor
+from ..graph import torch_internals
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -497,7 +498,6 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
     return prims.sdpa(q, k, v, attn_mask, is_causal, scale, enable_gqa)
 
 
-_FLASH_ATTENTION = 1  # torch.nn.attention.SDPBackend.FLASH_ATTENTION, as aten._fused_sdp_choice returns it
 
 
 def _runs_flash(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: bool, scale: float | None,
@@ -520,11 +520,12 @@ def _runs_flash(q: Any, k: Any, v: Any, attn_mask: Any, is_causal: bool, scale: 
         mask = stand_ins[3] if attn_mask is not None else None
         if mask is not None and metas[3].requires_grad and mask.dtype.is_floating_point:
             mask.requires_grad_(True)
-        choice = torch.ops.aten._fused_sdp_choice(*stand_ins[:3], mask, 0.0, is_causal, scale=scale,
-                                                  enable_gqa=enable_gqa)
+        choice = torch_internals.fused_sdp_choice(*stand_ins[:3], mask, is_causal, scale, enable_gqa)
+    except torch_internals.TorchInternalsError:
+        raise
     except (RuntimeError, TypeError, ValueError):
         return False
-    return choice == _FLASH_ATTENTION
+    return choice == torch_internals.FLASH_ATTENTION
 
 
 def _additive_mask(attn_mask: Any, q: Any) -> Any:
