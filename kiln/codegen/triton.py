@@ -19,7 +19,7 @@ r over its inner ranges (flattened).
 - bfloat16 and float16 are loaded into float32 and rounded back after every op, as eager and the C++
   backend compute them; bool is Triton's int1.
 
-Sizes are literals in the source (the Target's `sizes="literal"`); indices are int32 unless a buffer or the
+Static sizes are literals in the source; indices are int32 unless a buffer or the
 iteration space needs int64. Transcendentals call libdevice on a GPU; under Triton's interpreter
 (`TRITON_INTERPRET=1`, CPU tensors) `kiln.runtime.triton` supplies the same functions computed by torch.
 """
@@ -32,7 +32,6 @@ from typing import Any
 import sympy
 import torch
 
-from ..graph.layout import contiguous_strides
 from ..lower.index import index_bounds, index_code, simplify_index
 from ..lower.ir import Buffer, Reduction, Scan
 from ..lower.ops import Handler
@@ -49,7 +48,7 @@ TRITON_TARGET = Target(
     compute_dtypes=frozenset({torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int64,
                               torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool}),
     extern_prims=LIBRARY_PRIMS, parallel_threshold=0, min_parallel_outer=0,
-    local_kinds=frozenset({"scalar", "recompute"}), vector_bytes=16, sizes="literal")
+    local_kinds=frozenset({"scalar", "recompute"}), vector_bytes=16)
 
 TL_TYPES = {torch.bfloat16: "tl.bfloat16", torch.float16: "tl.float16", torch.float32: "tl.float32",
             torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32",
@@ -629,10 +628,6 @@ class KernelWriter:
         if acc != dtype:
             out = TValue(convert(out.name, acc, dtype), dtype)
         self._store(member, out, "[XBLOCK, RBLOCK]", "xmask & rmask", 2)
-
-
-def inner_linear(group: FusedGroup) -> list[int]:
-    return contiguous_strides(group.inner or ())
 
 
 @dataclasses.dataclass

@@ -218,4 +218,3 @@ def test_backends_get_the_context_and_two_argument_backends_still_work():
 def test_cpp_target_policy():
     assert CPP_TARGET.computes(torch.float32) and not CPP_TARGET.computes(torch.complex64)
     assert "mm" in CPP_TARGET.extern_prims
-    assert CPP_TARGET.vector_width(torch.float32) == 16 and CPP_TARGET.vector_width(torch.float64) == 8
