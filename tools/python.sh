@@ -3,6 +3,7 @@
 #
 #   bash tools/python.sh 3.13          # prints the venv's python on the last line
 #   bash tools/python.sh 3.14
+#   KILN_TORCH=torch==2.15.0 bash tools/python.sh 3.13   # another torch: a venv of its own
 #
 # The interpreter comes from Debian's source packages (upstream tarball only; Debian's patches are not
 # applied): suite trixie carries 3.13, sid carries 3.14. Interpreters and venvs are cached under
@@ -19,6 +20,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cache="${KILN_PYTHONS:-${HOME:-/root}/.cache/kiln/pythons}"
 prefix="$cache/$version"
 venv="$cache/venv-$version"
+[ -z "${KILN_TORCH:-}" ] || venv="$venv-$(printf %s "$KILN_TORCH" | tr -c 'A-Za-z0-9.\n' '-')"
 jobs="${KILN_PYTHON_JOBS:-$(nproc)}"
 torch_spec="${KILN_TORCH:-torch==2.13.0}"
 mkdir -p "$cache"

@@ -23,13 +23,14 @@ from ..schedule.memory import Segment, plan
 from ..schedule.order import order
 from ..schedule.verify import verify_plan, verify_schedule
 from .. import config
+from .dumps import cpp_wrapper_module, graph_module
 from .graph_cache import torch_fallback
 
 
 # ---- the passes ------------------------------------------------------------------------------------------
 
 def _graph_text(state: CompileState) -> str:
-    return state.prim_graph.python_code(f"prim graph of {state.graph.name}")[0]
+    return graph_module(state.prim_graph, f"prim graph of {state.graph.name}")
 
 
 def _loop_text(state: CompileState) -> str:
@@ -139,7 +140,8 @@ def profiling(ctx: CompileContext) -> bool:
     return bool(ctx.options.get("profile", False))
 
 
-def _wrapper_text(state: CompileState) -> str:
+def wrapper_text(state: CompileState) -> str:
+    """The wrapper as generated (the Triton backend's dump: its launchers are not rebuilt by the dump)."""
     return state.wrapper_source
 
 
@@ -153,7 +155,7 @@ PASSES = [
     Pass("order", _order, _schedule_text, lambda s: verify_schedule(s.loop, s.schedule)),
     Pass("plan", _plan, _plan_text, lambda s: verify_plan(s.loop, s.plan)),
     Pass("codegen", _codegen),
-    Pass("build", _build, _wrapper_text),
+    Pass("build", _build, cpp_wrapper_module),
 ]
 
 

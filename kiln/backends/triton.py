@@ -28,6 +28,7 @@ from ..graph.pipeline import CompileContext, CompileState, Pass, run_pipeline
 from ..schedule.memory import Segment
 from . import register_backend
 from .cpp import PASSES as CPP_PASSES, CompiledGraph, _dump, log_code, log_schedule
+from .cpp_passes import wrapper_text
 
 log = config.channel("kernels")
 
@@ -99,7 +100,7 @@ def _verify_prims(state: CompileState) -> None:
 
 PASSES = [Pass("to_prims", _to_prims, CPP_PASSES[0].printer, _verify_prims)] + \
     [p for p in CPP_PASSES if p.name in ("dce", "cse", "lower", "fold_bias", "fuse", "order", "plan")] + \
-    [Pass("codegen", _codegen), Pass("build", _build, CPP_PASSES[-1].printer)]
+    [Pass("codegen", _codegen), Pass("build", _build, wrapper_text)]
 
 
 def compile_graph(graph: Graph, example_inputs: list, context: CompileContext | None = None,

@@ -156,6 +156,9 @@ class CompiledFunction:
         self.dynamic = dynamic
         self.code = fn.__code__
         self.backend = backend  # a compiler: backend(graph, example_inputs), its options bound
+        # the config flags this compile set (kiln.compile(options=), on its compiler's context): capture's
+        # decompositions read them too (e.g. conv_gemm_max_macs picks a convolution's decomposition)
+        self.options: dict[str, Any] = dict(getattr(getattr(backend, "context", None), "options", None) or {})
         self.fullgraph = fullgraph
         self.raise_on_error = raise_on_error
         self.bound_self = bound_self
@@ -258,7 +261,7 @@ class CompiledFunction:
         fn, code = self.fn, self.code
         root = self.bound_self if isinstance(self.bound_self, torch.nn.Module) else None
         cap = Capture(graph_name(self.name), root=root, dynamic=self.dynamic,
-                      dynamic_dims=self.cache.dynamic_dims)
+                      dynamic_dims=self.cache.dynamic_dims, options=self.options)
         # the frame and its line, for the index of KILN_DEBUG_DIR
         cap.graph.origin = f"{self.name} ({code.co_filename}:{code.co_firstlineno})"
         rng = torch.random.get_rng_state()

@@ -40,7 +40,8 @@ class Capture:
     """Everything one capture of one frame collects."""
 
     def __init__(self, name: str, root: Any = None, dynamic: bool | None = None,
-                 dynamic_dims: "dict[tuple[str, int], int] | None" = None):
+                 dynamic_dims: "dict[tuple[str, int], int] | None" = None,
+                 options: "dict[str, Any] | None" = None):
         self.ns = Namespace()
         self.guards = GuardSet(self.ns)
         # symbolic sizes: `dynamic` is compile's flag (True: every input dim; False: none; None: the dims
@@ -55,7 +56,7 @@ class Capture:
         self.int_inputs: list[tuple[Source, int]] = []  # ints read from outside, guarded as constants
         self.alias_inputs: list[tuple[Source, tuple]] = []  # (source, shape): another source's tensor
         self.graph = Graph(name)
-        self.tracer = Tracer(self.graph)
+        self.tracer = Tracer(self.graph, options=options)  # (options: the compile's config flags)
         # its graphs serve later calls with other values: ops whose output shape depends on the values
         # (x[mask], nonzero) are refused (kiln.ops.registry), so they run outside the graph
         self.tracer.static_shapes = True

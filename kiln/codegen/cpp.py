@@ -20,12 +20,13 @@ import torch
 from ..graph.layout import contiguous_strides
 from ..lower.index import index_bounds, index_code, simplify_index
 from ..lower.ir import Buffer, ComputedBuffer, Reduction
-from ..lower.ops import Handler
+from ..lower.ops import SCALAR_OP_TABLE, Handler, Result
 from ..lower.sizes import SizeDecision, hint, is_static, known_lt, nonnegative
 from ..lower.target import Target
 from ..schedule.fusion import FusedGroup, Member
 from ..schedule.locality import runs_parallel, splits_inner
 from .cpp_columns import SIGNED, SIGNED_CTYPES, ColumnWriter, column_plan, wrapping
+from .cpp_ops import CODE_FOR_OP, WRAPPING, CType, is_nan
 
 # the C++ backend's target, in .cpp_target (a graph-cache hit reads it without this module)
 from .cpp_target import CPP_TARGET  # noqa: E402,F401
@@ -70,14 +71,6 @@ class CppValue:
 
     def __str__(self) -> str:
         return self.name
-
-
-_STD_FLOAT = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "sin", "cos", "tan", "asin",
-              "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "lgamma",
-              "ceil", "floor", "trunc", "atan2", "hypot", "copysign", "nextafter", "fmod"}
-_CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
-_BOOL_RESULT = {"eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "isfinite", "signbit", "logical_not",
-                "logical_and", "logical_or", "logical_xor"}
 
 
 class CppHandler(Handler):
@@ -164,105 +157,27 @@ class CppHandler(Handler):
         return self.tmp(f"{cond} ? {taken} : {otherwise}", dtype)
 
     def op(self, name: str, *args: Any) -> CppValue:
-        if name == "where" and args[1].dtype in HALF_TYPES:
-            return self.tmp(f"{args[0]} ? {args[1]} : {args[2]}", args[1].dtype)
-        if args[0].dtype in HALF_TYPES:
+        """A scalar op, spelled by `kiln.codegen.cpp_ops.CODE_FOR_OP` (see there for what is done here)."""
+        spec = SCALAR_OP_TABLE.get(name)
+        if name != "where" and args[0].dtype in HALF_TYPES:
             # compute in float, round the result back to the half type
             dtype = args[0].dtype
             result = self.op(name, *[CppValue(f"static_cast<float>({a})", torch.float32) for a in args])
             if result.dtype == torch.bool:
                 return result
             return self.tmp(f"{CTYPES[dtype]}({result})", dtype)
-        a = args[0]
-        dtype = a.dtype
-        out = torch.bool if name in _BOOL_RESULT else dtype
-        is_float = dtype.is_floating_point
-        is_bool = dtype == torch.bool
-        ctype = CTYPES[dtype]
-        if name == "where":
-            return self.tmp(f"{a} ? {args[1]} : {args[2]}", args[1].dtype)
-        if len(args) == 2:
-            b = args[1]
-            if name in _CMP:
-                return self.tmp(f"{a} {_CMP[name]} {b}", out)
-            if name in ("add", "sub", "mul", "div"):
-                if is_bool and name == "add":
-                    return self.tmp(f"{a} | {b}", out)
-                if is_bool and name == "mul":
-                    return self.tmp(f"{a} & {b}", out)
-                if name == "div" and not is_float and not is_bool:
-                    return self.tmp(f"kiln_idiv<{ctype}>({a}, {b})", out)
-                symbol = {"add": "+", "sub": "-", "mul": "*", "div": "/"}[name]
-                if dtype in SIGNED:  # wrapping, as eager's integers do (signed overflow is undefined in C++)
-                    return self.tmp(wrapping(str(a), symbol, str(b), ctype), out)
-                return self.tmp(f"{a} {symbol} {b}", out)
-            if name in ("maximum", "minimum"):
-                fn = "kiln_max" if name == "maximum" else "kiln_min"
-                return self.tmp(f"{fn}<{ctype}>({a}, {b})", out)
-            if name in ("fmax", "fmin"):
-                if is_float:
-                    return self.tmp(f"std::{name}({a}, {b})", out)
-                return self.tmp(f"std::{name[1:]}<{ctype}>({a}, {b})", out)
-            if name == "remainder":
-                return self.tmp(f"kiln_remainder<{ctype}>({a}, {b})", out)
-            if name == "pow":
-                return self.tmp(f"std::pow({a}, {b})", out)
-            if name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
-                if is_bool:
-                    symbol = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "!="}[name]
-                else:
-                    symbol = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}[name]
-                return self.tmp(f"{a} {symbol} {b}", out)
-            if name in ("logical_and", "logical_or", "logical_xor"):
-                # & and | of the two flags, not && and ||: both are computed already, and g++ 12 finds no
-                # vector mask type for a masked load under `(a != 0) && (b != 0)` (the loop stays scalar)
-                symbol = {"logical_and": "&", "logical_or": "|", "logical_xor": "!="}[name]
-                return self.tmp(f"({a} != 0) {symbol} ({b} != 0)", out)
-            if name in ("shift_left", "shift_right"):
-                fn = "kiln_shl" if name == "shift_left" else "kiln_shr"
-                return self.tmp(f"{fn}<{ctype}>({a}, {b})", out)
-            if name in _STD_FLOAT and is_float:
-                return self.tmp(f"std::{name}({a}, {b})", out)
-            if name == "fmod" and not is_bool:
-                return self.tmp(f"kiln_ifmod<{ctype}>({a}, {b})", out)
+        dtype = args[1].dtype if name == "where" else args[0].dtype
+        t = CType(dtype, CTYPES[dtype])
+        text = None
+        if spec is not None and (t.is_float or not spec.float_only):
+            if dtype in SIGNED and name in WRAPPING:  # wrapping, as eager's integers do
+                a, b = (f"{t.ctype}(0)", args[0]) if spec.arity == 1 else args
+                text = wrapping(str(a), WRAPPING[name], str(b), t.ctype)
+            else:
+                text = CODE_FOR_OP[name](t, *args)
+        if text is None:
             raise NotImplementedError(f"cpp codegen: {name} on {dtype}")
-        if name == "neg":
-            if dtype in SIGNED:
-                return self.tmp(wrapping(f"{ctype}(0)", "-", str(a), ctype), out)
-            return self.tmp(f"-{a}", out)
-        if name == "abs":
-            if is_float:
-                return self.tmp(f"std::abs({a})", out)
-            return self.tmp(a.name if is_bool else f"({a} < 0 ? -{a} : {a})", out)
-        if name == "sign":
-            return self.tmp(a.name if is_bool else f"kiln_sign<{ctype}>({a})", out)
-        if name == "isnan":
-            return self.tmp(f"{a} != {a}" if is_float else "false", out)
-        if name == "isinf":
-            return self.tmp(f"std::isinf({a})" if is_float else "false", out)
-        if name == "isfinite":
-            return self.tmp(f"std::isfinite({a})" if is_float else "true", out)
-        if name == "signbit":
-            return self.tmp(f"std::signbit({a})" if is_float else ("false" if is_bool else f"{a} < 0"), out)
-        if name == "logical_not":
-            return self.tmp(f"!({a} != 0)", out)
-        if name == "bitwise_not":
-            return self.tmp(f"!{a}" if is_bool else f"~{a}", out)
-        if not is_float:
-            raise NotImplementedError(f"cpp codegen: {name} on {dtype}")
-        if name == "rsqrt":
-            return self.tmp(f"{ctype}(1) / std::sqrt({a})", out)
-        if name == "reciprocal":
-            return self.tmp(f"{ctype}(1) / {a}", out)
-        if name == "sigmoid":
-            return self.tmp(f"{ctype}(1) / ({ctype}(1) + kiln_exp(-{a}))", out)
-        if name == "round":
-            return self.tmp(f"std::nearbyint({a})", out)
-        if name in ("exp", "tanh", "erf"):
-            return self.tmp(f"kiln_{name}({a})", out)
-        if name in _STD_FLOAT:
-            return self.tmp(f"std::{name}({a})", out)
-        raise NotImplementedError(f"cpp codegen: {name} on {dtype}")
+        return self.tmp(text, torch.bool if spec.result is Result.BOOL else dtype)
 
 
 # ---- reductions -----------------------------------------------------------------------------------------
@@ -640,7 +555,7 @@ class KernelWriter:
         elif rtype in ("max", "min") and acc_dtype.is_floating_point:
             self.emit(f"const {actype} kv = static_cast<{actype}>({value});", inner_depth)
             self.emit(f"acc = kv {'>' if rtype == 'max' else '<'} acc ? kv : acc;", inner_depth)
-            self.emit("accn |= (kv != kv);", inner_depth)
+            self.emit(f"accn |= ({is_nan('kv')});", inner_depth)
         else:
             self.emit(_combine(rtype, "acc", f"static_cast<{actype}>({value})", actype), inner_depth)
         if blocked:
@@ -649,7 +564,7 @@ class KernelWriter:
             inner_depth -= 1
         self._close(group, inner_depth)
         if rtype in ("max", "min") and acc_dtype.is_floating_point:
-            self.emit(f"if (accn) acc = std::numeric_limits<{actype}>::quiet_NaN();", depth)
+            self.emit(f"if (accn) acc = {cconst(math.nan, acc_dtype)};", depth)
         result = "acci" if is_arg else "acc"
         if split:
             self.emit(f"part{slot}[kiln_tid] = acc;", depth)

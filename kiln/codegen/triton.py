@@ -19,7 +19,7 @@ r over its inner ranges (flattened).
 - bfloat16 and float16 are loaded into float32 and rounded back after every op, as eager and the C++
   backend compute them; bool is Triton's int1.
 
-Sizes are literals in the source (the Target's `sizes="literal"`); indices are int32 unless a buffer or the
+Static sizes are literals in the source; indices are int32 unless a buffer or the
 iteration space needs int64. Transcendentals call libdevice on a GPU; under Triton's interpreter
 (`TRITON_INTERPRET=1`, CPU tensors) `kiln.runtime.triton` supplies the same functions computed by torch.
 """
@@ -32,12 +32,13 @@ from typing import Any
 import sympy
 import torch
 
-from ..graph.layout import contiguous_strides
 from ..lower.index import index_bounds, index_code, simplify_index
 from ..lower.ir import Buffer, Reduction, Scan
-from ..lower.ops import Handler
+from ..lower.ops import SCALAR_OP_TABLE, Handler, Result
 from ..lower.target import LIBRARY_PRIMS, Target
 from ..schedule.fusion import FusedGroup, Member
+from .triton_ops import (CODE_FOR_OP, EXACT, HALF_TYPES, ROUND, TL_TYPES, TType, literal,  # noqa: F401
+                         reg_type, round_half)
 
 # The Triton target: kernels compute these dtypes (halves in float32); matmul, convolution and attention
 # call torch (cuBLAS, cuDNN, flash attention); every kernel runs on the whole device (no thread policy:
@@ -49,52 +50,19 @@ TRITON_TARGET = Target(
     compute_dtypes=frozenset({torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int64,
                               torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool}),
     extern_prims=LIBRARY_PRIMS, parallel_threshold=0, min_parallel_outer=0,
-    local_kinds=frozenset({"scalar", "recompute"}), vector_bytes=16, sizes="literal")
+    local_kinds=frozenset({"scalar", "recompute"}), vector_bytes=16)
 
-TL_TYPES = {torch.bfloat16: "tl.bfloat16", torch.float16: "tl.float16", torch.float32: "tl.float32",
-            torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32",
-            torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1"}
 # Triton's pointer type names (kernel signatures for compiling without a device)
 SIGNATURE_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32",
                    torch.float64: "*fp64", torch.int64: "*i64", torch.int32: "*i32", torch.int16: "*i16",
                    torch.int8: "*i8", torch.uint8: "*u8", torch.bool: "*i1"}
-HALF_TYPES = (torch.bfloat16, torch.float16)
-# round a float32 register to the half type's nearest value (kept in float32)
-_ROUND = {torch.bfloat16: "kiln_round_bf16", torch.float16: "kiln_round_fp16"}
 INT32_LIMIT = 2 ** 31 - 1
 MAX_GRID_Y = 65535  # CUDA's limit on the second grid axis
-
-# scalar ops computed by a libdevice function of the same name (float operands only)
-_LIBDEVICE = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "sin", "cos", "tan", "asin",
-              "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "lgamma",
-              "ceil", "floor", "trunc", "atan2", "hypot", "copysign", "nextafter", "fmod", "pow"}
-_CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
-
-
-def reg_type(dtype: torch.dtype) -> str:
-    """The Triton type a value of `dtype` is held in (halves in float32)."""
-    return "tl.float32" if dtype in HALF_TYPES else TL_TYPES[dtype]
 
 
 def index_text(expr: Any) -> str:
     """Triton text of an integer index expression (non-negative operands: `//` and `%` are exact)."""
     return index_code(expr, "//", "triton codegen")
-
-
-def literal(value: Any, dtype: torch.dtype) -> str:
-    """A Python literal Triton reads as `value` (halves rounded to their type first)."""
-    if dtype == torch.bool:
-        return "1" if value else "0"
-    if dtype.is_floating_point:
-        value = float(value)
-        if dtype in HALF_TYPES:
-            value = float(torch.tensor(value, dtype=dtype).float())
-        if math.isnan(value):
-            return 'float("nan")'
-        if math.isinf(value):
-            return 'float("inf")' if value > 0 else 'float("-inf")'
-        return repr(value)
-    return str(int(value))
 
 
 class TValue:
@@ -115,7 +83,7 @@ def convert(text: str, source: torch.dtype, dtype: torch.dtype) -> str:
     if dtype == torch.bool:
         return f"({text} != 0)"
     if dtype in HALF_TYPES:
-        return f"{_ROUND[dtype]}({text}.to(tl.float32))"
+        return f"{ROUND[dtype]}({text}.to(tl.float32))"
     if source in HALF_TYPES and dtype == torch.float32:
         return text
     return f"{text}.to({TL_TYPES[dtype]})"
@@ -143,12 +111,6 @@ class TritonHandler(Handler):
         name = self.kernel.new_name()
         self.lines.append(f"{self.indent}{name} = {text}")
         return TValue(name, dtype)
-
-    def rounded(self, text: str, dtype: torch.dtype) -> TValue:
-        """A float result of an op on `dtype` operands: halves are rounded back to their type."""
-        if dtype in HALF_TYPES:
-            text = f"{_ROUND[dtype]}({text})"
-        return self.tmp(text, dtype)
 
     def load(self, name: str, index: sympy.Expr) -> TValue:
         dtype = self.kernel.buffers[name].dtype
@@ -190,105 +152,20 @@ class TritonHandler(Handler):
         return self.tmp(f"tl.where({cond}, {value}, {fallback})", dtype)
 
     def op(self, name: str, *args: Any) -> TValue:
-        if name == "where":
-            return self.tmp(f"tl.where({args[0]}, {args[1]}, {args[2]})", args[1].dtype)
-        a = args[0]
-        dtype = a.dtype
-        is_float = dtype.is_floating_point
-        is_bool = dtype == torch.bool
-        lib = self.kernel.libdevice
-        if len(args) == 2:
-            b = args[1]
-            if name in _CMP:
-                return self.tmp(f"{a} {_CMP[name]} {b}", torch.bool)
-            if is_bool and name in ("add", "mul", "maximum", "minimum", "fmax", "fmin"):
-                symbol = "|" if name in ("add", "maximum", "fmax") else "&"
-                return self.tmp(f"{a} {symbol} {b}", dtype)
-            if name in ("add", "sub", "mul"):
-                symbol = {"add": "+", "sub": "-", "mul": "*"}[name]
-                return self.rounded(f"{a} {symbol} {b}", dtype)
-            if name == "div":
-                if is_float:
-                    # IEEE division (Triton's `/` on float32 is the approximate one)
-                    if dtype == torch.float64:
-                        return self.tmp(f"{a} / {b}", dtype)
-                    return self.rounded(f"tl.math.div_rn({a}, {b})", dtype)
-                return self.tmp(f"kiln_idiv({a}, {b})", dtype)
-            if name in ("maximum", "minimum"):
-                fn = "kiln_maximum" if name == "maximum" else "kiln_minimum"
-                return self.tmp(f"{fn}({a}, {b})" if is_float else f"tl.{name}({a}, {b})", dtype)
-            if name in ("fmax", "fmin"):
-                if not is_float:
-                    return self.tmp(f"tl.{'maximum' if name == 'fmax' else 'minimum'}({a}, {b})", dtype)
-                return self.tmp(f"kiln_{name}({a}, {b})", dtype)
-            if name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
-                symbol = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}[name]
-                return self.tmp(f"{a} {symbol} {b}", dtype)
-            if name in ("logical_and", "logical_or", "logical_xor"):
-                symbol = {"logical_and": "&", "logical_or": "|", "logical_xor": "^"}[name]
-                return self.tmp(f"({a} != 0) {symbol} ({b} != 0)", torch.bool)
-            if name in ("shift_left", "shift_right") and not is_float and not is_bool:
-                bits = dtype.itemsize * 8
-                return self.tmp(f"kiln_{name}({a}, {b}, {bits})", dtype)
-            if name == "remainder":
-                if is_float:
-                    return self.rounded(f"kiln_fremainder({a}, {b}, {lib}.fmod({a}, {b}))", dtype)
-                return self.tmp(f"kiln_iremainder({a}, {b})", dtype)
-            if name == "fmod" and not is_float and not is_bool:
-                return self.tmp(f"kiln_ifmod({a}, {b})", dtype)
-            if name in _LIBDEVICE and is_float:
-                return self.rounded(f"{lib}.{name}({a}, {b})", dtype)
+        """A scalar op, spelled by `kiln.codegen.triton_ops.CODE_FOR_OP` (see there for what is done here)."""
+        spec = SCALAR_OP_TABLE.get(name)
+        dtype = args[1].dtype if name == "where" else args[0].dtype
+        t = TType(dtype, self.kernel.libdevice)
+        text = None
+        if spec is not None and (t.is_float or not spec.float_only):
+            text = CODE_FOR_OP[name](t, *args)
+        if text is None:
             raise NotImplementedError(f"triton codegen: {name} on {dtype}")
-        if name == "neg":
-            return self.rounded(f"-{a}", dtype)
-        if name == "abs":
-            return a if is_bool else self.tmp(f"tl.abs({a})", dtype)
-        if name == "sign":
-            if is_bool:
-                return a
-            zero, one = literal(0, dtype), literal(1, dtype)
-            return self.tmp(f"tl.where({a} > {zero}, {one}, tl.where({a} < {zero}, -{one}, {zero}))"
-                            f".to({reg_type(dtype)})", dtype)
-        if name == "isnan":
-            return self.tmp(f"{a} != {a}" if is_float else f"tl.zeros_like({a}) != 0", torch.bool)
-        if name == "isinf":
-            if not is_float:
-                return self.tmp(f"tl.zeros_like({a}) != 0", torch.bool)
-            return self.tmp(f"tl.abs({a}) == float(\"inf\")", torch.bool)
-        if name == "isfinite":
-            if not is_float:
-                return self.tmp(f"tl.zeros_like({a}) == 0", torch.bool)
-            return self.tmp(f"({a} == {a}) & (tl.abs({a}) != float(\"inf\"))", torch.bool)
-        if name == "signbit":
-            if is_float:
-                bits = "tl.int64" if dtype == torch.float64 else "tl.int32"
-                return self.tmp(f"{a}.to({bits}, bitcast=True) < 0", torch.bool)
-            return self.tmp(f"tl.zeros_like({a}) != 0" if is_bool else f"{a} < 0", torch.bool)
-        if name == "logical_not":
-            return self.tmp(f"{a} == 0", torch.bool)
-        if name == "bitwise_not":
-            return self.tmp(f"{a} == 0" if is_bool else f"~{a}", dtype)
-        if not is_float:
-            raise NotImplementedError(f"triton codegen: {name} on {dtype}")
-        if name == "rsqrt":
-            return self.rounded(f"tl.math.div_rn(tl.full([1, 1], 1.0, {reg_type(dtype)}), "
-                                f"tl.sqrt_rn({a}))" if dtype != torch.float64 else f"1.0 / {lib}.sqrt({a})",
-                                dtype)
-        if name == "reciprocal":
-            if dtype == torch.float64:
-                return self.tmp(f"1.0 / {a}", dtype)
-            return self.rounded(f"tl.math.div_rn(tl.full([1, 1], 1.0, tl.float32), {a})", dtype)
-        if name == "sigmoid":
-            one = f"tl.full([1, 1], 1.0, {reg_type(dtype)})"
-            div = "tl.math.div_rn" if dtype != torch.float64 else "kiln_div64"
-            return self.rounded(f"{div}({one}, {one} + {lib}.exp(-{a}))", dtype)
-        if name == "round":
-            return self.rounded(f"{lib}.nearbyint({a})", dtype)
-        if name == "sqrt" and dtype != torch.float64:
-            return self.rounded(f"tl.sqrt_rn({a})", dtype)
-        if name in _LIBDEVICE:
-            return self.rounded(f"{lib}.{name}({a})", dtype)
-        raise NotImplementedError(f"triton codegen: {name} on {dtype}")
+        if isinstance(text, TValue):  # the identity on this dtype (abs of a bool)
+            return text
+        if spec.result is Result.BOOL:
+            return self.tmp(text, torch.bool)
+        return self.tmp(text if name in EXACT else round_half(text, dtype), dtype)
 
 
 # ---- reductions ---------------------------------------------------------------------------------------
@@ -629,10 +506,6 @@ class KernelWriter:
         if acc != dtype:
             out = TValue(convert(out.name, acc, dtype), dtype)
         self._store(member, out, "[XBLOCK, RBLOCK]", "xmask & rmask", 2)
-
-
-def inner_linear(group: FusedGroup) -> list[int]:
-    return contiguous_strides(group.inner or ())
 
 
 @dataclasses.dataclass

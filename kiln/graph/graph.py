@@ -15,7 +15,7 @@ Arguments are nested tuples/lists/dicts of Nodes and Python constants. Every ten
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 import torch
 
@@ -143,7 +143,3 @@ class Graph:
 _RESERVED = {"torch", "prims", "inf", "nan", "device", "output", "forward", "math", "operator"}
 
 
-def iter_prims(graph: Graph) -> Iterable[Any]:
-    for node in graph.nodes:
-        if node.op == "call_prim":
-            yield node.target

@@ -14,7 +14,6 @@ import torch
 
 from .. import config
 from .graph import Graph, Node, flatten, is_random_target, map_structure
-from .meta import TensorMeta
 from .pipeline import FUEL, CompileContext, CompileState, Pass, run_pipeline
 from .symbolic import SymInt
 
@@ -121,8 +120,6 @@ def _key(value: Any) -> Any:
         return (type(value).__name__, tuple(_key(v) for v in value))
     if isinstance(value, dict):
         return ("dict", tuple((k, _key(v)) for k, v in value.items()))
-    if isinstance(value, float) and value != value:
-        return ("nan",)
     if isinstance(value, slice):
         return ("slice", _key(value.start), _key(value.stop), _key(value.step))
     if isinstance(value, SymInt):  # by its expression (hashing a SymInt specializes it)
@@ -253,15 +250,3 @@ def run_passes(graph: Graph, passes: Sequence[Callable[[Graph], Graph]],
     state = run_pipeline(graph.name, [graph_pass(p) for p in passes], CompileState(graph, []),
                          context or CompileContext())
     return state.graph
-
-
-def output_metas(graph: Graph) -> list[TensorMeta | None]:
-    return [v.meta if isinstance(v, Node) else None for v in flatten(graph.output_value)]
-
-
-def same_meta(a: TensorMeta, b: TensorMeta | torch.Tensor, strides: bool = False) -> bool:
-    if isinstance(b, torch.Tensor):
-        b = TensorMeta.of(b)
-    if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
-        return False
-    return not strides or tuple(a.strides) == tuple(b.strides)

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from .. import config
 from .graph import Graph, Node
 from .meta import TensorMeta
 
@@ -28,12 +29,21 @@ class Tracer:
 
     `inline=False` (top level): a torch call becomes one `call_torch` node holding its decomposition.
     `inline=True` (inside a decomposition): a torch call records its prims directly.
+    `options`: the config flags this compile set (`kiln.compile(options=)`), which decompositions read with
+    `traced_flag` (a tracer made for a decomposition inherits them).
     """
 
-    def __init__(self, graph: Graph, inline: bool = False):
+    def __init__(self, graph: Graph, inline: bool = False, options: dict[str, Any] | None = None):
         self.graph = graph
         self.inline = inline
         self.origin: str | None = None  # user source location to stamp on new nodes
+        self.options: dict[str, Any] = dict(options or {})
+
+    def flag(self, name: str) -> Any:
+        """This trace's value of a config flag: the compile's option when it set one, else the flag."""
+        if name in self.options:
+            return self.options[name]
+        return config.get(name)
 
     def __repr__(self) -> str:
         return f"Tracer({self.graph.name}, inline={self.inline})"
@@ -54,6 +64,12 @@ def tracing(graph_or_tracer: Graph | Tracer, inline: bool = False) -> Iterator[T
 
 def current_tracer() -> Tracer | None:
     return _STACK[-1] if _STACK else None
+
+
+def traced_flag(name: str) -> Any:
+    """A config flag as the graph being traced sees it: its compile's option, else the process-wide flag."""
+    tracer = current_tracer()
+    return tracer.flag(name) if tracer is not None else config.get(name)
 
 
 TorchCallHandler = Callable[[Any, tuple, dict], Any]

@@ -5,9 +5,17 @@ An inner function `fn(h, index)` computes one element by calling scalar ops on a
 `h.where(c, a, b)` and the math below (`h.add(a, b)`, `h.exp(a)`, ...). Swapping the handler changes what
 running the body means: `PrintHandler` prints it as Python, `DepsHandler` records what it reads,
 `CountHandler` measures its cost, the C++ handler in `kiln.codegen.cpp` emits code.
+
+`SCALAR_OP_TABLE` is the one description of the math ops: each op's arity, the kind of its result (a bool,
+or its operands' dtype), whether it is defined only on floats (or only on integers and bool), and its cost.
+The op sets below, the cost model and the code emitters' own tables (`kiln.codegen.cpp_ops`,
+`kiln.codegen.triton_ops`: one entry per op of this table) all read it; adding a scalar op is one row here
+and one entry per target.
 """
 from __future__ import annotations
 
+import dataclasses
+import enum
 import math
 from typing import Any
 
@@ -17,17 +25,55 @@ from sympy.printing.str import StrPrinter
 
 from .index import FloorDiv, ModularIndexing, simplify_index
 
-UNARY_OPS = frozenset("""
-abs neg sign exp exp2 expm1 log log2 log10 log1p sqrt rsqrt reciprocal sin cos tan asin acos atan sinh cosh
-tanh asinh acosh atanh erf erfc lgamma sigmoid ceil floor round trunc bitwise_not isnan isinf isfinite
-signbit logical_not
-""".split())
-BINARY_OPS = frozenset("""
-add sub mul div remainder fmod pow atan2 hypot copysign nextafter maximum minimum fmax fmin bitwise_and
-bitwise_or bitwise_xor shift_left shift_right eq ne lt le gt ge logical_and logical_or logical_xor
-""".split())
-COMPARISONS = frozenset("eq ne lt le gt ge isnan isinf isfinite signbit logical_not logical_and logical_or "
-                        "logical_xor".split())
+class Result(enum.Enum):
+    """What a scalar op returns: a bool, or a value of its operands' dtype (`where`: of its values')."""
+    BOOL = "bool"
+    SAME = "same"
+
+
+class Domain(enum.Enum):
+    """The operand dtypes an op is defined on (prims are strict: the decompositions convert first)."""
+    ANY = "any"
+    FLOAT = "float"  # floating point only
+    INTEGER = "integer"  # integers and bool only (bit operations)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScalarOp:
+    name: str
+    arity: int
+    result: Result = Result.SAME
+    domain: Domain = Domain.ANY
+    cost: int = 1  # CountHandler units: 1 for an instruction or two, 10 for a transcendental call
+
+    @property
+    def float_only(self) -> bool:
+        return self.domain is Domain.FLOAT
+
+
+def _ops(names: str, arity: int, **kw: Any) -> list[ScalarOp]:
+    return [ScalarOp(n, arity, **kw) for n in names.split()]
+
+
+SCALAR_OP_TABLE: dict[str, ScalarOp] = {op.name: op for op in [
+    *_ops("abs neg sign", 1),
+    *_ops("exp exp2 expm1 log log2 log10 log1p sin cos tan asin acos atan sinh cosh tanh asinh acosh atanh "
+          "erf erfc lgamma sigmoid", 1, domain=Domain.FLOAT, cost=10),
+    *_ops("sqrt rsqrt reciprocal ceil floor round trunc", 1, domain=Domain.FLOAT),
+    *_ops("bitwise_not", 1, domain=Domain.INTEGER),
+    *_ops("isnan isinf isfinite signbit logical_not", 1, result=Result.BOOL),
+    *_ops("add sub mul div remainder fmod maximum minimum fmax fmin", 2),
+    *_ops("pow", 2, cost=10),
+    *_ops("atan2 hypot", 2, domain=Domain.FLOAT, cost=10),
+    *_ops("copysign nextafter", 2, domain=Domain.FLOAT),
+    *_ops("bitwise_and bitwise_or bitwise_xor shift_left shift_right", 2, domain=Domain.INTEGER),
+    *_ops("eq ne lt le gt ge logical_and logical_or logical_xor", 2, result=Result.BOOL),
+    ScalarOp("where", 3),  # where(cond, a, b): a value of a's dtype
+]}
+
+UNARY_OPS = frozenset(n for n, op in SCALAR_OP_TABLE.items() if op.arity == 1)
+BINARY_OPS = frozenset(n for n, op in SCALAR_OP_TABLE.items() if op.arity == 2)
+COMPARISONS = frozenset(n for n, op in SCALAR_OP_TABLE.items() if op.result is Result.BOOL)  # bool results
 OTHER_OPS = frozenset(["load", "constant", "index_expr", "to_dtype", "where"])
 SCALAR_OPS = UNARY_OPS | BINARY_OPS | OTHER_OPS
 
@@ -186,15 +232,12 @@ class DepsHandler(Handler):
 class CountHandler(DepsHandler):
     """Counts the ops of a body (its cost when inlined into several consumers)."""
 
-    EXPENSIVE = frozenset("exp exp2 expm1 log log2 log10 log1p sin cos tan asin acos atan sinh cosh tanh "
-                          "asinh acosh atanh erf erfc lgamma pow atan2 hypot sigmoid".split())
-
     def __init__(self) -> None:
         super().__init__()
         self.ops = 0
 
     def op(self, name: str, *args: Any) -> None:
-        self.ops += 10 if name in self.EXPENSIVE else 1
+        self.ops += SCALAR_OP_TABLE[name].cost if name in SCALAR_OP_TABLE else 1
 
     def load(self, name: str, index: sympy.Expr) -> None:
         self.ops += 1

@@ -2,7 +2,7 @@
 
 The stages below capture are shared by every backend; what differs between C++ on a CPU and Triton on a GPU
 (which dtypes kernels compute in, which prims run as library calls, when a kernel runs in parallel and how,
-what may stay inside a kernel instead of in memory, the vector width, how sizes reach kernels) is data here,
+what may stay inside a kernel instead of in memory, the vector width) is data here,
 never a constant of a stage. A backend declares its Target next to its code emitter (the C++ one is
 `kiln.codegen.cpp.CPP_TARGET`).
 """
@@ -30,8 +30,6 @@ class Target:
     local_kinds: frozenset[str]
     # bytes of one SIMD register (the inner loop's vector width is this over the element size)
     vector_bytes: int
-    # how sizes reach kernels: "literal" (baked into the source as constants) or "argument" (int64 params)
-    sizes: str = "literal"
     # lay out the values around 2-D convolutions channels-last (NHWC) where nothing outside sees them
     # (kiln.lower.conv_layout: oneDNN's NHWC convolutions are faster on CPUs)
     channels_last_convs: bool = False
@@ -41,9 +39,6 @@ class Target:
 
     def computes(self, dtype: torch.dtype) -> bool:
         return dtype in self.compute_dtypes
-
-    def vector_width(self, dtype: torch.dtype) -> int:
-        return max(1, self.vector_bytes // dtype.itemsize)
 
 
 ALL_DTYPES = frozenset({torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int64, torch.int32,

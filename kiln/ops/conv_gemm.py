@@ -24,7 +24,8 @@ oneDNN spends ~45 us a call on MobileNet's small depthwise layers; this kernel a
 Used for non-transposed convolutions of float32/float64 CPU tensors with static sizes: ungrouped ones whose
 multiply-adds are at most `conv_gemm_max_macs` (0 turns it off) and whose gathered windows are at most
 `conv_gemm_max_bytes` (above that oneDNN's own blocking wins, and the gathered copy costs memory), and
-depthwise ones of at most `conv_depthwise_max_macs` (their windows are never gathered into a buffer).
+depthwise ones of at most `conv_depthwise_max_macs` (their windows are never gathered into a buffer). The
+three limits are read as the graph being traced sees them: `kiln.compile(options=)` sets them per compile.
 Other grouped convolutions keep oneDNN.
 """
 from __future__ import annotations
@@ -34,7 +35,8 @@ from typing import Any, Sequence
 
 import torch
 
-from .. import config, prims
+from .. import prims
+from ..graph import traced_flag
 from ..graph.layout import convolution_channels_last
 from .utils import dense_in_order
 from ..graph.lazy import is_expr
@@ -76,9 +78,9 @@ def eligible(x: Any, w: Any, transposed: bool, groups: int, stride: Sequence[int
     columns = x.shape[0] * _prod(out)  # N * L
     macs = w.shape[0] * window * columns
     if groups != 1:  # (its windows are never gathered into a buffer: each tap is a view the kernel reads)
-        return 0 < macs <= config.get("conv_depthwise_max_macs")
-    limit = config.get("conv_gemm_max_macs")
-    return 0 < macs <= limit and window * columns * x.element_size() <= config.get("conv_gemm_max_bytes")
+        return 0 < macs <= traced_flag("conv_depthwise_max_macs")
+    limit = traced_flag("conv_gemm_max_macs")
+    return 0 < macs <= limit and window * columns * x.element_size() <= traced_flag("conv_gemm_max_bytes")
 
 
 def _depthwise(x: Any, w: Any, groups: int) -> bool:

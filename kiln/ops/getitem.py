@@ -13,20 +13,11 @@ import torch
 from ..graph.symbolic import SymInt
 from .. import prims
 from ..prims.registry import check
+from . import indexing
 from .creation import _fill_value
 from .registry import DataDependentShape, NoDecomposition, mark_inplace, mark_view, register
 from .shape import _expand, _reshape, slice_dim
 from .utils import is_tensor
-
-
-def _advanced() -> Any:
-    try:
-        from . import indexing
-    except ImportError:
-        raise NoDecomposition("advanced indexing (kiln.ops.indexing)") from None
-    if not hasattr(indexing, "advanced_index"):
-        raise NoDecomposition("advanced indexing (kiln.ops.indexing.advanced_index)")
-    return indexing
 
 
 def _constant(values: list, dtype: torch.dtype) -> torch.Tensor:
@@ -142,7 +133,7 @@ def getitem(a: Any, index: Any) -> Any:
     result, advanced = basic_view(a, index)
     if all(i is None for i in advanced):
         return result
-    return _advanced().advanced_index(result, advanced)
+    return indexing.advanced_index(result, advanced)
 
 
 def zero_of(dtype: torch.dtype) -> Any:
@@ -191,9 +182,6 @@ def setitem(a: Any, index: Any, value: Any) -> Any:
     ranges, region_shape = _region(a, index)
     view, advanced = basic_view(a, index)
     if any(i is not None for i in advanced):
-        indexing = _advanced()
-        if not hasattr(indexing, "advanced_index_put"):
-            raise NoDecomposition("advanced_index_put")
         # the basic view with its advanced part updated (eager's index_put_ on the view), then written back
         updated = indexing.advanced_index_put(view, advanced, value, accumulate=False)
         region = _reshape(updated, region_shape)

@@ -22,25 +22,13 @@ from ..graph.symbolic import SymInt
 from ..prims.registry import check, shape_text, wrap_dim
 from . import nn_attention  # noqa: F401  (registers multi_head_attention_forward)
 from .nn_layout import vector_norm  # also registers the layout ops (pad, interpolate, ...)
-from .registry import DECOMPOSITIONS, NoDecomposition, register, update_argument
-
-try:
-    from .registry import mark_inplace_flag
-except ImportError:  # a registry without conditional in-place ops: inplace=True falls back
-    mark_inplace_flag = None
+from .registry import DECOMPOSITIONS, NoDecomposition, mark_inplace_flag, register, update_argument
 from .utils import computation_dtype, convert, eager_format, elementwise, is_float_dtype
 
 
 def register_missing(*targets: Any):
     """Register for the targets no other module has registered (torch./Tensor. twins of F ops)."""
     return register(*[t for t in targets if t is not None and t not in DECOMPOSITIONS])
-
-
-def no_inplace(op: str, inplace: bool) -> None:
-    """With inplace=True an F op computes its result as usual: the registry writes it back to the input
-    (the op is marked with `mark_inplace_flag` below)."""
-    if inplace and mark_inplace_flag is None:
-        raise NoDecomposition(f"{op}(inplace=True)")
 
 
 def upcast(x: Any) -> Any:
@@ -65,7 +53,6 @@ def _m(name: str) -> Any:
 
 @register(F.relu)
 def relu(input: Any, inplace: bool = False) -> Any:
-    no_inplace("relu", inplace)
     return torch.clamp_min(input, 0)
 
 
@@ -76,13 +63,11 @@ def relu_twin(input: Any) -> Any:
 
 @register(F.relu6)
 def relu6(input: Any, inplace: bool = False) -> Any:
-    no_inplace("relu6", inplace)
     return hardtanh(input, 0.0, 6.0)
 
 
 @register(F.hardtanh)
 def hardtanh(input: Any, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> Any:
-    no_inplace("hardtanh", inplace)
     check(max_val >= min_val, lambda: "hardtanh: min_val cannot be greater than max_val", ValueError)
     if not is_float_dtype(input.dtype):
         min_val, max_val = int(min_val), int(max_val)  # eager casts the bounds to the integer dtype
@@ -91,7 +76,6 @@ def hardtanh(input: Any, min_val: float = -1.0, max_val: float = 1.0, inplace: b
 
 @register(F.leaky_relu)
 def leaky_relu(input: Any, negative_slope: float = 0.01, inplace: bool = False) -> Any:
-    no_inplace("leaky_relu", inplace)
     return torch.where(input > 0, input, input * negative_slope)
 
 
@@ -104,7 +88,6 @@ def rrelu_twin(input: Any, lower: float = 1.0 / 8, upper: float = 1.0 / 3, train
 @register(F.rrelu)
 def rrelu(input: Any, lower: float = 1.0 / 8, upper: float = 1.0 / 3, training: bool = False,
           inplace: bool = False) -> Any:
-    no_inplace("rrelu", inplace)
     if training:
         raise NoDecomposition("rrelu(training=True)")  # draws a random slope per element
     return leaky_relu(input, (lower + upper) / 2)
@@ -121,7 +104,6 @@ def _elu(x: Any, alpha: float, scale: float, input_scale: float) -> Any:
 
 @register(F.elu)
 def elu(input: Any, alpha: float = 1.0, inplace: bool = False) -> Any:
-    no_inplace("elu", inplace)
     check_float("elu", input)
     return _elu(input, alpha, 1.0, 1.0)
 
@@ -132,7 +114,6 @@ _SELU_SCALE = 1.0507009873554804934193349852946
 
 @register(F.selu)
 def selu(input: Any, inplace: bool = False) -> Any:
-    no_inplace("selu", inplace)
     check_float("selu", input)
     return _elu(input, _SELU_ALPHA, _SELU_SCALE, 1.0)
 
@@ -144,7 +125,6 @@ def selu_twin(input: Any) -> Any:
 
 @register(F.celu)
 def celu(input: Any, alpha: float = 1.0, inplace: bool = False) -> Any:
-    no_inplace("celu", inplace)
     check_float("celu", input)
     check(alpha != 0, lambda: "ZeroDivisionError", RuntimeError)
     return _elu(input, alpha, 1.0, 1.0 / alpha)
@@ -176,7 +156,6 @@ def gelu(input: Any, approximate: str = "none") -> Any:
 
 @register(F.silu)
 def silu(input: Any, inplace: bool = False) -> Any:
-    no_inplace("silu", inplace)
     check_float("silu", input)
     x = upcast(input)
     return convert(x / (torch.exp(-x) + 1), input.dtype)
@@ -184,7 +163,6 @@ def silu(input: Any, inplace: bool = False) -> Any:
 
 @register(F.mish)
 def mish(input: Any, inplace: bool = False) -> Any:
-    no_inplace("mish", inplace)
     check_float("mish", input)
     x = upcast(input)
     return convert(x * torch.tanh(torch.log1p(torch.exp(x))), input.dtype)
@@ -192,7 +170,6 @@ def mish(input: Any, inplace: bool = False) -> Any:
 
 @register(F.hardsigmoid)
 def hardsigmoid(input: Any, inplace: bool = False) -> Any:
-    no_inplace("hardsigmoid", inplace)
     check_float("hardsigmoid", input)
     x = upcast(input)
     return convert(torch.clamp(x + 3, 0, 6) / 6, input.dtype)
@@ -200,7 +177,6 @@ def hardsigmoid(input: Any, inplace: bool = False) -> Any:
 
 @register(F.hardswish)
 def hardswish(input: Any, inplace: bool = False) -> Any:
-    no_inplace("hardswish", inplace)
     check_float("hardswish", input)
     x = upcast(input)
     return convert(x * torch.clamp(x + 3, 0, 6) / 6, input.dtype)
@@ -235,7 +211,6 @@ def _threshold(input: Any, threshold: float, value: float) -> Any:
 
 @register(F.threshold)
 def threshold(input: Any, threshold: float, value: float, inplace: bool = False) -> Any:
-    no_inplace("threshold", inplace)
     return _threshold(input, threshold, value)
 
 
@@ -642,7 +617,6 @@ def normalize(input: Any, p: float = 2.0, dim: int = 1, eps: float = 1e-12, out:
 
 def _dropout_args(op: str, p: float, inplace: bool) -> None:
     check(0.0 <= p <= 1.0, lambda: f"{op} probability has to be between 0 and 1, but got {p}", ValueError)
-    no_inplace(op, inplace)
 
 
 _ALPHA = 1.7580993408473766  # eager's alpha_dropout constant (-selu's negative saturation)
@@ -794,7 +768,7 @@ def bilinear(input1: Any, input2: Any, weight: Any, bias: Any = None) -> Any:
     return convert(out, input1.dtype) if low else out
 
 
-if mark_inplace_flag is not None:
-    mark_inplace_flag(F.relu, F.relu6, F.hardtanh, F.leaky_relu, F.rrelu, F.elu, F.selu, F.celu, F.silu,
-                      F.mish, F.hardsigmoid, F.hardswish, F.threshold, F.dropout, F.alpha_dropout,
-                      F.feature_alpha_dropout, F.dropout1d, F.dropout2d, F.dropout3d)
+# with inplace=True these F ops compute their result as usual: the registry writes it back to the input
+mark_inplace_flag(F.relu, F.relu6, F.hardtanh, F.leaky_relu, F.rrelu, F.elu, F.selu, F.celu, F.silu,
+                  F.mish, F.hardsigmoid, F.hardswish, F.threshold, F.dropout, F.alpha_dropout,
+                  F.feature_alpha_dropout, F.dropout1d, F.dropout2d, F.dropout3d)

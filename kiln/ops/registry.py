@@ -342,7 +342,7 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     argument_updates.begin(sub)
     if fn is not None:
         try:
-            with tracing(Tracer(sub, inline=True)), autocast.autocast_off():
+            with tracing(Tracer(sub, inline=True, options=tracer.options)), autocast.autocast_off():
                 result = fn(*sub_args, **sub_kwargs)
             decomposition = sub
         except NoDecomposition as e:
@@ -370,7 +370,7 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
         counters["decomposition_error"][name] += 1
         log.warning("decomposition of %s failed where eager succeeds (%s: %s); running it as a fallback",
                     name, type(failure).__name__, failure)
-        if config.get("strict_decompositions"):
+        if tracer.flag("strict_decompositions"):
             raise failure
 
     if decomposition is not None and not any(isinstance(v, Proxy) for v in flatten(result)):
@@ -395,7 +395,7 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
             log.warning("decomposition of %s gives %s, eager gives %s; running it as a fallback", name,
                         [p.meta.short() for p in leaves],
                         [TensorMeta.of(t).short() for t in flatten(real) if isinstance(t, torch.Tensor)])
-            if config.get("strict_decompositions"):
+            if tracer.flag("strict_decompositions"):
                 raise AssertionError(f"decomposition of {name} disagrees with eager on metadata")
             decomposition = None
         else:

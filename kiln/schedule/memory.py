@@ -6,7 +6,8 @@ last, unless it is an output (or the base of an output view, or the final value 
 A buffer allocated later reuses released memory of the same dtype and storage size (never within one
 segment: its pointers are `__restrict__`).
 A buffer may also be written in place of one its kernel reads last (`_in_place`): then it is no pointer
-parameter of its own, the kernel stores through the source's pointer.
+parameter of its own, the kernel stores through the source's pointer. Each such write, over an
+intermediate or into a mutated input, spends a unit of optimization fuel (`kiln bisect` can refuse it alone).
 """
 from __future__ import annotations
 
@@ -240,9 +241,9 @@ def plan(graph: LoopGraph, schedule: list[FusedGroup | ExternNode], target: Targ
                     # the final value of a mutated input, computed where the input is last read at the
                     # same index: written into the input's own memory (no write-back copy)
                     source = _in_place(graph, node, name, {target})
-                    if source is not None and not simulate and \
-                            not FUEL.take("plan", f"write {name} in place of {source}"):
-                        source = None
+                if source is not None and not simulate and \
+                        not FUEL.take("plan", f"write {name} in place of {source}"):
+                    source = None  # (refused: a buffer of its own, as with in_place off)
                 if source is not None:
                     inplace[name] = source
                     node.aliases[name] = node.aliases.get(source, source)

@@ -2,6 +2,7 @@
 debug dumps, the registered backends `cpp` and `auto`."""
 import logging
 import os
+import runpy
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import kiln.ops
 from kiln import config
 from kiln.backends import lookup_backend
 from kiln.backends.cpp import CompiledGraph, compile_graph
+from kiln.lower.printer import constants_of
 from kiln.runtime import CompilerNotFound, forget_loaded
 
 pytestmark = pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler")
@@ -85,10 +87,43 @@ def test_debug_dir_dumps_artifacts(tmp_path):
     assert 'extern "C"' in (graph_dir / "kernels.cpp").read_text()
     assert (graph_dir / "05_fuse.py").read_text().startswith("# cpp fn: after pass fuse (")
     assert "def kiln_call(" in (graph_dir / "09_build.py").read_text()
-    for name in ("03_lower.py", "04_fold_bias.py", "05_fuse.py", "06_order.py"):  # the dumps run as Python
-        namespace = {}
-        exec(compile((graph_dir / name).read_text(), name, "exec"), namespace)
-        torch.testing.assert_close(namespace["run"](x, y), fn(x, y))
+    _run_each_dump(graph_dir, x, y)
+
+
+def _run_each_dump(graph_dir, *inputs):
+    """Every dumped .py runs as a file, and the function it defines computes the graph."""
+    ran = []
+    for path in sorted(graph_dir.glob("*.py")):
+        namespace = runpy.run_path(str(path))  # (as `python 09_build.py`: imports included, nothing else)
+        defined = [namespace[k] for k in ("fn", "run", "kiln_call") if k in namespace]
+        if path.name != "07_plan.py":  # (the plan is comments: allocations and frees per step)
+            assert len(defined) == 1, (path.name, sorted(namespace))
+            torch.testing.assert_close(defined[0](*inputs), fn(*inputs), msg=path.name)
+        ran.append(path.name)
+    assert len(ran) == 9, ran
+
+
+def test_every_dump_runs_with_constants_and_views(tmp_path):
+    """The dumps of a graph holding a constant tensor and returning a view run too."""
+    x, y = inputs()
+    table = torch.arange(7.0)
+
+    def held(x, y):
+        return (torch.relu(x * y + 1) + table).t()
+    with config.patch(cache_dir=str(tmp_path / "cache"), debug_dir=str(tmp_path / "debug"),
+                      raise_on_error=True):
+        c = compile_graph(kiln.ops.trace(held, x, y), [x, y])
+    (graph_dir,) = [p for p in (tmp_path / "debug").iterdir() if p.is_dir()]
+    for path in sorted(graph_dir.glob("*.py")):
+        namespace = runpy.run_path(str(path))
+        if "run" in namespace:  # the loop IR takes its constant buffers as an argument
+            out = namespace["run"](x, y, constants=constants_of(c.loop))
+        elif path.name != "07_plan.py":
+            out = namespace["held" if "held" in namespace else "kiln_call"](x, y)
+        else:
+            continue
+        torch.testing.assert_close(out, held(x, y), msg=path.name)
+        assert out.stride() == held(x, y).stride(), path.name
 
 
 def test_debug_dir_index_and_default_directory(tmp_path, monkeypatch):

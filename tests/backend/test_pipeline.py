@@ -103,6 +103,42 @@ def test_fuel_bisects_fusion_decisions():
     FUEL.reset()
 
 
+def test_fuel_bisects_in_place_writes_over_intermediates(monkeypatch):
+    """Each in-place write over an intermediate is a decision: `kiln bisect` can refuse it alone."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 48)
+
+    def fn(x):
+        a = torch.sigmoid(x) * 2
+        s = a.sum(0)
+        return torch.tanh(torch.exp(a) / s)  # the last reader of `a`, at its index: may overwrite it
+
+    decisions = []
+    real_take = FUEL.take
+
+    def take(pass_name, decision):
+        decisions.append((pass_name, decision() if callable(decision) else decision))
+        return real_take(pass_name, decision)
+    monkeypatch.setattr(FUEL, "take", take)
+
+    def compile_with(fuel):
+        FUEL.reset()
+        decisions.clear()
+        with config.patch(fuel=fuel):
+            return cpp.compile_graph(kiln.ops.trace(fn, x), [x])
+    full = compile_with(1 << 20)
+    pairs = [(n, src) for step in full.plan.steps for n, src in step.inplace.items()]
+    writes = [d for p, d in decisions if p == "plan"]
+    assert pairs and writes == [f"write {n} in place of {src}" for n, src in pairs], (pairs, decisions)
+    assert all(p == "plan" for p, _ in decisions[-len(writes):])  # (the plan decides last)
+    refused = compile_with(len(decisions) - len(writes))  # every decision but the in-place writes
+    assert not any(step.inplace for step in refused.plan.steps)
+    assert refused.kernel_count == full.kernel_count
+    torch.testing.assert_close(refused(x), fn(x))
+    torch.testing.assert_close(full(x), fn(x))
+    FUEL.reset()
+
+
 def test_raise_on_error_option_reaches_the_cpp_backend(monkeypatch):
     def broken_codegen(state, ctx):
         raise RuntimeError("internal codegen failure")
@@ -182,4 +218,3 @@ def test_backends_get_the_context_and_two_argument_backends_still_work():
 def test_cpp_target_policy():
     assert CPP_TARGET.computes(torch.float32) and not CPP_TARGET.computes(torch.complex64)
     assert "mm" in CPP_TARGET.extern_prims
-    assert CPP_TARGET.vector_width(torch.float32) == 16 and CPP_TARGET.vector_width(torch.float64) == 8

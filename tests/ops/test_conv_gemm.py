@@ -178,3 +178,31 @@ def test_depthwise_kernel_indexes_without_division():
     for line in loads:
         index = line.split("[", 1)[1]
         assert "/" not in index and "%" not in index, line
+
+
+def test_compile_options_reach_capture():
+    """kiln.compile(options=) sets the limits for that compile's capture: with conv_gemm_max_macs=0 the
+    convolution keeps oneDNN's prim, and the process-wide flag is left as it was."""
+    def conv(x, w):
+        return F.conv2d(x, w, padding=1)
+
+    def prim_names(options):
+        seen = []
+
+        def recording(graph, example_inputs):
+            seen.extend(n.target.name for n in to_prims(graph).nodes if n.op == "call_prim")
+            return kiln.graph.torch_callable(graph)
+        x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
+        out = kiln.compile(conv, backend=recording, options=options)(x, w)
+        torch.testing.assert_close(out, conv(x, w))
+        return seen
+
+    kiln.reset()
+    default = prim_names(None)
+    assert "im2col" in default and "convolution" not in default, default
+    off = prim_names({"conv_gemm_max_macs": 0})
+    assert "convolution" in off and "im2col" not in off, off
+    assert config.get("conv_gemm_max_macs") > 0
+    with config.patch(conv_gemm_max_macs=0):  # and an option overrides the flag the other way
+        on = prim_names({"conv_gemm_max_macs": 1 << 30})
+    assert "im2col" in on and "convolution" not in on, on

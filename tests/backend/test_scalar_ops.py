@@ -1,0 +1,101 @@
+"""The scalar op table (kiln.lower.ops.SCALAR_OP_TABLE) and each target's spelling of it: every target
+spells every op of the table, on every dtype of the op's domain (the gaps listed with a reason), with the
+result kind the table states; float-only ops are refused on other dtypes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kiln.codegen import cpp, cpp_ops, triton, triton_ops
+from kiln.lower.ops import BINARY_OPS, COMPARISONS, SCALAR_OP_TABLE, UNARY_OPS, CountHandler, Domain, Result
+
+FLOATS = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
+INTEGERS = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8]
+DOMAIN = {Domain.ANY: FLOATS + INTEGERS + [torch.bool], Domain.FLOAT: FLOATS,
+          Domain.INTEGER: INTEGERS + [torch.bool]}
+# (target, op, dtype) a target does not spell, and why
+GAPS = {
+    **{("triton", "pow", d): "libdevice's pow is float-only: an integer pow runs with torch on triton"
+       for d in INTEGERS},
+    ("triton", "pow", torch.bool): "eager has no pow of bools",
+    ("cpp", "fmod", torch.bool): "eager has no fmod of bools",
+    ("triton", "fmod", torch.bool): "eager has no fmod of bools",
+    ("triton", "shift_left", torch.bool): "eager has no shifts of bools",
+    ("triton", "shift_right", torch.bool): "eager has no shifts of bools",
+}
+
+
+class _Kernel:  # what a TritonHandler asks of its kernel writer
+    libdevice = "libdevice"
+    count = 0
+
+    def new_name(self):
+        self.count += 1
+        return f"tmp{self.count}"
+
+
+def emit(target, name, dtypes):
+    """The value a target's handler returns for op `name` on operands of `dtypes` (raises when unspelled)."""
+    if target == "cpp":
+        return cpp.CppHandler({}, {}, {}, "  ").op(name, *[cpp.CppValue(f"v{i}", d) for i, d in enumerate(dtypes)])
+    handler = triton.TritonHandler(_Kernel(), "[XBLOCK, RBLOCK]", "xmask", "  ")
+    return handler.op(name, *[triton.TValue(f"v{i}", d) for i, d in enumerate(dtypes)])
+
+
+def operands(op, dtype):
+    return [torch.bool, dtype, dtype] if op.name == "where" else [dtype] * op.arity
+
+
+def test_the_op_sets_come_from_the_table():
+    assert UNARY_OPS == {n for n, op in SCALAR_OP_TABLE.items() if op.arity == 1}
+    assert BINARY_OPS == {n for n, op in SCALAR_OP_TABLE.items() if op.arity == 2}
+    assert COMPARISONS == {n for n, op in SCALAR_OP_TABLE.items() if op.result is Result.BOOL}
+    counter = CountHandler()
+    for name, op in SCALAR_OP_TABLE.items():
+        counter.ops = 0
+        counter.op(name)
+        assert counter.ops == op.cost
+
+
+@pytest.mark.parametrize("table", [cpp_ops.CODE_FOR_OP, triton_ops.CODE_FOR_OP], ids=["cpp", "triton"])
+def test_every_target_has_an_entry_for_every_op(table):
+    assert set(table) == set(SCALAR_OP_TABLE), (set(SCALAR_OP_TABLE) ^ set(table))
+
+
+@pytest.mark.parametrize("target", ["cpp", "triton"])
+@pytest.mark.parametrize("name", sorted(SCALAR_OP_TABLE))
+def test_every_target_spells_every_op_on_its_domain(target, name):
+    op = SCALAR_OP_TABLE[name]
+    for dtype in DOMAIN[op.domain]:
+        if (target, name, dtype) in GAPS:
+            with pytest.raises(NotImplementedError, match=f"{target} codegen: {name} on"):
+                emit(target, name, operands(op, dtype))
+            continue
+        value = emit(target, name, operands(op, dtype))
+        assert value.dtype == (torch.bool if op.result is Result.BOOL else dtype), (name, dtype)
+    if op.float_only:
+        for dtype in INTEGERS + [torch.bool]:
+            with pytest.raises(NotImplementedError, match=f"{target} codegen: {name} on {dtype}"):
+                emit(target, name, operands(op, dtype))
+
+
+def test_half_types_compute_in_float():
+    """C++: a half-type op widens its operands and rounds the result back; Triton rounds its float32 register
+    (an exact op, such as maximum, is not rounded)."""
+    h = cpp.CppHandler({}, {}, {}, "  ")
+    out = h.op("add", cpp.CppValue("a", torch.bfloat16), cpp.CppValue("b", torch.bfloat16))
+    assert h.lines == ["  float t1 = static_cast<float>(a) + static_cast<float>(b);",
+                       "  kiln_bf16 t2 = kiln_bf16(t1);"] and out.dtype == torch.bfloat16
+    h = triton.TritonHandler(_Kernel(), "[XBLOCK, RBLOCK]", "xmask", "  ")
+    h.op("exp", triton.TValue("a", torch.float16))
+    h.op("maximum", triton.TValue("a", torch.float16), triton.TValue("b", torch.float16))
+    assert h.lines == ["  tmp1 = kiln_round_fp16(libdevice.exp(a))", "  tmp2 = kiln_maximum(a, b)"]
+
+
+def test_signed_integers_wrap_in_cpp():
+    h = cpp.CppHandler({}, {}, {}, "  ")
+    h.op("mul", cpp.CppValue("a", torch.int64), cpp.CppValue("b", torch.int64))
+    h.op("neg", cpp.CppValue("a", torch.int32))
+    h.op("add", cpp.CppValue("a", torch.uint8), cpp.CppValue("b", torch.uint8))  # unsigned: plain
+    assert "std::make_unsigned<int64_t>::type" in h.lines[0] and "int32_t(0)" in h.lines[1]
+    assert h.lines[2] == "  uint8_t t3 = a + b;"
