@@ -64,7 +64,9 @@ def test_every_link_exists_and_each_linked_module_has_a_docstring():
 def test_environment_variables_are_kilns_flags():
     flags = {"KILN_" + name.upper() for name in config.flag_names()}
     named = set(re.findall(r"\bKILN_[A-Z_]+[A-Z]\b", README))
-    assert named - flags == set(), named - flags
+    # (and the variables tools/python.sh reads, which build interpreters, not kiln's behaviour)
+    script = set(re.findall(r"\$\{(KILN_[A-Z_]+)", (ROOT / "tools" / "python.sh").read_text()))
+    assert named - flags - script == set(), named - flags - script
     listed = {name for cells in table_column(section("Reference"), "variable") for name in cells}
     assert listed and listed <= flags, listed - flags
 
@@ -129,9 +131,19 @@ def test_install_extras_and_dependencies():
 def test_supported_versions_section():
     assert "\n## Supported Python and torch versions\n" in README
     text = " ".join(section("Supported Python and torch versions").split())
-    assert "CPython 3.11 today; 3.12–3.14 are being added (issue 36)" in text
-    assert "torch 2.13.0 is the version tested" in text
-    assert kiln.CAPTURE_PYTHON == (3, 11)
+    versions = ", ".join(f"{a}.{b}" for a, b in kiln.CAPTURE_PYTHONS[:-1])
+    assert f"bytecode of CPython {versions} and {'.'.join(map(str, kiln.CAPTURE_PYTHONS[-1]))}" in text
+    for a, b in kiln.CAPTURE_PYTHONS:
+        assert f"| {a}.{b} |" in text
+    assert (ROOT / "tools" / "python.sh").exists()
+    from kiln.graph.torch_internals import TESTED
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    torch_dep = next(d for d in project["dependencies"] if d.startswith("torch"))
+    low, high = TESTED[0].rsplit(".", 1)[0], TESTED[-1].rsplit(".", 1)[0]
+    assert torch_dep == f"torch>={low},<{high[:-1]}{int(high[-1]) + 1}", torch_dep
+    assert f"admits {low} to {high}" in text and all(v in text for v in TESTED)
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "tools/python.sh 3.13" in ci and "--against" in ci
 
 
 def test_dynamic_true_is_supported_without_a_warning():
