@@ -26,7 +26,7 @@ from .entry import Reconstructor, _entry_source, _checks_source, _exec, _fix_set
     _guard_mutated_aliasing, compile_for_entry, graph_call, parameters, side_effect_writes
 from .errors import GraphBreak
 from .frame import _BINARY_BY_ARG, _COMPARE, NULL, Frame
-from .bytecode import PUSHES_NULL_FIRST
+from .bytecode import PUSHES_NULL_FIRST, PY
 from .resume import NotResumable, check_resumable, live_locals, resume_arguments, resume_code
 from .state import Capture
 
@@ -118,7 +118,10 @@ def native_instruction(frame: Frame, inst: dis.Instruction, stack: list[str | No
         else:
             lines = [f"__r = {a} {'not in' if inst.arg else 'in'} {b}"]
             return 2, lines, [(None, Continuation(nxt, ["__r"]))]
-        return 2, [f"__r = {hold(fn, fn.__name__)}({a}, {b})"], [(None, Continuation(nxt, ["__r"]))]
+        call = f"{hold(fn, fn.__name__)}({a}, {b})"
+        if name == "COMPARE_OP" and PY >= (3, 13) and inst.arg & 16:
+            call = f"bool({call})"  # (3.13's compare-and-test: the jump after it reads an exact bool)
+        return 2, [f"__r = {call}"], [(None, Continuation(nxt, ["__r"]))]
     if name == "STORE_SUBSCR":
         value, container, index = top(3)
         return 3, [f"{container}[{index}] = {value}"], [(None, Continuation(nxt, []))]
