@@ -15,6 +15,7 @@ Each compiler gets a freshly built (seeded) copy of the model; kiln goes first, 
 All calls run under torch.no_grad(), on one torch thread by default (`--threads`). Prints a markdown table; `--json PATH` keeps the rows.
 
     python bench/bench_capture.py [--models hf_gpt2,hf_bert | --suite hf] [--json PATH] [--threads N]
+                                  [--compilers kiln,dynamo] [--against PATH]
 
 torch._dynamo appears only here (bench/) and in tests: kiln never imports it.
 """
@@ -101,7 +102,7 @@ def warm_up() -> None:
     torch._dynamo.reset()
 
 
-def measure(name: str) -> dict[str, Any]:
+def measure(name: str, compilers: tuple[str, ...] = ("kiln", "dynamo")) -> dict[str, Any]:
     row: dict[str, Any] = {"model": name}
     try:
         model, (args, kwargs) = zoo.build(name)
@@ -112,6 +113,8 @@ def measure(name: str) -> dict[str, Any]:
         return dict(row, error=f"eager: {type(e).__name__}: {e}")
     for label, compile_fn, counts in (("kiln", kiln_compile, kiln_counts),
                                       ("dynamo", dynamo_compile, dynamo_counts)):
+        if label not in compilers:
+            continue
         try:
             out, wall = first_call(compile_fn, name)
             row[label] = dict(counts(), first_call_s=wall, capture_s=max(0.0, wall - row["eager_s"]),
@@ -139,7 +142,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         if "error" in row:
             lines.append(f"| {row['model']} | error: {row['error'][:80]} | | | | | | | |")
             continue
-        k, d = row["kiln"], row["dynamo"]
+        k, d = row.get("kiln", {"error": "not run"}), row.get("dynamo", {"error": "not run"})
         kg, kc, ks = _cell(k)
         dg, dc, ds = _cell(d)
         ratio = "-"
@@ -154,9 +157,27 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(f"geomean dynamo / kiln capture time: {geomean:.1f}x over {len(ratios)} models "
                      f"(median {statistics.median(ratios):.1f}x)")
     errors = [(row["model"], label, row[label]["error"]) for row in rows for label in ("kiln", "dynamo")
-              if isinstance(row.get(label), dict) and "error" in row[label]]
+              if isinstance(row.get(label), dict) and "error" in row[label] and row[label]["error"] != "not run"]
     for model, label, error in errors:
         lines.append(f"- {model} / {label}: {error}")
+    return "\n".join(lines)
+
+
+def against(rows: list[dict[str, Any]], path: str) -> str:
+    """kiln's capture time here over the same model's in `path` (a run on another Python or torch)."""
+    with open(path) as f:
+        other = json.load(f)
+    theirs = {row["model"]: row.get("kiln", {}) for row in other["rows"]}
+    lines = [f"| model | kiln capture s here | there ({other.get('python', '?')}) | here / there |", "|---|---:|---:|---:|"]
+    ratios = []
+    for row in rows:
+        mine, them = row.get("kiln", {}), theirs.get(row["model"], {})
+        if "capture_s" in mine and them.get("capture_s"):
+            ratios.append(mine["capture_s"] / them["capture_s"])
+            lines.append(f"| {row['model']} | {mine['capture_s']:.3f} | {them['capture_s']:.3f} | {ratios[-1]:.2f} |")
+    if ratios:
+        lines.append(f"\ngeomean here / there: {math.exp(statistics.fmean(math.log(r) for r in ratios)):.2f} over "
+                     f"{len(ratios)} models")
     return "\n".join(lines)
 
 
@@ -167,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="write the rows as JSON to this path")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (default 1: steadier eager times on a busy machine; 0: torch's own)")
+    parser.add_argument("--compilers", default="kiln,dynamo", help="which to time (default: kiln,dynamo)")
+    parser.add_argument("--against", default=None, metavar="PATH",
+                        help="also compare kiln's capture times with a --json file of another run (another "
+                             "Python or torch): per model and their geomean")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -179,12 +204,14 @@ def main(argv: list[str] | None = None) -> int:
         warm_up()
         for i, name in enumerate(names):
             print(f"[{i + 1}/{len(names)}] {name}", file=sys.stderr, flush=True)
-            rows.append(measure(name))
+            rows.append(measure(name, tuple(args.compilers.split(","))))
     print(table(rows))
+    if args.against:
+        print(against(rows, args.against))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"torch": torch.__version__, "kiln": os.path.dirname(kiln.__file__), "rows": rows}, f,
-                      indent=1)
+            json.dump({"torch": torch.__version__, "python": sys.version.split()[0],
+                       "kiln": os.path.dirname(kiln.__file__), "rows": rows}, f, indent=1)
     return 0
 
 
