@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cache", help="the kernel cache: show it (info) or empty it (clear)",
         description="The on-disk cache of compiled kernels (KILN_CACHE_DIR/cpp, default ~/.cache/kiln/cpp): "
                     "`info` shows its directory, entries, bytes, size cap (KILN_CACHE_MAX_BYTES) and whether "
-                    "kiln uses it; `clear` removes every entry.")
+                    "kiln uses it; `clear` removes every entry, and kiln.profile's cached machine roofs.")
     cache.add_argument("action", choices=("info", "clear"), help="info: show the cache; clear: empty it")
     return parser
 
@@ -241,8 +241,11 @@ def cache_main(args: argparse.Namespace) -> int:
     from .runtime import cache
 
     if args.action == "clear":
+        from .bench import machine
         removed, size = cache.clear()
         print(f"removed {removed} entries ({human_bytes(size)}) from {cache.configured_directory()}")
+        if machine.clear_peaks():   # kiln.profile's roofs: measured again on the next profile
+            print(f"removed the machine roofs {machine.peaks_path()}")
         return 0
     info = cache.info()
     cap = info["max_bytes"]
