@@ -78,8 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds per worker process before the row is a timeout (default: 600)")
     bench.add_argument("--budget", type=float, default=2.0,
                        help="seconds of timed calls per model and compiler (default: 2)")
-    bench.add_argument("--threads", type=int, default=None,
-                       help="torch threads per run (default: torch's own; 1 is steadier on a busy machine)")
+    bench.add_argument("--threads", type=int, default=1,
+                       help="torch threads per run (default: 1, steady ratios on a shared machine; 0: "
+                            "torch's own)")
     bench.add_argument("--no-warm", action="store_true", help="skip the warm compile measurement")
     bench.add_argument("--memory", action="store_true",
                        help="also measure peak and steady RSS of eager and each compiler, each in a fresh "
@@ -188,7 +189,7 @@ def bench_main(args: argparse.Namespace) -> int:
         options = runner.Options(suite=args.suite, models=args.models, backends=tuple(args.backends),
                                  mode=args.mode, batch=args.batch, out=args.out,
                                  kiln_backend=args.kiln_backend,
-                                 timeout_s=args.timeout, budget_s=args.budget, threads=args.threads,
+                                 timeout_s=args.timeout, budget_s=args.budget, threads=args.threads or None,
                                  warm=not args.no_warm, memory=args.memory or args.memory_only,
                                  memory_only=args.memory_only,
                                  plots=not args.no_plots, profile=args.profile,

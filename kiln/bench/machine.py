@@ -75,11 +75,13 @@ def copy_bandwidth(repeat: int = 10, min_s: float = 0.3, threads: int | None = N
         torch.set_num_threads(threads)
     try:
         n = COPY_ELEMENTS
-        times = timed_runs(functools.partial(torch.Tensor.copy_, torch.empty(n), torch.ones(n)), repeat, min_s)
+        copy = functools.partial(torch.Tensor.copy_, torch.empty(n), torch.ones(n))
+        times = timed_runs(copy, repeat, min_s)
     finally:
         torch.set_num_threads(previous)
     gb = 2 * n * 4 / 1e9
-    return {"copy_gbps": round(gb / min(times), 2), "copy_gbps_median": round(gb / statistics.median(times), 2)}
+    return {"copy_gbps": round(gb / min(times), 2),
+            "copy_gbps_median": round(gb / statistics.median(times), 2)}
 
 
 def snapshot(threads: int | None = None) -> dict[str, Any]:
