@@ -103,6 +103,16 @@ def _idle_reference(threads: int | None) -> dict[str, Any] | None:
     return {key: peaks.get(key) for key in ("copy_gbps", "copy_gbps_median", "load", "measured")}
 
 
+def machine_snapshot(threads: int | None) -> dict[str, Any] | None:
+    """The load and copy bandwidth now, measured in a fresh worker: in this process the copy's 256 MB
+    would raise the peak RSS that every worker it starts inherits (and counts in its `mem MB`)."""
+    result = run_worker({"phase": "machine", "threads": threads}, 120.0)
+    if result.get("status") != "pass":
+        log.warning("could not measure the machine: %s", result.get("error"))
+        return {"load": machine.load_average()}
+    return {key: result.get(key) for key in ("load", "copy_gbps", "copy_gbps_median")}
+
+
 def run_busy_reasons(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
     """Why the run's times are not to be trusted: the load before, during (each row's timing) or after
     above the CPUs, or a copy bandwidth well below the idle one ([] for a quiet run)."""
@@ -277,7 +287,7 @@ def run(options: Options, launch: Callable[[dict[str, Any], float], dict[str, An
     # the machine before the run: its load and copy bandwidth at the workers' thread count, against the
     # roofs kiln.profile measured on an idle machine (when cached: nothing idle is measured here)
     meta["machine_idle"] = _idle_reference(options.threads)
-    meta["machine_before"] = machine.snapshot(options.threads)
+    meta["machine_before"] = machine_snapshot(options.threads)
     results: dict[str, Any] = {"meta": meta, "rows": []}
     profiling = options.profile or options.profile_only
     steps = (0 if options.profile_only else 2 * len(models) * len(options.backends)) + \
@@ -302,7 +312,7 @@ def run(options: Options, launch: Callable[[dict[str, Any], float], dict[str, An
     finally:
         progress.close()
     meta["wall_s"] = round(time.monotonic() - start, 1)
-    meta["machine_after"] = machine.snapshot(options.threads)
+    meta["machine_after"] = machine_snapshot(options.threads)
     meta["busy"] = run_busy_reasons(meta, results["rows"])
     results["files"] = report.write(results, options.out)
     for entry in results.get("profiles", ()):

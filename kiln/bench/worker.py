@@ -10,6 +10,7 @@ job names a cache directory, empty for a cold compile and reused for the warm on
   census   kiln.explain on the model: graphs, breaks grouped by reason, frames run natively (census.py)
   memory   resident memory (Linux /proc/self/status): peak and steady RSS of steady calls (`memory`)
   profile  kiln.profile on the model: per-kernel table, JSON and roofline PNG into the job's `out` dir
+  machine  the load average and a copy-bandwidth measurement (machine.snapshot), for the runner
 The result is written as JSON to RESULT_FILE; errors become {"status": "error", ...}, never a crash.
 """
 from __future__ import annotations
@@ -384,10 +385,13 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             return memory(job)
         if job["phase"] == "profile":
             return profile(job)
+        if job["phase"] == "machine":   # the load and copy bandwidth now (runner.machine_snapshot)
+            return dict(machine.snapshot(job.get("threads")), status="pass")
         if job["phase"] == "census":   # kiln explain --isolate: one model's graph-break census
             from . import census
             return census.census_one(job["model"], job.get("batch"))
-        raise ValueError(f"unknown phase {job['phase']!r} (measure, compile, memory, profile, census)")
+        raise ValueError(f"unknown phase {job['phase']!r} (measure, compile, memory, profile, census, "
+                         "machine)")
     except adapters.Unavailable as e:
         return {"status": "unavailable", "error": str(e)}
     except Exception as e:

@@ -125,5 +125,8 @@ def test_real_quick_run_records_load_bandwidth_and_spreads(tmp_path):
     assert kiln_row["speedup_min"] <= kiln_row["speedup_q1"] <= kiln_row["speedup_pair_median"] \
         <= kiln_row["speedup_q3"] <= kiln_row["speedup_max"]
     assert kiln_row["load_before"] is not None and kiln_row["load_after"] is not None
+    # the bandwidth copies (256 MB) run in their own process: a worker inherits its parent's peak RSS
+    eager_row = next(r for r in data["rows"] if r["compiler"] == "eager")
+    assert eager_row["peak_mem_mb"] < 100, eager_row
     assert "pairs IQR" in done.stdout and "machine: " in done.stdout
     assert ("BUSY MACHINE" in done.stdout) == bool(meta["busy"])
