@@ -78,8 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds per worker process before the row is a timeout (default: 600)")
     bench.add_argument("--budget", type=float, default=2.0,
                        help="seconds of timed calls per model and compiler (default: 2)")
-    bench.add_argument("--threads", type=int, default=None,
-                       help="torch threads per run (default: torch's own; 1 is steadier on a busy machine)")
+    bench.add_argument("--threads", type=int, default=1,
+                       help="torch threads per run (default: 1, steady ratios on a shared machine; 0: "
+                            "torch's own)")
     bench.add_argument("--no-warm", action="store_true", help="skip the warm compile measurement")
     bench.add_argument("--memory", action="store_true",
                        help="also measure peak and steady RSS of eager and each compiler, each in a fresh "
@@ -143,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cache", help="the kernel cache: show it (info) or empty it (clear)",
         description="The on-disk cache of compiled kernels (KILN_CACHE_DIR/cpp, default ~/.cache/kiln/cpp): "
                     "`info` shows its directory, entries, bytes, size cap (KILN_CACHE_MAX_BYTES) and whether "
-                    "kiln uses it; `clear` removes every entry.")
+                    "kiln uses it; `clear` removes every entry, and kiln.profile's cached machine roofs.")
     cache.add_argument("action", choices=("info", "clear"), help="info: show the cache; clear: empty it")
     return parser
 
@@ -188,7 +189,7 @@ def bench_main(args: argparse.Namespace) -> int:
         options = runner.Options(suite=args.suite, models=args.models, backends=tuple(args.backends),
                                  mode=args.mode, batch=args.batch, out=args.out,
                                  kiln_backend=args.kiln_backend,
-                                 timeout_s=args.timeout, budget_s=args.budget, threads=args.threads,
+                                 timeout_s=args.timeout, budget_s=args.budget, threads=args.threads or None,
                                  warm=not args.no_warm, memory=args.memory or args.memory_only,
                                  memory_only=args.memory_only,
                                  plots=not args.no_plots, profile=args.profile,
@@ -241,8 +242,11 @@ def cache_main(args: argparse.Namespace) -> int:
     from .runtime import cache
 
     if args.action == "clear":
+        from .bench import machine
         removed, size = cache.clear()
         print(f"removed {removed} entries ({human_bytes(size)}) from {cache.configured_directory()}")
+        if machine.clear_peaks():   # kiln.profile's roofs: measured again on the next profile
+            print(f"removed the machine roofs {machine.peaks_path()}")
         return 0
     info = cache.info()
     cap = info["max_bytes"]

@@ -34,11 +34,9 @@ kernels) and for the whole call the time outside every row: wrapper, guards, Pyt
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import os
-import platform
 import statistics
 import time
 from typing import Any
@@ -51,6 +49,7 @@ from .counters import counters
 from .api import _python_code
 from .backends import GraphCompiler
 from .backends.aot import compile_or_run_with_torch
+from .bench import machine
 from .backends.cpp import PASSES, CompiledGraph, compile_graph
 from .capture.cache import CompiledFunction
 from .graph import Graph, flatten
@@ -66,70 +65,12 @@ log = config.channel("kernels")
 
 LABELS = ("memory-bound", "compute-bound", "overhead-bound")
 OVERHEAD_US = 5.0  # below this a kernel's time is launch and loop overhead, whatever it computes
-PEAKS_FILE = "machine_peaks.json"
 
-
-# ---- the machine's roofs -------------------------------------------------------------------------------
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _best_seconds(fn: Any, repeat: int, min_s: float = 1.0) -> float:
-    """The fastest of at least `repeat` timed calls spread over `min_s` seconds: a roof is what the machine
-    can do, not what it did while other processes held its cores."""
-    fn()
-    best, began, runs = math.inf, time.perf_counter(), 0
-    while runs < repeat or time.perf_counter() - began < min_s:
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-        runs += 1
-    return best
-
-
-def measure_peaks() -> dict[str, Any]:
-    """This machine's copy bandwidth (GB/s: bytes read + written by a 128 MB copy, out of cache: a kernel
-    whose buffers fit in cache may run above it) and matmul peak (GFLOP/s of a 1024 x 1024 float32
-    torch.mm), at torch's current thread count; the best of 10 or more runs over a second each."""
-    n, m = 32 << 20, 1024
-    copy_s = _best_seconds(functools.partial(torch.Tensor.copy_, torch.empty(n), torch.ones(n)), 10)
-    mm_s = _best_seconds(functools.partial(torch.mm, torch.randn(m, m), torch.randn(m, m)), 10)
-    return {"copy_gbps": round(2 * n * 4 / copy_s / 1e9, 2),
-            "matmul_gflops": round(2 * m ** 3 / mm_s / 1e9, 1),
-            "threads": torch.get_num_threads(), "cpu": _cpu_name(),
-            "measured": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}
-
-
-def machine_peaks(remeasure: bool = False) -> dict[str, Any]:
-    """The roofs: measured once per (CPU, thread count, torch version), cached in `cache_dir`."""
-    key = f"{_cpu_name()}|threads={torch.get_num_threads()}|torch={torch.__version__}"
-    path = os.path.join(config.get("cache_dir"), "profile", PEAKS_FILE)
-    cached: dict[str, Any] = {}
-    try:
-        with open(path) as f:
-            cached = json.load(f)
-    except (OSError, ValueError):
-        cached = {}
-    if not remeasure and isinstance(cached.get(key), dict):
-        return dict(cached[key], cached=True)
-    peaks = measure_peaks()
-    cached[key] = peaks
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path + ".tmp", "w") as f:
-            json.dump(cached, f, indent=1)
-        os.replace(path + ".tmp", path)
-    except OSError as e:  # a read-only cache: measure again next time
-        log.debug("could not cache the machine peaks in %s: %s", path, e)
-    return dict(peaks, cached=False)
+# ---- the machine's roofs: measured and cached by kiln.bench.machine (with the load they were measured
+# under and their spread; a set measured on a busy machine is measured again)
+machine_peaks = machine.machine_peaks
+measure_peaks = machine.measure_peaks
+PEAKS_FILE = machine.PEAKS_FILE
 
 
 # ---- bytes and FLOPs ------------------------------------------------------------------------------------
@@ -373,7 +314,9 @@ class ProfileReport:
                  f"{kinds['extern']} extern(s), {kinds['fallback']} fallback(s), {kinds['torch graph']} "
                  f"graph(s) run with torch; median of {self.repeat} calls",
                  f"roofs: copy {p['copy_gbps']:.1f} GB/s, matmul {p['matmul_gflops']:.1f} GFLOP/s "
-                 f"({p['threads']} threads; {'cached' if p.get('cached') else 'measured'} {p['measured']})"]
+                 f"({p['threads']} threads; {'cached' if p.get('cached') else 'measured'} {p['measured']}"
+                 + (f"; BUSY machine, load {p['load']:g} on {p['cpus']} CPUs: measured again next time)"
+                    if p.get("busy") else ")")]
         header = ("graph", "kind", "name (what)", "time us", "bytes", "MFLOP", "GB/s", "%bw", "GFLOP/s",
                   "%peak", "label", "source")
         table = [header]

@@ -12,12 +12,14 @@ import torch.nn.functional as F
 
 import kiln
 from kiln import config, profiler
+from kiln.bench import machine
 from kiln.backends import GraphCompiler
 from kiln.backends.cpp import compile_graph
 from kiln.capture.cache import CompiledFunction
 from kiln.graph.pipeline import CompileContext
 
-FAKE_PEAKS = {"copy_gbps": 20.0, "matmul_gflops": 100.0, "threads": 1, "cpu": "test", "measured": "now"}
+FAKE_PEAKS = {"copy_gbps": 20.0, "matmul_gflops": 100.0, "threads": 1, "cpu": "test", "measured": "now",
+              "load": 0.5, "cpus": 2, "busy": False}
 
 
 def small(a, b, w):
@@ -183,13 +185,49 @@ def test_machine_peaks_measured_once_and_cached(tmp_path, monkeypatch):
     def measure():
         calls.append(1)
         return dict(FAKE_PEAKS)
-    monkeypatch.setattr(profiler, "measure_peaks", measure)
+    monkeypatch.setattr(machine, "measure_peaks", measure)
     with config.patch(cache_dir=str(tmp_path)):
         first = profiler.machine_peaks()
         second = profiler.machine_peaks()
     assert len(calls) == 1 and not first["cached"] and second["cached"]
     assert second["copy_gbps"] == FAKE_PEAKS["copy_gbps"]
     assert (tmp_path / "profile" / profiler.PEAKS_FILE).exists()
+
+
+def test_machine_peaks_measured_busy_are_measured_again(tmp_path, monkeypatch):
+    loads = [7.5, 0.4, 0.4]   # the first measurement under load 7.5 on 2 CPUs
+
+    def measure():
+        load = loads.pop(0)
+        return dict(FAKE_PEAKS, copy_gbps=5.0 if load > 2 else 20.0, load=load, busy=load > 2)
+    monkeypatch.setattr(machine, "measure_peaks", measure)
+    with config.patch(cache_dir=str(tmp_path)):
+        busy = profiler.machine_peaks()
+        assert machine.cached_peaks(threads=torch.get_num_threads()) is None   # not trusted
+        idle = profiler.machine_peaks()
+        again = profiler.machine_peaks()
+    assert (busy["copy_gbps"], busy["cached"]) == (5.0, False)
+    assert (idle["copy_gbps"], idle["cached"]) == (20.0, False)
+    assert again["cached"] and again["load"] == 0.4 and loads == [0.4]
+
+
+def test_machine_peaks_store_their_spread_and_load():
+    peaks = machine.measure_peaks()
+    assert peaks["copy_gbps_median"] <= peaks["copy_gbps"]
+    assert peaks["matmul_gflops_median"] <= peaks["matmul_gflops"]
+    assert peaks["cpus"] >= 1 and isinstance(peaks["busy"], bool)
+    assert peaks["load"] is None or peaks["busy"] == (peaks["load"] > peaks["cpus"])
+
+
+def test_cache_clear_removes_the_roofs(tmp_path, monkeypatch, capsys):
+    from kiln import cli
+    monkeypatch.setattr(machine, "measure_peaks", lambda: dict(FAKE_PEAKS))
+    with config.patch(cache_dir=str(tmp_path)):
+        profiler.machine_peaks()
+        assert (tmp_path / "profile" / profiler.PEAKS_FILE).exists()
+        assert cli.main(["cache", "clear"]) == 0
+    assert not (tmp_path / "profile" / profiler.PEAKS_FILE).exists()
+    assert "machine roofs" in capsys.readouterr().out
 
 
 def test_measure_peaks_is_positive():

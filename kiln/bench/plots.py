@@ -1,8 +1,10 @@
 """PNG plots of a `kiln bench` run (needs matplotlib, the optional extra `plots`).
 
-speedup.png: speedup over eager per model, one bar per compiler, a line at 1x; rows that fail accuracy or
-error are drawn hatched at 0. compile_time.png: cold and warm compile seconds per model and compiler, log
-scale.
+speedup.png: speedup over eager per model, one bar per compiler, a line at 1x, the interquartile range of
+the per-pair ratio as an error bar, "?" after a speedup within noise (report.unreliable); rows that fail
+accuracy or error are drawn hatched at 0 (and the legend says so only when one did). compile_time.png: cold
+and warm compile seconds per model and compiler, log scale. A busy run (report.busy_note) is marked in red
+on every plot.
 """
 from __future__ import annotations
 
@@ -10,13 +12,28 @@ import importlib.util
 import os
 from typing import Any
 
+from . import report
+
 
 def available() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
-def write(rows: list[dict[str, Any]], out_dir: str) -> list[str]:
-    """Write speedup.png and compile_time.png into out_dir; [] when matplotlib is not installed."""
+def failed(row: dict[str, Any]) -> bool:
+    """A row drawn hatched: it ran and did not pass (an unavailable compiler is no bar at all)."""
+    return row.get("status") not in (None, "pass", "unavailable") or \
+        (row.get("status") == "pass" and not row.get("speedup"))
+
+
+def _mark_busy(fig: Any, meta: dict[str, Any] | None) -> None:
+    note = report.busy_note(meta or {})
+    if note:
+        fig.text(0.5, 0.995, note, ha="center", va="top", color="red", fontsize=8, wrap=True)
+
+
+def write(rows: list[dict[str, Any]], out_dir: str, meta: dict[str, Any] | None = None) -> list[str]:
+    """Write speedup.png and compile_time.png into out_dir; [] when matplotlib is not installed. `meta`:
+    the run's (a busy run is marked on each plot)."""
     if not available():
         return []
     import matplotlib
@@ -37,30 +54,40 @@ def write(rows: list[dict[str, Any]], out_dir: str) -> list[str]:
 
     fig, ax = plt.subplots(figsize=(max(6.0, 1.0 + 0.9 * len(models)), 4.0))
     for i, compiler in enumerate(compilers):
-        heights, hatches = [], []
+        heights, hatches, low, high, marks = [], [], [], [], []
         for model in models:
             row = by_key.get((model, compiler), {})
-            ok = row.get("status") == "pass" and row.get("speedup")
-            heights.append(row["speedup"] if ok else 0.0)
-            hatches.append(not ok and row.get("status") not in (None, "unavailable"))
+            ok = row.get("status") == "pass" and bool(row.get("speedup"))
+            height = row["speedup"] if ok else 0.0
+            heights.append(height)
+            hatches.append(failed(row))
+            paired = ok and report.spread(row) is not None
+            low.append(max(0.0, height - row["speedup_q1"]) if paired else 0.0)
+            high.append(max(0.0, row["speedup_q3"] - height) if paired else 0.0)
+            marks.append(f" {report.UNRELIABLE}" if ok and report.unreliable(row) else "")
         xs = [p + (i - (len(compilers) - 1) / 2) * width for p in positions]
-        bars = ax.bar(xs, heights, width, label=compiler, color=f"C{i}")
-        for bar, failed, height in zip(bars, hatches, heights):
-            if failed:
+        bars = ax.bar(xs, heights, width, label=compiler, color=f"C{i}",
+                      yerr=[low, high] if any(low) or any(high) else None, capsize=2,
+                      error_kw={"elinewidth": 0.8})
+        for bar, hatched, height, mark, top in zip(bars, hatches, heights, marks, high):
+            if hatched:
                 bar.set_height(0.05)
                 bar.set_hatch("xx")
             elif height:
-                ax.annotate(f"{height:.2f}", (bar.get_x() + bar.get_width() / 2, height), ha="center",
-                            va="bottom", fontsize=8)
+                ax.annotate(f"{height:.2f}{mark}", (bar.get_x() + bar.get_width() / 2, height + top),
+                            ha="center", va="bottom", fontsize=8)
     handles = [matplotlib.patches.Patch(color=f"C{i}", label=c) for i, c in enumerate(compilers)]
-    handles.append(matplotlib.patches.Patch(facecolor="white", edgecolor="black", hatch="xx",
-                                            label="failed (error / accuracy)"))
+    if any(failed(row) for row in rows if row["compiler"] in compilers):
+        handles.append(matplotlib.patches.Patch(facecolor="white", edgecolor="black", hatch="xx",
+                                                label="failed (error / accuracy)"))
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(list(positions), models, rotation=30, ha="right")
     ax.set_ylabel("speedup over eager (x)")
-    ax.set_title("speedup per model (median eager / median compiled)")
+    ax.set_title("speedup per model (median eager / median compiled; bars: IQR over pairs, ? = noise)",
+                 fontsize=9)
     ax.legend(handles=handles, fontsize=8)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.95) if report.busy_note(meta or {}) else None)
+    _mark_busy(fig, meta)
     paths.append(os.path.join(out_dir, "speedup.png"))
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
@@ -88,7 +115,8 @@ def write(rows: list[dict[str, Any]], out_dir: str) -> list[str]:
     ax.set_xticks(list(positions), models, rotation=30, ha="right")
     ax.set_ylabel("compile time (s, log scale)")
     ax.set_title("compile time: cold (empty caches) and warm (cache hit)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.95) if report.busy_note(meta or {}) else None)
+    _mark_busy(fig, meta)
     paths.append(os.path.join(out_dir, "compile_time.png"))
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)

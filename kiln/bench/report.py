@@ -4,7 +4,13 @@ A run is `{"meta": {...}, "rows": [row, ...]}`; a row is one (model, compiler) p
   model, compiler, mode, batch, status (pass | fail_accuracy | error | timeout | unavailable),
   time_ms (median per call), eager_ms (median eager per call, interleaved in the same process),
   speedup (eager_ms / time_ms), compile_cold_s, compile_warm_s, peak_mem_mb, graph_count,
-  graph_break_count, accuracy (the Verdict as a dict), error.
+  graph_break_count, accuracy (the Verdict as a dict), error; for a compiler, the spread of the speedup
+  over the interleaved (eager, compiled) pairs: speedup_min, speedup_q1, speedup_pair_median, speedup_q3,
+  speedup_max (a speedup whose interquartile range is wider than its distance from 1 is printed with "?"),
+  and load_before/load_after, the load average around its timing.
+The meta has machine_before/machine_after (load average and copy bandwidth, best and median GB/s),
+machine_idle (the idle copy bandwidth kiln.profile cached, if any) and busy (why the run's times are not
+to be trusted; a busy run is marked above the table and on every plot).
 The summary gives, per compiler, the pass rate and the geometric-mean speedup over the models that pass
 accuracy (as PyTorch reports its compiler), and the median compile times.
 With `kiln bench --memory` a row also has rss_base_mb, rss_first_peak_mb, rss_peak_mb, rss_steady_mb (the
@@ -47,6 +53,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "unavailable": len(mine) - len(ran),
             "pass_rate": len(passed) / len(ran) if ran else None,
             "geomean_speedup": geomean([row.get("speedup") for row in passed]),
+            "unreliable": sum(unreliable(row) for row in passed),
             "median_compile_cold_s": statistics.median(cold) if cold else None,
             "median_compile_warm_s": statistics.median(warm) if warm else None,
         }
@@ -71,14 +78,40 @@ def _status(row: dict[str, Any]) -> str:
             "unavailable": "n/a"}.get(row["status"], row["status"])
 
 
-COLUMNS = ("model", "compiler", "status", "eager ms", "ms/iter", "speedup", "cold s", "warm s", "mem MB",
-           "graphs/brk")
+COLUMNS = ("model", "compiler", "status", "eager ms", "ms/iter", "speedup", "pairs IQR", "cold s", "warm s",
+           "mem MB", "graphs/brk")
+UNRELIABLE = "?"   # after a speedup whose spread is wider than its distance from 1
+
+
+def spread(row: dict[str, Any]) -> float | None:
+    """The width of the speedup's interquartile range over the interleaved pairs (None without pairs)."""
+    if row.get("speedup_q1") is None or row.get("speedup_q3") is None:
+        return None
+    return row["speedup_q3"] - row["speedup_q1"]
+
+
+def unreliable(row: dict[str, Any]) -> bool:
+    """Whether the row's speedup cannot be told from noise: its pairs' interquartile range is wider than
+    the speedup's distance from 1 (a 1.07x whose pairs range over 1.00-1.15 may be no speedup at all)."""
+    width = spread(row)
+    return row.get("speedup") is not None and width is not None and width > abs(row["speedup"] - 1.0)
+
+
+def speedup_cell(row: dict[str, Any]) -> str:
+    cell = _num(row.get("speedup"), ".2f", "x")
+    return f"{cell} {UNRELIABLE}" if unreliable(row) else cell
+
+
+def _iqr(row: dict[str, Any]) -> str:
+    if spread(row) is None:
+        return "-"
+    return f"{row['speedup_q1']:.2f}-{row['speedup_q3']:.2f}"
 
 
 def row_cells(row: dict[str, Any]) -> list[str]:
     return [row["model"], row["compiler"], _status(row), _num(row.get("eager_ms"), ".3f"),
-            _num(row.get("time_ms"), ".3f"),
-            _num(row.get("speedup"), ".2f", "x"), _num(row.get("compile_cold_s"), ".1f"),
+            _num(row.get("time_ms"), ".3f"), speedup_cell(row), _iqr(row),
+            _num(row.get("compile_cold_s"), ".1f"),
             _num(row.get("compile_warm_s"), ".1f"), _num(row.get("peak_mem_mb"), ".0f"), _graphs(row)]
 
 
@@ -94,7 +127,8 @@ def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
             continue
         line = f"{compiler}: pass rate {s['passed']}/{s['ran']} ({100 * s['pass_rate']:.0f}%)"
         if compiler != "eager":
-            line += f", geomean speedup {_num(s['geomean_speedup'], '.2f', 'x')} (passing models)"
+            line += f", geomean speedup {_num(s['geomean_speedup'], '.2f', 'x')} (passing models"
+            line += f"; {s['unreliable']} of them within noise {UNRELIABLE})" if s["unreliable"] else ")"
             line += f", median compile cold {_num(s['median_compile_cold_s'], '.1f', ' s')}"
             line += f" / warm {_num(s['median_compile_warm_s'], '.1f', ' s')}"
         if s["unavailable"]:
@@ -104,15 +138,36 @@ def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def busy_note(meta: dict[str, Any]) -> str | None:
-    """A warning when the machine was busier than its CPUs during the run (timings are then noise)."""
-    loads = [meta.get(key) for key in ("load_average_start", "load_average")]
-    loads = [load for load in loads if load is not None]
-    cpus = meta.get("cpus")
-    if not loads or not cpus or max(loads) <= cpus:
+    """The mark of a busy run (runner.run_busy_reasons: load above the CPUs, or a copy bandwidth well below
+    the idle one) for the table's header and every plot; None for a quiet run. Runs written before the
+    reasons were recorded are judged by their load averages."""
+    reasons = meta.get("busy")
+    if reasons is None:
+        loads = [meta.get(key) for key in ("load_average_start", "load_average")]
+        loads = [load for load in loads if load is not None]
+        cpus = meta.get("cpus")
+        reasons = [f"load {max(loads):g} on {cpus} CPUs"] if loads and cpus and max(loads) > cpus else []
+    if not reasons:
         return None
-    note = (f"note: the machine was busy (load average up to {max(loads):g} on {cpus} CPUs): times are "
-            f"noisy; the speedups (interleaved in one process) hold better")
+    note = f"BUSY MACHINE ({'; '.join(reasons)}): times and speedups are not to be trusted"
     return note if meta.get("threads") == 1 else note + "; --threads 1 steadies them"
+
+
+def machine_line(meta: dict[str, Any]) -> str | None:
+    """Load and copy bandwidth before and after the run (and the idle bandwidth they are judged against)."""
+    before, after = meta.get("machine_before"), meta.get("machine_after")
+    if not before:
+        return None
+
+    def one(snap: dict[str, Any] | None) -> str:
+        if not snap:
+            return "-"
+        return f"load {_num(snap.get('load'), 'g')}, copy {_num(snap.get('copy_gbps_median'), 'g')} GB/s"
+    idle = meta.get("machine_idle")
+    reference = (f"; idle copy {_num(idle.get('copy_gbps_median') or idle.get('copy_gbps'), 'g')} GB/s"
+                 if idle else "; no idle copy bandwidth cached (kiln.profile measures it)")
+    return (f"machine: {meta.get('cpus')} CPUs, {meta.get('threads')} thread(s); before: {one(before)}; "
+            f"after: {one(after)}{reference}")
 
 
 def problems(rows: list[dict[str, Any]]) -> list[str]:
@@ -279,13 +334,18 @@ def table(rows: list[dict[str, Any]], meta: dict[str, Any] | None = None) -> str
     def fmt(line: list[str]) -> str:
         padded = [c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))]
         return "  ".join(padded).rstrip()
-    out = [fmt(cells[0]), "  ".join("-" * w for w in widths)]
+    note = busy_note(meta or {})
+    out = [f"*** {note} ***"] if note else []
+    out += [fmt(cells[0]), "  ".join("-" * w for w in widths)]
     out += [fmt(line) for line in cells[1:]]
     out.append("")
     out += summary_lines(rows)
-    note = busy_note(meta or {})
-    if note:
-        out.append(note)
+    if any(unreliable(row) for row in rows):
+        out.append(f"{UNRELIABLE}: the speedup's spread over the interleaved pairs (pairs IQR) is wider than "
+                   "its distance from 1: not told apart from noise")
+    line = machine_line(meta or {})
+    if line:
+        out.append(line)
     memory = memory_table(rows)
     if memory:
         out += ["", memory]
@@ -303,6 +363,9 @@ def markdown(run: dict[str, Any]) -> str:
                                                             "threads", "date") if meta.get(key) is not None)
     if settings:
         out += [settings, ""]
+    note = busy_note(meta)
+    if note:
+        out += [f"**{note}**", ""]
     out.append("| " + " | ".join(COLUMNS) + " |")
     out.append("|" + "|".join("---" if i < 3 else "---:" for i in range(len(COLUMNS))) + "|")
     for row in rows:
@@ -331,13 +394,14 @@ def markdown(run: dict[str, Any]) -> str:
     failed = problems(rows)
     if failed:
         out += ["", "## Not passing", ""] + [f"- {line}" for line in failed]
-    note = busy_note(meta)
-    if note:
-        out += ["", f"_{note}_"]
+    line = machine_line(meta)
+    if line:
+        out += ["", line]
     if meta.get("interrupted"):
         out += ["", "_Interrupted: only the finished rows are shown._"]
     out += ["", "eager ms, ms/iter: median per call of eager and of the compiler, timed alternately in one "
-            "process; speedup = their ratio; "
+            "process; speedup = their ratio (marked ? when pairs IQR, the interquartile range "
+            "of the per-pair ratio eager ÷ compiled, is wider than the speedup's distance from 1); "
             "cold = empty caches, fresh process; warm = cache hit, fresh process; mem = peak RSS growth "
             "over the compile and first call; graphs/brk = kiln's graphs / graph breaks.", ""]
     return "\n".join(out)

@@ -29,7 +29,7 @@ import torch
 
 from .. import config
 from ..testing import models as zoo
-from . import adapters, plots, report
+from . import adapters, machine, plots, report
 
 log = config.channel("bench")
 DEFAULT_BACKENDS = ("eager", "torch.compile", "kiln")
@@ -47,7 +47,9 @@ class Options:
     kiln_backend: str = "auto"
     timeout_s: float = 600.0              # per worker process
     budget_s: float = 2.0                 # timing budget per (model, compiler) after warm-up
-    threads: int | None = None            # torch threads in the workers (None: torch's default)
+    threads: int | None = 1               # torch threads in the workers (None: torch's default); one
+                                          # by default: a shared machine's other jobs then steal less of
+                                          # each timed call than when every call spreads over every core
     warm: bool = True                     # also measure the warm compile time
     memory: bool = False                  # also measure peak and steady RSS (a fresh process each;
                                           # always in training mode)
@@ -94,12 +96,29 @@ class Progress:
             self.stream.flush()
 
 
-def load_average() -> float | None:
-    """The 1-minute load average (None where the OS has none)."""
-    try:
-        return round(os.getloadavg()[0], 1)
-    except (AttributeError, OSError):
+def _idle_reference(threads: int | None) -> dict[str, Any] | None:
+    peaks = machine.cached_peaks(threads)
+    if peaks is None:
         return None
+    return {key: peaks.get(key) for key in ("copy_gbps", "copy_gbps_median", "load", "measured")}
+
+
+def machine_snapshot(threads: int | None) -> dict[str, Any] | None:
+    """The load and copy bandwidth now, measured in a fresh worker: in this process the copy's 256 MB
+    would raise the peak RSS that every worker it starts inherits (and counts in its `mem MB`)."""
+    result = run_worker({"phase": "machine", "threads": threads}, 120.0)
+    if result.get("status") != "pass":
+        log.warning("could not measure the machine: %s", result.get("error"))
+        return {"load": machine.load_average()}
+    return {key: result.get(key) for key in ("load", "copy_gbps", "copy_gbps_median")}
+
+
+def run_busy_reasons(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """Why the run's times are not to be trusted: the load before, during (each row's timing) or after
+    above the CPUs, or a copy bandwidth well below the idle one ([] for a quiet run)."""
+    snapshots = [meta.get("machine_before"), meta.get("machine_after")]
+    snapshots += [{"load": row.get(key)} for row in rows for key in ("load_before", "load_after")]
+    return machine.busy_reasons(snapshots, meta.get("machine_idle"), meta.get("cpus"))
 
 
 def select_models(options: Options) -> list[str]:
@@ -185,7 +204,7 @@ def bench_one(model: str, compiler: str, options: Options, progress: Progress,
                    compile_cold_s=result.get("compile_s"), peak_mem_mb=result.get("peak_mem_mb"),
                    graph_count=result.get("graph_count"), graph_break_count=result.get("graph_break_count"),
                    counters=result.get("counters"), threads=result.get("threads"))
-        row.update({key: result[key] for key in SAVED_FIELDS if key in result})
+        row.update({key: result[key] for key in SAVED_FIELDS + SPREAD_FIELDS if key in result})
         if (options.memory or options.mode == "training") and result["status"] in ("pass", "fail_accuracy"):
             progress.show(f"{model} / {compiler}: memory")
             row.update(_memory_fields(launch(dict(job, phase="memory"), options.timeout_s)))
@@ -225,6 +244,9 @@ def profile_one(model: str, options: Options, progress: Progress,
 # training mode: the bytes autograd holds for the backward (worker.saved_activations), kiln's partitioner plan
 SAVED_FIELDS = ("saved_mb", "saved_tensors", "saved_storages", "saved_error", "planned_saved_mb",
                 "planned_recomputed_mb")
+# the speedup's spread over the interleaved pairs (worker.ratio_spread) and the load around the timing
+SPREAD_FIELDS = ("speedup_min", "speedup_q1", "speedup_pair_median", "speedup_q3", "speedup_max",
+                 "load_before", "load_after")
 MEMORY_FIELDS = ("rss_base_mb", "rss_first_peak_mb", "rss_peak_mb", "rss_steady_mb", "peak_reset")
 
 
@@ -261,7 +283,11 @@ def run(options: Options, launch: Callable[[dict[str, Any], float], dict[str, An
             "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "threads": options.threads or torch.get_num_threads(),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "interrupted": False, "load_average_start": load_average(), "kiln_bytecode": precompile_kiln()}
+            "interrupted": False, "kiln_bytecode": precompile_kiln()}
+    # the machine before the run: its load and copy bandwidth at the workers' thread count, against the
+    # roofs kiln.profile measured on an idle machine (when cached: nothing idle is measured here)
+    meta["machine_idle"] = _idle_reference(options.threads)
+    meta["machine_before"] = machine_snapshot(options.threads)
     results: dict[str, Any] = {"meta": meta, "rows": []}
     profiling = options.profile or options.profile_only
     steps = (0 if options.profile_only else 2 * len(models) * len(options.backends)) + \
@@ -286,10 +312,11 @@ def run(options: Options, launch: Callable[[dict[str, Any], float], dict[str, An
     finally:
         progress.close()
     meta["wall_s"] = round(time.monotonic() - start, 1)
-    meta["load_average"] = load_average()
+    meta["machine_after"] = machine_snapshot(options.threads)
+    meta["busy"] = run_busy_reasons(meta, results["rows"])
     results["files"] = report.write(results, options.out)
     for entry in results.get("profiles", ()):
         results["files"] += entry.get("files", [])
     if options.plots:
-        results["files"] += plots.write(results["rows"], options.out)
+        results["files"] += plots.write(results["rows"], options.out, meta)
     return results

@@ -10,6 +10,7 @@ job names a cache directory, empty for a cold compile and reused for the warm on
   census   kiln.explain on the model: graphs, breaks grouped by reason, frames run natively (census.py)
   memory   resident memory (Linux /proc/self/status): peak and steady RSS of steady calls (`memory`)
   profile  kiln.profile on the model: per-kernel table, JSON and roofline PNG into the job's `out` dir
+  machine  the load average and a copy-bandwidth measurement (machine.snapshot), for the runner
 The result is written as JSON to RESULT_FILE; errors become {"status": "error", ...}, never a crash.
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 
 from ..testing import accuracy
 from ..testing import models as zoo
-from . import adapters
+from . import adapters, machine
 
 SGD_LR = 1e-3
 
@@ -175,9 +176,13 @@ def warm_up(step: Callable[[], Any], min_calls: int = 5, min_s: float = 0.5, max
     return statistics.median(times[-3:])
 
 
-def interleaved(eager: Step, compiled: Step | None, budget_s: float, min_reps: int = 5,
+MIN_REPS = 21   # enough pairs that the quartiles of the per-pair speedup say something
+
+
+def interleaved(eager: Step, compiled: Step | None, budget_s: float, min_reps: int = MIN_REPS,
                 max_reps: int = 200) -> tuple[list[float], list[float]]:
-    """Seconds per call, alternating eager and compiled calls after warm-up."""
+    """Seconds per call, alternating eager and compiled calls after warm-up: pair i is eager_times[i] and
+    compiled_times[i], timed one after the other under the same load."""
     per_round = warm_up(eager) + (warm_up(compiled) if compiled is not None else 0.0)
     reps = int(max(min_reps, min(max_reps, budget_s / max(per_round, 1e-6))))
     eager_times, compiled_times = [], []
@@ -186,6 +191,18 @@ def interleaved(eager: Step, compiled: Step | None, budget_s: float, min_reps: i
         if compiled is not None:
             compiled_times.append(timed(compiled)[1])
     return eager_times, compiled_times
+
+
+def ratio_spread(eager_times: list[float], compiled_times: list[float]) -> dict[str, float]:
+    """The spread of the speedup over the interleaved pairs (eager ÷ compiled per pair): min, quartiles,
+    median and max. The speedup reported stays median eager ÷ median compiled; its spread is the
+    interquartile range of these per-pair ratios (report.unreliable)."""
+    ratios = sorted(e / c for e, c in zip(eager_times, compiled_times) if c > 0)
+    if len(ratios) < 2:
+        return {}
+    q1, median, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return {"speedup_min": ratios[0], "speedup_q1": q1, "speedup_pair_median": median, "speedup_q3": q3,
+            "speedup_max": ratios[-1]}
 
 
 def measure(job: dict[str, Any]) -> dict[str, Any]:
@@ -235,9 +252,13 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
 
     is_eager = name == "eager"
     eager.checking = compiled.checking = False
+    result["load_before"] = machine.load_average()
     eager_times, compiled_times = interleaved(eager, None if is_eager else compiled, job.get("budget_s", 2.0))
+    result["load_after"] = machine.load_average()
     if is_eager:
         compiled_times = eager_times
+    else:
+        result.update(ratio_spread(eager_times, compiled_times))
     result["eager_ms"] = statistics.median(eager_times) * 1e3
     result["compiled_ms"] = statistics.median(compiled_times) * 1e3
     result["reps"] = len(compiled_times)
@@ -364,10 +385,13 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             return memory(job)
         if job["phase"] == "profile":
             return profile(job)
+        if job["phase"] == "machine":   # the load and copy bandwidth now (runner.machine_snapshot)
+            return dict(machine.snapshot(job.get("threads")), status="pass")
         if job["phase"] == "census":   # kiln explain --isolate: one model's graph-break census
             from . import census
             return census.census_one(job["model"], job.get("batch"))
-        raise ValueError(f"unknown phase {job['phase']!r} (measure, compile, memory, profile, census)")
+        raise ValueError(f"unknown phase {job['phase']!r} (measure, compile, memory, profile, census, "
+                         "machine)")
     except adapters.Unavailable as e:
         return {"status": "unavailable", "error": str(e)}
     except Exception as e:

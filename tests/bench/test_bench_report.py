@@ -42,7 +42,7 @@ def test_write_json_and_markdown(tmp_path):
     assert math.isclose(data["summary"]["torch.compile"]["geomean_speedup"], 4.0)
     md = (tmp_path / "out" / "results.md").read_text()
     assert "| model | compiler | status |" in md
-    assert "| b | torch.compile | pass | - | 0.500 | 8.00x | 20.0 | 4.0 |" in md
+    assert "| b | torch.compile | pass | - | 0.500 | 8.00x | - | 20.0 | 4.0 |" in md
     assert "torch.compile: pass rate 2/3 (67%), geomean speedup 4.00x" in md
     assert "c / torch.compile: fail_accuracy: out (3,): RMSE too large" in md
     assert "ValueError: bad \\| pipe" not in md and "b / kiln: error: ValueError: bad | pipe" in md
@@ -60,7 +60,8 @@ def test_terminal_table_has_a_line_per_row_and_the_summary():
 
 
 def test_busy_machine_note():
-    assert report.busy_note({"cpus": 2, "load_average": 1.5}) is None
+    assert report.busy_note({"cpus": 2, "load_average": 1.5}) is None     # a run written before the reasons
     note = report.busy_note({"cpus": 2, "load_average_start": 9.0, "load_average": 3.0, "threads": 2})
-    assert "load average up to 9" in note and "--threads 1" in note
+    assert "BUSY MACHINE (load 9 on 2 CPUs)" in note and "--threads 1" in note
     assert "--threads 1" not in report.busy_note({"cpus": 2, "load_average": 9.0, "threads": 1})
+    assert report.busy_note({"cpus": 2, "busy": [], "threads": 1}) is None
