@@ -60,12 +60,14 @@ def same_outputs(actual: Any, expected: Any) -> bool:
     return True
 
 
-def first_call(compile_fn: Callable[[torch.nn.Module], Any], name: str) -> tuple[Any, float]:
+def first_call(compile_fn: Callable[[torch.nn.Module], Any], name: str) -> tuple[Any, float, float]:
+    """The first call's output, wall seconds and this process's CPU seconds (steadier than wall on a busy
+    machine: one torch thread, so it is the capture's own work)."""
     model, (args, kwargs) = zoo.build(name)
     compiled = compile_fn(model)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     out = compiled(*args, **kwargs)
-    return out, time.perf_counter() - start
+    return out, time.perf_counter() - start, time.process_time() - cpu
 
 
 def kiln_compile(model: torch.nn.Module) -> Any:
@@ -116,8 +118,9 @@ def measure(name: str, compilers: tuple[str, ...] = ("kiln", "dynamo")) -> dict[
         if label not in compilers:
             continue
         try:
-            out, wall = first_call(compile_fn, name)
-            row[label] = dict(counts(), first_call_s=wall, capture_s=max(0.0, wall - row["eager_s"]),
+            out, wall, cpu = first_call(compile_fn, name)
+            row[label] = dict(counts(), first_call_s=wall, first_call_cpu_s=cpu,
+                              capture_s=max(0.0, wall - row["eager_s"]),
                               same=same_outputs(out, expected))
         except Exception as e:
             row[label] = {"error": f"{type(e).__name__}: {e}"[:300],
@@ -164,17 +167,20 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def against(rows: list[dict[str, Any]], path: str) -> str:
-    """kiln's capture time here over the same model's in `path` (a run on another Python or torch)."""
+    """kiln's first-call CPU seconds (capture and one call) here over the same model's in `path` (a run on
+    another Python or torch)."""
     with open(path) as f:
         other = json.load(f)
     theirs = {row["model"]: row.get("kiln", {}) for row in other["rows"]}
-    lines = [f"| model | kiln capture s here | there ({other.get('python', '?')}) | here / there |", "|---|---:|---:|---:|"]
+    key = "first_call_cpu_s"
+    lines = [f"| model | kiln first call, CPU s here | there ({other.get('python', '?')}) | here / there |",
+             "|---|---:|---:|---:|"]
     ratios = []
     for row in rows:
         mine, them = row.get("kiln", {}), theirs.get(row["model"], {})
-        if "capture_s" in mine and them.get("capture_s"):
-            ratios.append(mine["capture_s"] / them["capture_s"])
-            lines.append(f"| {row['model']} | {mine['capture_s']:.3f} | {them['capture_s']:.3f} | {ratios[-1]:.2f} |")
+        if key in mine and them.get(key):
+            ratios.append(mine[key] / them[key])
+            lines.append(f"| {row['model']} | {mine[key]:.3f} | {them[key]:.3f} | {ratios[-1]:.2f} |")
     if ratios:
         lines.append(f"\ngeomean here / there: {math.exp(statistics.fmean(math.log(r) for r in ratios)):.2f} over "
                      f"{len(ratios)} models")

@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 # the CPython versions whose bytecode the capture reads (kiln.capture.bytecode); the backends
 # (kiln.ops.trace + a backend) run on any
-CAPTURE_PYTHONS = ((3, 11), (3, 12), (3, 13))
+CAPTURE_PYTHONS = ((3, 11), (3, 12), (3, 13), (3, 14))
 
 
 def __getattr__(name: str):  # the API imports torch and kiln.ops; load it on first use

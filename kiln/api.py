@@ -35,7 +35,7 @@ from .graph.pipeline import FUEL, CompileContext
 __all__ = ["compile", "explain", "check", "reset", "register_backend", "GraphBreakError", "CompiledModule",
            "ExplainReport"]
 
-_SUPPORTED_PYTHONS = ((3, 11), (3, 12), (3, 13))  # (kiln.CAPTURE_PYTHONS)
+_SUPPORTED_PYTHONS = ((3, 11), (3, 12), (3, 13), (3, 14))  # (kiln.CAPTURE_PYTHONS)
 
 
 def compile(model: Any = None, *, backend: Any = "auto", fullgraph: bool = False, dynamic: Any = None,

@@ -20,7 +20,9 @@ from typing import Any
 import torch
 
 from ..ops import autocast
+from .bytecode import PY
 from .errors import HINTS, GraphBreak, RaisedError
+from .frame import NULL
 
 
 class GradModeContext:
@@ -85,6 +87,13 @@ class AutocastExit:
         if self.ctx.prev is not None:
             autocast.restore(self.ctx.prev)
         return False  # exceptions propagate
+
+
+class WithEnter:
+    """3.14: the __enter__ of kiln's own context (grad mode, autocast) as LOAD_SPECIAL loads it."""
+
+    def __init__(self, ctx: Any):
+        self.ctx = ctx
 
 
 class BlockOps:
@@ -158,16 +167,43 @@ class BlockOps:
 
     # ---- with blocks ----
     def op_BEFORE_WITH(self, inst: dis.Instruction) -> None:
+        manager = self.with_manager(self.pop())
+        if isinstance(manager, (GradModeContext, AutocastContext)):
+            self.push(manager.exit_fn())
+            self.push(manager.enter(self.cap))
+            return
+        enter, leave, obj = manager
+        self.push(types.MethodType(leave, obj))
+        self.push(self.call(enter, [obj], {}))
+
+    def op_LOAD_SPECIAL(self, inst: dis.Instruction) -> None:
+        """3.14: a with-statement loads __exit__, then __enter__, each as (method, self) or (callable,
+        NULL), in place of BEFORE_WITH."""
+        obj = self.pop()
+        name = inst.argval
+        if name not in ("__enter__", "__exit__"):
+            raise GraphBreak(f"`async with` ({name})")
+        pending = self.with_pending
+        manager = pending.pop(id(obj))[1] if id(obj) in pending else self.with_manager(obj)
+        if name == "__exit__":
+            pending[id(obj)] = (obj, manager)  # (the object is held: its id stays its own)
+        if isinstance(manager, (GradModeContext, AutocastContext)):
+            self.push_callable(manager.exit_fn() if name == "__exit__" else WithEnter(manager))
+            return
+        enter, leave, obj = manager
+        self.push(enter if name == "__enter__" else leave)
+        self.push(obj)
+
+    def with_manager(self, manager: Any) -> Any:
+        """What a with-block on `manager` runs: kiln's own context for grad mode and autocast, else the
+        (__enter__, __exit__, manager) of a Python context manager; anything else breaks."""
         from .values import class_lookup
-        manager = self.pop()
         if type(manager) in (torch.no_grad, torch.enable_grad):  # an instance made outside
             manager = GradModeContext(type(manager) is torch.enable_grad)
         if isinstance(manager, torch.amp.autocast_mode.autocast):  # (and the cpu/cuda subclasses)
             manager = AutocastContext(manager)
         if isinstance(manager, (GradModeContext, AutocastContext)):
-            self.push(manager.exit_fn())
-            self.push(manager.enter(self.cap))
-            return
+            return manager
         enter = class_lookup(type(manager), "__enter__")
         leave = class_lookup(type(manager), "__exit__")
         module = type(manager).__module__ or ""
@@ -176,11 +212,20 @@ class BlockOps:
             raise GraphBreak(f"with-block on a {type(manager).__name__} (kiln follows Python context "
                              "managers and torch.no_grad/enable_grad/set_grad_enabled)",
                              "move the with-block outside the compiled function")
-        self.push(types.MethodType(leave, manager))
-        self.push(self.call(enter, [manager], {}))
+        return enter, leave, manager
 
     def op_WITH_EXCEPT_START(self, inst: dis.Instruction) -> None:
         """The with-block was left by an exception: call __exit__(type, value, traceback)."""
         exc = self.stack[-1]
-        leave = self.stack[-4]
-        self.push(self.call(leave, [type(exc), exc, getattr(exc, "__traceback__", None)], {}))
+        args = [type(exc), exc, getattr(exc, "__traceback__", None)]
+        if PY >= (3, 14):  # (__exit__ and its self, or a callable and NULL, below lasti)
+            leave, owner = self.stack[-5], self.stack[-4]
+            if owner is not NULL:
+                args = [owner] + args
+        else:
+            leave = self.stack[-4]
+        self.push(self.call(leave, args, {}))
+
+    def op_LOAD_COMMON_CONSTANT(self, inst: dis.Instruction) -> None:
+        """3.14: AssertionError, NotImplementedError and a few builtins, by index."""
+        self.push(inst.argval)

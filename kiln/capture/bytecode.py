@@ -11,6 +11,8 @@ one handler (frame.py and its mixins):
 - `LOAD_FAST_CHECK` (3.12+) and `LOAD_FAST_BORROW` (3.14) become `LOAD_FAST`; 3.12+ `POP_JUMP_IF_*` are
   3.11's forward forms (dis already gives the absolute target); `COMPARE_OP`'s argval loses 3.13's
   `bool(...)` (the consumer tests truth either way).
+- 3.14: `BINARY_OP []` becomes `BINARY_SUBSCR`, `LOAD_SMALL_INT` `LOAD_CONST`, and `CALL_FUNCTION_EX` always
+  has its kwargs slot (arg 1; the handler reads a NULL there as none).
 
 What differs in meaning is a handler reading `PY` (the stack order of a callable and its NULL, END_FOR's
 pops, MAKE_FUNCTION's flags, the forms of SEND and the with-block's exit).
@@ -22,7 +24,6 @@ import sys
 import types
 
 PY = sys.version_info[:2]
-SUPPORTED = ((3, 11), (3, 12), (3, 13), (3, 14))
 # 3.11 and 3.12 push the NULL below a callable (`PUSH_NULL; LOAD_FAST f`); 3.13+ above it (`f; NULL`)
 PUSHES_NULL_FIRST = PY < (3, 13)
 
@@ -60,13 +61,17 @@ NOT_FOLLOWED = {
     **dict.fromkeys(("LOAD_BUILD_CLASS", "SETUP_ANNOTATIONS", "STORE_NAME", "DELETE_NAME", "LOAD_NAME",
                      "LOAD_LOCALS", "LOAD_FROM_DICT_OR_DEREF", "LOAD_FROM_DICT_OR_GLOBALS", "LOAD_CLASSDEREF",
                      "IMPORT_STAR", "PRINT_EXPR"), "a class body or module-level code"),
+    **dict.fromkeys(("BUILD_TEMPLATE", "BUILD_INTERPOLATION"), "a template string (t-string)"),
     "DELETE_GLOBAL": "deleting a global variable",
     "DELETE_DEREF": "deleting a closure variable",
     "CLEANUP_THROW": "generator.throw() into a `yield from`",
     **dict.fromkeys(("EXIT_INIT_CHECK", "INTERPRETER_EXIT", "ENTER_EXECUTOR", "RESERVED"),
                     "an instruction of CPython's own (its compiler does not emit it into functions)"),
 }
-NORMALIZED = set(_SAME) | set(_PAIRS)  # (and LOAD_ATTR's method form, which keeps a handler)
+NORMALIZED = set(_SAME) | set(_PAIRS) | {"LOAD_SMALL_INT"}  # (and forms of ops that keep a handler)
+
+
+_SPECIAL_NAMES = ("__enter__", "__exit__", "__aenter__", "__aexit__")  # LOAD_SPECIAL's argument (3.14)
 
 
 def decode(code: types.CodeType) -> list[dis.Instruction]:
@@ -86,6 +91,14 @@ def decode(code: types.CodeType) -> list[dis.Instruction]:
             inst = inst._replace(opname="LOAD_METHOD")
         elif name == "COMPARE_OP" and isinstance(inst.argval, str) and inst.argval.startswith("bool("):
             inst = inst._replace(argval=inst.argval[5:-1])
+        elif name == "BINARY_OP" and inst.argrepr == "[]":  # 3.14: subscripts are a binary op
+            inst = inst._replace(opname="BINARY_SUBSCR")
+        elif name == "LOAD_SPECIAL" and isinstance(inst.argval, int):  # 3.14: the method's name
+            inst = inst._replace(argval=_SPECIAL_NAMES[inst.arg])
+        elif name == "LOAD_SMALL_INT":  # 3.14
+            inst = inst._replace(opname="LOAD_CONST", argval=inst.arg)
+        elif name == "CALL_FUNCTION_EX" and PY >= (3, 14):  # the kwargs slot is always there (NULL: none)
+            inst = inst._replace(arg=1)
         out.append(inst)
     return out
 

@@ -25,7 +25,7 @@ from ..ops.aten import OVERLOADS
 from ..ops.trace import _RecordMode
 from .errors import HINTS, GraphBreak, RaisedError
 from .bytecode import PY
-from .blocks import AutocastExit, GradModeContext, GradModeExit, set_grad
+from .blocks import AutocastExit, GradModeContext, GradModeExit, WithEnter, set_grad
 from .builtin_calls import (_BUILTIN_HANDLERS, _BUILTIN_TYPES, _SPECIAL_FUNCTIONS, _type, check_arguments,
                             sort_items)
 from .disabled import disabled_by, module_disabled_by
@@ -141,6 +141,8 @@ class CallOps:
 
     def op_CALL_FUNCTION_EX(self, inst: dis.Instruction) -> None:
         kwargs = self.pop() if inst.arg & 1 else {}
+        if kwargs is NULL:  # (3.14: no **kwargs)
+            kwargs = {}
         args = self.pop()
         fn = self.pop()
         if fn is NULL:  # 3.13+: the callable, then its NULL
@@ -191,6 +193,8 @@ class CallOps:
             fn.__kwdefaults__ = value
         elif inst.arg == 0x04:
             fn.__annotations__ = dict(zip(value[::2], value[1::2])) if isinstance(value, tuple) else dict(value)
+        elif inst.arg == 0x10:  # 3.14: annotations computed on demand (PEP 649)
+            fn.__annotate__ = value
         else:
             raise GraphBreak(f"function attribute {inst.argrepr} is not supported by kiln's interpreter")
         self.push(fn)
@@ -219,6 +223,8 @@ class CallOps:
             return None
         if isinstance(fn, AutocastExit):
             return fn.leave()
+        if isinstance(fn, WithEnter):
+            return fn.ctx.enter(cap)
         if isinstance(fn, torch.nn.Module):
             return self.call_module(fn, args, kwargs)
         if isinstance(fn, OVERLOADS):  # torch.ops.aten.add.Tensor, torch.ops.aten.add, torch.ops.mylib.foo

@@ -36,7 +36,7 @@ _BINARY = {
     "+=": operator.iadd, "&=": operator.iand, "//=": operator.ifloordiv, "<<=": operator.ilshift,
     "@=": operator.imatmul, "*=": operator.imul, "%=": operator.imod, "|=": operator.ior,
     "**=": operator.ipow, ">>=": operator.irshift, "-=": operator.isub, "/=": operator.itruediv,
-    "^=": operator.ixor,
+    "^=": operator.ixor, "[]": operator.getitem,  # (3.14's subscript)
 }
 _BINARY_BY_ARG = [_BINARY[sym] for _, sym in dis._nb_ops]  # type: ignore[attr-defined]
 _COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt,
@@ -170,6 +170,7 @@ class Frame:
         self.cells: dict[str, Any] = {}
         self.stack: list[Any] = []
         self.kw_names: tuple = ()
+        self.with_pending: dict[int, tuple] = {}  # 3.14: a with-block's manager between its LOAD_SPECIALs
         self.is_generator = bool(code.co_flags & CO_GENERATOR)
         decoded = _Instructions.of(code)
         self.handlers = decoded.handlers
@@ -426,10 +427,10 @@ class Frame:
 
     def op_BUILD_MAP(self, inst: dis.Instruction) -> None:
         items = self.popn(2 * inst.arg)
-        self.push(self.cap.new_local(dict(zip(self.native_items(items[::2]), items[1::2]))))
+        self.push(self.cap.new_local(dict(zip(self.native_items(items[::2], True), items[1::2]))))
 
     def op_BUILD_CONST_KEY_MAP(self, inst: dis.Instruction) -> None:
-        keys = self.native_items(list(self.pop()))
+        keys = self.native_items(list(self.pop()), True)
         values = self.popn(inst.arg)
         self.push(self.cap.new_local(dict(zip(keys, values))))
 
@@ -450,7 +451,7 @@ class Frame:
     def op_MAP_ADD(self, inst: dis.Instruction) -> None:
         value = self.pop()
         key = self.pop()
-        self.stack[-inst.arg][self.native_items([key])[0]] = value
+        self.stack[-inst.arg][self.native_items([key], True)[0]] = value
 
     def op_LIST_EXTEND(self, inst: dis.Instruction) -> None:
         values = self.pop()

@@ -41,6 +41,7 @@ _OP = dis.opmap
 _EXT = _OP["EXTENDED_ARG"]
 _NOP = _OP["NOP"]
 _JUMP_OPS = set(dis.hasjrel) | set(dis.hasjabs)
+_NB_SUBSCR = next((i for i, (_, sym) in enumerate(dis._nb_ops) if sym == "[]"), None)  # type: ignore[attr-defined]
 # instructions that may be moved into a trampoline in front of CALL_FUNCTION_EX (no jumps, no position)
 _MOVABLE = {_OP[n] for n in ("LOAD_FAST", "LOAD_DEREF", "LOAD_CONST", "LOAD_GLOBAL", "LOAD_ATTR", "BUILD_MAP",
                              "BUILD_TUPLE", "BUILD_LIST", "LIST_TO_TUPLE", "DICT_MERGE", "DICT_UPDATE",
@@ -185,7 +186,9 @@ def _route(depth: int, router_index: int) -> bytes:
     out = bytearray()
     if depth > 1:
         out += _emit(_OP["SWAP"], depth)
-    out += _emit(_OP["LOAD_CONST"], router_index) + _emit(_OP["SWAP"], 2) + _emit(_OP["BINARY_SUBSCR"])
+    # router[callable]: BINARY_SUBSCR, a binary op on 3.14
+    subscript = _emit(_OP["BINARY_SUBSCR"]) if "BINARY_SUBSCR" in _OP else _emit(_OP["BINARY_OP"], _NB_SUBSCR)
+    out += _emit(_OP["LOAD_CONST"], router_index) + _emit(_OP["SWAP"], 2) + subscript
     if depth > 1:
         out += _emit(_OP["SWAP"], depth)
     return bytes(out)
@@ -237,7 +240,8 @@ def _sites(code: types.CodeType, insts: list[_Inst], router_index: int) -> list[
             prev = insts[k - 1]
             if prev.op not in _MOVABLE or inst.start in targets:
                 continue
-            depth = (3 if inst.arg & 1 else 2) + (0 if PY < (3, 13) else 1)
+            # (args[, kwargs]) above the callable, and its NULL on 3.13+; 3.14 always has the kwargs slot
+            depth = (3 if inst.arg & 1 or PY >= (3, 14) else 2) + (0 if PY < (3, 13) else 1)
             parts = [(_copy(raw, prev), prev.body), (_route(depth, router_index), inst.body),
                      (_copy(raw, inst), inst.body)]
             sites.append((prev.start, prev.units + inst.units, parts))

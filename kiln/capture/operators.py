@@ -132,7 +132,7 @@ class OperatorOps:
         except Exception as e:
             raise symbolic_break(e, f"operator {fn.__name__}", not has_proxy(args)) from None
 
-    def native_items(self, items: list) -> list:
+    def native_items(self, items: list, dict_keys: bool = False) -> list:
         """Set elements or dict keys: hashed natively, so no tensor and no Python __hash__/__eq__."""
         from .frame import NATIVE_OPERAND_TYPES
         for item in items:
@@ -143,8 +143,15 @@ class OperatorOps:
                                  "and __eq__ would run outside the trace)", HINTS["call"])
             try:
                 hash(item)
-            except TypeError as e:  # eager's own error: unhashable type
-                raise RaisedError(e, "an unhashable set element or dict key") from None
+            except TypeError:  # eager's own error, by the operation eager runs (3.14 words them apart)
+                try:
+                    if dict_keys:
+                        {}[item] = None
+                    else:
+                        set().add(item)
+                except TypeError as e:
+                    raise RaisedError(e, "an unhashable set element or dict key") from None
+                raise
         return items
 
     # ---- dunder dispatch for user objects ----

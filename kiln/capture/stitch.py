@@ -87,7 +87,7 @@ def native_instruction(frame: Frame, inst: dis.Instruction, stack: list[str | No
                 raise NotResumable("CALL_FUNCTION_EX without its NULL")
             items = [items[0]] + items[2:]
             consumed = n + 1
-        kwargs = f", **{items[2]}" if n == 3 else ""
+        kwargs = f", **{items[2]}" if n == 3 and items[2] is not None else ""  # (3.14: NULL for none)
         lines = [f"__r = __call({items[0]}, *{items[1]}{kwargs})"]
         return consumed, lines, [(None, Continuation(nxt, ["__r"]))]
     if name in ("POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_FORWARD_IF_FALSE"):
