@@ -107,3 +107,53 @@ def exception_table(code: types.CodeType) -> list[tuple[int, int, int, int, bool
     """(start, end, target, depth, lasti) in bytes."""
     return [(e.start, e.end, e.target, e.depth, e.lasti)
             for e in dis._parse_exception_table(code)]  # type: ignore[attr-defined]
+
+
+_JUMPS = set(dis.hasjrel) | set(dis.hasjabs)
+_ALWAYS_JUMPS = {"JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP_ABSOLUTE", "JUMP"}
+_ENDS = {"RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE"}
+_FLOW: dict[types.CodeType, tuple[list[dis.Instruction], list[tuple[int, ...]]]] = {}
+
+
+def flow(code: types.CodeType) -> tuple[list[dis.Instruction], list[tuple[int, ...]]]:
+    """The decoded instructions of `code` (EXTENDED_ARG dropped) and, for each, the indices of the
+    instructions that may run next: the fall-through, a jump's target, and the handler of an exception
+    raised there."""
+    found = _FLOW.get(code)
+    if found is not None:
+        return found
+    insts = [i for i in decode(code) if i.opname != "EXTENDED_ARG"]
+    index: dict[int, int] = {}
+    for k, inst in enumerate(insts):
+        index.setdefault(inst.offset, k)
+    handlers = exception_table(code)
+
+    def at(offset: int) -> int:  # (a target on an EXTENDED_ARG lands on the instruction it extends)
+        while offset not in index and offset < 2 * len(code.co_code):
+            offset += 2
+        return index[offset]
+    succ = []
+    for k, inst in enumerate(insts):
+        nxt: list[int] = []
+        if inst.opname not in _ENDS and inst.opname not in _ALWAYS_JUMPS and k + 1 < len(insts):
+            nxt.append(k + 1)
+        if inst.opcode in _JUMPS and isinstance(inst.argval, int):
+            nxt.append(at(inst.argval))
+        nxt += [at(target) for start, end, target, _, _ in handlers if start <= inst.offset < end]
+        succ.append(tuple(nxt))
+    found = _FLOW[code] = (insts, succ)
+    return found
+
+
+def reachable(code: types.CodeType, offset: int) -> list[dis.Instruction]:
+    """The instructions that may run once the one at `offset` starts (it among them)."""
+    insts, succ = flow(code)
+    start = next(k for k, inst in enumerate(insts) if inst.offset >= offset)
+    seen = {start}
+    todo = [start]
+    while todo:
+        for n in succ[todo.pop()]:
+            if n not in seen:
+                seen.add(n)
+                todo.append(n)
+    return [insts[k] for k in sorted(seen)]

@@ -23,15 +23,12 @@ import re
 import types
 from typing import Any
 
-from .bytecode import PY, cache_entries, decode
+from .bytecode import PY, cache_entries, flow, reachable
 from .errors import GraphBreak
 
 _OP = dis.opmap
 _LOCAL_OPS = set(dis.haslocal)
 _FREE_OPS = set(dis.hasfree)
-_BACKWARD = {_OP[n] for n in ("JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "POP_JUMP_BACKWARD_IF_TRUE",
-                              "POP_JUMP_BACKWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_NONE",
-                              "POP_JUMP_BACKWARD_IF_NOT_NONE") if n in _OP}
 CO_VARARGS, CO_VARKEYWORDS, CO_GENERATOR = 0x04, 0x08, 0x20
 _PACKED = {"LOAD_FAST_LOAD_FAST", "STORE_FAST_LOAD_FAST", "STORE_FAST_STORE_FAST",
            "LOAD_FAST_BORROW_LOAD_FAST_BORROW"}
@@ -53,18 +50,19 @@ def check_resumable(code: types.CodeType, offset: int) -> None:
     for entry in dis._parse_exception_table(code):  # type: ignore[attr-defined]
         if entry.start <= offset < entry.end:
             raise NotResumable("the break is inside a try or with block")
-    for inst in dis.get_instructions(code):
-        # (3.12+ handlers jump back to the code after their try or with block with
-        # JUMP_BACKWARD_NO_INTERRUPT: a handler covering the break was refused above, so no loop)
-        if inst.opcode in _BACKWARD and inst.argval <= offset <= inst.offset and \
-                not (PY >= (3, 12) and inst.opname == "JUMP_BACKWARD_NO_INTERRUPT"):
-            raise NotResumable("the break is inside a loop")
+    insts, succ = flow(code)
+    here = next(k for k, inst in enumerate(insts) if inst.offset >= offset)
+    if any(inst.offset == insts[here].offset for n in succ[here] for inst in reachable(code, insts[n].offset)):
+        raise NotResumable("the break is inside a loop")
 
 
 def live_locals(code: types.CodeType, offset: int) -> set[str]:
-    """Locals possibly read at or after `offset` (sound when no backward jump crosses `offset`)."""
-    return {inst.argval for inst in decode(code)
-            if inst.offset >= offset and inst.opname in ("LOAD_FAST", "DELETE_FAST", "LOAD_FAST_AND_CLEAR")}
+    """Locals possibly read once the instruction at `offset` runs: read by an instruction reachable from it
+    through jumps and handlers. (Not by offset order: 3.12+ moves an exit block that a handler shares with
+    the code after it behind a backward jump; a local read only there was passed as unbound, and CPython's
+    LOAD_FAST, which does not check, crashed on it.)"""
+    return {inst.argval for inst in reachable(code, offset)
+            if inst.opname in ("LOAD_FAST", "DELETE_FAST", "LOAD_FAST_AND_CLEAR")}
 
 
 def resume_arguments(code: types.CodeType, local_names: tuple[str, ...]) -> tuple[str | None, ...]:
