@@ -74,7 +74,7 @@ def _static_cat(node: Node) -> bool:
     metas = [node.meta] + [getattr(t, "meta", None) for t in inputs]
     return bool(inputs) and isinstance(_cat_dim(node), int) and \
         all(isinstance(t, Node) for t in inputs) and \
-        all(isinstance(m, TensorMeta) and is_static(tuple(m.shape)) for m in metas)
+        all(isinstance(m, TensorMeta) and is_static(dims(m.shape)) for m in metas)
 
 
 def _run_start(root: Node, cat: Node) -> int | None:
