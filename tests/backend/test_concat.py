@@ -242,3 +242,10 @@ def test_numerics_check_runs_windows_kernel_by_kernel():
     with torch.no_grad():
         report = kiln.check(block, torch.randn(2, 16, 8, 8))
     assert report.first_bad is None, report
+
+
+def test_a_linear_computed_into_a_cat_keeps_its_window():
+    """`x @ w.t() + b` computed into its window of a cat is no `addmm` writing a buffer of its own."""
+    x, w, b, y = torch.randn(2, 6), torch.randn(5, 6), torch.randn(5), torch.randn(3, 5)
+    c = check(lambda x, w, b, y: torch.cat([F.linear(x, w, b), y.exp(), y, y, y.neg()], 0), x, w, b, y)
+    assert len(parts(c)) == 5
