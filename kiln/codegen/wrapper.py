@@ -265,6 +265,8 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
                     lines.append(f"        {name} = {alloc}{meta}")
                 else:
                     lines.append(f"    {name} = {alloc}{meta}")
+            if windows.get(name) and name not in src.zero_offset:  # (never: the pool holds kiln's own buffers)
+                raise NotImplementedError(f"wrapper: the memory of concatenation {name} has a storage offset")
             for window in windows.get(name, ()):
                 w = graph.buffers[window]
                 view = f"{src.sizes(w.shape)}, {src.sizes(w.layout.strides)}, {src.size(w.layout.offset)}"

@@ -159,11 +159,14 @@ def _root(ctx: Any, root: Node) -> _Root:
 
 def _write_part(ctx: Any, state: _Root, position: int, value: Node, box: Box) -> str:
     """Store input `position` of the root into its window: computed there when it is a value kiln computes
-    and holds in no buffer yet (later readers then read the window), else copied from its buffer."""
+    and holds in no buffer yet (later readers then read the window), else copied from its buffer. A value an
+    output or a torch call sees as a whole keeps a buffer of its own, at eager's strides."""
     buffer = state.buffer
     strides = buffer.layout.strides
     offset = state.starts[position] * strides[state.dim]
     computed = box.view is None and box.realized is None
+    if computed and id(value) in ctx.aliased_by_output:
+        computed, box = False, ctx.realized_box(box, value.meta, value)
     source = box if computed or box.view is not None else ctx.realized_box(box)
     loader = source.loader
     name = ctx.new_name()

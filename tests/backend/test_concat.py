@@ -146,6 +146,11 @@ def shared_part(x, y):
     return torch.cat([r, y.exp(), r * 3, x], 1), r + 1, torch.cat([r, y.exp()], 1)
 
 
+def part_returned(x, y):
+    r, s = x.relu(), y.exp()
+    return torch.cat([r, s, r * 3, x, s.transpose(1, 2).transpose(1, 2)], 1), r, s[:, 1:]
+
+
 def repeated(x):
     e = x.exp()
     return torch.cat([e, e, x, e], 0)
@@ -182,6 +187,7 @@ CASES = {
     "many": (many, lambda: [torch.randn(3, 2, 5)]),
     "shared_part": (shared_part, lambda: [torch.randn(2, 3, 4), torch.randn(2, 2, 4)]),
     "repeated": (repeated, lambda: [torch.randn(2, 7)]),
+    "part_returned": (part_returned, lambda: [torch.randn(2, 3, 4), torch.randn(2, 2, 4)]),
     "runs_out_of_order": (runs_out_of_order, lambda: [torch.randn(2, 3, 5), torch.randn(2, 4, 5)]),
     "nested": (nested, lambda: [torch.randn(2, 3, 4), torch.randn(2, 3, 4)]),
     "with_empty": (with_empty, lambda: [torch.randn(2, 3, 4), torch.randn(2, 0, 4)]),
