@@ -243,13 +243,14 @@ def _restrided(t: torch.Tensor, strides: tuple) -> torch.Tensor:
     return out
 
 
-def _run_extern(node: ExternNode, env: dict[str, torch.Tensor]) -> None:
+def _run_extern(node: ExternNode, env: dict[str, torch.Tensor], loop: LoopGraph) -> None:
     def value(v: Any) -> Any:
-        if isinstance(v, BufferRef):
+        if isinstance(v, BufferRef) and loop.storage_of(v.name) == v.name:
             return env[v.name]
-        if isinstance(v, ViewRef):
-            base = env[v.name]
-            return base.as_strided(v.shape, v.strides, base.storage_offset() + v.offset)
+        if isinstance(v, (BufferRef, ViewRef)):  # (a window's offset counts from its storage's start)
+            view = v if isinstance(v, ViewRef) else loop.buffers[v.name].layout
+            base = env[loop.storage_of(v.name)]
+            return base.as_strided(view.shape, view.strides, base.storage_offset() + view.offset)
         return v
     args, kwargs = map_structure(value, (node.args, node.kwargs))
     result = node.target(*args, **kwargs)
@@ -260,8 +261,11 @@ def _run_extern(node: ExternNode, env: dict[str, torch.Tensor]) -> None:
 def run_kernels(loop: LoopGraph, schedule: list, inputs: list) -> dict[str, torch.Tensor]:
     """Every buffer of the schedule run on `inputs`, each kernel as its own C++ entry."""
     groups = [item for item in schedule if isinstance(item, FusedGroup)]
-    args = {g.name: _group_args(g) for g in groups}
-    parts = [segment_source(f"kiln_check_{g.name}", [g], args[g.name], loop.buffers, {}, CPP_TARGET)
+    storage = loop.storage_of  # a window of a concatenation's memory is reached through that memory
+    names = {g.name: _group_args(g) for g in groups}
+    args = {g: list(dict.fromkeys(storage(n) for n in ns)) for g, ns in names.items()}
+    parts = [segment_source(f"kiln_check_{g.name}", [g], args[g.name], loop.buffers,
+                            {n: storage(n) for n in names[g.name] if storage(n) != n}, CPP_TARGET)
              for g in groups]
     lib = build("\n".join([header_for("\n".join(parts))] + parts) + "\n") if parts else None
     env: dict[str, torch.Tensor] = {}
@@ -271,12 +275,18 @@ def run_kernels(loop: LoopGraph, schedule: list, inputs: list) -> dict[str, torc
         env[b.name] = b.constant
     for item in schedule:
         if isinstance(item, ExternNode):
-            _run_extern(item, env)
+            _run_extern(item, env, loop)
             continue
         entry = load_entry(lib, f"kiln_check_{item.name}", len(args[item.name]))
         for member in item.members:
             buf = member.buffer
-            if buf.name not in item.local:
+            root = storage(buf.name)
+            if root != buf.name:
+                if root not in env:
+                    memory = loop.buffers[root]
+                    env[root] = torch.empty_strided(memory.shape, memory.layout.strides, dtype=memory.dtype)
+                env[buf.name] = env[root].as_strided(buf.shape, buf.layout.strides, buf.layout.offset)
+            elif buf.name not in item.local:
                 env[buf.name] = torch.empty_strided(buf.shape, buf.layout.strides, dtype=buf.dtype)
         entry(*[env[name].data_ptr() for name in args[item.name]])
     return env
@@ -307,8 +317,11 @@ def _judge(actual: torch.Tensor, same: torch.Tensor, wide: torch.Tensor,
 
 
 def check_kernel(graph: str, group: FusedGroup, env: dict[str, torch.Tensor], tol: float,
-                 origins: dict[str, list[str]]) -> KernelCheck:
-    """One kernel's outputs in `env` against its loop IR run on the same inputs, in float64 and as is."""
+                 origins: dict[str, list[str]], storage: Any = None) -> KernelCheck:
+    """One kernel's outputs in `env` against its loop IR run on the same inputs, in float64 and as is.
+    `storage(name)`: the buffer whose memory a read indexes from (a window of a concatenation's: that
+    memory's, `LoopGraph.storage_of`)."""
+    storage = storage or (lambda name: name)
     members = [m.buffer for m in group.members]
     own = {b.name for b in members}
     outputs = [b.name for b in members if b.name not in group.local]
@@ -319,8 +332,9 @@ def check_kernel(graph: str, group: FusedGroup, env: dict[str, torch.Tensor], to
     try:
         for name in dict.fromkeys(n for b in members for n, _ in b.reads()):
             if name not in own:
-                _bind(wide, name, env[name], _wide(env[name].dtype))
-                _bind(same, name, env[name], env[name].dtype)
+                memory = env[storage(name)]
+                _bind(wide, name, memory, _wide(memory.dtype))
+                _bind(same, name, memory, memory.dtype)
         for b in members:
             wide.compute(b)
             same.compute(b)
@@ -365,7 +379,7 @@ def check_graph(compiled: Any, inputs: list, origins: dict[str, list[str]], tol:
     env = run_kernels(loop, compiled.schedule, list(inputs))
     for item in compiled.schedule:
         if isinstance(item, FusedGroup):
-            result.kernels.append(check_kernel(result.name, item, env, tol, origins))
+            result.kernels.append(check_kernel(result.name, item, env, tol, origins, loop.storage_of))
     return result
 
 

@@ -226,6 +226,15 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
     recyclable = {name for s in plan.steps for name, r in s.allocs if pool and r is None and name not in pooled
                   and not size_symbols(graph.buffers[name].layout.shape)  # a symbolic size varies by call
                   and graph.buffers[name].nbytes() >= POOL_MIN_BYTES}
+    # windows of a concatenation's memory that a torch call or the outputs see: views of it, made once it
+    # is allocated (kernels reach them through its pointer)
+    windows: dict[str, list[str]] = {}
+    seen = [node.reads() for node in graph.nodes if isinstance(node, ExternNode)]
+    seen.append([v.name for v in flatten((graph.output, [m[1] for m in graph.mutations]))
+                 if isinstance(v, (BufferRef, OutputView))])
+    for name in dict.fromkeys(n for names in seen for n in names):
+        if graph.storage_of(name) != name:
+            windows.setdefault(graph.storage_of(name), []).append(name)
     for step_index, step in enumerate(plan.steps):
         node = step.node
         for name, reuse in step.allocs:
@@ -256,6 +265,13 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
                     lines.append(f"        {name} = {alloc}{meta}")
                 else:
                     lines.append(f"    {name} = {alloc}{meta}")
+            if windows.get(name) and name not in src.zero_offset:  # (never: the pool holds kiln's own buffers)
+                raise NotImplementedError(f"wrapper: the memory of concatenation {name} has a storage offset")
+            for window in windows.get(name, ()):
+                w = graph.buffers[window]
+                view = f"{src.sizes(w.shape)}, {src.sizes(w.layout.strides)}, {src.size(w.layout.offset)}"
+                lines.append(f"    {window} = {name}.as_strided({view})  # {layout_text(w)}")
+                src.zero_offset.add(window)  # (its offset counts from its storage's first element)
         for source in step.inplace.values():
             if isinstance(graph.buffers[source], InputBuffer):
                 # the kernel writes into an input's memory: its version moves as eager's in-place op moves

@@ -9,17 +9,17 @@ stored layout, `kiln.schedule.fusion`), instead of transposing at every convolut
 
 Which convolutions run NHWC (`_wants_nhwc`): in a graph with a grouped (depthwise) convolution, all of them;
 otherwise a dense convolution whose result has at least NHWC_MIN_PIXELS pixels (N * H * W). On small images
-the weights' reorder per call costs about what the layout saves (ResNets at batch 1 ran 0.78-0.99x with
-every convolution NHWC), on large ones NHWC wins (the zoo's resnet18 at batch 8: 8.0 -> 7.3 ms). A value
-is laid out channels-last when it is 4-D with static sizes, more than one channel and more than one pixel
-(so the NHWC strides differ from the NCHW ones in every dim that matters), no graph output or mutated input
-reaches it through views (outputs keep eager's strides), and it is either the input of such a convolution
-or computed elementwise (or padded) from a channels-last convolution result, unless it is the input of a
-convolution that stays NCHW (that value's kernel writes NCHW: the transpose happens once, where the images
-are small). A convolution whose input stays NCHW (the graph's input image) gets an NHWC copy of its weight
-instead, which makes torch return an NHWC result just the same. Every layout is correct: kernels address
-any strides, and the wrapper copies an extern's result whose strides differ from the expected ones
-(`_restride`); the choice here only decides the speed.
+the weights' reorder per call costs about what the layout saves (ResNets at batch 1 ran 0.78-0.99x with every
+convolution NHWC), on large ones NHWC wins (the zoo's resnet18 at batch 8: 8.0 -> 7.3 ms). A value is laid out
+channels-last when it is 4-D with static sizes, more than one channel and more than one pixel (so the NHWC
+strides differ from the NCHW ones in every dim that matters), no graph output or mutated input reaches it
+through views (outputs keep eager's strides), and it is either the input of such a convolution or computed
+elementwise (or padded, or concatenated) from a channels-last convolution result, unless it is the input of a
+convolution that stays NCHW (that value's kernel writes NCHW: the transpose happens once, where the images are
+small). A convolution whose input stays NCHW (the graph's input image) gets an NHWC copy of its weight
+instead, which makes torch return an NHWC result just the same. Every layout is correct: kernels address any
+strides, and the wrapper copies an extern's result whose strides differ from the expected ones (`_restride`);
+the choice here only decides the speed.
 """
 from __future__ import annotations
 
@@ -149,6 +149,12 @@ def channels_last_layout(graph: Graph) -> ConvLayout:
             # the padded input of a convolution kiln computes itself (kiln.ops.conv_gemm's windows): NHWC
             # from an NHWC value, a contiguous copy instead of a transposing one (MobileNet at batch 8: its
             # 8x8 stage's pad kernel took 330 us of a 3.2 ms call, gathering channels 128 apart)
+            chosen.add(id(node))
+            nhwc.add(id(node))
+        elif node.op == "call_prim" and node.target is prims.cat and free(node) and \
+                id(node) not in nchw_inputs and any(id(a) in nhwc for a in node.inputs()):
+            # a concatenation of NHWC values (DenseNet's feature maps): its buffer is NHWC too, so copying
+            # a convolution's result into it walks both contiguously (kiln.lower.concat)
             chosen.add(id(node))
             nhwc.add(id(node))
         elif node.op == "call_prim" and "elementwise" in node.target.tags and free(node) and \

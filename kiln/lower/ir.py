@@ -6,6 +6,12 @@ torch callable on whole tensors (matmul, convolution, attention: `kind="extern"`
 lower: `kind="fallback"`). Graph inputs and constants are `InputBuffer`s. Views never appear as nodes:
 they are folded into the index expressions of the bodies that read them; a graph output that is a view is an
 `OutputView` (the wrapper makes it with `as_strided`, so it aliases exactly as eager's).
+
+A concatenation whose inputs are written straight into its result is a `ConcatBuffer`: no node computes
+it; its `parts` are computed buffers that each store into a window of its memory (`ComputedBuffer.storage`
+names the buffer that memory belongs to). A concatenation of a run of another one's inputs (DenseNet's
+growing feature lists) is a `ConcatBuffer` over that one's memory. Reading a concatenation waits for its
+parts (`LoopGraph.sources`); memory is planned per `LoopGraph.storage_of`.
 """
 from __future__ import annotations
 
@@ -100,6 +106,12 @@ class Scan:
 @dataclasses.dataclass
 class ComputedBuffer(Buffer):
     data: Pointwise | Reduction | Scan | None = None
+    # the ConcatBuffer whose memory this buffer is a window of (its layout's offset counts from that
+    # buffer's first element); None: memory of its own
+    storage: str | None = None
+
+    def nbytes(self) -> int:
+        return _window_bytes(self) if self.storage is not None else super().nbytes()
 
     @property
     def is_reduction(self) -> bool:
@@ -137,9 +149,37 @@ class ComputedBuffer(Buffer):
             f"strides={tuple(self.layout.strides)}"
         if self.layout.offset:
             layout += f" offset={self.layout.offset}"
+        if self.storage is not None:
+            layout += f" in the memory of {self.storage}"
         params = ", ".join(["ops"] + [v.name for v in index + rindex])
         return "\n".join([f"def {self.name}({params}):", f"    # {what} -> {layout}", *handler.lines,
                           f"    return {value}"])
+
+
+@dataclasses.dataclass
+class ConcatBuffer(Buffer):
+    """A concatenation computed by its parts in place: `parts` are the ComputedBuffers (in order along the
+    concatenated dim) that store into windows of `storage`'s memory, which this buffer is a window of (its
+    own name when the memory is its own: then the memory plan allocates it before its first part runs)."""
+
+    parts: list[str] = dataclasses.field(default_factory=list)
+    storage: str = ""
+
+    def nbytes(self) -> int:
+        return _window_bytes(self)
+
+    def describe(self) -> str:
+        where = "" if self.storage == self.name else f" in the memory of {self.storage}"
+        offset = f" offset={self.layout.offset}" if self.layout.offset else ""
+        return (f"{self.name} = concat of [{', '.join(self.parts)}] written in place{where} -> "
+                f"{dtype_abbrev(self.dtype)}[{', '.join(map(str, self.shape))}] "
+                f"strides={tuple(self.layout.strides)}{offset}")
+
+
+def _window_bytes(buf: Buffer) -> int:
+    """Bytes of the elements a window of a concatenation's memory holds (the elements between them, and
+    before its offset, are other windows'; a concatenation's own memory is dense)."""
+    return buf.numel() * buf.dtype.itemsize
 
 
 @dataclasses.dataclass
@@ -225,6 +265,15 @@ class LoopGraph:
                 found |= size_symbols((v.shape, v.strides, v.offset))
         return sorted(found, key=str)
 
+    def storage_of(self, name: str) -> str:
+        """The buffer whose memory `name` lives in (itself, unless it is a window of a ConcatBuffer)."""
+        return getattr(self.buffers.get(name), "storage", None) or name
+
+    def sources(self, name: str) -> list[str]:
+        """The buffers whose writers a read of `name` waits for: a ConcatBuffer's parts, else `name`."""
+        buf = self.buffers.get(name)
+        return list(buf.parts) if isinstance(buf, ConcatBuffer) else [name]
+
     def kept_buffers(self) -> set[str]:
         """Buffers alive at the end: outputs, bases of output views, final values of mutated inputs."""
         from ..graph import flatten
@@ -242,8 +291,14 @@ class LoopGraph:
         for b in self.constants:
             lines.append(f"# constant {b.name}: {dtype_abbrev(b.dtype)}{list(b.shape)} "
                          f"strides={b.layout.strides}")
+        joined: dict[str, list[ConcatBuffer]] = {}  # last part -> the concatenations it completes
+        for b in self.buffers.values():
+            if isinstance(b, ConcatBuffer) and b.parts:
+                joined.setdefault(b.parts[-1], []).append(b)
         for node in self.nodes:
             lines.append(node.describe() if isinstance(node, ComputedBuffer) else f"# {node.describe()}")
+            for b in joined.get(node.name, ()):
+                lines.append(f"# {b.describe()}")
         for position, value in self.mutations:
             lines.append(f"# input {self.inputs[position].name} receives {value}")
         lines.append(f"# returns {self.output}")

@@ -21,14 +21,15 @@ from ..graph import Graph, Node, TensorMeta, flatten, map_structure
 from ..graph.layout import contiguous_strides, is_non_overlapping_and_dense
 from ..graph.symbolic import SymInt
 from ..prims import Prim
-from . import arange_index, windows
+from . import arange_index, concat, windows
+from .box import Box, buffer_box as _buffer_box
 from .index import linear_index, simplify_index, unravel
 from .sizes import dense, dim, dims, hint, is_positive, is_static, known_le, nonnegative, same
 from .conv_layout import (ConvLayout, channels_last_layout, channels_last_strides, eager_nhwc,
                           is_channels_last)
 from .ir import (BufferRef, ComputedBuffer, ExternNode, InputBuffer, Layout, LoopGraph, OutputView,
                  Pointwise, Reduction, Scan, ViewRef)
-from .ops import BINARY_OPS, UNARY_OPS, CountHandler, WideConvertHandler, cast_scalar
+from .ops import BINARY_OPS, UNARY_OPS, WideConvertHandler, cast_scalar
 from .target import Target
 
 log = config.channel("fusion")
@@ -46,35 +47,6 @@ WIDE_CONVERT_MIN = 4096
 
 class Unlowerable(Exception):
     """A prim application this lowering does not handle; it runs as a fallback."""
-
-
-class Box:
-    """A lowered value: shape, dtype, loader(h, index); `view` = (buffer, strides, offset) when it reads a
-    buffer through a strided view (then it can be passed on without a copy)."""
-
-    __slots__ = ("shape", "dtype", "loader", "view", "_cost", "realized")
-
-    def __init__(self, shape: tuple, dtype: torch.dtype, loader: Callable[..., Any],
-                 view: tuple[str, tuple, int] | None = None):
-        self.shape = dims(shape)
-        self.dtype = dtype
-        self.loader = loader
-        self.view = view
-        self._cost: int | None = None
-        self.realized: str | None = None  # the buffer holding this value, once materialized
-
-    def cost(self) -> int:
-        if self._cost is None:
-            counter = CountHandler()
-            self.loader(counter, [sympy.Integer(0)] * len(self.shape))
-            self._cost = counter.ops
-        return self._cost
-
-
-def _buffer_box(name: str, dtype: torch.dtype, shape: tuple, strides: tuple, offset: int = 0) -> Box:
-    def load(h: Any, index: list) -> Any:
-        return h.load(name, linear_index(index, strides, offset))
-    return Box(shape, dtype, load, view=(name, tuple(strides), offset))
 
 
 _ints = dims  # sizes as the loop IR holds them: ints, or expressions of symbolic sizes
@@ -109,6 +81,11 @@ class Lowering:
         # what is laid out NHWC around convolutions (kiln.lower.conv_layout)
         self.conv_layout = channels_last_layout(graph) if target.channels_last_convs else ConvLayout()
         self.channels_last = self.conv_layout.values
+        # cats computed in place by their inputs (kiln.lower.concat), and the values only they read
+        self.concat_places = concat.plan_concats(graph, self.users, self.aliased_by_output) \
+            if target.concat_in_place else {}
+        self.concat_homed = concat.homed_values(self.concat_places, self.users)
+        self.concat_roots: dict[int, Any] = {}
 
     # -- buffers --
     def new_name(self) -> str:
@@ -237,7 +214,7 @@ class Lowering:
                 log.debug("prims.%s of %s runs as a fallback: %s", prim.name, node.name, e)
             else:
                 if isinstance(box, Box) and box.view is None and len(self.users.get(node, ())) > 1 \
-                        and box.cost() > INLINE_REUSE_COST:
+                        and box.cost() > INLINE_REUSE_COST and id(node) not in self.concat_homed:
                     box = self.realized_box(box, node.meta, node)
                 return box
         kind = "extern" if extern else "fallback"
@@ -579,19 +556,10 @@ def lower_rev(ctx: Lowering, node: Node, a: Box, dims: Any) -> Box:
 
 @lowering(prims.cat)
 def lower_cat(ctx: Lowering, node: Node, tensors: Any, dim: int) -> Box:
-    """Each element comes from the part its index falls in; `masked` keeps the other parts' loads
-    (out of their bounds) from running."""
-    if len(tensors) > 16:
-        raise Unlowerable("cat of many tensors")
-    dtype = node.meta.dtype
-    parts, start = [], 0
-    for t in tensors:
-        parts.append((start, t))
-        start += t.shape[dim]
-
-    def load(h: Any, index: list) -> Any:
-        return _select_part(h, index, parts, dim, dtype)
-    return Box(node.meta.shape, dtype, load)
+    place = ctx.concat_places.get(id(node))
+    if place is not None and concat.computes_in_place(place, tensors):
+        return concat.lower_in_place(ctx, node, tensors, place)
+    return concat.inline_cat(node, tensors, dim)
 
 
 @lowering(prims.index_select, prims.index_put)
@@ -642,24 +610,6 @@ def lower_pad(ctx: Lowering, node: Node, a: Box, value: Any, config_: Any) -> Bo
             return a.loader(h, shifted)
         return h.masked(cond, lambda: a.loader(h, shifted), lambda: pad_value(h, index), dtype)
     return Box(node.meta.shape, dtype, load)
-
-
-def _select_part(h: Any, index: list, parts: list, dim: int, dtype: torch.dtype) -> Any:
-    # h.masked(cond, fn, other) evaluates fn only where cond holds (no out-of-bounds loads).
-    pos = index[dim]
-    live = [(b, t) for b, t in parts if t.shape[dim] != 0]
-    if not live:
-        return h.constant(0, dtype)
-    begin, t = live[-1]
-    shifted = list(index)
-    shifted[dim] = pos - begin
-    value = t.loader(h, shifted) if len(live) == 1 else None
-    if value is not None:
-        return value
-    first = h.constant(begin, torch.int64) if is_static(begin) else h.index_expr(sympy.sympify(begin), torch.int64)
-    cond = h.op("ge", h.index_expr(pos, torch.int64), first)
-    return h.masked(cond, lambda: t.loader(h, shifted),
-                    lambda: _select_part(h, index, live[:-1], dim, dtype), dtype)
 
 
 # ---- reductions --------------------------------------------------------------------------------

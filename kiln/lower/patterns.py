@@ -96,7 +96,8 @@ def fold_bias_into_mm(graph: LoopGraph) -> int:
     for node in list(graph.nodes):
         if not (isinstance(node, ComputedBuffer) and isinstance(node.data, Pointwise)):
             continue
-        if node.dtype not in _FOLD_DTYPES or not _contiguous(node.layout) or not node.shape:
+        if node.dtype not in _FOLD_DTYPES or not _contiguous(node.layout) or not node.shape or \
+                node.storage is not None:  # (a window of a concatenation: stored into its memory)
             continue
         index = [sympy.Symbol(f"q{d}", integer=True, nonnegative=True) for d in range(len(node.shape))]
         tree = node.data.fn(_TreeHandler(), index)

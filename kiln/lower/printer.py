@@ -197,6 +197,7 @@ class ModuleWriter:
                 name = f"{name}_" if name.isidentifier() else f"input{b.position}"
             self.params[b.name] = name
         self.written_back: dict[str, str] = {}  # buffer -> the input it was copied into
+        self.allocated: set[str] = set()  # concatenation memory allocated so far
 
     def define(self, text: str) -> None:
         self.definitions.append(text)
@@ -205,6 +206,17 @@ class ModuleWriter:
         self.body.append(text)
 
     def allocate(self, buf: Buffer) -> None:
+        storage = self.loop.storage_of(buf.name)
+        if storage != buf.name:  # a window of a concatenation's memory: that memory, and all its windows
+            if storage not in self.allocated:
+                self.allocated.add(storage)
+                self.allocate(self.loop.buffers[storage])
+                for b in self.loop.buffers.values():
+                    if b.name != storage and self.loop.storage_of(b.name) == storage:
+                        self.statement(f"ops.window({b.name!r}, {storage!r}, {literal(tuple(b.shape))}, "
+                                       f"{literal(tuple(b.layout.strides))}, {b.layout.offset})  "
+                                       f"# {layout_text(b)}")
+            return
         layout = buf.layout
         offset = f", {layout.offset}" if layout.offset else ""
         self.statement(f"ops.allocate({buf.name!r}, {literal(tuple(buf.shape))}, "

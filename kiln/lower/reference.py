@@ -167,6 +167,13 @@ class Reference(Handler):
         self.tensors[name] = flat.as_strided(shape, strides, offset)
         self.flat[name] = flat
 
+    def window(self, name: str, storage: str, shape: tuple, strides: tuple, offset: int) -> None:
+        """Name a window of an allocated buffer's memory (a concatenation's part or a run of its parts):
+        its indices count from the storage's first element, as its IR layout's offset does."""
+        flat = self.flat[storage]
+        self.flat[name] = flat
+        self.tensors[name] = flat.as_strided(shape, strides, flat.storage_offset() + offset)
+
     def _bind(self, name: str, tensor: torch.Tensor, strides: tuple) -> None:
         self.tensors[name] = tensor
         size = storage_size(tuple(tensor.shape), tuple(strides))

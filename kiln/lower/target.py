@@ -33,6 +33,9 @@ class Target:
     # lay out the values around 2-D convolutions channels-last (NHWC) where nothing outside sees them
     # (kiln.lower.conv_layout: oneDNN's NHWC convolutions are faster on CPUs)
     channels_last_convs: bool = False
+    # lower a concatenation as a buffer its inputs are computed (or copied) into, a cat of a run of another
+    # one's inputs as a window of that one's (kiln.lower.concat); else each reader selects the input
+    concat_in_place: bool = False
     # whether an inner loop converting a 64-bit integer to a float still vectorizes (x86 needs AVX-512DQ;
     # without it g++ leaves the whole loop scalar, exp calls included)
     wide_int_to_float_simd: bool = True

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from ..graph import flatten
-from .ir import (BufferRef, ComputedBuffer, ExternNode, LoopGraph, OutputView, Pointwise, Reduction, Scan,
-                 ViewRef)
+from .ir import (BufferRef, ComputedBuffer, ConcatBuffer, ExternNode, LoopGraph, OutputView, Pointwise,
+                 Reduction, Scan, ViewRef)
 
 
 class LoopVerifyError(AssertionError):
@@ -16,13 +16,20 @@ def verify_loop(loop: LoopGraph) -> None:
         raise LoopVerifyError(f"loop graph {loop.name}: {where}: {msg}")
 
     defined = {b.name for b in loop.inputs + loop.constants}
+
+    def written(name: str) -> bool:  # (a concatenation computed in place: once all its parts are)
+        buf = loop.buffers.get(name)
+        if isinstance(buf, ConcatBuffer):
+            return all(p in defined for p in buf.parts)
+        return name in defined
+
     for b in loop.inputs + loop.constants:
         if loop.buffers.get(b.name) is not b:
             fail(b.name, "an input or constant missing from the buffer table")
     for node in loop.nodes:
         if isinstance(node, ExternNode):
             for name in node.reads():
-                if name not in defined:
+                if not written(name):
                     fail(node.name, f"reads {name} before it is written")
             for out in node.outputs:
                 if out.name in defined:
@@ -34,7 +41,7 @@ def verify_loop(loop: LoopGraph) -> None:
         if not isinstance(node, ComputedBuffer) or node.data is None:
             fail(getattr(node, "name", repr(node)), "neither an extern nor a computed buffer")
         for name, _ in node.reads():
-            if name not in defined:
+            if not written(name):
                 fail(node.name, f"reads {name} before it is written")
         data = node.data
         expect = data.ranges + data.reduction_ranges if isinstance(data, Reduction) else data.ranges
@@ -45,10 +52,12 @@ def verify_loop(loop: LoopGraph) -> None:
             fail(node.name, "written a second time")
         if loop.buffers.get(node.name) is not node:
             fail(node.name, "missing from the buffer table")
+        if node.storage is not None and not isinstance(loop.buffers.get(node.storage), ConcatBuffer):
+            fail(node.name, f"stores into the memory of {node.storage}, which is no concatenation")
         defined.add(node.name)
     refs = flatten((loop.output, [m[1] for m in loop.mutations]))
     for ref in refs:
-        if isinstance(ref, (BufferRef, OutputView, ViewRef)) and ref.name not in defined:
+        if isinstance(ref, (BufferRef, OutputView, ViewRef)) and not written(ref.name):
             fail("output", f"returns {ref.name}, which nothing defines")
     for position, _ in loop.mutations:
         if not 0 <= position < len(loop.inputs):

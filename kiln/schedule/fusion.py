@@ -19,7 +19,7 @@ import sympy
 from .. import config
 from ..graph.pipeline import FUEL
 from ..lower.index import FloorDiv, ModularIndexing, index_var, linear_index, simplify_index
-from ..lower.ir import ComputedBuffer, ExternNode, LoopGraph, Pointwise, Reduction, Scan
+from ..lower.ir import ComputedBuffer, ConcatBuffer, ExternNode, LoopGraph, Pointwise, Reduction, Scan
 from ..lower.ops import DepsHandler
 from ..lower.sizes import size_symbols
 from ..lower.target import Target
@@ -122,12 +122,15 @@ def _has_inner(group: FusedGroup) -> bool:
     return any(m.role != "outer" for m in group.members)
 
 
-def _reads_are_local(group: FusedGroup, member: Member) -> bool:
-    """Every read of a buffer of `group` hits the element written for the current outer index."""
+def _reads_are_local(group: FusedGroup, member: Member, joined: dict[str, list[str]]) -> bool:
+    """Every read of a buffer of `group` hits the element written for the current outer index. A read of a
+    concatenation (`joined`: its parts) that `group` writes a part of never is (kept simple)."""
     written = {m.buffer.name: m for m in group.members}
     # a size-1 loop variable is always 0, whether or not an index expression mentions it
     ones = {v: 0 for v, size in group.var_ranges().items() if size == 1}
     for name, expr in group.member_loads(member):
+        if any(part in written for part in joined.get(name, ())):
+            return False
         producer = written.get(name)
         if producer is None:
             continue
@@ -139,7 +142,7 @@ def _reads_are_local(group: FusedGroup, member: Member) -> bool:
     return True
 
 
-def _try_add(group: FusedGroup, buf: ComputedBuffer) -> bool:
+def _try_add(group: FusedGroup, buf: ComputedBuffer, joined: dict[str, list[str]]) -> bool:
     if any(m.role == "scan" for m in group.members) and group.inner is not None:
         scan = next(m.buffer.data for m in group.members if m.role == "scan")
         if scan.dim != len(scan.ranges) - 1 or isinstance(buf.data, (Reduction, Scan)):
@@ -152,7 +155,7 @@ def _try_add(group: FusedGroup, buf: ComputedBuffer) -> bool:
             candidate = FusedGroup(group.name, data.ranges, data.reduction_ranges,
                                    [Member(m.buffer, "inner") for m in group.members])
             member = Member(buf, "reduction")
-            if all(_reads_are_local(candidate, m) for m in candidate.members + [member]):
+            if all(_reads_are_local(candidate, m, joined) for m in candidate.members + [member]):
                 candidate.members.append(member)
                 group.outer, group.inner, group.members = candidate.outer, candidate.inner, candidate.members
                 return True
@@ -163,7 +166,7 @@ def _try_add(group: FusedGroup, buf: ComputedBuffer) -> bool:
     trial = FusedGroup(group.name, group.outer, group.inner, group.members)
     if role == "reduction" and group.inner is None:
         trial.inner = buf.data.reduction_ranges
-    if not _reads_are_local(trial, member):
+    if not _reads_are_local(trial, member, joined):
         return False
     group.inner = trial.inner
     group.members.append(member)
@@ -190,16 +193,17 @@ def fuse(graph: LoopGraph, target: Target) -> list[FusedGroup | ExternNode]:
     """
     schedule: list[FusedGroup | ExternNode] = []
     open_groups: list[FusedGroup] = []  # kernels since the last extern call
+    joined = {name: buf.parts for name, buf in graph.buffers.items() if isinstance(buf, ConcatBuffer)}
     for node in graph.nodes:
         if isinstance(node, ExternNode):
             open_groups = []
             schedule.append(node)
             continue
-        reads = {name for name, _ in node.reads()}
+        reads = {source for name, _ in node.reads() for source in graph.sources(name)}
         placed = None
         for group in reversed(open_groups):
             before = (group.outer, group.inner, list(group.members))
-            if _try_add(group, node):
+            if _try_add(group, node, joined):
                 if FUEL.take("fuse", lambda: f"fuse {node.name} into {group.name}"):
                     placed = group
                 else:

@@ -5,7 +5,7 @@ extern) never needs memory: it stays inside the kernel, as a register holding th
 value ("scalar"), a per-thread scratch row ("array"), or — for a pointwise row buffer on a target without
 scratch rows — recomputed from its body wherever the kernel reads it ("recompute"), when the Target
 allows that kind. A kernel whose threads split its inner loops keeps everything in memory (a row is then
-shared between threads).
+shared between threads). A part of a concatenation computed in place always stores into its memory.
 """
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ def local_buffers(schedule: list[FusedGroup | ExternNode], kept: set[str], targe
             continue
         for member in item.members:
             name = member.buffer.name
-            if name in kept or name not in readers or readers[name] - {id(item)}:
+            if name in kept or name not in readers or readers[name] - {id(item)} or \
+                    member.buffer.storage is not None:  # a window of a concatenation: read through it
                 continue
             if member.role in ("inner", "scan"):
                 kinds = ["array", "recompute"] if member.role == "inner" else ["array"]

@@ -8,6 +8,10 @@ segment: its pointers are `__restrict__`).
 A buffer may also be written in place of one its kernel reads last (`_in_place`): then it is no pointer
 parameter of its own, the kernel stores through the source's pointer. Each such write, over an
 intermediate or into a mutated input, spends a unit of optimization fuel (`kiln bisect` can refuse it alone).
+A window of a concatenation's memory (a part computed in place, or a concatenation of some of its parts,
+kiln.lower.concat) is never allocated or freed itself: its storage buffer is allocated before the first
+step touching it and lives until the last step touching any of its windows; kernels reach a window through
+the storage's pointer (`Segment.aliases`).
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from ..lower.index import simplify_index
 from ..graph.layout import is_non_overlapping_and_dense, numel
 from ..graph.pipeline import FUEL
 from ..lower.sizes import dense, hint, is_static
-from ..lower.ir import BufferRef, ComputedBuffer, ExternNode, InputBuffer, LoopGraph, Pointwise
+from ..lower.ir import BufferRef, ComputedBuffer, ConcatBuffer, ExternNode, InputBuffer, LoopGraph, Pointwise
 from ..lower.target import Target
 from .fusion import FusedGroup
 from .locality import local_buffers
@@ -169,7 +173,7 @@ def _mutation_targets(graph: LoopGraph, kept: set[str]) -> dict[str, str]:
     for position, value in graph.mutations:
         name, source = getattr(value, "name", None), by_position.get(position)
         if not isinstance(value, BufferRef) or source is None or source in kept or values.count(name) != 1 \
-                or not isinstance(graph.buffers.get(name), ComputedBuffer):
+                or not isinstance(graph.buffers.get(name), ComputedBuffer) or graph.storage_of(name) != name:
             continue
         out[name] = source
     return out
@@ -194,44 +198,60 @@ def plan(graph: LoopGraph, schedule: list[FusedGroup | ExternNode], target: Targ
         nodes[-1].writes.extend(m.buffer.name for m in item.members)
 
     kept = graph.kept_buffers()
+    storage = graph.storage_of
+    kept |= {storage(name) for name in kept}
 
-    reads: list[list[str]] = []
+    reads: list[list[str]] = []  # per step, the buffers whose memory it reads (a window: its storage's)
     for node in nodes:
         if isinstance(node, Segment):
             r = _segment_reads(node)
             node.args = list(dict.fromkeys(r + node.writes))
-            reads.append(r)
         else:
-            reads.append(node.reads())
+            r = node.reads()
+        reads.append(list(dict.fromkeys(storage(name) for name in r)))
     local_all = local_buffers(schedule, kept, target)
-    for node in nodes:
+    # each step that touches a concatenation's memory (a window written or read): the storage is alive there
+    touches: list[set[str]] = []
+    for i, node in enumerate(nodes):
+        names = node.args if isinstance(node, Segment) else node.reads()
+        touches.append({storage(n) for n in names if storage(n) != n or isinstance(graph.buffers.get(n),
+                                                                                   ConcatBuffer)})
         if isinstance(node, Segment):
             for group in node.groups:
                 group.local = {m.buffer.name: local_all[m.buffer.name] for m in group.members
                                if m.buffer.name in local_all}
             node.writes = [n for n in node.writes if n not in local_all]
             node.args = [n for n in node.args if n not in local_all]
+            node.aliases.update({n: storage(n) for n in node.args if storage(n) != n})
+            node.args = list(dict.fromkeys(storage(n) for n in node.args))
     last_use: dict[str, int] = {}
     for i, r in enumerate(reads):
-        for name in r:
+        for name in list(r) + sorted(touches[i]):
             last_use[name] = i
 
-    extern_inputs = {name for node in nodes if isinstance(node, ExternNode) and node.kind == "fallback"
-                     for name in node.reads()}
-    extern_reads = {name for node in nodes if isinstance(node, ExternNode) for name in node.reads()}
+    extern_inputs = {storage(name) for node in nodes
+                     if isinstance(node, ExternNode) and node.kind == "fallback" for name in node.reads()}
+    extern_reads = {storage(name) for node in nodes if isinstance(node, ExternNode) for name in node.reads()}
     kernel_written = {name for node in nodes if isinstance(node, Segment) for name in node.writes}
     into_input = _mutation_targets(graph, kept)
     free_pool: dict[tuple, list[str]] = {}
     steps: list[Step] = []
+    allocated: set[str] = set()  # concatenation memory allocated so far
     for i, node in enumerate(nodes):
         allocs: list[tuple[str, str | None]] = []
         inplace: dict[str, str] = {}
+        for name in sorted(touches[i] - allocated):  # before the first step storing into (or reading) it
+            allocated.add(name)
+            pool = free_pool.get((graph.buffers[name].dtype, graph.buffers[name].layout.storage_size()))
+            allocs.append((name, pool.pop() if pool else None))
         if isinstance(node, Segment):
             dead = {n for n in reads[i] if last_use.get(n) == i and n in kernel_written and n not in kept
                     and n not in local_all and n not in extern_reads and n in graph.buffers
                     and isinstance(graph.buffers[n], ComputedBuffer) and graph.buffers[n].data is not None}
             for name in node.writes:
                 buf = graph.buffers[name]
+                if storage(name) != name:
+                    continue  # a window of a concatenation's memory, allocated above
                 source = None
                 if in_place:  # over an intermediate it reads last at the same index
                     source = _in_place(graph, node, name, dead - set(inplace.values()))
@@ -258,7 +278,7 @@ def plan(graph: LoopGraph, schedule: list[FusedGroup | ExternNode], target: Targ
                     log.debug("%s reuses the memory of %s", name, reuse)
         frees = []
         written = node.writes if isinstance(node, Segment) else [o.name for o in node.outputs]
-        candidates = set(reads[i]) | set(written)
+        candidates = set(reads[i]) | touches[i] | {w for w in written if storage(w) == w}
         for name in sorted(candidates):
             buf = graph.buffers[name]
             if name in kept or name in local_all or isinstance(buf, InputBuffer) and buf.position >= 0 or \
@@ -267,7 +287,8 @@ def plan(graph: LoopGraph, schedule: list[FusedGroup | ExternNode], target: Targ
             if last_use.get(name, -1) <= i:
                 frees.append(name)
                 # a fallback's result may alias its inputs (a view op run by torch): never reuse them
-                if isinstance(buf, ComputedBuffer) and hint(buf.layout.storage_size()) > 0 and \
+                if isinstance(buf, (ComputedBuffer, ConcatBuffer)) and \
+                        hint(buf.layout.storage_size()) > 0 and \
                         name not in extern_inputs and name not in inplace.values():
                     free_pool.setdefault((buf.dtype, buf.layout.storage_size()), []).append(name)
         if inplace:

@@ -54,12 +54,14 @@ class _Items:
             else:
                 self.writes.append([o.name for o in item.outputs])
                 names = item.reads()
-            self.reads.append(list(dict.fromkeys(names)))
+            # a read of a concatenation computed in place is a read of each of its parts
+            self.reads.append(list(dict.fromkeys(s for name in names for s in graph.sources(name))))
             for name in self.reads[i]:
                 self.readers.setdefault(name, set()).add(i)
-        # buffers living inside one kernel: never allocated
+        # buffers living inside one kernel, and windows of a concatenation's memory: never allocated alone
         self.local = set(local_buffers(schedule, self.kept, target))
-        self.allocated = [[w for w in ws if w not in self.local] for ws in self.writes]
+        self.allocated = [[w for w in ws if w not in self.local and graph.storage_of(w) == w]
+                          for ws in self.writes]
         self.nbytes = {name: hint(graph.buffers[name].nbytes()) for ws in self.allocated for name in ws}
         self.n = n
 

@@ -1,7 +1,7 @@
 """Verifiers of the schedule and the memory plan (run between passes with KILN_VERIFY=1)."""
 from __future__ import annotations
 
-from ..lower.ir import ComputedBuffer, ExternNode, InputBuffer, LoopGraph
+from ..lower.ir import ComputedBuffer, ConcatBuffer, ExternNode, InputBuffer, LoopGraph
 from .fusion import FusedGroup
 from .locality import item_reads
 from .memory import Plan, Segment
@@ -31,8 +31,9 @@ def verify_schedule(loop: LoopGraph, schedule: list) -> None:
                 fail(f"{node.name} is scheduled twice")
             seen.add(id(node))
         for name in item_reads(item):
-            if name not in available and name not in written:
-                fail(f"{getattr(item, 'name', item)} reads {name} before the item producing it")
+            for source in loop.sources(name):  # (a concatenation computed in place: each of its parts)
+                if source not in available and source not in written:
+                    fail(f"{getattr(item, 'name', item)} reads {name} before the item producing {source}")
         available.update(written)
     missing = [n.name for n in loop.nodes if id(n) not in seen]
     if missing:
@@ -58,11 +59,14 @@ def verify_plan(loop: LoopGraph, plan: Plan) -> None:
             writes = [m.buffer.name for g in node.groups for m in g.members]
         else:
             reads, local, writes = node.reads(), set(), [o.name for o in node.outputs]
-        for name in reads:
+        for name in dict.fromkeys(loop.storage_of(n) for n in reads):  # (a window: its storage's memory)
             if name in freed:
                 fail(f"{name} is read after it was freed")
             if name not in alive and name not in local and name not in writes:
                 fail(f"{name} is read but never allocated")
+        for name in writes:
+            if loop.storage_of(name) != name and loop.storage_of(name) not in alive:
+                fail(f"{name} is stored into the memory of {loop.storage_of(name)}, which is not allocated")
         alive.update(writes)
         for name in step.frees:
             if name in freed:
@@ -72,6 +76,6 @@ def verify_plan(loop: LoopGraph, plan: Plan) -> None:
             buf = loop.buffers.get(name)
             if isinstance(buf, InputBuffer) and (buf.position >= 0 or buf.constant is not None):
                 fail(f"graph input or constant {name} is freed")
-            if not isinstance(buf, (ComputedBuffer, InputBuffer)):
+            if not isinstance(buf, (ComputedBuffer, ConcatBuffer, InputBuffer)):
                 fail(f"frees {name}, which is no buffer")
             freed.add(name)

@@ -1,6 +1,7 @@
 """The model zoo shared by the tests and `kiln bench`.
 
 Hand-written models need nothing beyond torch: MLP, a ResNet-18-style CNN, a MobileNet-style depthwise CNN,
+a DenseNet-style CNN (dense blocks concatenating every earlier feature map),
 a BERT-style encoder, a nanoGPT-style decoder and a LLaMA-style stack (RMSNorm, rotary embedding, SwiGLU,
 grouped-query attention). When `transformers` is installed (extra `models`), 21 Hugging Face architectures
 (hf_models.py, suite `hf`) are built from small configs with `AutoModel.from_config` (nothing is
@@ -117,6 +118,59 @@ class MobileNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.features(x).mean(dim=(2, 3))
         return self.classifier(y)
+
+
+class DenseLayer(nn.Module):
+    """BN-ReLU-Conv1x1 (bottleneck to 4 x growth) then BN-ReLU-Conv3x3 (growth new channels), over the
+    concatenation of every earlier feature map of its block."""
+
+    def __init__(self, cin: int, growth: int, bottleneck: int = 4):
+        super().__init__()
+        self.norm1 = nn.BatchNorm2d(cin)
+        self.conv1 = nn.Conv2d(cin, bottleneck * growth, 1, bias=False)
+        self.norm2 = nn.BatchNorm2d(bottleneck * growth)
+        self.conv2 = nn.Conv2d(bottleneck * growth, growth, 3, 1, 1, bias=False)
+
+    def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
+        y = self.conv1(F.relu(self.norm1(torch.cat(features, 1))))
+        return self.conv2(F.relu(self.norm2(y)))
+
+
+class DenseBlock(nn.Module):
+    def __init__(self, cin: int, layers: int, growth: int):
+        super().__init__()
+        self.layers = nn.ModuleList(DenseLayer(cin + i * growth, growth) for i in range(layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:   # (B, cin, H, W) -> (B, cin + layers * growth, H, W)
+        features = [x]
+        for layer in self.layers:
+            features.append(layer(features))
+        return torch.cat(features, 1)
+
+
+class DenseNet(nn.Module):
+    """DenseNet-BC layout (torchvision's DenseNet-121 structure): dense blocks joined by transitions
+    (BN-ReLU-Conv1x1 halving the channels, 2x2 average pool), narrow widths for CPU benchmarking."""
+
+    def __init__(self, growth: int = 8, blocks: tuple[int, ...] = (4, 8, 18), stem: int = 16,
+                 classes: int = 10):
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(3, stem, 3, 1, 1, bias=False)]
+        width = stem
+        for i, count in enumerate(blocks):
+            layers.append(DenseBlock(width, count, growth))
+            width += count * growth
+            if i < len(blocks) - 1:   # transition
+                layers += [nn.BatchNorm2d(width), nn.ReLU(), nn.Conv2d(width, width // 2, 1, bias=False),
+                           nn.AvgPool2d(2, 2)]
+                width //= 2
+        layers += [nn.BatchNorm2d(width), nn.ReLU()]
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:   # (B, 3, H, W)
+        y = F.adaptive_avg_pool2d(self.features(x), 1)
+        return self.classifier(torch.flatten(y, 1))
 
 
 class BertLayer(nn.Module):
@@ -323,6 +377,8 @@ register(ModelSpec("resnet18", ResNet, _images(3, 32), batch=8,
                    description="ResNet-18 layout, widths 16-128, 32x32 images"))
 register(ModelSpec("mobilenet", MobileNet, _images(3, 32), batch=8,
                    description="MobileNetV2-style inverted residuals, depthwise convs"))
+register(ModelSpec("densenet", DenseNet, _images(3, 32), batch=8,
+                   description="DenseNet-BC layout: 3 dense blocks (4, 8, 18 layers, growth 8), 32x32 images"))
 register(ModelSpec("bert", BertEncoder, _tokens_with_mask(1000, 64), batch=4,
                    description="2 post-norm layers, dim 64, padding mask"))
 register(ModelSpec("nanogpt", NanoGPT, _tokens(512, 64), batch=4,

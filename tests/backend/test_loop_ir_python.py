@@ -1,16 +1,16 @@
 """Every loop IR prints as runnable Python, and the printed modules compute the graph's values.
 
-The programs are the fusion tests' own. Each test of test_cpp_backend.py, test_memory_order.py and
-test_fuzz_cpp.py runs here with its compile entry points replaced by a recorder: the recorder puts the graph
-through the cpp backend's passes up to (not including) code generation, prints the loop graph before fusion
-(`kiln.lower.printer.loop_python`) and the fused, ordered schedule (`kiln.schedule.printer.schedule_python`),
-`exec`s each module on its own, runs it on the reference handler and compares its outputs and mutated
-inputs with the graph interpreter (`kiln.graph.run(graph, inputs, torch_level=True)`): default tolerances for
-each float dtype, exact for integers and bools. The test itself then continues with a stand-in for the
-compiled graph whose call runs the printed schedule, so its own assertions (kernel counts, the plan, values
-against eager, second calls with other inputs) hold for the printed module too; test_fuzz_cpp.py's programs
-(captured by kiln.compile, with graph breaks, mutations and aliasing inputs) reach the recorder through the
-cpp backend's `compile_graph`. No C++ compiler is needed.
+The programs are the fusion tests' own. Each test of test_cpp_backend.py, test_memory_order.py,
+test_concat.py and test_fuzz_cpp.py runs here with its compile entry points replaced by a recorder: the
+recorder puts the graph through the cpp backend's passes up to (not including) code generation, prints the
+loop graph before fusion (`kiln.lower.printer.loop_python`) and the fused, ordered schedule
+(`kiln.schedule.printer.schedule_python`), `exec`s each module on its own, runs it on the reference handler
+and compares its outputs and mutated inputs with the graph interpreter (`kiln.graph.run(graph, inputs,
+torch_level=True)`): default tolerances for each float dtype, exact for integers and bools. The test itself
+then continues with a stand-in for the compiled graph whose call runs the printed schedule, so its own
+assertions (kernel counts, the plan, values against eager, second calls with other inputs) hold for the
+printed module too; test_fuzz_cpp.py's programs (captured by kiln.compile, with graph breaks, mutations and
+aliasing inputs) reach the recorder through the cpp backend's `compile_graph`. No C++ compiler is needed.
 """
 import functools
 import importlib.util
@@ -42,7 +42,7 @@ from kiln.schedule.fusion import FusedGroup
 from kiln.schedule.printer import schedule_python
 
 HERE = pathlib.Path(__file__).parent
-SOURCES = ["test_cpp_backend.py", "test_memory_order.py", "test_fuzz_cpp.py"]
+SOURCES = ["test_cpp_backend.py", "test_memory_order.py", "test_fuzz_cpp.py", "test_concat.py"]
 # tests whose own assertions are about the C++ wrapper itself, not values: their programs are still
 # recorded and checked, a failure of the test's own assertions is not one of the printed modules
 WRAPPER_ONLY = {
