@@ -183,6 +183,8 @@ class BlockOps:
         name = inst.argval
         if name not in ("__enter__", "__exit__"):
             raise GraphBreak(f"`async with` ({name})")
+        if self.with_pending is None:
+            self.with_pending = {}
         pending = self.with_pending
         manager = pending.pop(id(obj))[1] if id(obj) in pending else self.with_manager(obj)
         if name == "__exit__":

@@ -145,15 +145,25 @@ def flow(code: types.CodeType) -> tuple[list[dis.Instruction], list[tuple[int, .
     return found
 
 
-def reachable(code: types.CodeType, offset: int) -> list[dis.Instruction]:
-    """The instructions that may run once the one at `offset` starts (it among them)."""
-    insts, succ = flow(code)
-    start = next(k for k, inst in enumerate(insts) if inst.offset >= offset)
-    seen = {start}
-    todo = [start]
+def index_at(code: types.CodeType, offset: int) -> int:
+    """The index in `flow(code)` of the instruction at (or first after) byte `offset`."""
+    return next(k for k, inst in enumerate(flow(code)[0]) if inst.offset >= offset)
+
+
+def closure(code: types.CodeType, starts: "list[int] | tuple[int, ...]") -> set[int]:
+    """Indices (in `flow(code)`) of the instructions that may run once any of `starts` does, them among them."""
+    succ = flow(code)[1]
+    seen = set(starts)
+    todo = list(starts)
     while todo:
         for n in succ[todo.pop()]:
             if n not in seen:
                 seen.add(n)
                 todo.append(n)
-    return [insts[k] for k in sorted(seen)]
+    return seen
+
+
+def reachable(code: types.CodeType, offset: int) -> list[dis.Instruction]:
+    """The instructions that may run once the one at `offset` starts (it among them)."""
+    insts = flow(code)[0]
+    return [insts[k] for k in sorted(closure(code, [index_at(code, offset)]))]

@@ -154,15 +154,14 @@ class CallOps:
         self.push(self.call(fn, list(self.iterate(args)), dict(kwargs)))
 
     def op_MAKE_FUNCTION(self, inst: dis.Instruction) -> None:
+        code = self.pop()
         if PY >= (3, 13):  # a bare function; SET_FUNCTION_ATTRIBUTE adds the rest
-            code = self.pop()
             empty = tuple(types.CellType() for _ in code.co_freevars) or None
             fn = types.FunctionType(code, self.globals, code.co_name, None, empty)
             fn.__qualname__ = code.co_qualname
             self.cap.new_local(fn)
             self.push(fn)
             return
-        code = self.pop()
         flags = inst.arg
         closure = self.pop() if flags & 0x08 else None
         annotations = self.pop() if flags & 0x04 else None

@@ -155,6 +155,8 @@ def has_proxy(value: Any, depth: int = 0) -> bool:
 class Frame:
     """A frame of the symbolic interpreter."""
 
+    with_pending: "dict[int, tuple] | None" = None  # 3.14: a with-block's manager between its LOAD_SPECIALs
+
     def __init__(self, cap: Capture, code: types.CodeType, fn: Any, f_locals: dict[str, Any],
                  f_globals: dict[str, Any], parent: "Frame | None" = None, closure: tuple | None = None):
         self.cap = cap
@@ -170,7 +172,6 @@ class Frame:
         self.cells: dict[str, Any] = {}
         self.stack: list[Any] = []
         self.kw_names: tuple = ()
-        self.with_pending: dict[int, tuple] = {}  # 3.14: a with-block's manager between its LOAD_SPECIALs
         self.is_generator = bool(code.co_flags & CO_GENERATOR)
         decoded = _Instructions.of(code)
         self.handlers = decoded.handlers

@@ -23,7 +23,7 @@ import re
 import types
 from typing import Any
 
-from .bytecode import PY, cache_entries, flow, reachable
+from .bytecode import PY, cache_entries, closure, exception_table, flow, index_at, reachable
 from .errors import GraphBreak
 
 _OP = dis.opmap
@@ -47,12 +47,10 @@ def check_resumable(code: types.CodeType, offset: int) -> None:
     if code.co_cellvars:
         names = ", ".join(code.co_cellvars)
         raise NotResumable(f"the frame has variables captured by inner functions ({names})")
-    for entry in dis._parse_exception_table(code):  # type: ignore[attr-defined]
-        if entry.start <= offset < entry.end:
-            raise NotResumable("the break is inside a try or with block")
-    insts, succ = flow(code)
-    here = next(k for k, inst in enumerate(insts) if inst.offset >= offset)
-    if any(inst.offset == insts[here].offset for n in succ[here] for inst in reachable(code, insts[n].offset)):
+    if any(start <= offset < end for start, end, *_ in exception_table(code)):
+        raise NotResumable("the break is inside a try or with block")
+    here = index_at(code, offset)
+    if here in closure(code, flow(code)[1][here]):  # (the break can run again: a loop)
         raise NotResumable("the break is inside a loop")
 
 
@@ -101,7 +99,26 @@ def _build_in_place(code: types.CodeType, target: int, local_names: tuple[str, .
     n_old = len(old_names)
     stack_names = _fresh_names(sum(stack), set(old_names))
     n_stack = len(stack_names)
-    new_names = _identifiers(old_names + stack_names)
+
+    def shift(op: int, full: int) -> int | None:
+        if dis.opname[op] in _PACKED:  # two slots of 4 bits each
+            hi, lo = (v + n_stack if v >= n_old else v for v in (full >> 4, full & 15))
+            if hi > 15 or lo > 15:
+                raise NotResumable("the frame has too many local variables to renumber")
+            return hi << 4 | lo
+        if (op in _FREE_OPS or op in _LOCAL_OPS) and full >= n_old:
+            # free variables follow the locals (3.13's LOAD_FAST of one pushes its cell)
+            return full + n_stack
+        return None
+    body = _rewrite_args(code, shift)
+    unbound = [slot for slot, name in enumerate(old_names) if name not in local_names]
+    prologue = _prologue(code, unbound, stack, range(n_old, n_old + n_stack))
+    return _finish(code, target, prologue, _identifiers(old_names + stack_names), n_old + n_stack, body)
+
+
+def _rewrite_args(code: types.CodeType, fix: Any) -> bytearray:
+    """co_code with each instruction's argument replaced by `fix(opcode, argument)` where that is not
+    None (EXTENDED_ARG folded; a new argument must fit the one byte the old one had)."""
     body = bytearray(code.co_code)
     i = 0
     ext = 0
@@ -113,38 +130,36 @@ def _build_in_place(code: types.CodeType, target: int, local_names: tuple[str, .
             continue
         full = ext | arg
         ext = 0
-        name = dis.opname[op]
-        if name in _PACKED:  # two slots of 4 bits each
-            hi, lo = (v + n_stack if v >= n_old else v for v in (full >> 4, full & 15))
-            if hi > 15 or lo > 15:
+        new = fix(op, full)
+        if new is not None:
+            if full > 255 or new > 255:
                 raise NotResumable("the frame has too many local variables to renumber")
-            body[i + 1] = hi << 4 | lo
-        elif (op in _FREE_OPS or op in _LOCAL_OPS) and full >= n_old:
-            # free variables follow the locals (3.13's LOAD_FAST of one pushes its cell)
-            if full > 255 or full + n_stack > 255:
-                raise NotResumable("the frame has too many local variables to renumber")
-            body[i + 1] = full + n_stack
+            body[i + 1] = new
         i += 2 + 2 * cache_entries(op)
-    prologue = bytearray()
+    return body
+
+
+def _prologue(code: types.CodeType, unbound: list[int], stack: tuple[bool, ...], stack_slots: Any) -> bytearray:
+    """The resume prologue before its jump: free variables copied, RESUME, the `unbound` local slots
+    deleted, then the stack rebuilt bottom first (LOAD_FAST from `stack_slots` for a value, PUSH_NULL)."""
+    out = bytearray()
     if code.co_freevars:
-        prologue += bytes((_OP["COPY_FREE_VARS"], len(code.co_freevars)))
-    prologue += bytes((_OP["RESUME"], 0))
-    for slot, name in enumerate(old_names):
-        if name not in local_names:
-            if slot > 255:
-                raise NotResumable("the frame has too many local variables to unbind")
-            prologue += bytes((_OP["DELETE_FAST"], slot))
-    k = 0
+        out += bytes((_OP["COPY_FREE_VARS"], len(code.co_freevars)))
+    out += bytes((_OP["RESUME"], 0))
+    for slot in unbound:
+        if slot > 255:
+            raise NotResumable("the frame has too many local variables to unbind")
+        out += bytes((_OP["DELETE_FAST"], slot))
+    slots = iter(stack_slots)
     for is_value in stack:
         if is_value:
-            slot = n_old + k
+            slot = next(slots)
             if slot > 255:
                 raise NotResumable("too many values on the stack to pass")
-            prologue += bytes((_OP["LOAD_FAST"], slot))
-            k += 1
+            out += bytes((_OP["LOAD_FAST"], slot))
         else:
-            prologue += bytes((_OP["PUSH_NULL"], 0))
-    return _finish(code, target, prologue, new_names, n_old + n_stack, body)
+            out += bytes((_OP["PUSH_NULL"], 0))
+    return out
 
 
 def _finish(code: types.CodeType, target: int, prologue: bytearray, new_names: tuple[str, ...],
@@ -175,49 +190,17 @@ def _build(code: types.CodeType, target: int, local_names: tuple[str, ...],
     rest = tuple(n for n in old_names if n not in local_names)
     new_names = tuple(local_names) + stack_names + rest
     index = {name: i for i, name in enumerate(new_names)}
-    new_names = _identifiers(new_names)
     n_old, n_new = len(old_names), len(new_names)
 
-    def remap(op: int, arg: int) -> int:
+    def remap(op: int, arg: int) -> int | None:
         if op in _LOCAL_OPS or (op in _FREE_OPS and arg < n_old):
             return index[old_names[arg]]
         if op in _FREE_OPS:
             return arg - n_old + n_new
-        return arg
-
-    body = bytearray(code.co_code)
-    i = 0
-    ext = 0
-    while i < len(body):
-        op, arg = body[i], body[i + 1]
-        if op == _OP["EXTENDED_ARG"]:
-            ext = (ext | arg) << 8
-            i += 2
-            continue
-        full = ext | arg
-        ext = 0
-        if op in _LOCAL_OPS or op in _FREE_OPS:
-            new = remap(op, full)
-            if full > 255 or new > 255:
-                raise NotResumable("the frame has too many local variables to renumber")
-            body[i + 1] = new
-        i += 2 + 2 * cache_entries(op)
-
-    prologue = bytearray()
-    if code.co_freevars:
-        prologue += bytes((_OP["COPY_FREE_VARS"], len(code.co_freevars)))
-    prologue += bytes((_OP["RESUME"], 0))
-    k = 0
-    for is_value in stack:
-        if is_value:
-            slot = index[stack_names[k]]
-            if slot > 255:
-                raise NotResumable("too many values on the stack to pass")
-            prologue += bytes((_OP["LOAD_FAST"], slot))
-            k += 1
-        else:
-            prologue += bytes((_OP["PUSH_NULL"], 0))
-    return _finish(code, target, prologue, new_names, len(local_names) + len(stack_names), body)
+        return None
+    body = _rewrite_args(code, remap)
+    prologue = _prologue(code, [], stack, (index[n] for n in stack_names))
+    return _finish(code, target, prologue, _identifiers(new_names), len(local_names) + len(stack_names), body)
 
 
 def resume_qualname(code: types.CodeType, target: int) -> str:

@@ -48,12 +48,13 @@ def is_nan(x: Any) -> str:
 Spelling = Callable[..., "str | None"]
 
 
-def _cmp(symbol: str) -> Spelling:
+def infix(symbol: str) -> Spelling:
+    """`a <symbol> b`: comparisons, spelled the same in C++ and Triton."""
     return lambda t, a, b: f"{a} {symbol} {b}"
 
 
-def _logical(symbol: str) -> Spelling:
-    # & and | of the two flags, not && and ||: both are computed already, and g++ 12 finds no vector mask
+def logical_infix(symbol: str) -> Spelling:
+    # (C++ and Triton alike) & and | of the two flags, not && and ||: both are computed already, and g++ 12 finds no vector mask
     # type for a masked load under `(a != 0) && (b != 0)` (the loop stays scalar)
     return lambda t, a, b: f"({a} != 0) {symbol} ({b} != 0)"
 
@@ -93,8 +94,8 @@ CODE_FOR_OP: dict[str, Spelling] = {
     "shift_left": _kiln("kiln_shl"),
     "shift_right": _kiln("kiln_shr"),
     # comparisons and tests (bool results)
-    "eq": _cmp("=="), "ne": _cmp("!="), "lt": _cmp("<"), "le": _cmp("<="), "gt": _cmp(">"), "ge": _cmp(">="),
-    "logical_and": _logical("&"), "logical_or": _logical("|"), "logical_xor": _logical("!="),
+    "eq": infix("=="), "ne": infix("!="), "lt": infix("<"), "le": infix("<="), "gt": infix(">"), "ge": infix(">="),
+    "logical_and": logical_infix("&"), "logical_or": logical_infix("|"), "logical_xor": logical_infix("!="),
     "logical_not": lambda t, a: f"!({a} != 0)",
     "isnan": lambda t, a: is_nan(a) if t.is_float else "false",
     "isinf": lambda t, a: f"std::isinf({a})" if t.is_float else "false",

@@ -18,6 +18,8 @@ from typing import Any, Callable
 
 import torch
 
+from .cpp_ops import infix, logical_infix
+
 TL_TYPES = {torch.bfloat16: "tl.bfloat16", torch.float16: "tl.float16", torch.float32: "tl.float32",
             torch.float64: "tl.float64", torch.int64: "tl.int64", torch.int32: "tl.int32",
             torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1"}
@@ -84,14 +86,6 @@ class TType:
 
 
 Spelling = Callable[..., Any]
-
-
-def _cmp(symbol: str) -> Spelling:
-    return lambda t, a, b: f"{a} {symbol} {b}"
-
-
-def _logical(symbol: str) -> Spelling:
-    return lambda t, a, b: f"({a} != 0) {symbol} ({b} != 0)"
 
 
 def _lib(name: str) -> Spelling:
@@ -170,8 +164,8 @@ CODE_FOR_OP: dict[str, Spelling] = {
     "shift_left": _shift("shift_left"),
     "shift_right": _shift("shift_right"),
     # comparisons and tests (bool results)
-    "eq": _cmp("=="), "ne": _cmp("!="), "lt": _cmp("<"), "le": _cmp("<="), "gt": _cmp(">"), "ge": _cmp(">="),
-    "logical_and": _logical("&"), "logical_or": _logical("|"), "logical_xor": _logical("^"),
+    "eq": infix("=="), "ne": infix("!="), "lt": infix("<"), "le": infix("<="), "gt": infix(">"), "ge": infix(">="),
+    "logical_and": logical_infix("&"), "logical_or": logical_infix("|"), "logical_xor": logical_infix("^"),
     "logical_not": lambda t, a: f"{a} == 0",
     "isnan": lambda t, a: is_nan(a) if t.is_float else f"tl.zeros_like({a}) != 0",
     "isinf": lambda t, a: f"tl.abs({a}) == float(\"inf\")" if t.is_float else f"tl.zeros_like({a}) != 0",
