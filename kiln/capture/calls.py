@@ -26,6 +26,7 @@ from ..ops.trace import _RecordMode
 from .errors import HINTS, GraphBreak, RaisedError
 from .bytecode import PY
 from .blocks import AutocastExit, GradModeContext, GradModeExit, WithEnter, set_grad
+from .polyfills import polyfill_for
 from .builtin_calls import (_BUILTIN_HANDLERS, _BUILTIN_TYPES, _SPECIAL_FUNCTIONS, _type, check_arguments,
                             sort_items)
 from .disabled import disabled_by, module_disabled_by
@@ -447,7 +448,10 @@ class CallOps:
             # outside a with-block (a direct call, an ExitStack): the state it sets may outlive the call
             raise GraphBreak(f"call to {name} (it changes torch.autocast's state)", HINTS["call"])
         if getattr(fn, "__module__", "").startswith("torch._higher_order_ops"):
-            # (associative_scan, scan, cond, while_loop, map: they run Python callables on proxies)
+            stand_in = polyfill_for(fn)
+            if stand_in is not None:  # associative_scan: plain Python over torch ops, inlined
+                return self.inline(stand_in, args, kwargs)
+            # (scan, cond, while_loop, map: they run Python callables on proxies)
             raise GraphBreak(f"call to {name}, a torch higher-order op kiln does not trace", HINTS["call"])
         if communicates(fn):
             raise GraphBreak(f"call to {name} (torch.distributed communication runs natively, in program "

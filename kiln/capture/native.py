@@ -52,6 +52,9 @@ _MOVABLE = {_OP[n] for n in ("LOAD_FAST", "LOAD_DEREF", "LOAD_CONST", "LOAD_GLOB
 _CO_GENERATOR_LIKE = 0x20 | 0x80 | 0x100 | 0x200
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _STDLIB_DIRS = tuple({sysconfig.get_paths()["stdlib"] + os.sep, sysconfig.get_paths()["platstdlib"] + os.sep})
+# a venv's platstdlib is the venv's lib/pythonX.Y, which holds site-packages: installed libraries
+# (transformers, timm) are user code, not the standard library
+_SITE_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 _KILN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
@@ -86,8 +89,9 @@ class Router:
 def _user_file(code: types.CodeType) -> bool:
     name = code.co_filename
     # code made by exec or a notebook (`<ipython-input-...>`) is the user's; kiln's entries are not
-    return not (name.startswith(_TORCH_DIR) or name.startswith(_STDLIB_DIRS) or name.startswith(_KILN_DIR)
-                or name.startswith(("<kiln", "<frozen")))
+    if name.startswith(_TORCH_DIR) or name.startswith(_KILN_DIR) or name.startswith(("<kiln", "<frozen")):
+        return False
+    return not name.startswith(_STDLIB_DIRS) or any(marker in name for marker in _SITE_MARKERS)
 
 
 MAX_CLOSURES = 4

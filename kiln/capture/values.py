@@ -343,8 +343,6 @@ class ValueOps:
             return
         if isinstance(obj, torch.nn.Module) and type(obj).__setattr__ is not torch.nn.Module.__setattr__:
             raise GraphBreak(f"module {type(obj).__name__} defines __setattr__")
-        if isinstance(value, Proxy) and isinstance(obj, torch.nn.Module):
-            raise GraphBreak(f"assigning a tensor to module attribute {name!r}")
         cap.write_attr(obj, name, value)
 
     def op_DELETE_ATTR(self, inst: dis.Instruction) -> None:

@@ -78,6 +78,38 @@ def write_back(name: str, self: Any, result: Any) -> Any:
     return out
 
 
+@register(torch.Tensor.copy_)
+def copy_(self: Any, src: Any, non_blocking: bool = False) -> Any:
+    """self.copy_(src): src broadcast to self's shape and converted to self's dtype (any conversion, as
+    eager's copy does; a complex source into a real tensor, which eager warns about, runs with torch)."""
+    if not isinstance(self, Proxy):
+        raise NoDecomposition("copy_ of a non-tensor")
+    if isinstance(src, (bool, int, float)):
+        fill = lookup(torch.Tensor.fill_)
+        if fill is None:
+            raise NoDecomposition("copy_ of a number")
+        return fill(self, src)
+    if not isinstance(src, Proxy):
+        raise NoDecomposition(f"copy_ from a {type(src).__name__}")
+    if src.device != self.device:
+        raise NoDecomposition("copy_ across devices")
+    if src.dtype.is_complex and not self.dtype.is_complex:
+        raise NoDecomposition("copy_ of a complex tensor into a real one")
+    shape, src_shape = tuple(self.shape), tuple(src.shape)
+    if broadcast_shapes(shape, src_shape) != shape:  # (raises eager's error for mismatched sizes)
+        raise RuntimeError(f"output with shape [{', '.join(map(str, shape))}] doesn't match the broadcast "
+                           f"shape [{', '.join(map(str, src_shape))}]")
+    out = src
+    if src_shape != shape:
+        out = prims.broadcast_in_dim(out, shape, tuple(range(len(shape) - len(src_shape), len(shape))))
+    if out.dtype != self.dtype:
+        return prims.convert_element_type(out, self.dtype)
+    return prims.clone(out, torch.contiguous_format)  # self's new value, not an alias of src
+
+
+mark_inplace(torch.Tensor.copy_)
+
+
 def _derived(name: str, functional: Any) -> Callable[..., Any]:
     def inplace(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not isinstance(self, Proxy):

@@ -19,10 +19,11 @@ def overlaps_itself(t: torch.Tensor) -> bool:
         return True
     if t.numel() <= 1 or t.is_contiguous():
         return False
-    offsets = torch.zeros((), dtype=torch.int64)
-    for n, st in zip(t.shape, t.stride()):
-        offsets = offsets.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * st
-    return offsets.unique().numel() != t.numel()
+    with torch._C.DisableTorchFunction():  # (called while tracing: these are not ops of the graph)
+        offsets = torch.zeros((), dtype=torch.int64)
+        for n, st in zip(t.shape, t.stride()):
+            offsets = offsets.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * st
+        return offsets.unique().numel() != t.numel()
 
 
 def overlapping(proxy: Proxy) -> bool:

@@ -207,3 +207,34 @@ def test_nested_tensor_input_runs_the_frame_natively(counters):
     torch.testing.assert_close(out.to_padded_tensor(0.0), (nested * 2 + 1).to_padded_tensor(0.0))
     assert not counters["capture_errors"], dict(counters["capture_errors"])
     assert any("nested tensor" in k for k in counters["graph_breaks"]), dict(counters["graph_breaks"])
+
+
+def test_installed_libraries_are_routed_not_the_standard_library(tmp_path, monkeypatch):
+    """In a venv, sysconfig's platstdlib is the venv's lib/pythonX.Y, which holds site-packages: a
+    transformers wrapper run natively (a break inside its try) had every callee run natively too (JetMoE,
+    0 graphs). Installed libraries' functions are routed; the standard library's are not."""
+    import sysconfig
+    site = tmp_path / "lib" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "kiln_test_installed_lib.py").write_text(
+        "def inner(x):\n    return x * 2 + 1\n\n"
+        "def wrapper(x, out):\n"
+        "    try:\n"
+        "        print('wrapped', file=out)\n"   # a break inside a try: this frame runs natively
+        "        return inner(x)\n"
+        "    finally:\n"
+        "        pass\n")
+    monkeypatch.syspath_prepend(str(site))
+    import kiln.capture.native as native
+    monkeypatch.setattr(native, "_STDLIB_DIRS", native._STDLIB_DIRS + (str(tmp_path) + "/",))
+    import kiln_test_installed_lib as lib
+    router = Router(lambda fn, *a, **k: fn(*a, **k))
+    assert router[lib.inner] is not lib.inner
+    import json
+    assert router[json.dumps] is json.dumps
+    assert sysconfig.get_paths()["stdlib"]  # (the standard library's own folder stays unrouted)
+
+    def f(x):
+        return lib.wrapper(x, OUT) - 1
+    check(f, X)
+    assert kiln.counters["captures"]["inner"] == 1, dict(kiln.counters["captures"])

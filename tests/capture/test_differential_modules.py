@@ -334,6 +334,26 @@ def n_train_eval_toggle_in_forward(x, m):
     a = m.training
     m.eval()
     return a, m.training, m.seq.training, x
+# a tensor made in forward assigned to a module attribute (RecurrentGemma's recurrent_states): replayed
+def n_tensor_attr_new(x, m):
+    m.state = torch.zeros(x.shape[0], 4)
+    m.state = m.state + m.stem(x)
+    return m.state * 2, m.state.shape
+def n_tensor_attr_overwrite(x, m):
+    m.state = torch.ones(2, 4)
+    out = m.state + x
+    m.state = out * 3
+    return out, m.state
+def n_tensor_attr_on_submodule(x, m):
+    m.stem.cache = m.stem(x).detach()
+    return m.stem.cache.sum() + x
+def n_tensor_attr_to_parameter_name(x, m):
+    m.stem.weight = x * 2  # TypeError: cannot assign a tensor as parameter 'weight'
+    return x
+def n_tensor_attr_to_buffer_name(x, m):
+    m.register_buffer("running", torch.zeros(4))
+    m.running = m.running + x.sum(0)
+    return m.running
 
 
 TABLE = [
@@ -387,6 +407,10 @@ TABLE = [
     (n_mlist_setitem, lambda: (X, net())), (n_seq_delitem, (X, SEQ)), (n_mdict_pop, lambda: (X, net())),
     (n_setattr_new_submodule_call, lambda: (X, net())), (n_seq_insert_call, (X, SEQ)),
     (n_plist_extend, (X, PLIST)), (n_train_eval_toggle_in_forward, lambda: (X, net())),
+    # (two graphs: the second call recaptures, the attribute the first call made now exists)
+    (n_tensor_attr_new, lambda: (X, net()), {"graphs": 2}), (n_tensor_attr_overwrite, lambda: (X, net())),
+    (n_tensor_attr_on_submodule, lambda: (X, net()), {"graphs": 2}),
+    (n_tensor_attr_to_parameter_name, lambda: (X, net())), (n_tensor_attr_to_buffer_name, lambda: (X, net())),
 ]
 
 KNOWN: dict[str, str] = {}

@@ -122,12 +122,12 @@ def test_out_overload_writes_its_out_tensor():
 
 def test_unmapped_inplace_overload_is_a_fallback_on_a_copy():
     def f(x, y):
-        aten.copy_.default(x, y * 2)  # kiln has no decomposition of copy_: a fallback updating x
-        return x + 1
-    expected, eager_args, got, kiln_args, counters = compiled_run(f, torch.randn(3), torch.randn(3))
+        aten.fill_diagonal_.default(x, 2.0)  # kiln has no decomposition of fill_diagonal_: a fallback updating x
+        return x + y
+    expected, eager_args, got, kiln_args, counters = compiled_run(f, torch.randn(3, 3), torch.randn(3))
     assert_close(got, expected)
     assert_close(kiln_args, eager_args)
-    assert dict(counters["fallback"]) == {"torch.ops.aten.copy_.default": 1}
+    assert dict(counters["fallback"]) == {"torch.ops.aten.fill_diagonal_.default": 1}
     assert not counters["graph_breaks"]
 
 

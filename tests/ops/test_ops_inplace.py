@@ -112,3 +112,33 @@ def test_twins_are_registered_for_other_modules():
 def test_install_is_idempotent():
     import kiln.ops.inplace as inplace
     assert inplace.install() == 0
+
+
+@pytest.mark.parametrize("case", ["same", "broadcast", "to_int", "to_float", "to_bool", "number", "transposed",
+                                  "local", "int_number"])
+def test_copy_(case):
+    """Tensor.copy_ (state updates in Mamba2, Bamba and KV caches): eager's broadcast and any dtype
+    conversion, no fallback."""
+    x, y = torch.randn(3, 4) * 4, torch.randn(3, 4) * 4
+    fns = {
+        "same": (lambda s, v: (s.copy_(v * 2), s + 1)[1], (x, y)),
+        "broadcast": (lambda s, v: s.copy_(v[0]) * 1, (x, y)),
+        "to_int": (lambda s, v: s.copy_(v) + 0, (torch.zeros(3, 4, dtype=torch.int32), y)),
+        "to_float": (lambda s, v: s.copy_(v) * 1, (x, torch.randint(-9, 9, (3, 4)))),
+        "to_bool": (lambda s, v: s.copy_(v) | False, (torch.zeros(3, 4, dtype=torch.bool), y)),
+        "number": (lambda s, v: s.copy_(2.5) + v, (x, y)),
+        "int_number": (lambda s, v: s.copy_(7) + 1, (torch.zeros(3, 4, dtype=torch.int64), y)),
+        "transposed": (lambda s, v: (s.t().copy_(v.t() + 1), s * 2)[1], (x, y)),
+        "local": (lambda s, v: torch.zeros(4).copy_(v[1]) + s[0], (x, y)),
+    }
+    fn, inputs = fns[case]
+    check(fn, *inputs)
+
+
+def test_copy_mismatched_shape_raises_as_eager():
+    def f(s, v):
+        return s.copy_(v)
+    with pytest.raises(RuntimeError, match="must match the size"):
+        f(torch.zeros(3, 4), torch.zeros(3, 5))
+    with pytest.raises(RuntimeError, match="must match the size"):
+        kiln.ops.trace(f, torch.zeros(3, 4), torch.zeros(3, 5))
