@@ -158,7 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "lines, graph breaks with reasons and hints, recompiles and guards, each compile's "
                     "passes with their times, kernels with the user lines fused into each, kiln.profile "
                     "reports). Open it in a browser; no server needed. Exits with the script's status.")
-    report.add_argument("--out", default="kiln_trace", help="the directory of the pages (default: kiln_trace)")
+    report.add_argument("--out", default="kiln_trace",
+                        help="the directory of the pages (default: kiln_trace)")
     report.add_argument("script", help="the Python script to run")
     report.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
 

@@ -40,7 +40,8 @@ font-size:12px;margin:4px 0}details{margin:4px 0}summary{cursor:pointer;color:#2
 _SCRIPT = """
 function kilnOpen(){var t=document.getElementById(location.hash.slice(1));
 for(var e=t;e;e=e.parentElement){if(e.tagName==='DETAILS')e.open=true}}
-window.addEventListener('hashchange',kilnOpen);window.addEventListener('load',function(){if(location.hash)kilnOpen()});
+window.addEventListener('hashchange',kilnOpen);
+window.addEventListener('load',function(){if(location.hash)kilnOpen()});
 """
 
 
@@ -65,9 +66,12 @@ def short_path(path: str) -> str:
     return relative if not relative.startswith("..") else path
 
 
-def _cut(text: str, limit: int) -> str:
-    from .tracing import cut
-    return cut(text, limit)
+def cut(text: str, limit: int) -> str:
+    """`text`, or its first `limit` characters (at a line end) and a note of what was cut."""
+    if len(text) <= limit:
+        return text
+    head = text[:limit].rsplit("\n", 1)[0]
+    return f"{head}\n# ... cut here: {len(text) - len(head)} more characters (KILN_DEBUG_DIR keeps it all)"
 
 
 def _folded(summary: str, body: str, anchor: str | None = None) -> str:
@@ -113,7 +117,8 @@ def render(trace: Any) -> str:
             f"{esc(_versions())}")
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>kiln compile report '
             f'{os.getpid()}</title><style>{_STYLE}</style><script>{_SCRIPT}</script></head><body>'
-            f'<h1>kiln compile report</h1><div class="meta">{meta}</div><nav>{nav}</nav>{body}</body></html>\n')
+            f'<h1>kiln compile report</h1><div class="meta">{meta}</div><nav>{nav}</nav>{body}'
+            '</body></html>\n')
 
 
 def _versions() -> str:
@@ -183,7 +188,8 @@ def _captures(trace: Any, shown: list, compiles_of: dict[int, list[int]]) -> str
     out = []
     index = {id(e): i for i, e in enumerate(shown)}
     for i, entry in enumerate(shown):
-        facts = [f"{entry.capture_ms:.1f} ms", f"{sum(entry.ops.values())} ops", f"{len(entry.guards)} guards"]
+        facts = [f"{entry.capture_ms:.1f} ms", f"{sum(entry.ops.values())} ops",
+                 f"{len(entry.guards)} guards"]
         links = []
         if entry.brk is not None:
             n = 1 + sum(1 for e in shown[:i] if e.brk is not None)
@@ -202,7 +208,7 @@ def _captures(trace: Any, shown: list, compiles_of: dict[int, list[int]]) -> str
             code = entry.graph.python_code(f"graph of {entry.name}", True)[0]
             top = ", ".join(f"{k} x{v}" for k, v in sorted(entry.ops.items(), key=lambda kv: -kv[1])[:6])
             parts.append(_folded(f"graph {esc(entry.graph.name)}: {esc(top)}",
-                                 _pre(_cut(code, GRAPH_LIMIT)), f"graph-{i}"))
+                                 _pre(cut(code, GRAPH_LIMIT)), f"graph-{i}"))
         elif entry.brk is not None:
             parts.append('<div class="meta">no graph (the frame runs natively or the break came first)</div>')
         guards = entry.guards[:GUARD_LIMIT]
@@ -269,4 +275,4 @@ def _counters() -> str:
     for category in sorted(counters):
         for key, count in sorted(counters[category].items(), key=lambda kv: str(kv[0])):
             lines.append(f"{category}[{key!r}] = {count}")
-    return _folded(f"kiln.counters ({len(lines)} entries)", _pre(_cut("\n".join(lines), GRAPH_LIMIT)))
+    return _folded(f"kiln.counters ({len(lines)} entries)", _pre(cut("\n".join(lines), GRAPH_LIMIT)))

@@ -21,11 +21,13 @@ import dataclasses
 import os
 import sys
 import time
+import weakref
 from typing import Any
 
 from . import config
 from .capture.cache import CacheEntry, Recording, start_recording
 from .graph.pipeline import OBSERVERS, CompileContext, CompileState
+from .report_html import cut, render
 
 CODE_LIMIT = 20_000  # characters of each generated source kept (the rest is cut, with a note)
 MAX_COMPILES = 400  # pipeline runs kept (later ones are counted, not kept)
@@ -53,7 +55,7 @@ class CompileRecord:
     kernels: list[KernelRecord]
     code: dict[str, str]  # title -> source (cut at CODE_LIMIT)
     captures_before: int  # captures recorded when it ran (to find its capture)
-    graph: Any = None  # the graph object compiled (to find its capture by identity)
+    graph: Any = None  # a weak reference to the graph compiled (to find its capture by identity)
     profiling: bool = False  # kiln.profile's timing compile
     lines_known: bool = False  # the lowering kept each buffer's user lines
 
@@ -97,7 +99,7 @@ class Trace:
         self.compiles.append(CompileRecord(
             name, getattr(graph, "name", "?"), getattr(graph, "origin", "") or "",
             [(r.name, r.ms) for r in state.records], kernel_records(state, origins or {}),
-            generated_code(name, state), len(self.captures), graph,
+            generated_code(name, state), len(self.captures), _weak(graph),
             profiling=bool(context.options.get("profile", False)), lines_known=origins is not None))
 
     def capture_of(self, record: CompileRecord) -> int | None:
@@ -108,7 +110,7 @@ class Trace:
         for i, entry in enumerate(self.captures):
             if entry.graph is None:
                 continue
-            if entry.graph is record.graph:
+            if record.graph is not None and entry.graph is record.graph():
                 return i
             if entry.graph.name == base:
                 named.append(i)
@@ -116,6 +118,13 @@ class Trace:
             return None
         later = [i for i in named if i >= record.captures_before]
         return later[0] if later else named[-1]
+
+
+def _weak(graph: Any) -> Any:
+    try:
+        return weakref.ref(graph)  # (the record must not keep a compiled graph, and its constants, alive)
+    except TypeError:
+        return None
 
 
 def kernel_records(state: CompileState, origins: dict[str, list[str]]) -> list[KernelRecord]:
@@ -145,14 +154,6 @@ def generated_code(name: str, state: CompileState) -> dict[str, str]:
     return code
 
 
-def cut(text: str, limit: int) -> str:
-    """`text`, or its first `limit` characters (at a line end) and a note of what was cut."""
-    if len(text) <= limit:
-        return text
-    head = text[:limit].rsplit("\n", 1)[0]
-    return f"{head}\n# ... cut here: {len(text) - len(head)} more characters (KILN_DEBUG_DIR keeps it all)"
-
-
 TRACE = Trace()
 start_recording(TRACE.recording)
 OBSERVERS.append(TRACE.observe)
@@ -177,7 +178,6 @@ def default_path() -> str:
 
 def write_report(path: str | None = None) -> str:
     """Write the page for what this process captured and compiled so far; returns its path."""
-    from .report_html import render
     path = path or default_path()
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
