@@ -1,13 +1,13 @@
 """kiln: a compiler for unmodified PyTorch programs.
 
 The public API (kiln/api.py): kiln.compile, kiln.disable, kiln.explain, kiln.check, kiln.profile, kiln.reset,
-kiln.counters, kiln.register_backend, kiln.GraphBreakError.
+kiln.counters, kiln.register_backend, kiln.GraphBreakError, kiln.report.
 """
 from . import config
 from .counters import counters
 
-__all__ = ["config", "counters", "compile", "disable", "explain", "check", "reset", "register_backend",
-           "GraphBreakError", "mark_dynamic", "mark_static", "profile"]
+__all__ = ["config", "counters", "compile", "disable", "explain", "check", "report", "reset",
+           "register_backend", "GraphBreakError", "mark_dynamic", "mark_static", "profile"]
 __version__ = "0.1.0"
 
 
@@ -17,7 +17,8 @@ CAPTURE_PYTHONS = ((3, 11), (3, 12), (3, 13), (3, 14))
 
 
 def __getattr__(name: str):  # the API imports torch and kiln.ops; load it on first use
-    if name in ("compile", "disable", "explain", "check", "reset", "register_backend", "GraphBreakError",
+    if name in ("compile", "disable", "explain", "check", "report", "reset", "register_backend",
+                "GraphBreakError",
                 "CompiledModule", "mark_dynamic", "mark_static"):
         _check_python()
         with _collector_paused():

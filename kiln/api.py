@@ -31,8 +31,12 @@ from .counters import counters
 from .distributed import CompiledDDP, CompiledFSDP, is_ddp, is_fsdp
 from .counters import reset as _reset_counters
 from .graph.pipeline import FUEL, CompileContext
+from . import tracing
 
-__all__ = ["compile", "explain", "check", "reset", "register_backend", "GraphBreakError", "CompiledModule",
+if tracing.trace_directory() is not None:  # KILN_TRACE_DIR: the compile report is written at exit
+    tracing.write_at_exit()
+
+__all__ = ["compile", "explain", "check", "report", "reset", "register_backend", "GraphBreakError", "CompiledModule",
            "ExplainReport"]
 
 _SUPPORTED_PYTHONS = ((3, 11), (3, 12), (3, 13), (3, 14))  # (kiln.CAPTURE_PYTHONS)
@@ -139,12 +143,23 @@ class CompiledModule(WrappedModule):
         return self._compiled_forward(*args, **kwargs)
 
 
+def report(path: str | None = None) -> str:
+    """Write the compile report: one static HTML page of what this process captured and compiled since
+    kiln was imported (or since kiln.reset()) — captures, graphs with their source lines, graph breaks with
+    reasons and hints, recompiles and guards, each compile's passes with their times, kernels, profiles.
+    Returns its path: `path`, else KILN_TRACE_DIR/kiln_report_<pid>.html, else ./kiln_report_<pid>.html.
+    Kernels name the user lines fused into them when the process runs with KILN_TRACE_DIR set (or the
+    `trace_dir` flag is set while compiling: `kiln.config.patch(trace_dir=dir)`)."""
+    return tracing.write_report(path)
+
+
 def reset() -> None:
     """Forget every captured graph and the counters, and free the buffers compiled graphs keep across calls;
     compiled functions capture again when called."""
     from .codegen.wrapper_runtime import release_pools
     _cache.reset()
     _reset_counters()
+    tracing.TRACE.clear()
     FUEL.reset()
     release_pools()
 

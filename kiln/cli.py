@@ -11,6 +11,7 @@ Both `bench` and `explain` run the quick suite unless told otherwise (--suite, -
     kiln cache info|clear
     kiln --version
     kiln bisect [--workdir DIR] [--timeout S] SCRIPT [ARGS...]
+    kiln report [--out DIR] SCRIPT [ARGS...]
 """
 from __future__ import annotations
 
@@ -53,9 +54,19 @@ SUITE_HELP = ("quick: a few tiny models (minutes); full: the hand-written zoo an
               "hf: the 21 Hugging Face models (default: quick)")
 
 
+ENVIRONMENT_HELP = """environment (every KILN_* variable: kiln.config.describe()):
+  KILN_TRACE_DIR=dir   write a compile report of the process, dir/kiln_report_<pid>.html, at exit:
+                       captures, graphs with their source lines, graph breaks with reasons and hints,
+                       recompiles and guards, passes with their times, kernels with their user lines
+                       (`kiln report SCRIPT` sets it; kiln.report(path) writes one from Python)
+  KILN_LOGS=help       list the log channels (KILN_LOGS=graph,+fusion prints them on stderr)
+  KILN_DEBUG_DIR=dir   dump every compiled graph's IR after each pass and its generated code"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kiln", description="kiln: a compiler for unmodified PyTorch "
-                                                              "programs")
+                                                              "programs", epilog=ENVIRONMENT_HELP,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=version_text())
     commands = parser.add_subparsers(dest="command", required=True)
     bench = commands.add_parser(
@@ -140,6 +151,18 @@ def build_parser() -> argparse.ArgumentParser:
     bisect.add_argument("--timeout", type=float, default=600.0,
                         help="seconds per run before it counts as failing (default: 600)")
 
+    report = commands.add_parser(
+        "report", help="run a script with the compile report on and say where its HTML page went",
+        description="Runs SCRIPT with KILN_TRACE_DIR=OUT: at exit each process that used kiln writes one "
+                    "static HTML page, OUT/kiln_report_<pid>.html (captures, graphs with their source "
+                    "lines, graph breaks with reasons and hints, recompiles and guards, each compile's "
+                    "passes with their times, kernels with the user lines fused into each, kiln.profile "
+                    "reports). Open it in a browser; no server needed. Exits with the script's status.")
+    report.add_argument("--out", default="kiln_trace",
+                        help="the directory of the pages (default: kiln_trace)")
+    report.add_argument("script", help="the Python script to run")
+    report.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+
     cache = commands.add_parser(
         "cache", help="the kernel cache: show it (info) or empty it (clear)",
         description="The on-disk cache of compiled kernels (KILN_CACHE_DIR/cpp, default ~/.cache/kiln/cpp): "
@@ -159,6 +182,33 @@ def bisect_main(args: argparse.Namespace) -> int:
                           progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(bisect.report(found, runs=False))
     return 0 if found.decision is not None else 1
+
+
+def report_main(args: argparse.Namespace) -> int:
+    import subprocess
+    from . import config
+
+    if not os.path.isfile(args.script):
+        print(f"kiln report: no such script: {args.script}", file=sys.stderr)
+        return 2
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    before = set(os.listdir(out))
+    env = config.child_environment()
+    env["KILN_TRACE_DIR"] = out
+    child = subprocess.Popen([sys.executable, args.script, *args.args], env=env)
+    status = child.wait()
+    written = sorted(name for name in set(os.listdir(out)) - before if name.endswith(".html"))
+    own = f"kiln_report_{child.pid}.html"
+    if own in written:  # the script's own page first, then its child processes'
+        written.remove(own)
+        written.insert(0, own)
+    for name in written:
+        print(f"kiln report: wrote {os.path.join(out, name)}")
+    if not written:
+        print(f"kiln report: {args.script} wrote no report (it did not import kiln's API, or it was killed)",
+              file=sys.stderr)
+    return status if status >= 0 else 128 - status
 
 
 def bench_main(args: argparse.Namespace) -> int:
@@ -266,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         return explain_main(args)
     if args.command == "bisect":
         return bisect_main(args)
+    if args.command == "report":
+        return report_main(args)
     if args.command == "cache":
         return cache_main(args)
     return 2

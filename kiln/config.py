@@ -118,6 +118,9 @@ flags = _Flags()
 # ---- the flags -------------------------------------------------------------------------------------------
 define("debug_dir", None, "dump every artifact of every compiled graph into this directory (1/true: "
        "./kiln_debug), one folder per graph and index.txt naming each one's frame and file:line")
+define("trace_dir", None, "write a compile report (one static HTML page: captures, graphs, breaks, guards, "
+       "passes, kernels with their user lines) for this process into this directory at exit (1/true: "
+       "./kiln_trace); `kiln report script.py` sets it; compiles then skip the graph cache")
 define("verify", False, "run the graph verifier after every pass")
 define("cache_dir", os.path.join(os.path.expanduser("~"), ".cache", "kiln"), "on-disk cache directory",
        type=str)

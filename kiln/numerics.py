@@ -34,7 +34,7 @@ from .codegen.wrapper import load_entry
 from .graph import Graph, flatten, map_structure, run
 from .graph.pipeline import CompileContext, Pass
 from .lower.ir import BufferRef, ComputedBuffer, ExternNode, InputBuffer, LoopGraph, ViewRef
-from .lower.lowering import Lowering
+from .lower.origins import OriginLowering as _OriginLowering
 from .lower.reference import Reference, storage_size
 from .runtime import build
 from .schedule.fusion import FusedGroup
@@ -150,58 +150,6 @@ class NumericsReport:
 
 # ---- origins: the user lines lowered into each buffer ----------------------------------------------------
 
-class _OriginLowering(Lowering):
-    """Lowering that credits each buffer it adds with the origins (user lines) of the nodes lowered into it.
-
-    A node's ops are inlined into the buffer that materializes them later, so the nodes lowered since the
-    last buffer are pending: a buffer a node computes itself (a reduction, a scan) takes them with the node;
-    an operand the node has realized takes them without it; an extern or fallback takes only its node.
-    """
-
-    def __init__(self, graph: Graph, target: Any):
-        super().__init__(graph, target)
-        self.origins: dict[str, list[str]] = {}
-        self._pending: list[str] = []
-        self._current: str | None = None
-        self._realizing = 0
-
-    def _lowering(self, node: Any, lower: Any, *args: Any) -> Any:
-        outer, self._current = self._current, node.origin
-        if node.origin and node.origin not in self._pending:
-            self._pending.append(node.origin)
-        try:
-            return lower(node, *args)
-        finally:
-            self._current = outer
-
-    def call_prim(self, node: Any) -> Any:
-        return self._lowering(node, super().call_prim)
-
-    def fallback(self, node: Any, target: Any, target_name: str, kind: str) -> Any:
-        return self._lowering(node, super().fallback, target, target_name, kind)
-
-    def realize(self, box: Any, meta: Any = None, node: Any = None) -> str:
-        self._realizing += 1
-        try:
-            return super().realize(box, meta, node)
-        finally:
-            self._realizing -= 1
-
-    def add_node(self, node: Any) -> None:
-        super().add_node(node)
-        current = [self._current] if self._current else []
-        if isinstance(node, ExternNode):
-            for out in node.outputs:
-                self.origins[out.name] = current
-            self._pending = [o for o in self._pending if o != self._current]
-        elif self._realizing:  # an operand of the current node: what was lowered before it
-            self.origins[node.name] = [o for o in self._pending if o != self._current]
-            self._pending = [o for o in current if o in self._pending]
-        else:
-            self.origins[node.name] = list(dict.fromkeys(self._pending + current))
-            self._pending = []
-
-
 _LOCATION = re.compile(r"^(.*):(\d+)$")
 
 
@@ -218,7 +166,7 @@ def _passes(origins: dict[int, dict[str, list[str]]]) -> list[Pass]:
     def lower(state: Any, context: CompileContext) -> None:
         lowering = _OriginLowering(state.prim_graph, state.target)
         state.loop = lowering.run()
-        origins[id(state.loop)] = lowering.origins
+        state.origins = origins[id(state.loop)] = lowering.origins
     return [dataclasses.replace(p, run=lower) if p.name == "lower" else p for p in PASSES]
 
 

@@ -44,7 +44,7 @@ from typing import Any
 import sympy
 import torch
 
-from . import config
+from . import config, tracing
 from .counters import counters
 from .api import _python_code
 from .backends import GraphCompiler
@@ -428,7 +428,7 @@ def _origin_passes(origins: dict[int, dict[str, list[str]]]) -> list[Pass]:
     def lower(state: Any, context: CompileContext) -> None:
         lowering = _OriginLowering(state.prim_graph, state.target)
         state.loop = lowering.run()
-        origins[id(state.loop)] = lowering.origins
+        state.origins = origins[id(state.loop)] = lowering.origins
     return [dataclasses.replace(p, run=lower) if p.name == "lower" else p for p in PASSES]
 
 
@@ -497,6 +497,7 @@ def profile(fn: Any, *args: Any, repeat: int = 10, warmup: int = 2, **kwargs: An
     name = getattr(fn, "__qualname__", None) or type(fn).__name__
     report = _report(name, entries, runs, statistics.median(walls) / 1e3, machine_peaks(), repeat)
     report.result = result
+    tracing.note_profile(report)  # (the compile report's profile section)
     report.compiled_graphs = [c for entry in entries for c in entry.compiled]
     return report
 

@@ -70,7 +70,13 @@ def _cse(state: CompileState, ctx: CompileContext) -> None:
 
 
 def _lower(state: CompileState, ctx: CompileContext) -> None:
-    state.loop = lower(state.prim_graph, state.target)
+    if ctx.flag("trace_dir"):  # a compile report: it names the user lines lowered into each kernel
+        from ..lower.origins import OriginLowering
+        lowering = OriginLowering(state.prim_graph, state.target)
+        state.loop = lowering.run()
+        state.origins = lowering.origins
+    else:
+        state.loop = lower(state.prim_graph, state.target)
     for node in state.loop.nodes:
         if isinstance(node, ExternNode) and node.target_name == "prims.bernoulli":
             node.target = rng.bernoulli  # eager's draws, natively (kiln.runtime.rng)

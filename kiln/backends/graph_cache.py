@@ -64,7 +64,8 @@ class Uncacheable(Exception):
 
 
 def enabled(context: Any) -> bool:
-    return bool(context.flag("graph_cache")) and not context.flag("debug_dir") and \
+    dumping = context.flag("debug_dir") or context.flag("trace_dir")  # (both want every pass's output)
+    return bool(context.flag("graph_cache")) and not dumping and \
         not context.options.get("profile", False) and context.flag("fuel") < 0
 
 

@@ -67,6 +67,8 @@ class CacheEntry:
         self.source = source
         self.ops = ops
         self.name = ""  # the captured frame's readable name (CompiledFunction.name)
+        self.where: tuple[str, int] = ("", 0)  # the frame's file and first line
+        self.capture_ms = 0.0  # the capture's time (with the backend's compile of its graph, if it ran then)
         self.children: list["CompiledFunction"] = children if children is not None else []
 
     def first_failure(self, args: tuple, kwargs: dict) -> str:
@@ -334,6 +336,7 @@ class CompiledFunction:
         entry = CacheEntry(entry_fn, checks, guards, graph, record if brk is not None else None, source, ops,
                            children)
         entry.name = self.name
+        entry.where = (code.co_filename, code.co_firstlineno)
         entry.tensor_inputs = [(src, tuple(t.shape)) for src, t, by_identity in cap.inputs if not by_identity]
         entry.tensor_inputs += cap.alias_inputs
         entry.int_inputs = list(cap.int_inputs)
@@ -347,6 +350,7 @@ class CompiledFunction:
             log_dynamic.info("symbolic sizes of %s:\n  %s", self.name, "\n  ".join(entry.symbols))
         log_capture.info("captured %s in %.1f ms (%d guards)", self.name,
                          (time.perf_counter() - start) * 1e3, len(guards))
+        entry.capture_ms = (time.perf_counter() - start) * 1e3
         for recording in _RECORDING:
             recording.entries.append(entry)
         return entry
@@ -426,6 +430,12 @@ def recording() -> Iterator[Recording]:
         yield recorded
     finally:
         _RECORDING.remove(recorded)
+
+
+def start_recording(recorded: Recording) -> None:
+    """Fill `recorded` from now on, as `recording()` does for a block (the compile report's record)."""
+    if recorded not in _RECORDING:
+        _RECORDING.append(recorded)
 
 
 def record_error(error: CaptureErrorRecord) -> None:

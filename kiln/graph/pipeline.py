@@ -173,6 +173,11 @@ def without_cyclic_gc(fn: Callable[..., Any]) -> Callable[..., Any]:
     return paused
 
 
+# called as observer(pipeline name, state, context) after every pipeline run (the compile report,
+# kiln.tracing, keeps a summary of each)
+OBSERVERS: list[Callable[[str, CompileState, CompileContext], None]] = []
+
+
 @without_cyclic_gc
 def run_pipeline(name: str, passes: Sequence[Pass], state: CompileState, context: CompileContext,
                  dump: bool = False) -> CompileState:
@@ -195,4 +200,6 @@ def run_pipeline(name: str, passes: Sequence[Pass], state: CompileState, context
     if log.isEnabledFor(20):
         total = sum(r.ms for r in state.records)
         log.info("%s: %s (%.1f ms)", name, ", ".join(f"{r.name} {r.ms:.1f}" for r in state.records), total)
+    for observe in OBSERVERS:
+        observe(name, state, context)
     return state
