@@ -64,11 +64,29 @@ class CompileRecord:
         return sum(ms for _, ms in self.passes)
 
 
+class _WeakEntries:
+    """The capture entries recorded, held weakly: the record is always on, and must not keep a compiled
+    function's graphs (and the parameters they hold) alive after the user dropped it."""
+
+    def __init__(self) -> None:
+        self._refs: list[weakref.ref] = []
+
+    def append(self, entry: CacheEntry) -> None:
+        self._refs.append(weakref.ref(entry))
+
+    def clear(self) -> None:
+        self._refs.clear()
+
+    def live(self) -> list[CacheEntry]:
+        return [e for e in (r() for r in self._refs) if e is not None]
+
+
 class Trace:
     """The process's record (`TRACE`): captures, capture errors, compiles, profiles."""
 
     def __init__(self) -> None:
         self.recording = Recording()
+        self.recording.entries = _WeakEntries()  # type: ignore[assignment]
         self.compiles: list[CompileRecord] = []
         self.compiles_dropped = 0
         self.profiles: list[Any] = []  # kiln.profiler.ProfileReport
@@ -76,7 +94,7 @@ class Trace:
 
     @property
     def captures(self) -> list[CacheEntry]:
-        return self.recording.entries
+        return self.recording.entries.live()  # type: ignore[attr-defined]
 
     @property
     def capture_errors(self) -> list:

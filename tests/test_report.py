@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import weakref
 
 import pytest
 import torch
@@ -209,3 +210,20 @@ def test_the_page_in_headless_chromium(pages, tmp_path, record_property):
             shutil.copy(shot.with_suffix(".html"), NOTES / f"report_{shot.stem}.html")
     record_property("screenshots", ", ".join(map(str, shots)))
     print("screenshots:", *shots)
+
+
+def test_the_record_holds_captures_weakly():
+    """The record is always on: it must not be what keeps a dropped compiled function's capture entries
+    (their graphs and the parameters they hold) alive."""
+    import gc
+    from kiln import tracing
+    from kiln.capture import cache as capture_cache
+    kiln.reset()
+    compiled = kiln.compile(lambda x: torch.relu(x) * 2, backend="eager")
+    compiled(torch.randn(2, 3))
+    (entry,) = tracing.TRACE.captures
+    alive = weakref.ref(entry)
+    del entry, compiled
+    capture_cache.reset()  # the capture caches let go (not the record: kiln.reset() would clear it too)
+    gc.collect()
+    assert alive() is None and tracing.TRACE.captures == []
