@@ -93,11 +93,15 @@ def target_name(fn: Any) -> str:
 
 def _find_name(fn: Any) -> str:
     if isinstance(fn, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
-        text = str(fn)  # "aten::add.Tensor"
-        namespace, _, rest = text.partition("::")
-        found: Any = getattr(torch.ops, namespace)
-        for part in rest.split("."):
-            found = getattr(found, part)
+        if isinstance(fn, torch._ops.OpOverload):  # "aten::add" and "Tensor"
+            qualified, overload = fn._schema.name, fn._overloadname
+        else:
+            qualified, overload = fn._qualified_op_name, None
+        namespace, _, op = qualified.partition("::")
+        found: Any = getattr(getattr(torch.ops, namespace), op)
+        if overload is not None:
+            found = getattr(found, overload)
+        text = qualified if overload is None else f"{qualified}.{overload}"
         if found is fn:
             return "op:" + text
         raise Uncacheable(f"op {text} does not resolve to itself")

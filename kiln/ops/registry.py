@@ -251,6 +251,38 @@ def _eager_run(func: Any, args: tuple, kwargs: dict, on: str) -> Any:
     return out
 
 
+def _custom_operator(func: Any) -> bool:
+    """An operator a library registered (torch.library), not one of torch's own."""
+    if isinstance(func, torch._ops.OpOverload):
+        return func.namespace not in ("aten", "prims")
+    if isinstance(func, torch._ops.OpOverloadPacket):
+        return func._qualified_op_name.partition("::")[0] not in ("aten", "prims")
+    return False
+
+
+def _check_sizes_follow_metas(func: Any, name: str, args: tuple, kwargs: dict, real: Any) -> None:
+    """A fallback node's output sizes are the example run's, which the graph keeps for every later call:
+    they must follow from the inputs' metas. The op is run on the meta device (a custom operator's fake
+    kernel, aten's meta kernels); sizes it cannot give, or gives otherwise, mean the op reads values to size
+    its output (`x[x > 0]` in a custom op), and it runs outside the graph."""
+    try:
+        meta = _eager(func, args, kwargs, "meta")
+    except Exception as e:
+        if _custom_operator(func):
+            raise UnsupportedError(f"{name} has no fake kernel, so kiln cannot know its output sizes without "
+                                   f"running it; it runs outside the graph (register one with "
+                                   f"torch.library.register_fake)") from None
+        if "data-dependent" in str(e) or "data dependent" in str(e):
+            raise UnsupportedError(f"{name}: its output shape depends on the values of its inputs; it runs "
+                                   f"outside the graph") from None
+        return  # (an aten op without a meta kernel: its sizes are taken as the example's, as before)
+    got = [tuple(t.shape) for t in flatten(meta) if isinstance(t, torch.Tensor)]
+    want = [tuple(t.shape) for t in flatten(real) if isinstance(t, torch.Tensor)]
+    if got != want:
+        raise UnsupportedError(f"{name}: its meta kernel gives sizes {got} where this call gives {want} (they "
+                               f"depend on values); it runs outside the graph")
+
+
 def _has_examples(args: tuple, kwargs: dict) -> bool:
     return all(p.example is not None for p in flatten((args, kwargs)) if isinstance(p, Proxy))
 
@@ -412,6 +444,8 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
             except Exception as e:
                 raise UnsupportedError(f"{name} has no decomposition and no meta implementation, so kiln "
                                        f"cannot know its output shape ({type(e).__name__}: {e})") from None
+        else:
+            _check_sizes_follow_metas(func, name, args, kwargs, real)
         if any(isinstance(v, (bool, int, float, complex)) for v in flatten(real)):
             # a number computed by torch (torch.equal, aten.item): the graph would keep this call's value
             raise UnsupportedError(f"{name} returns a Python number; it runs outside the graph")
