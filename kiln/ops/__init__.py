@@ -12,7 +12,7 @@ from .trace import trace
 # inplace comes last: it derives the in-place twin of every functional op registered before it.
 from . import elementwise, elementwise_binary, special_bessel, special_bessel_j  # noqa: E402,F401
 from . import reductions  # noqa: E402,F401
-from . import shape, getitem, shape_copies, views  # noqa: E402,F401
+from . import shape, getitem, shape_copies, view_updates  # noqa: E402,F401
 from . import creation, indexing, linalg  # noqa: E402,F401
 from . import nn, nn_loss, nn_pool  # noqa: E402,F401
 from . import misc, selection  # noqa: E402,F401

@@ -253,11 +253,8 @@ def _eager_run(func: Any, args: tuple, kwargs: dict, on: str) -> Any:
 
 def _custom_operator(func: Any) -> bool:
     """An operator a library registered (torch.library), not one of torch's own."""
-    if isinstance(func, torch._ops.OpOverload):
-        return func.namespace not in ("aten", "prims")
-    if isinstance(func, torch._ops.OpOverloadPacket):
-        return func._qualified_op_name.partition("::")[0] not in ("aten", "prims")
-    return False
+    name = getattr(func, "_qualified_op_name", None) or getattr(getattr(func, "_schema", None), "name", "")
+    return isinstance(func, _OVERLOADS) and name.partition("::")[0] not in ("aten", "prims")
 
 
 def _check_sizes_follow_metas(func: Any, name: str, args: tuple, kwargs: dict, real: Any) -> None:
