@@ -23,7 +23,7 @@ from .capture.dynamic import mark_dynamic, mark_static  # noqa: F401  (kiln.mark
 from .capture.entry import NO_SELF
 from .optim import CompiledOptimizerStep, is_optimizer_step
 from .runtime import code_cache  # noqa: F401  (installs the capture's disk memo, kiln.graph.memo)
-from .wrapping import WrappedModule
+from .wrapping import ForwardRoute, RoutedMethod, WrappedModule
 from .capture.errors import GraphBreakError
 from .capture.guards import hooks_present
 from .capture.disabled import disable, disabled_by, module_disabled_by  # noqa: F401  (kiln.disable)
@@ -119,7 +119,11 @@ def _unwrap(model: Any) -> tuple[types.FunctionType | None, Any]:
 
 class CompiledModule(WrappedModule):
     """Wraps an nn.Module: calls run the original module's hooks and a compiled `forward`; parameters,
-    buffers, state_dict, train()/eval() and attribute access are the original module's."""
+    buffers, state_dict, train()/eval() and attribute access are the original module's.
+
+    The module's own methods read through the wrapper call the compiled forward: `compiled.generate(...)`
+    runs Hugging Face's generate with its prefill and decode steps compiled (`RoutedMethod`), while
+    `module.generate(...)` and `module(...)` on the original stay eager."""
 
     def __init__(self, module: torch.nn.Module, backend: Any = "auto", fullgraph: bool = False,
                  dynamic: Any = None, mode: str | None = None, options: dict | None = None):
@@ -128,19 +132,34 @@ class CompiledModule(WrappedModule):
         object.__setattr__(self, "_compiled_forward", compile(module.forward, backend=backend,
                                                               fullgraph=fullgraph, dynamic=dynamic, mode=mode,
                                                               options=options))
+        object.__setattr__(self, "_route", ForwardRoute(module, self._compiled_forward))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         mod = self._orig_mod
         if not hooks_present(mod):  # (checked on every call: nothing to guard)
             return self._compiled_forward(*args, **kwargs)
-        mod.forward = self._compiled_forward
-        try:
+        with self._route:  # the hooks run eagerly around the compiled forward
             return mod(*args, **kwargs)
-        finally:
-            del mod.forward
+
+    def __getattr__(self, name: str) -> Any:
+        mod = object.__getattribute__(self, "_orig_mod")
+        value = getattr(mod, name)
+        if isinstance(value, types.MethodType) and value.__self__ is mod:
+            return RoutedMethod(value, self._route, self, _method_defaults(mod, name))
+        return value
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._compiled_forward(*args, **kwargs)
+
+
+def _method_defaults(module: torch.nn.Module, name: str) -> dict:
+    """Keyword arguments a routed method gets unless its caller passes them. Hugging Face's generate
+    torch.compiles the decode step by itself on GPUs when the cache is static; kiln compiles that forward
+    already, and torch.compile over kiln's compiled function would trace kiln's own Python, so it is off
+    (`disable_compile=True`) unless the caller passes `disable_compile`."""
+    if name == "generate" and hasattr(getattr(module, "generation_config", None), "disable_compile"):
+        return {"disable_compile": True}
+    return {}
 
 
 def report(path: str | None = None) -> str:
@@ -307,7 +326,11 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
     captured as their own frames (graphs, breaks with reason, file:line, source line and hint, ops per
     graph, guards). The call runs for real, side effects included. It prints nothing: a REPL shows the
     report's short repr, `print(report)` the full text (guards counted), `report.format(guards=True)` the
-    guards too."""
+    guards too. A method of a compiled module (`kiln.explain(compiled.generate, ids)`) runs as it is,
+    and the report shows what its calls of the module's forward captured."""
+    routed = fn_or_module if isinstance(fn_or_module, RoutedMethod) else None
+    if routed is not None:
+        fn_or_module = routed.owner
     fn, bound_self = _python_code(fn_or_module, "kiln.explain")
     # a DDP module: its module's graphs cut at the gradient buckets, as kiln.compile(ddp) cuts them
     splitter = (BucketSplitCompiler(compiler_for("eager"), getattr(fn_or_module, "_orig_mod", fn_or_module))
@@ -325,6 +348,9 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
     if isinstance(fn_or_module, CompiledFSDP):  # through the model: FSDP's hooks around each forward
         compiled = fn_or_module.calling_with(lambda m: CompiledFunction(type(m).forward, compiler_for("eager"),
                                                                         bound_self=m, family=object()))
+    if routed is not None:  # the method itself, its forward calls routed to the fresh capture
+        compiled = RoutedMethod(routed.__wrapped__, ForwardRoute(routed.__self__, compiled), routed.owner,
+                                routed.defaults)
     with recording() as recorded:
         compiled(*args, **kwargs)
     native_callees = [k for k, v in counters["callees_run_natively"].items() if v > before.get(k, 0)]

@@ -3,6 +3,9 @@ read and write through to the module it wraps (`_orig_mod`). CompiledModule, Com
 subclass it and differ only in how a call runs."""
 from __future__ import annotations
 
+import functools
+import threading
+import types
 from typing import Any, Callable
 
 import torch
@@ -86,3 +89,73 @@ class WrappedModule(torch.nn.Module):
     def apply(self, fn: Callable[[torch.nn.Module], None]) -> Any:
         self._orig_mod.apply(fn)
         return self
+
+
+_ABSENT = object()
+
+
+class ForwardRoute:
+    """While entered, `module.forward` (an instance attribute) is `forward`: a method of the module that calls
+    `self(...)` or `self.forward(...)` — Hugging Face's `generate` calling the model for prefill and each
+    decode step — runs the compiled forward, with the module's hooks around it as `module(...)` runs them.
+
+    The module is unchanged outside: entries nest and may come from several threads (a count; the first
+    entry installs, the last exit restores what the instance held before, absent or the user's own
+    `forward`). A method that assigns its own `forward` while routed keeps it. While any routed call runs,
+    a direct call of the module from another thread also runs the compiled forward: same results."""
+
+    def __init__(self, module: torch.nn.Module, forward: Callable[..., Any]):
+        self.module = module
+        self.forward = forward
+        self.depth = 0
+        self.saved: Any = _ABSENT
+        self.lock = threading.Lock()
+
+    def __enter__(self) -> "ForwardRoute":
+        with self.lock:
+            if self.depth == 0:
+                attributes = vars(self.module)
+                self.saved = attributes.get("forward", _ABSENT)
+                attributes["forward"] = self.forward
+            self.depth += 1
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        with self.lock:
+            self.depth -= 1
+            if self.depth:
+                return
+            attributes = vars(self.module)
+            if attributes.get("forward") is self.forward:  # (not replaced by the method itself)
+                if self.saved is _ABSENT:
+                    del attributes["forward"]
+                else:
+                    attributes["forward"] = self.saved
+            self.saved = _ABSENT
+
+
+class RoutedMethod:
+    """A method of a compiled module's wrapped module (`compiled.generate`), bound to that module — `self`,
+    `super()` and `type(self)` inside are the user's — whose calls run with the module's forward routed to
+    the compiled forward (`ForwardRoute`). Introspection sees the method: `inspect.signature`, `__name__`,
+    `__doc__`, `__wrapped__`, `__self__`, `__func__`. `defaults` are keyword arguments added to each call
+    where the caller did not pass them."""
+
+    def __init__(self, method: types.MethodType, route: ForwardRoute, owner: torch.nn.Module,
+                 defaults: dict | None = None):
+        functools.update_wrapper(self, method)
+        self.__func__ = method.__func__
+        self.__self__ = method.__self__
+        self.route = route
+        self.owner = owner  # the compiled module this method was read from
+        self.defaults = dict(defaults or {})
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        for key, value in self.defaults.items():
+            kwargs.setdefault(key, value)
+        with self.route:
+            return self.__func__(self.__self__, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return (f"<method {self.__func__.__qualname__} of {type(self.__self__).__name__}, its forward calls "
+                "compiled by kiln>")
