@@ -66,16 +66,22 @@ class CompileRecord:
 
 class _WeakEntries:
     """The capture entries recorded, held weakly: the record is always on, and must not keep a compiled
-    function's graphs (and the parameters they hold) alive after the user dropped it."""
+    function's graphs (and the parameters they hold) alive after the user dropped it. While a report is
+    asked for (`trace_dir`, KILN_TRACE_DIR) it keeps them: the page at exit shows every capture of the run,
+    those of models compiled and dropped in a loop too (a debugging run trades their memory for that)."""
 
     def __init__(self) -> None:
         self._refs: list[weakref.ref] = []
+        self._kept: list[CacheEntry] = []
 
     def append(self, entry: CacheEntry) -> None:
         self._refs.append(weakref.ref(entry))
+        if trace_directory() is not None:
+            self._kept.append(entry)
 
     def clear(self) -> None:
         self._refs.clear()
+        self._kept.clear()
 
     def live(self) -> list[CacheEntry]:
         return [e for e in (r() for r in self._refs) if e is not None]

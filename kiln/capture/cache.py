@@ -7,9 +7,9 @@ kept failing.
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
+import itertools
 import keyword
 import logging
 import os
@@ -17,6 +17,7 @@ import re
 import time
 import types
 import warnings
+import weakref
 from typing import Any, Callable, Iterator
 
 import torch
@@ -81,9 +82,26 @@ class CacheEntry:
         return "(no guard failed)"
 
 
+class CaptureScope:
+    """What the captures of one top-level compiled function create and call: the compiled functions of
+    callees captured as their own frames and of resume functions, and their caches. A scope lives as long
+    as the top-level cache (the compiled functions that share it) and no longer, so dropping a compiled
+    model frees the entries and the parameters and modules they hold; nothing process-wide keeps them."""
+
+    def __init__(self) -> None:
+        self.caches: dict[tuple, CodeCache] = {}
+        self.callees: dict[tuple, CompiledFunction] = {}
+        self.resumes: dict[tuple, CompiledFunction] = {}
+
+
+_SERIALS = itertools.count()
+
+
 class CodeCache:
-    def __init__(self, name: str):
+    def __init__(self, name: str, scope: CaptureScope | None = None):
         self.name = name
+        self.serial = next(_SERIALS)  # (a cache's id is reused once it is freed)
+        self.scope = scope if scope is not None else CaptureScope()
         self.entries: list[CacheEntry] = []
         self.eager = False
         self.warned = False
@@ -92,20 +110,30 @@ class CodeCache:
         self.dynamic_dims: dict[tuple[str, int], int] = {}
 
 
-_CACHES: "collections.OrderedDict[tuple, CodeCache]" = collections.OrderedDict()
+# the caches of top-level compiled functions, held by those functions only: compiling a function again while
+# an earlier compile of it is alive shares its cache; once every compiled function using a cache is dropped,
+# the cache goes with its entries. (The key's ids stay valid while the cache lives: its compiled functions
+# hold the owner, the closure cells, the globals and the compiler.)
+_CACHES: "weakref.WeakValueDictionary[tuple, CodeCache]" = weakref.WeakValueDictionary()
+_ALL_CACHES: "weakref.WeakSet[CodeCache]" = weakref.WeakSet()  # top-level and scoped, for reset()
 
 
-def cache_for(code: types.CodeType, owner: Any, extra: Any = None) -> CodeCache:
+def cache_for(code: types.CodeType, owner: Any, extra: Any = None,
+              scope: CaptureScope | None = None) -> CodeCache:
+    """The cache of a code object for this owner (a bound self) and key: a top-level one (scope None) or
+    one in the scope of the top-level compiled function whose captures call it."""
     key = (code, id(owner), extra)
-    cache = _CACHES.get(key)
+    table = _CACHES if scope is None else scope.caches
+    cache = table.get(key)
     if cache is None:
-        cache = _CACHES[key] = CodeCache(code.co_qualname)
+        cache = table[key] = CodeCache(code.co_qualname, scope)
+        _ALL_CACHES.add(cache)
     return cache
 
 
 def reset() -> None:
     """Forget every cache entry (the compiled functions capture again on their next call)."""
-    for cache in _CACHES.values():
+    for cache in list(_ALL_CACHES):
         cache.entries.clear()
         cache.eager = False
         cache.warned = False
@@ -153,7 +181,7 @@ class CompiledFunction:
 
     def __init__(self, fn: Callable[..., Any], backend: Callable[..., Any], fullgraph: bool = False,
                  raise_on_error: bool = False, bound_self: Any = NO_SELF, family: Any = None,
-                 dynamic: bool | None = None):
+                 dynamic: bool | None = None, scope: CaptureScope | None = None):
         self.fn = fn
         self.dynamic = dynamic
         self.code = fn.__code__
@@ -171,8 +199,10 @@ class CompiledFunction:
         family = backend if family is None else family
         # (and their globals: code objects compare by value, so equal code exec'd in two namespaces is
         # two functions reading different globals)
+        # (`scope`: the top-level compiled function's, for a callee or resume function its captures call)
         self.cache = cache_for(self.code, bound_self, (closure_key(fn), defaults_key(fn), id(fn.__globals__),
-                                                       family))
+                                                       family), scope)
+        self.scope = self.cache.scope
         self.name = frame_name(fn, bound_self)  # (counters, logs, explain, graph and dump names)
         functools.update_wrapper(self, fn)
 
@@ -208,7 +238,7 @@ class CompiledFunction:
                            f"captured {len(cache.entries)} times (recompile_limit={limit}); it now runs "
                            f"eagerly. The guard that kept failing: {reason}. Make that value constant, "
                            f"or raise KILN_RECOMPILE_LIMIT.")
-                warn_once(f"limit:{id(cache)}", message)
+                warn_once(f"limit:{cache.serial}", message)
                 log_recompiles.warning(message)
                 return self.run_eagerly(args, kwargs)
             grown = self._automatic_dynamic(cache, args, kwargs)
@@ -359,7 +389,8 @@ class CompiledFunction:
         """The function an entry runs when the frame runs natively: a copy whose calls go through the
         capture wrapper, so the frame's callees are still captured (invariant 6)."""
         try:
-            return routed_function(self.fn, CalleeCaller(self.backend, self.raise_on_error, children, self.dynamic))
+            caller = CalleeCaller(self.backend, self.raise_on_error, children, self.scope, self.dynamic)
+            return routed_function(self.fn, caller)
         except Exception as e:  # an unusual code object: the frame and its callees run natively
             counters["capture_errors"][f"{self.name}: routing calls: {type(e).__name__}: {e}"] += 1
             record_error(CaptureErrorRecord(self.name, f"routing calls: {type(e).__name__}: {e}"))
@@ -377,7 +408,7 @@ class CompiledFunction:
             cap, frame, _, _, stopped, grad_changed = self._interpret(args, kwargs, brk.top_index)
             if not stopped:
                 raise NotResumable("a second capture did not reach the break")
-            caller = CalleeCaller(self.backend, self.raise_on_error, children, self.dynamic)
+            caller = CalleeCaller(self.backend, self.raise_on_error, children, self.scope, self.dynamic)
             entry_fn, checks, source, resumes = make_break_entry(
                 cap, self.fn, self.code, frame, brk, self.backend, self._resume_function, caller,
                 grad_changed)
@@ -398,17 +429,18 @@ class CompiledFunction:
     def _resume_function(self, rcode: types.CodeType) -> "CompiledFunction":
         """The compiled resume function for a resume code of this frame (one per code and backend)."""
         key = (rcode, closure_key(self.fn), id(self.fn.__globals__), id(self.backend))
-        compiled = _RESUMES.get(key)
+        compiled = self.scope.resumes.get(key)
         if compiled is None:
             fn = make_resume_function(self.fn, rcode)
-            compiled = _RESUMES[key] = CompiledFunction(fn, self.backend, raise_on_error=self.raise_on_error,
-                                                        family=self.backend, dynamic=self.dynamic)
+            compiled = self.scope.resumes[key] = CompiledFunction(
+                fn, self.backend, raise_on_error=self.raise_on_error, family=self.backend,
+                dynamic=self.dynamic, scope=self.scope)
         return compiled
 
 
-_RESUMES: dict[tuple, CompiledFunction] = {}
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_CALLEES: dict[tuple, CompiledFunction] = {}
+
+
 class Recording:
     """What `recording()` collects: cache entries captured, and internal errors that stopped a capture."""
 
@@ -479,8 +511,9 @@ class CalleeCaller:
     captured as its own frame (with its own graphs, breaks and resume functions)."""
 
     def __init__(self, backend: Callable[..., Any], raise_on_error: bool, children: list,
-                 dynamic: bool | None = None):
+                 scope: CaptureScope, dynamic: bool | None = None):
         self.dynamic = dynamic
+        self.scope = scope  # the callees' compiled functions live in the caller's top-level scope
         self.backend = backend
         self.raise_on_error = raise_on_error
         self.children = children
@@ -515,10 +548,11 @@ class CalleeCaller:
         same = (defaults, kwdefaults) if all(_hashable_constant(v) for v in defaults) and all(
             _hashable_constant(v) for _, v in kwdefaults) else id(fn)
         key = (fn.__code__, closure_key(fn), id(fn.__globals__), same, id(self.backend), self.dynamic)
-        compiled = _CALLEES.get(key)
+        compiled = self.scope.callees.get(key)
         if compiled is None:
-            compiled = _CALLEES[key] = CompiledFunction(fn, self.backend, raise_on_error=self.raise_on_error,
-                                                        family=self.backend, dynamic=self.dynamic)
+            compiled = self.scope.callees[key] = CompiledFunction(
+                fn, self.backend, raise_on_error=self.raise_on_error, family=self.backend,
+                dynamic=self.dynamic, scope=self.scope)
         if compiled not in self.children:
             self.children.append(compiled)
         return compiled, bound

@@ -29,6 +29,7 @@ import dis
 import os
 import sysconfig
 import types
+import weakref
 from typing import Any
 
 import torch
@@ -73,16 +74,27 @@ class Routed:
 
 
 class Router:
-    """`router[f]`: the callable a routed call site calls instead of f."""
+    """`router[f]`: the callable a routed call site calls instead of f.
 
-    __slots__ = ("caller",)
+    It holds the caller weakly: the router is a constant of the routed code, and code objects are not
+    tracked by the cyclic garbage collector, so a strong reference would make the cycle routed function ->
+    code -> router -> caller -> (its captures' entries) -> routed function uncollectable, keeping a dropped
+    model alive. The routed function holds the caller (`routed_function`)."""
+
+    __slots__ = ("caller_ref",)
 
     def __init__(self, caller: Any):
-        self.caller = caller
+        self.caller_ref = weakref.ref(caller)
+
+    @property
+    def caller(self) -> Any:
+        return self.caller_ref()  # (alive while the routed function runs: it holds the caller)
 
     def __getitem__(self, fn: Any) -> Any:
         if routable(fn):
-            return Routed(fn, self.caller)
+            caller = self.caller
+            if caller is not None:
+                return Routed(fn, caller)
         return fn
 
 
@@ -392,4 +404,5 @@ def routed_function(fn: types.FunctionType, caller: Any) -> types.FunctionType:
     new.__kwdefaults__ = fn.__kwdefaults__
     new.__qualname__ = fn.__qualname__
     new.__dict__.update(fn.__dict__)
+    new.__dict__["__kiln_caller__"] = caller  # (the router holds it weakly)
     return new

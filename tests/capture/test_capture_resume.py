@@ -430,6 +430,7 @@ def test_unresumable_break_runs_frame_eagerly(fn, why):
     # its own frame (a new closure on each of check's two calls: two graphs)
     check(fn, X, graphs=2 if fn is u_cell else 0, breaks=1)
     compiled = kiln.compile(fn, backend="eager")
+    compiled(X)  # (check's compiled functions are gone, and their cache with them)
     (entry,) = compiled.cache.entries
     assert not entry.brk.resumed and why in entry.brk.reason and "runs eagerly" in entry.brk.reason
 
