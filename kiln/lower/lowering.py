@@ -351,7 +351,10 @@ def _elementwise(name: str) -> Callable[..., Any]:
         loaders = [_operand(a, dtype) for a in args]
         if name == "pow" and not dtype.is_floating_point:
             raise Unlowerable("integer pow")
-        if name in ("remainder", "fmod", "div") and not dtype.is_floating_point:
+        if name in ("remainder", "fmod", "div") and not dtype.is_floating_point and not (
+                len(args) == 2 and type(args[1]) is int and args[1] not in (0, -1) and dtype != torch.bool):
+            # (torch raises on a zero divisor; the minimum integer over -1 overflows: only a constant divisor
+            # that can do neither is computed in a kernel, `perm // top_k`)
             raise Unlowerable("integer division (torch raises on a zero divisor)")
 
         def load(h: Any, index: list) -> Any:

@@ -138,6 +138,17 @@ def div(input: Any, other: Any, *, rounding_mode: str | None = None) -> Any:
           f"'trunc', or 'floor' but found '{rounding_mode}'", ValueError)
     refuse_complex("div with rounding_mode", input, other)
     dtype = result_type(input, other)
+    if type(other) is int and is_tensor(input) and input.ndim >= 0 and not is_float_dtype(dtype) and \
+            dtype not in (torch.bool, torch.uint8) and 1 < abs(other) <= torch.iinfo(dtype).max:
+        # an integer tensor by a constant (`perm // top_k`): the constant stays a number, so the kernel can
+        # divide by it (a tensor divisor may be zero, which eager raises on, and stays a fallback)
+        a = convert(input, dtype)
+        quotient = prims.div(a, other)
+        if rounding_mode == "trunc":
+            return quotient
+        rem = prims.fmod(a, other)
+        wrong = prims.lt(rem, 0) if other > 0 else prims.gt(rem, 0)  # the signs differ: truncation rounded up
+        return prims.where(wrong, prims.sub(quotient, 1), quotient)
     compute = dtype  # float16 rounds its quotient to float16 before rounding it to an integer, as eager
     a, b = materialize(*broadcast(convert(input, dtype), convert(other, dtype)))
     if dtype == torch.bool:
