@@ -22,7 +22,7 @@ from ..graph.layout import contiguous_strides, is_non_overlapping_and_dense
 from ..graph.symbolic import SymInt
 from ..prims import Prim
 from ..prims.shape import view_strides
-from . import arange_index, concat, windows
+from . import arange_index, concat, reduce_order, windows
 from .box import Box, buffer_box as _buffer_box
 from .index import linear_index, simplify_index, unravel
 from .sizes import dense, dim, dims, hint, is_positive, is_static, known_le, nonnegative, same
@@ -630,9 +630,15 @@ def _reduction(ctx: Lowering, node: Node, a: Box, dims: tuple, rtype: str, dtype
     dims = tuple(dims)
     keep = [d for d in range(len(a.shape)) if d not in dims]
     ranges = tuple(a.shape[d] for d in keep)
-    rranges = tuple(a.shape[d] for d in dims)
     loader = a.loader
     rank = len(a.shape)
+
+    def probe(h: Any, rindex: list) -> Any:   # the input at a reduced position (outer index 0)
+        full = [sympy.Integer(0)] * rank
+        for d, r in zip(dims, rindex):
+            full[d] = r
+        return loader(h, full)
+    dims, rranges = reduce_order.memory_order(dims, tuple(a.shape[d] for d in dims), rtype, probe)
 
     def full_index(index: list, rindex: list) -> list:
         full = [None] * rank
