@@ -21,7 +21,8 @@ from ..graph import Graph, Node, TensorMeta, flatten, map_structure
 from ..graph.layout import contiguous_strides, is_non_overlapping_and_dense
 from ..graph.symbolic import SymInt
 from ..prims import Prim
-from . import arange_index, concat, windows
+from ..prims.shape import view_strides
+from . import arange_index, concat, reduce_order, windows
 from .box import Box, buffer_box as _buffer_box
 from .index import linear_index, simplify_index, unravel
 from .sizes import dense, dim, dims, hint, is_positive, is_static, known_le, nonnegative, same
@@ -419,6 +420,9 @@ def lower_view(ctx: Lowering, node: Node, a: Box, *args: Any, **kwargs: Any) -> 
             moved = dim(out.storage_offset) - dim(source.meta.storage_offset)
             return _buffer_box(name, a.dtype, _ints(out.shape), _ints(out.strides), _start(offset + moved))
         # the buffer is laid out otherwise than eager lays out the value (kiln made it dense)
+        if not _viewable_over(node, a.shape, strides, args) and id(node) not in ctx.aliased_by_output:
+            # a view eager's layout allows and kiln's does not: the index map below reads the buffer
+            return lower_view(ctx, node, Box(a.shape, a.dtype, a.loader), *args, **kwargs)
         out = _view_over(node, a.shape, strides, offset, args, kwargs)
         return _buffer_box(name, a.dtype, _ints(out.shape), _ints(out.strides), _start(out.storage_offset))
     in_shape = a.shape
@@ -489,6 +493,13 @@ def _laid_out_as(meta: TensorMeta, shape: tuple, strides: tuple) -> bool:
     """Whether a value of this meta is laid out with exactly these strides (size-1 dims' too: they appear in
     index expressions)."""
     return _ints(meta.shape) == shape and _ints(meta.strides) == strides
+
+
+def _viewable_over(node: Node, shape: tuple, strides: tuple, args: tuple) -> bool:
+    """False for a prims.view whose sizes no strides over (shape, strides) give (it spans dims kiln's
+    layout keeps apart); True for every other view."""
+    return node.target is not prims.view or not args or \
+        view_strides(shape, strides, _ints(node.meta.shape)) is not None
 
 
 def _view_over(node: Node, shape: tuple, strides: tuple, offset: int, args: tuple,
@@ -622,9 +633,15 @@ def _reduction(ctx: Lowering, node: Node, a: Box, dims: tuple, rtype: str, dtype
     dims = tuple(dims)
     keep = [d for d in range(len(a.shape)) if d not in dims]
     ranges = tuple(a.shape[d] for d in keep)
-    rranges = tuple(a.shape[d] for d in dims)
     loader = a.loader
     rank = len(a.shape)
+
+    def probe(h: Any, rindex: list) -> Any:   # the input at a reduced position (outer index 0)
+        full = [sympy.Integer(0)] * rank
+        for d, r in zip(dims, rindex):
+            full[d] = r
+        return loader(h, full)
+    dims, rranges = reduce_order.memory_order(dims, tuple(a.shape[d] for d in dims), rtype, probe)
 
     def full_index(index: list, rindex: list) -> list:
         full = [None] * rank

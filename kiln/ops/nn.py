@@ -563,11 +563,11 @@ def group_norm(input: Any, num_groups: int, weight: Any = None, bias: Any = None
               f"input of shape {list(input.shape)}", RuntimeError)
     check_float("group_norm", input)
     x = upcast(input)
-    spatial = 1
-    for s in input.shape[2:]:
-        spatial *= s
-    grouped = torch.reshape(x, [n, num_groups, (c // num_groups) * spatial])
-    mean, var = _moments(grouped, [2])
+    # (N, G, C/G, *spatial): the channels split, the spatial dims kept apart rather than flattened with
+    # them, so a channels-last input is reduced by plain strides (a flattened index reads it through div
+    # and mod: PoolFormer's GroupNorm statistics at batch 8 ran at 1 GB/s)
+    grouped = torch.reshape(x, [n, num_groups, c // num_groups, *input.shape[2:]])
+    mean, var = _moments(grouped, list(range(2, grouped.ndim)))
     out = torch.reshape((grouped - mean) * torch.rsqrt(var + eps), list(input.shape))
     shape = _channel_shape(input)
     if weight is not None:

@@ -1,7 +1,8 @@
 """The model zoo shared by the tests and `kiln bench`.
 
 Hand-written models need nothing beyond torch: MLP, a ResNet-18-style CNN, a MobileNet-style depthwise CNN,
-a DenseNet-style CNN (dense blocks concatenating every earlier feature map),
+a DenseNet-style CNN (dense blocks concatenating every earlier feature map), a PoolFormer-style MetaFormer,
+an EfficientNet-style MBConv net with squeeze-excitation, a MobileViT-style conv/transformer net,
 a BERT-style encoder, a nanoGPT-style decoder and a LLaMA-style stack (RMSNorm, rotary embedding, SwiGLU,
 grouped-query attention). When `transformers` is installed (extra `models`), 21 Hugging Face architectures
 (hf_models.py, suite `hf`) are built from small configs with `AutoModel.from_config` (nothing is
@@ -171,6 +172,190 @@ class DenseNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:   # (B, 3, H, W)
         y = F.adaptive_avg_pool2d(self.features(x), 1)
         return self.classifier(torch.flatten(y, 1))
+
+
+class PoolFormerBlock(nn.Module):
+    """MetaFormer block with pooling as its token mixer (timm's PoolFormer): GroupNorm(1 group), the mixer
+    avg_pool2d(3, 1, 1, count_include_pad=False) - x, a 1x1-conv MLP, each branch scaled per channel
+    (LayerScale) before its residual add."""
+
+    def __init__(self, dim: int, mlp_ratio: int = 4, init_scale: float = 1e-2):
+        super().__init__()
+        self.norm1 = nn.GroupNorm(1, dim)
+        self.norm2 = nn.GroupNorm(1, dim)
+        self.fc1 = nn.Conv2d(dim, dim * mlp_ratio, 1)
+        self.fc2 = nn.Conv2d(dim * mlp_ratio, dim, 1)
+        # random rather than timm's constant init, so each channel's scale is exercised
+        self.scale1 = nn.Parameter(init_scale * (1 + torch.rand(dim)))
+        self.scale2 = nn.Parameter(init_scale * (1 + torch.rand(dim)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:   # (B, C, H, W)
+        y = self.norm1(x)
+        y = F.avg_pool2d(y, 3, 1, 1, count_include_pad=False) - y
+        x = x + self.scale1.view(-1, 1, 1) * y
+        y = self.fc2(F.gelu(self.fc1(self.norm2(x))))
+        return x + self.scale2.view(-1, 1, 1) * y
+
+
+class PoolFormer(nn.Module):
+    """PoolFormer-S12 layout (4 stages, 7x7/4 patch stem, 3x3/2 downsampling convs), narrow widths."""
+
+    def __init__(self, widths: tuple[int, ...] = (16, 32, 64, 96), blocks: tuple[int, ...] = (2, 2, 4, 2),
+                 classes: int = 10):
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(3, widths[0], 7, 4, 2)]
+        for i, (width, count) in enumerate(zip(widths, blocks)):
+            if i > 0:
+                layers.append(nn.Conv2d(widths[i - 1], width, 3, 2, 1))
+            layers += [PoolFormerBlock(width) for _ in range(count)]
+        self.features = nn.Sequential(*layers)
+        self.norm = nn.GroupNorm(1, widths[-1])
+        self.head = nn.Linear(widths[-1], classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:   # (B, 3, H, W)
+        return self.head(self.norm(self.features(x)).mean(dim=(2, 3)))
+
+
+class SqueezeExcite(nn.Module):
+    """Global average pool, 1x1 conv down (SiLU), 1x1 conv up, sigmoid gate on the input's channels."""
+
+    def __init__(self, dim: int, reduced: int):
+        super().__init__()
+        self.reduce = nn.Conv2d(dim, reduced, 1)
+        self.expand = nn.Conv2d(reduced, dim, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = x.mean((2, 3), keepdim=True)                       # (B, C, 1, 1)
+        return x * torch.sigmoid(self.expand(F.silu(self.reduce(s))))
+
+
+class MBConv(nn.Module):
+    """EfficientNet's MBConv: 1x1 expansion, depthwise kxk, squeeze-excitation, 1x1 projection (BN after
+    each conv, SiLU after the first two), residual when the shape is kept."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, stride: int, expand: int):
+        super().__init__()
+        hidden = cin * expand
+        self.expand = nn.Sequential(nn.Conv2d(cin, hidden, 1, bias=False), nn.BatchNorm2d(hidden),
+                                    nn.SiLU()) if expand != 1 else nn.Identity()
+        self.depthwise = nn.Sequential(nn.Conv2d(hidden, hidden, kernel, stride, kernel // 2, groups=hidden,
+                                                 bias=False), nn.BatchNorm2d(hidden), nn.SiLU())
+        self.se = SqueezeExcite(hidden, max(1, cin // 4))
+        self.project = nn.Sequential(nn.Conv2d(hidden, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.use_residual = stride == 1 and cin == cout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.project(self.se(self.depthwise(self.expand(x))))
+        return x + y if self.use_residual else y
+
+
+class EfficientNet(nn.Module):
+    """EfficientNet-B0 layout (MBConv stages with squeeze-excitation, 3x3 and 5x5 depthwise), fewer stages."""
+
+    def __init__(self, classes: int = 10):
+        super().__init__()
+        # (expand, kernel, stride, out channels, repeats)
+        settings = [(1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2), (6, 3, 2, 80, 2)]
+        layers: list[nn.Module] = [nn.Conv2d(3, 32, 3, 2, 1, bias=False), nn.BatchNorm2d(32), nn.SiLU()]
+        cin = 32
+        for expand, kernel, stride, cout, repeats in settings:
+            for i in range(repeats):
+                layers.append(MBConv(cin, cout, kernel, stride if i == 0 else 1, expand))
+                cin = cout
+        layers += [nn.Conv2d(cin, 320, 1, bias=False), nn.BatchNorm2d(320), nn.SiLU()]
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(320, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:   # (B, 3, H, W)
+        return self.classifier(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
+
+
+def _conv_bn_silu(cin: int, cout: int, kernel: int = 1, stride: int = 1, groups: int = 1) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups, bias=False),
+                         nn.BatchNorm2d(cout), nn.SiLU())
+
+
+class MV2Block(nn.Module):
+    """MobileNetV2 inverted residual as MobileViT uses it (SiLU)."""
+
+    def __init__(self, cin: int, cout: int, stride: int, expand: int = 2):
+        super().__init__()
+        hidden = cin * expand
+        self.block = nn.Sequential(_conv_bn_silu(cin, hidden),
+                                   _conv_bn_silu(hidden, hidden, 3, stride, hidden),   # depthwise
+                                   nn.Conv2d(hidden, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.use_residual = stride == 1 and cin == cout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.block(x)
+        return x + y if self.use_residual else y
+
+
+class ViTBlock(nn.Module):
+    """Pre-norm transformer layer (LayerNorm, multi-head attention, SiLU MLP), as timm's Block."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, dim * mlp_ratio), nn.SiLU(), nn.Linear(dim * mlp_ratio, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:   # (B, N, C)
+        b, n, c = x.shape
+        qkv = self.qkv(self.norm1(x)).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])   # (B, heads, N, C / heads)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, n, c))
+        return x + self.mlp(self.norm2(x))
+
+
+class MobileViTBlock(nn.Module):
+    """timm's MobileViT (v1) block: local 3x3 and 1x1 convs, unfold into 2x2 patches, transformer layers
+    over the patches, fold back, 1x1 projection, 3x3 fusion of the concatenation with the input."""
+
+    def __init__(self, dim: int, transformer_dim: int, layers: int, heads: int = 4, patch: int = 2):
+        super().__init__()
+        self.patch = patch
+        self.conv_kxk = _conv_bn_silu(dim, dim, 3)
+        self.conv_1x1 = nn.Conv2d(dim, transformer_dim, 1, bias=False)
+        self.transformer = nn.Sequential(*(ViTBlock(transformer_dim, heads) for _ in range(layers)))
+        self.norm = nn.LayerNorm(transformer_dim)
+        self.conv_proj = _conv_bn_silu(transformer_dim, dim)
+        self.conv_fusion = _conv_bn_silu(2 * dim, dim, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:   # (B, C, H, W)
+        shortcut = x
+        x = self.conv_1x1(self.conv_kxk(x))
+        b, c, h, w = x.shape
+        p = self.patch
+        nh, nw = h // p, w // p
+        # unfold: (B, C, H, W) -> (B * p * p, nh * nw, C)
+        x = x.reshape(b * c * nh, p, nw, p).transpose(1, 2)
+        x = x.reshape(b, c, nh * nw, p * p).transpose(1, 3).reshape(b * p * p, nh * nw, c)
+        x = self.norm(self.transformer(x))
+        # fold: (B * p * p, nh * nw, C) -> (B, C, H, W)
+        x = x.contiguous().view(b, p * p, nh * nw, c).transpose(1, 3).reshape(b * c * nh, nw, p, p)
+        x = x.transpose(1, 2).reshape(b, c, h, w)
+        return self.conv_fusion(torch.cat((shortcut, self.conv_proj(x)), 1))
+
+
+class MobileViT(nn.Module):
+    """MobileViT-XXS layout (MV2 blocks, then MobileViT blocks at the low resolutions), fewer stages."""
+
+    def __init__(self, classes: int = 10):
+        super().__init__()
+        self.features = nn.Sequential(
+            _conv_bn_silu(3, 16, 3, 2),
+            MV2Block(16, 16, 1), MV2Block(16, 24, 2), MV2Block(24, 24, 1),
+            MV2Block(24, 48, 2), MobileViTBlock(48, 64, 2),
+            MV2Block(48, 64, 2), MobileViTBlock(64, 80, 2),
+            _conv_bn_silu(64, 256))
+        self.classifier = nn.Linear(256, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:   # (B, 3, H, W)
+        return self.classifier(self.features(x).mean(dim=(2, 3)))
 
 
 class BertLayer(nn.Module):
@@ -379,6 +564,12 @@ register(ModelSpec("mobilenet", MobileNet, _images(3, 32), batch=8,
                    description="MobileNetV2-style inverted residuals, depthwise convs"))
 register(ModelSpec("densenet", DenseNet, _images(3, 32), batch=8,
                    description="DenseNet-BC layout: 3 dense blocks (4, 8, 18 layers, growth 8), 32x32 images"))
+register(ModelSpec("poolformer", PoolFormer, _images(3, 64), batch=8,
+                   description="PoolFormer-S12 layout: pooling mixer, GroupNorm, LayerScale, 64x64 images"))
+register(ModelSpec("efficientnet", EfficientNet, _images(3, 32), batch=8,
+                   description="EfficientNet-B0 layout: MBConv, squeeze-excitation, 3x3 and 5x5 depthwise"))
+register(ModelSpec("mobilevit", MobileViT, _images(3, 64), batch=8,
+                   description="MobileViT-XXS layout: MV2 blocks, unfold/transformer/fold, 64x64 images"))
 register(ModelSpec("bert", BertEncoder, _tokens_with_mask(1000, 64), batch=4,
                    description="2 post-norm layers, dim 64, padding mask"))
 register(ModelSpec("nanogpt", NanoGPT, _tokens(512, 64), batch=4,

@@ -14,7 +14,8 @@ from kiln.testing import models as zoo
 
 pytestmark = [pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler"),
               pytest.mark.usefixtures("kiln_cache")]
-MODELS = ["mlp", "resnet_tiny", "nanogpt_tiny", "resnet18", "mobilenet", "densenet", "bert", "nanogpt", "llama"]
+MODELS = ["mlp", "resnet_tiny", "nanogpt_tiny", "resnet18", "mobilenet", "densenet", "poolformer", "efficientnet",
+          "mobilevit", "bert", "nanogpt", "llama"]
 
 
 def _handed_to_torch(counters):

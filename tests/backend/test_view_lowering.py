@@ -90,3 +90,18 @@ def test_overlapping_fallback_output_stays_a_view():
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
     assert got[0].stride() == want[0].stride() == (1, 1, 1, 1)
+
+
+
+def test_view_eager_allows_over_a_channels_last_buffer():
+    """MobileViT's unfold: `reshape(B * C * nh, p, nw, p)` of a convolution's result is a view of eager's NCHW
+    tensor, but no strides give it over the NHWC buffer kiln computes the convolution into (depthwise
+    convolutions in the graph make every one NHWC): it reads that buffer through an index map instead of
+    refusing the graph."""
+    from kiln.testing import models as zoo
+    model, _ = zoo.build("mobilevit")
+    blocks = model.features[3:6]   # MV2 (24 -> 24), MV2 (24 -> 48, stride 2), MobileViT block
+    x = torch.randn(8, 24, 16, 16)
+    with torch.no_grad():
+        got = kiln.compile(blocks, options={"raise_on_error": True})(x)
+        torch.testing.assert_close(got, blocks(x), rtol=1e-4, atol=1e-4)
