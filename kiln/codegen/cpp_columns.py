@@ -184,7 +184,7 @@ class ColumnWriter:
                 self.emit(f"const int64_t x{d} = {rest} % {outer[d]};", depth)
                 rest = f"({rest} / {outer[d]})"
         for name in self.group.local if locals_ else ():
-            ctype = self.w.ctype(self.w.buffers[name].dtype)
+            ctype = self.w.local_ctype(self.w.buffers[name].dtype)
             self.emit(f"{ctype} loc_{name}[{tile}];", depth)
 
     def _element(self, depth: int) -> None:
@@ -212,7 +212,7 @@ class ColumnWriter:
     def _store(self, member: Member, value: str, depth: int) -> None:
         name = member.buffer.name
         if name in self.group.local:
-            self.emit(f"loc_{name}[kj] = static_cast<{self.w.ctype(member.buffer.dtype)}>({value});", depth)
+            self.emit(f"loc_{name}[kj] = {self.w.local_value(value, member.buffer.dtype)};", depth)
         else:
             self.w.store(self.group, member, value, depth)
 
@@ -280,10 +280,9 @@ class ColumnWriter:
                           depth + 2)
             self.emit("}", depth + 1)
         self.emit("}", depth)
-        if not any("kiln_bf16" in line or "kiln_fp16" in line for line in self.w.lines[pragma_at:]):
-            # (GCC privatizes a simd loop's locals into arrays, and a half-precision local is then
-            # copied as a struct, which it does not vectorize; without the pragma it does)
-            self.w.lines.insert(pragma_at, "  " * depth + "#pragma omp simd")
+        # (half-precision values are floats here, never a struct local, which GCC would privatize into an
+        # array under the pragma and copy as an aggregate, unvectorized: kiln.codegen.cpp.reg_ctype)
+        self.w.lines.insert(pragma_at, "  " * depth + "#pragma omp simd")
         for kind, at in reversed(closers):
             if kind == "block":
                 self.emit("}", at + 1)
