@@ -76,7 +76,18 @@ static inline uint16_t kiln_float_to_fp16(float f) {
   r = kiln_select_bits(u > 0x7f800000u, 0x7e00u, r);   // NaN
   return uint16_t(r | (sign >> 16));
 }
-static inline float kiln_round_fp16(float f) { return kiln_fp16_to_float(kiln_float_to_fp16(f)); }
+// kiln_fp16_to_float(kiln_float_to_fp16(f)) in half the instructions: rounded in place
+static inline float kiln_round_fp16(float f) {
+  const uint32_t all = kiln_float_bits(f);
+  const uint32_t sign = all & 0x80000000u;
+  const uint32_t u = all ^ sign;
+  const uint32_t normal = (u + 0xfffu + ((u >> 13) & 1u)) & 0xffffe000u;
+  const uint32_t sub = kiln_float_bits((kiln_bits_float(u) + 0.5f) - 0.5f);  // a multiple of 2^-24
+  uint32_t r = kiln_select_bits(u < 0x38800000u, sub, normal);
+  r = kiln_select_bits(normal >= 0x47800000u, 0x7f800000u, r);  // rounded to 65536 or more: infinity
+  r = kiln_select_bits(u > 0x7f800000u, 0x7fc00000u, r);        // NaN
+  return kiln_bits_float(r | sign);
+}
 struct kiln_bf16 {
   uint16_t x;
   kiln_bf16() = default;

@@ -71,14 +71,14 @@ def narrowing_inputs(dtype: torch.dtype) -> torch.Tensor:
     return torch.cat([halves, up, ties, near, special, -special, payload.view(torch.float32)])
 
 
-@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("dtype", HALF, ids=["bf16", "fp16"])
 def test_every_half_value_widens_exactly(dtype):
     x = all_patterns(dtype)
     fn = lambda t: t.float()  # noqa: E731
     same_bits(compiled(fn, x)(x), fn(x))
 
 
-@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("dtype", HALF, ids=["bf16", "fp16"])
 def test_narrowing_rounds_as_eager(dtype):
     """float -> half at ties, subnormals, the overflow edge, NaNs and infinities, and the same rounding of
     an op's result in a register (the add of -0.0 keeps every value and rounds it)."""
@@ -96,7 +96,7 @@ def chain(a, b):
     return ((a * b + 1) * a - b / (a.abs() + 1)).relu() * 3 - 0.5
 
 
-@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("dtype", HALF, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("layout", ["contiguous", "odd", "transposed", "sliced"])
 def test_pointwise_chain_matches_eager_bit_for_bit(dtype, layout):
     """Rounded after every op as eager rounds: equal bits, with vector tails (odd sizes) and strided
@@ -125,7 +125,7 @@ NORMS = {
 }
 
 
-@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("dtype", HALF, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("name", sorted(NORMS))
 @pytest.mark.parametrize("cols", [1000, 67])
 def test_reductions_accumulate_in_float(dtype, name, cols):
@@ -144,7 +144,7 @@ def test_reductions_accumulate_in_float(dtype, name, cols):
     assert err_got <= err_eager + torch.finfo(dtype).eps, (err_got, err_eager)
 
 
-@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("dtype", HALF, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("name", ["chain", "softmax", "layer_norm", "rms_norm", "column_sum"])
 def test_half_loops_vectorize(dtype, name, tmp_path):
     """Every loop that converts a half value (a load, a rounding, a store) is vectorized by g++."""
