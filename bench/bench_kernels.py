@@ -1,6 +1,7 @@
 """Memory-bound kernels: eager vs torch.compile (Inductor, CPU) vs kiln's cpp backend, side by side.
 
     python bench/bench_kernels.py [--size 4096] [--reps 15] [--no-inductor] [--cases softmax,layer_norm]
+                                  [--dtype float32|bfloat16|float16]
                                   [--no-blocks] [--compile-times fresh|inprocess|none]
 
 Each case runs the three implementations interleaved (one call of each per round, `--reps` rounds) and
@@ -40,11 +41,13 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
 
 
-def cases(n: int) -> dict:
+def cases(n: int, dtype: torch.dtype = torch.float32) -> dict:
+    """The memory-bound set on n x n inputs of `dtype` (float32, or a half type: the bytes counted are the
+    half type's)."""
     torch.manual_seed(0)   # the same inputs here and in bench/compile_worker.py's fresh processes
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    w, bias = torch.randn(n), torch.randn(n)
-    mb = a.numel() * 4
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    w, bias = torch.randn(n).to(dtype), torch.randn(n).to(dtype)
+    mb = a.numel() * a.element_size()
     return {
         "pointwise chain": (lambda a, b: torch.tanh(a * b + 1) * a - b, (a, b), 3 * mb),
         "gelu(a*b+1).sum(-1)": (lambda a, b: F.gelu(a * b + 1).sum(-1), (a, b), 2 * mb),
@@ -52,6 +55,7 @@ def cases(n: int) -> dict:
         "softmax": (lambda a: torch.softmax(a, -1), (a,), 2 * mb),
         "layer_norm": (lambda a, w, bias: F.layer_norm(a, (n,), w, bias), (a, w, bias), 2 * mb),
         "RMSNorm": (rms_norm, (a, w), 2 * mb),
+        "bias+GELU+residual": (lambda a, bias, b: F.gelu(a + bias) + b, (a, bias, b), 3 * mb),
         "dropout+residual": (lambda a, b: F.dropout(a, 0.1, training=True) + b, (a, b), 3 * mb),
     }
 
@@ -138,6 +142,8 @@ def main(argv=None) -> None:
     parser.add_argument("--size", type=int, default=4096)
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--no-inductor", action="store_true")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                        help="dtype of the memory-bound cases' inputs (GB/s counts its bytes)")
     parser.add_argument("--cases", default=None)
     parser.add_argument("--no-blocks", action="store_true")
     parser.add_argument("--compile-times", choices=["fresh", "inprocess", "none"], default="fresh",
@@ -149,10 +155,11 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     bw = copy_bandwidth(args.reps)
-    print(f"# threads={torch.get_num_threads()} size={args.size}x{args.size} float32, "
+    dtype = getattr(torch, args.dtype)
+    print(f"# threads={torch.get_num_threads()} size={args.size}x{args.size} {args.dtype}, "
           f"copy bandwidth {bw:.1f} GB/s (256 MB tensor, fastest of {args.reps}; measured again beside each "
           f"memory-bound case)")
-    selected = cases(args.size)
+    selected = cases(args.size, dtype)
     if not args.no_blocks:
         selected.update(blocks())
     if args.cases:

@@ -26,7 +26,7 @@ from ..lower.target import Target
 from ..schedule.fusion import FusedGroup, Member
 from ..schedule.locality import runs_parallel, splits_inner
 from .cpp_columns import SIGNED, SIGNED_CTYPES, ColumnWriter, column_plan, wrapping
-from .cpp_ops import CODE_FOR_OP, WRAPPING, CType, is_nan
+from .cpp_ops import CODE_FOR_OP, EXACT, WRAPPING, CType, is_nan
 
 # the C++ backend's target, in .cpp_target (a graph-cache hit reads it without this module)
 from .cpp_target import CPP_TARGET  # noqa: E402,F401
@@ -34,6 +34,33 @@ from .cpp_target import CPP_TARGET  # noqa: E402,F401
 CTYPES = {torch.bfloat16: "kiln_bf16", torch.float16: "kiln_fp16", torch.float32: "float",
           torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t", torch.int16: "int16_t",
           torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool"}
+HALF_TYPES = (torch.bfloat16, torch.float16)
+# half-precision values live in float registers (holding the half type's values: rounded by ROUND_HALF after
+# every op) and in memory as their bits: loaded with HALF_FROM_BITS, stored with HALF_TO_BITS. No local of
+# the half types' struct: GCC privatizes a simd loop's locals into arrays and copies a struct local as an
+# aggregate, which it does not vectorize.
+ROUND_HALF = {torch.bfloat16: "kiln_round_bf16", torch.float16: "kiln_round_fp16"}
+HALF_FROM_BITS = {torch.bfloat16: "kiln_bf16_to_float", torch.float16: "kiln_fp16_to_float"}
+HALF_TO_BITS = {torch.bfloat16: "kiln_float_to_bf16", torch.float16: "kiln_float_to_fp16"}
+
+
+def reg_ctype(dtype: torch.dtype) -> str:
+    """The C++ type a kernel holds a value of `dtype` in (a variable, a kernel-local buffer): float for the
+    half types."""
+    return "float" if dtype in HALF_TYPES else CTYPES[dtype]
+
+
+def round_half(text: str, dtype: torch.dtype) -> str:
+    """C++ of a float value rounded to `dtype`'s values when it is a half type (kept in a float)."""
+    return f"{ROUND_HALF[dtype]}({text})" if dtype in HALF_TYPES else text
+
+
+def store_code(target: str, value: str, dtype: torch.dtype) -> str:
+    """The C++ statement storing `value` into the element `target` of a buffer of `dtype` (in memory)."""
+    if dtype in HALF_TYPES:
+        return f"{target}.x = {HALF_TO_BITS[dtype]}({value});"
+    return f"{target} = static_cast<{CTYPES[dtype]}>({value});"
+
 
 def cexpr(expr: Any) -> str:
     """C++ text of an integer index expression (or size: symbolic sizes are the kernel's int64 arguments)."""
@@ -91,7 +118,7 @@ class CppHandler(Handler):
     def tmp(self, expr: str, dtype: torch.dtype) -> CppValue:
         self.counter += 1
         name = f"t{self.counter}"
-        self.lines.append(f"{self.indent}{CTYPES[dtype]} {name} = {expr};")
+        self.lines.append(f"{self.indent}{reg_ctype(dtype)} {name} = {expr};")
         return CppValue(name, dtype)
 
     def _load_tmp(self, name: str, index: sympy.Expr, expr: str, dtype: torch.dtype) -> CppValue:
@@ -99,7 +126,7 @@ class CppHandler(Handler):
         condition holds (zero elsewhere), and one in bounds on every iteration of the loops reads always."""
         if self.guard is None or self._in_bounds(name, index):
             return self.tmp(expr, dtype)
-        return self.tmp(f"({self.guard}) ? {expr} : {CTYPES[dtype]}(0)", dtype)
+        return self.tmp(f"({self.guard}) ? {expr} : {reg_ctype(dtype)}(0)", dtype)
 
     def _in_bounds(self, name: str, index: sympy.Expr) -> bool:
         size = self.buffers[name].layout.storage_size()
@@ -109,6 +136,7 @@ class CppHandler(Handler):
 
     def load(self, name: str, index: sympy.Expr) -> CppValue:
         # fusion checked that a kernel-local buffer is read exactly where it was written
+        # (a kernel-local buffer of a half type is held in floats: reg_ctype)
         if self.local.get(name) == "scalar":
             return CppValue(f"loc_{name}", self.buffers[name].dtype)
         if self.local.get(name) == "array":
@@ -120,26 +148,33 @@ class CppHandler(Handler):
             # function (a causal mask before exp), and leaves that loop scalar
             return self._load_tmp(name, index, f"(reinterpret_cast<const uint8_t*>({self.pointers[name]})"
                                   f"[{cexpr(index)}] != 0)", dtype)
-        return self._load_tmp(name, index, f"{self.pointers[name]}[{cexpr(index)}]", dtype)
+        element = f"{self.pointers[name]}[{cexpr(index)}]"
+        if dtype in HALF_TYPES:
+            element = f"{HALF_FROM_BITS[dtype]}({element}.x)"
+        return self._load_tmp(name, index, element, dtype)
 
     def constant(self, value: Any, dtype: torch.dtype) -> CppValue:
         if dtype in HALF_TYPES:
-            return CppValue(f"{CTYPES[dtype]}({cconst(value, torch.float32)})", dtype)
+            # the half type's value, rounded here (through float, as a C++ float constant would be)
+            value = torch.tensor(float(value), dtype=torch.float32).to(dtype).item()
+            return CppValue(cconst(value, torch.float32), dtype)
         return CppValue(cconst(value, dtype), dtype)
 
     def index_expr(self, expr: sympy.Expr, dtype: torch.dtype) -> CppValue:
         expr = simplify_index(sympy.expand(expr), self.ranges)
         if dtype in HALF_TYPES:
-            return self.tmp(f"{CTYPES[dtype]}(static_cast<float>({cexpr(expr)}))", dtype)
+            return self.tmp(round_half(f"static_cast<float>({cexpr(expr)})", dtype), dtype)
         return self.tmp(f"static_cast<{CTYPES[dtype]}>({cexpr(expr)})", dtype)
 
     def to_dtype(self, x: CppValue, dtype: torch.dtype) -> CppValue:
-        source = f"static_cast<float>({x})" if x.dtype in HALF_TYPES else str(x)
         if dtype == torch.bool:
-            return self.tmp(f"({source} != 0)", dtype)
+            return self.tmp(f"({x} != 0)", dtype)
         if dtype in HALF_TYPES:
-            return self.tmp(f"{CTYPES[dtype]}(static_cast<float>({source}))", dtype)
-        return self.tmp(f"static_cast<{CTYPES[dtype]}>({source})", dtype)
+            if x.dtype == dtype:
+                return x
+            # (from double: through float, as eager's conversion to a half type goes)
+            return self.tmp(round_half(f"static_cast<float>({x})", dtype), dtype)
+        return self.tmp(f"static_cast<{CTYPES[dtype]}>({x})", dtype)
 
     def masked(self, cond: CppValue, body: Any, other: Any, dtype: torch.dtype) -> CppValue:
         """Both branches computed on every lane, then a select: only the loads that could leave their
@@ -160,12 +195,14 @@ class CppHandler(Handler):
         """A scalar op, spelled by `kiln.codegen.cpp_ops.CODE_FOR_OP` (see there for what is done here)."""
         spec = SCALAR_OP_TABLE.get(name)
         if name != "where" and args[0].dtype in HALF_TYPES:
-            # compute in float, round the result back to the half type
+            # compute in float, round the result back to the half type (unless it is one of the operands)
             dtype = args[0].dtype
-            result = self.op(name, *[CppValue(f"static_cast<float>({a})", torch.float32) for a in args])
+            result = self.op(name, *[CppValue(a.name, torch.float32) for a in args])
             if result.dtype == torch.bool:
                 return result
-            return self.tmp(f"{CTYPES[dtype]}({result})", dtype)
+            if name in EXACT:
+                return CppValue(result.name, dtype)
+            return self.tmp(round_half(result.name, dtype), dtype)
         dtype = args[1].dtype if name == "where" else args[0].dtype
         t = CType(dtype, CTYPES[dtype])
         text = None
@@ -182,7 +219,6 @@ class CppHandler(Handler):
 
 # ---- reductions -----------------------------------------------------------------------------------------
 
-HALF_TYPES = (torch.bfloat16, torch.float16)
 # A float sum runs in float (vectorized) over blocks of this many elements, blocks added up in double.
 BLOCK = 4096
 # Outputs of at least STREAM_BYTES (far beyond the caches: a later kernel rereads them from memory anyway)
@@ -282,7 +318,7 @@ class KernelWriter:
                 self.emit(f"#pragma omp parallel{clause}", depth)
             self.emit("{", depth)
             for name in arrays:
-                ctype = CTYPES[self.buffers[name].dtype]
+                ctype = reg_ctype(self.buffers[name].dtype)
                 rows = max(inner_n, 1) if is_static(inner_n) else f"kiln_imax({csize(inner_n)}, 1)"
                 self.emit(f"kiln_array<{ctype}> vec_{name}({rows});", depth + 1)
                 self.emit(f"{ctype}* __restrict__ loc_{name} = vec_{name}.get();", depth + 1)
@@ -294,7 +330,7 @@ class KernelWriter:
         self._outer_header(group, depth)
         for name, kind in group.local.items():
             if kind == "scalar":
-                self.emit(f"  {CTYPES[self.buffers[name].dtype]} loc_{name};", depth)
+                self.emit(f"  {reg_ctype(self.buffers[name].dtype)} loc_{name};", depth)
         for member in group.members:
             self.member(group, member, depth + 1, split=False)
         self.emit("}", depth)
@@ -334,6 +370,16 @@ class KernelWriter:
     def store(self, group: FusedGroup, member: Member, value: str, depth: int) -> None:
         self._store(group, member, value, depth)
 
+    def local_ctype(self, dtype: torch.dtype) -> str:
+        """The C++ type of a kernel-local buffer's elements (float for the half types)."""
+        return reg_ctype(dtype)
+
+    def local_value(self, value: str, dtype: torch.dtype) -> str:
+        """C++ of `value` as an element of a kernel-local buffer of `dtype` (a half type's: rounded, as it
+        would be stored in memory; an accumulator is not yet)."""
+        return round_half(f"static_cast<float>({value})", dtype) if dtype in HALF_TYPES else \
+            f"static_cast<{CTYPES[dtype]}>({value})"
+
     def _body(self, group: FusedGroup, member: Member, depth: int) -> CppValue:
         handler = CppHandler(self.buffers, self.pointers, group.var_ranges(), "  " * depth, group.local,
                              _inner_linear(group))
@@ -350,7 +396,7 @@ class KernelWriter:
         kind = group.local.get(buf.name)
         if kind is not None:
             target = f"loc_{buf.name}" + (f"[{_inner_linear(group)}]" if kind == "array" else "")
-            self.emit(f"{target} = static_cast<{CTYPES[buf.dtype]}>({value});", depth)
+            self.emit(f"{target} = {self.local_value(value, buf.dtype)};", depth)
             return
         index = simplify_index(sympy.expand(group.store_index(member)), group.var_ranges())
         bounds = index_bounds(index, group.var_ranges())
@@ -362,8 +408,7 @@ class KernelWriter:
             # never write outside a buffer: a kiln bug must fail the compile (the graph then runs on torch)
             raise RuntimeError(f"kiln cpp codegen: store to {buf.name} at {index} may leave its {size} "
                                f"elements (bounds {bounds}) in {group.describe()}")
-        self.emit(f"{self.pointers[buf.name]}[{cexpr(index)}] = static_cast<{CTYPES[buf.dtype]}>({value});",
-                  depth)
+        self.emit(store_code(f"{self.pointers[buf.name]}[{cexpr(index)}]", value, buf.dtype), depth)
 
     def _inner_loops(self, group: FusedGroup, depth: int, pragma: str | None, split: bool = False,
                      block: str | None = None) -> int:
@@ -464,7 +509,8 @@ class KernelWriter:
         inner = group.inner or ()
         d = len(inner) - 1
         buf = member.buffer
-        ctype = CTYPES[buf.dtype]
+        # (a half type's tile holds its bits: uint16_t)
+        ctype = "uint16_t" if buf.dtype in HALF_TYPES else CTYPES[buf.dtype]
         self.emit("{", depth)
         loop_depth = self._inner_loops(group, depth + 1, None, split)
         # _inner_loops opened `for (r{d} = lo; r{d} < hi; ++r{d}) {`: turn it into the tile loop
@@ -477,7 +523,11 @@ class KernelWriter:
         self.emit("#pragma omp simd", loop_depth)
         self.emit(f"for (int64_t r{d} = rt; r{d} < rte; ++r{d}) {{", loop_depth)
         value = self._body(group, member, loop_depth + 1)
-        self.emit(f"kiln_tile[r{d} - rt] = static_cast<{ctype}>({value});", loop_depth + 1)
+        tile = f"kiln_tile[r{d} - rt]"
+        if buf.dtype in HALF_TYPES:
+            self.emit(f"{tile} = {HALF_TO_BITS[buf.dtype]}({value});", loop_depth + 1)
+        else:
+            self.emit(f"{tile} = static_cast<{ctype}>({value});", loop_depth + 1)
         self.emit("}", loop_depth)
         self.emit(f"kiln_stream_store({target}, kiln_tile, (rte - rt) * sizeof({ctype}));", loop_depth)
         self.emit("}", tile_depth)

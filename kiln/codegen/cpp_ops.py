@@ -3,8 +3,8 @@
 `CODE_FOR_OP[name](t, *operands)` is the C++ expression of the op on operands of the C type `t` describes,
 or None where the op has no spelling for that dtype. What is the same for every op is done once, by
 `CppHandler.op` (kiln.codegen.cpp), around this table:
-- half types (bfloat16, float16) compute in float: the operands are widened, the result rounded back
-  (a bool result is kept as it is);
+- half types (bfloat16, float16) compute in float: the operands live in float registers, the result is
+  rounded back to the half type's values (a bool result is kept as it is; an `EXACT` op's needs nothing);
 - a float-only op (the table's domain) on another dtype is not spelled;
 - signed integer add, sub, mul and neg wrap on overflow as eager's integers do (`WRAPPING`: computed in
   the unsigned type, as C++'s signed overflow is undefined);
@@ -17,6 +17,8 @@ from typing import Any, Callable
 
 import torch
 
+# ops whose result is one of their operands' values: on a half type, nothing to round
+EXACT = frozenset("abs neg sign maximum minimum fmax fmin where".split())
 # the symbol of each op computed by `kiln.codegen.cpp_columns.wrapping` on signed integers (neg: 0 - a)
 WRAPPING = {"add": "+", "sub": "-", "mul": "*", "neg": "-"}
 
@@ -25,7 +27,7 @@ WRAPPING = {"add": "+", "sub": "-", "mul": "*", "neg": "-"}
 class CType:
     """The operands' dtype as the spellings need it."""
     dtype: torch.dtype
-    ctype: str  # its C++ type: float, int64_t, kiln_bf16...
+    ctype: str  # its C++ type: float, int64_t... (the half types compute in float)
 
     @property
     def is_float(self) -> bool:

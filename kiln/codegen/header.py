@@ -22,34 +22,83 @@ static inline int64_t kiln_floordiv(int64_t a, int64_t b) {
 }
 static inline int64_t kiln_floormod(int64_t a, int64_t b) { return a - kiln_floordiv(a, b) * b; }
 
-// bfloat16 and float16 values are stored as such and computed in float, rounded after every op (as eager)
+// bfloat16 and float16: stored as their 16 bits (kiln_bf16 / kiln_fp16 in memory), computed in float
+// registers holding the half type's values, rounded after every op (as eager rounds each op's result). The
+// conversions are integer arithmetic on the bits, round to nearest even, which g++ vectorizes on any x86
+// (SSE2 up to AVX-512): AVX512-BF16's vcvtneps2bf16 flushes subnormals to zero (eager keeps them), and g++ 12
+// vectorizes no conversion to or from _Float16, which left every half-precision loop scalar.
+static inline float kiln_bits_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+static inline uint32_t kiln_float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+// c ? a : b as masks: g++ 12 left loops scalar when a select of these ran on a loop-invariant value (the
+// rounded statistic of an RMSNorm)
+static inline uint32_t kiln_select_bits(bool c, uint32_t a, uint32_t b) {
+  const uint32_t m = 0u - uint32_t(c);
+  return (a & m) | (b & ~m);
+}
+static inline float kiln_bf16_to_float(uint16_t h) { return kiln_bits_float(uint32_t(h) << 16); }
+// a NaN becomes the quiet NaN 0x7fc0, as c10::BFloat16 makes it
+static inline uint16_t kiln_float_to_bf16(float f) {
+  const uint32_t u = kiln_float_bits(f);
+  return uint16_t(kiln_select_bits(f != f, 0x7fc0u, (u + 0x7fffu + ((u >> 16) & 1u)) >> 16));
+}
+static inline float kiln_round_bf16(float f) {
+  const uint32_t u = kiln_float_bits(f);
+  return kiln_bits_float(kiln_select_bits(f != f, 0x7fc00000u, (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u));
+}
+static inline float kiln_fp16_to_float(uint16_t h) {
+  const uint32_t em = uint32_t(h & 0x7fffu) << 13;  // exponent and mantissa at float's places
+  const uint32_t exp = em & 0x0f800000u;
+  uint32_t u = em + 0x38000000u;                    // exponent rebiased by 127 - 15
+  u = kiln_select_bits(exp == 0x0f800000u, u + 0x38000000u, u);  // infinity and NaN: exponent all ones
+  // zero and subnormals (mantissa * 2^-24): 2^-14 * (1 + mantissa / 1024) - 2^-14, exact in float
+  const float sub = kiln_bits_float(u + 0x00800000u) - 6.103515625e-05f;
+  const uint32_t r = kiln_select_bits(exp == 0, kiln_float_bits(sub), u);
+  return kiln_bits_float(r | (uint32_t(h & 0x8000u) << 16));
+}
+static inline uint16_t kiln_float_to_fp16(float f) {
+  const uint32_t all = kiln_float_bits(f);
+  const uint32_t sign = all & 0x80000000u;
+  const uint32_t u = all ^ sign;
+  // normal results: exponent rebiased by 15 - 127, the mantissa rounded to nearest even at bit 13
+  const uint32_t normal = (u + 0xc8000fffu + ((u >> 13) & 1u)) >> 13;
+  // below 2^-14 (subnormal or zero): adding 0.5 rounds |f| to a multiple of 2^-24, to nearest even
+  const uint32_t sub = kiln_float_bits(kiln_bits_float(u) + 0.5f) - 0x3f000000u;
+  uint32_t r = kiln_select_bits(u < 0x38800000u, sub, normal);
+  r = kiln_select_bits(u >= 0x47800000u, 0x7c00u, r);  // from 65536 on: infinity
+  r = kiln_select_bits(u > 0x7f800000u, 0x7e00u, r);   // NaN
+  return uint16_t(r | (sign >> 16));
+}
+// kiln_fp16_to_float(kiln_float_to_fp16(f)) in half the instructions: rounded in place
+static inline float kiln_round_fp16(float f) {
+  const uint32_t all = kiln_float_bits(f);
+  const uint32_t sign = all & 0x80000000u;
+  const uint32_t u = all ^ sign;
+  const uint32_t normal = (u + 0xfffu + ((u >> 13) & 1u)) & 0xffffe000u;
+  const uint32_t sub = kiln_float_bits((kiln_bits_float(u) + 0.5f) - 0.5f);  // a multiple of 2^-24
+  uint32_t r = kiln_select_bits(u < 0x38800000u, sub, normal);
+  r = kiln_select_bits(normal >= 0x47800000u, 0x7f800000u, r);  // rounded to 65536 or more: infinity
+  r = kiln_select_bits(u > 0x7f800000u, 0x7fc00000u, r);        // NaN
+  return kiln_bits_float(r | sign);
+}
 struct kiln_bf16 {
   uint16_t x;
   kiln_bf16() = default;
-  kiln_bf16(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    x = (f != f) ? uint16_t(0x7fc0) : uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-  }
-  operator float() const {
-    uint32_t u = uint32_t(x) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-  }
+  kiln_bf16(float f) : x(kiln_float_to_bf16(f)) {}
+  operator float() const { return kiln_bf16_to_float(x); }
 };
 struct kiln_fp16 {
   uint16_t x;
   kiln_fp16() = default;
-  kiln_fp16(float f) {
-    _Float16 h = (_Float16)f;  // one correctly rounded conversion
-    std::memcpy(&x, &h, 2);
-  }
-  operator float() const {
-    _Float16 h;
-    std::memcpy(&h, &x, 2);
-    return (float)h;
-  }
+  kiln_fp16(float f) : x(kiln_float_to_fp16(f)) {}
+  operator float() const { return kiln_fp16_to_float(x); }
 };
 
 // Non-temporal copy of a computed tile to its (large) output: no read-for-ownership of the destination

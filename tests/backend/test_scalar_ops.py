@@ -80,12 +80,13 @@ def test_every_target_spells_every_op_on_its_domain(target, name):
 
 
 def test_half_types_compute_in_float():
-    """C++: a half-type op widens its operands and rounds the result back; Triton rounds its float32 register
-    (an exact op, such as maximum, is not rounded)."""
+    """C++ and Triton hold half-type values in float registers and round an op's result back to the half
+    type's values (an exact op, such as maximum, is not rounded)."""
     h = cpp.CppHandler({}, {}, {}, "  ")
     out = h.op("add", cpp.CppValue("a", torch.bfloat16), cpp.CppValue("b", torch.bfloat16))
-    assert h.lines == ["  float t1 = static_cast<float>(a) + static_cast<float>(b);",
-                       "  kiln_bf16 t2 = kiln_bf16(t1);"] and out.dtype == torch.bfloat16
+    h.op("maximum", cpp.CppValue("a", torch.float16), cpp.CppValue("b", torch.float16))
+    assert h.lines == ["  float t1 = a + b;", "  float t2 = kiln_round_bf16(t1);",
+                       "  float t3 = kiln_max<float>(a, b);"] and out.dtype == torch.bfloat16
     h = triton.TritonHandler(_Kernel(), "[XBLOCK, RBLOCK]", "xmask", "  ")
     h.op("exp", triton.TValue("a", torch.float16))
     h.op("maximum", triton.TValue("a", torch.float16), triton.TValue("b", torch.float16))

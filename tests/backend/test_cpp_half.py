@@ -1,0 +1,159 @@
+"""bfloat16 and float16 in generated C++: eager's values bit for bit, and loops that vectorize.
+
+Half-precision values live in float registers and are loaded and stored as their 16 bits through integer
+round-to-nearest-even conversions (kiln.codegen.header): every bit pattern widens exactly, every float
+narrows as c10 narrows it (ties to even, subnormals kept, overflow to infinity, NaN stays NaN), and each
+op's result is rounded back to the half type as eager rounds it. Before, a half value was a struct local,
+which g++ copied as an aggregate and left every half-precision loop scalar (a bf16 pointwise chain moved
+0.5 GB/s)."""
+import os
+import shutil
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln.ops
+from kiln import config
+from kiln.backends.cpp import compile_graph
+from kiln.runtime.build import flags
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_cpp_exp import _scalar_exp_loops  # noqa: E402
+
+pytestmark = [pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler"),
+              pytest.mark.usefixtures("kiln_cache_raising")]
+
+HALF = [torch.bfloat16, torch.float16]
+
+
+def compiled(fn, *inputs):
+    return compile_graph(kiln.ops.trace(fn, *inputs), list(inputs))
+
+
+def same_bits(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Equal bit for bit, except that any NaN matches any NaN (eager's NaN payloads are not specified)."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan)
+    bits = {2: torch.int16, 4: torch.int32}[got.element_size()]
+    g, w = got[~nan].view(bits), want[~nan].view(bits)
+    assert torch.equal(g, w), (got[~nan][g != w][:8], want[~nan][g != w][:8])
+
+
+def all_patterns(dtype: torch.dtype) -> torch.Tensor:
+    return torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32).to(torch.int16).view(dtype)
+
+
+def narrowing_inputs(dtype: torch.dtype) -> torch.Tensor:
+    """Floats around every kind of rounding to `dtype`: halfway ties (to even up and down), a hair either
+    side of them, subnormals of both types, the overflow edge, infinities, NaNs, signed zeros."""
+    halves = all_patterns(dtype)
+    halves = halves[~halves.isnan()].float()
+    up = torch.nextafter(halves, torch.full_like(halves, float("inf")))
+    wide = halves.view(torch.int32)
+    # the float halfway between each half value and its successor: the half value's bits plus half an ulp
+    shift = 16 if dtype == torch.bfloat16 else None
+    if shift is not None:
+        ties = (wide + (1 << 15)).view(torch.float32)
+    else:
+        nxt = torch.nextafter(halves.to(dtype), torch.tensor(float("inf"), dtype=dtype)).float()
+        ties = (halves + nxt) / 2  # exact in float: the halves have 11 significant bits
+    ties = ties[ties.isfinite()]
+    near = torch.cat([torch.nextafter(ties, torch.full_like(ties, float("inf"))),
+                      torch.nextafter(ties, torch.full_like(ties, float("-inf")))])
+    special = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), -float("nan"), 1e-45, -1e-45,
+                            1e-39, 1.1754942e-38, 1.1754944e-38, 3.4028235e38, 3.39e38, 65504.0, 65519.996,
+                            65520.0, 65536.0, 2.0 ** -24, 2.0 ** -25, 1.5 * 2.0 ** -25, 2.0 ** -26, 6.1e-5,
+                            5.96e-8, 2.98e-8])
+    payload = torch.tensor([0x7F800001, 0x7FFFFFFF, 0xFFC00001 - 2 ** 32, 0x7FBFFFFF], dtype=torch.int32)
+    return torch.cat([halves, up, ties, near, special, -special, payload.view(torch.float32)])
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=["bf16", "fp16"])
+def test_every_half_value_widens_exactly(dtype):
+    x = all_patterns(dtype)
+    fn = lambda t: t.float()  # noqa: E731
+    same_bits(compiled(fn, x)(x), fn(x))
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=["bf16", "fp16"])
+def test_narrowing_rounds_as_eager(dtype):
+    """float -> half at ties, subnormals, the overflow edge, NaNs and infinities, and the same rounding of
+    an op's result in a register (the add of -0.0 keeps every value and rounds it)."""
+    x = narrowing_inputs(dtype)
+    for fn in (lambda t: t.to(dtype), lambda t: t.to(dtype).float(), lambda t: (t.to(dtype) + t.to(dtype)),
+               lambda t: t.double().to(dtype)):
+        same_bits(compiled(fn, x)(x), fn(x))
+    y = x.to(dtype)
+    fn = lambda a, b: a * b  # noqa: E731  (products of half values round in the register)
+    b = torch.full_like(y, 0.75)
+    same_bits(compiled(fn, y, b)(y, b), fn(y, b))
+
+
+def chain(a, b):
+    return ((a * b + 1) * a - b / (a.abs() + 1)).relu() * 3 - 0.5
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("layout", ["contiguous", "odd", "transposed", "sliced"])
+def test_pointwise_chain_matches_eager_bit_for_bit(dtype, layout):
+    """Rounded after every op as eager rounds: equal bits, with vector tails (odd sizes) and strided
+    operands."""
+    torch.manual_seed(0)
+    shape = (37, 61) if layout == "odd" else (64, 96)
+    a, b = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
+    if layout == "transposed":
+        a = a.t()
+        b = torch.randn(shape[1], shape[0]).to(dtype)
+    elif layout == "sliced":
+        a, b = a[::2, 3:], b[1::2, :-3]
+    same_bits(compiled(chain, a, b)(a, b), chain(a, b))
+
+
+def rms_norm(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+NORMS = {
+    "softmax": lambda x, w: torch.softmax(x, -1),
+    "layer_norm": lambda x, w: F.layer_norm(x, (x.shape[-1],), w, w * 0.5),
+    "rms_norm": rms_norm,
+    "gelu_sum": lambda x, w: F.gelu(x * w + 1).sum(-1),
+    "column_sum": lambda x, w: (x * x).sum(0),
+}
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("name", sorted(NORMS))
+@pytest.mark.parametrize("cols", [1000, 67])
+def test_reductions_accumulate_in_float(dtype, name, cols):
+    """Softmax, the norms and the sums accumulate in float: as close to the float64 result as eager."""
+    torch.manual_seed(0)
+    x, w = torch.randn(33, cols).to(dtype), torch.randn(cols).to(dtype)
+    fn = NORMS[name]
+    got, want = compiled(fn, x, w)(x, w), fn(x, w)
+    exact = fn(x.double(), w.double())
+    assert got.dtype == want.dtype
+    # at most an ulp or so from eager (the float sums run in another order), subnormals included
+    info = torch.finfo(dtype)
+    torch.testing.assert_close(got, want, atol=info.smallest_normal * info.eps, rtol=2 * info.eps)
+    err_got = (got.double() - exact).abs().max()
+    err_eager = (want.double() - exact).abs().max()
+    assert err_got <= err_eager + torch.finfo(dtype).eps, (err_got, err_eager)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("name", ["chain", "softmax", "layer_norm", "rms_norm", "column_sum"])
+def test_half_loops_vectorize(dtype, name, tmp_path):
+    """Every loop that converts a half value (a load, a rounding, a store) is vectorized by g++."""
+    x, w = torch.randn(64, 256).to(dtype), torch.randn(256).to(dtype)
+    fn = chain if name == "chain" else NORMS[name]
+    c = compiled(fn, x, w)
+    marks = ("_to_float(", "_to_bf16(", "_to_fp16(", "kiln_round_")
+
+    def marker(line):  # kernel lines (indented at least three levels), not the header's helpers
+        return any(m in line for m in marks) and line.startswith("      ")
+    assert not _scalar_exp_loops(c.cpp_source, tmp_path, marker=marker), c.cpp_source
+    assert "-O3" in flags()
