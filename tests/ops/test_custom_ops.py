@@ -126,3 +126,37 @@ def test_value_sized_custom_op_runs_outside_the_graph(op):
     compiled = kiln.compile(f)
     for x in (torch.tensor([1.0, -1.0, 2.0]), torch.tensor([1.0, 3.0, 2.0]), torch.tensor([-1.0, -3.0])):
         torch.testing.assert_close(compiled(x), f(x))
+
+
+def test_moe_training_steps_equal_eager():
+    """transformers' Mixtral (small sizes, defaults otherwise): its experts run transformers' grouped-matmul
+    custom op with a registered autograd formula. Two SGD steps through kiln: one capture, eager's losses and
+    parameters."""
+    import copy
+    import warnings
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model(
+        "mixtral", vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=128, max_position_embeddings=128, num_key_value_heads=2)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_config(config).train()
+        reference = copy.deepcopy(model)
+        ids = torch.randint(3, 1000, (2, 32), generator=torch.Generator().manual_seed(0))
+        kiln.reset()
+        compiled = kiln.compile(model)
+        opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference)]
+        for _ in range(2):
+            losses = []
+            for run, opt in zip((compiled, reference), opts):
+                loss = run(input_ids=ids, labels=ids).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses.append(loss.detach())
+            torch.testing.assert_close(losses[0], losses[1])
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q)
+    assert dict(kiln.counters["captures"]) == {"MixtralForCausalLM.forward": 1}
+    assert not kiln.counters["graph_breaks"], dict(kiln.counters["graph_breaks"])
