@@ -134,7 +134,10 @@ class TritonHandler(Handler):
 
     def index_expr(self, expr: sympy.Expr, dtype: torch.dtype) -> TValue:
         expr = simplify_index(sympy.expand(expr), self.kernel.ranges)
-        text = f"tl.broadcast_to({index_text(expr)}, [1, 1])" if not expr.free_symbols else index_text(expr)
+        if expr.is_Integer:  # (a bare number is not a tensor broadcast_to takes: a one-element arange's 0)
+            text = f"tl.full([1, 1], {int(expr)}, {TL_TYPES[self.kernel.index_dtype]})"
+        else:
+            text = f"tl.broadcast_to({index_text(expr)}, [1, 1])" if not expr.free_symbols else index_text(expr)
         return self.tmp(convert(f"({text})", self.kernel.index_dtype, dtype), dtype)
 
     def to_dtype(self, x: TValue, dtype: torch.dtype) -> TValue:

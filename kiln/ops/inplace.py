@@ -17,6 +17,8 @@ import torch
 
 from .. import prims
 from ..graph import Proxy
+from ..prims.shape import is_non_overlapping_and_dense
+from .creation import _like_layout
 from .registry import DECOMPOSITIONS, VIEW_OPS, NoDecomposition, lookup, mark_inplace, register
 from .utils import broadcast_shapes, can_cast
 
@@ -99,12 +101,22 @@ def copy_(self: Any, src: Any, non_blocking: bool = False) -> Any:
     if broadcast_shapes(shape, src_shape) != shape:  # (raises eager's error for mismatched sizes)
         raise RuntimeError(f"output with shape [{', '.join(map(str, shape))}] doesn't match the broadcast "
                            f"shape [{', '.join(map(str, src_shape))}]")
+    if not is_non_overlapping_and_dense(shape, tuple(self.stride())):
+        raise NoDecomposition("copy_ into a tensor with gaps or overlaps (its layout is eager's to keep)")
     out = src
     if src_shape != shape:
         out = prims.broadcast_in_dim(out, shape, tuple(range(len(shape) - len(src_shape), len(shape))))
     if out.dtype != self.dtype:
-        return prims.convert_element_type(out, self.dtype)
-    return prims.clone(out, torch.contiguous_format)  # self's new value, not an alias of src
+        out = prims.convert_element_type(out, self.dtype)
+    # self's new value, laid out as self (not an alias of src): made contiguous in self's memory order
+    layout = _like_layout(self, None)
+    if layout is None:
+        return prims.clone(out, torch.contiguous_format)
+    perm = layout[0]
+    inverse = [0] * len(perm)
+    for i, d in enumerate(perm):
+        inverse[d] = i
+    return prims.permute(prims.clone(prims.permute(out, perm), torch.contiguous_format), tuple(inverse))
 
 
 mark_inplace(torch.Tensor.copy_)
