@@ -574,7 +574,9 @@ def group_norm(input: Any, num_groups: int, weight: Any = None, bias: Any = None
         out = out * torch.reshape(convert(weight, x.dtype), shape)
     if bias is not None:
         out = out + torch.reshape(convert(bias, x.dtype), shape)
-    return convert(out, input.dtype)
+    # (the reshape above keeps a transposed input's layout where it is a view: eager's result is laid out
+    # by its input's suggested format, contiguous or channels-last)
+    return eager_format(convert(out, input.dtype), input)
 
 
 @register(torch.group_norm)
