@@ -6,6 +6,7 @@ links' targets exist in the rendered DOM and a link into a folded graph opens it
 saying why, only where chromium is not installed (`apt-get install chromium`)."""
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import shutil
@@ -174,7 +175,10 @@ def _chromium() -> str | None:
 def _browser(binary: str, profile: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
     command = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
                f"--user-data-dir={profile}", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+    # (chromium also writes crash reports and dconf state under HOME and XDG dirs: the test's own instead)
+    env = dict(os.environ, HOME=str(profile), XDG_CONFIG_HOME=str(profile / "config"),
+               XDG_CACHE_HOME=str(profile / "cache"))
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
 
 
 @pytest.mark.skipif(_chromium() is None,
