@@ -229,10 +229,6 @@ class CallOps:
             return self.call_module(fn, args, kwargs)
         if isinstance(fn, OVERLOADS):  # torch.ops.aten.add.Tensor, torch.ops.aten.add, torch.ops.mylib.foo
             return self.torch_call(fn, args, kwargs)
-        if type(fn).__name__ == "CustomOpDef" and type(fn).__module__ == "torch._library.custom_ops" and \
-                isinstance(getattr(fn, "_opoverload", None), OVERLOADS):
-            # a function decorated with torch.library.custom_op: its operator (torch.ops.ns.name.default)
-            return self.torch_call(fn._opoverload, args, kwargs)
         if isinstance(fn, types.MethodType):
             owner, func = fn.__self__, fn.__func__
             if type(owner) in (torch.no_grad, torch.enable_grad) and func.__name__ == "clone":
@@ -285,6 +281,10 @@ class CallOps:
             return self.call(target, list(args) if bound is NO_SELF else [bound] + list(args), kwargs)
         if type(fn) in (operator.itemgetter, operator.attrgetter) and len(args) == 1 and not kwargs:
             return self.call_getter(fn, args[0])
+        if type(fn).__name__ == "CustomOpDef" and type(fn).__module__ == "torch._library.custom_ops" and \
+                isinstance(getattr(fn, "_opoverload", None), OVERLOADS):
+            # a function decorated with torch.library.custom_op: its operator (torch.ops.ns.name.default)
+            return self.torch_call(fn._opoverload, args, kwargs)
         method = class_lookup(type(fn), "__call__")
         if isinstance(method, types.FunctionType):
             return self.call(method, [fn] + list(args), kwargs)

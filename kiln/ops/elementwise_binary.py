@@ -120,12 +120,16 @@ def _floor_divide_float(a: Any, b: Any) -> Any:
 
 
 def _floor_divide_int(a: Any, b: Any) -> Any:
+    """Floor division of integers by a tensor or a nonzero number `b`."""
     quotient = prims.div(a, b)  # truncates (raises on division by zero, as eager)
     if a.dtype == torch.uint8:
         return quotient
     rem = prims.fmod(a, b)
-    signs_differ = prims.ne(prims.lt(a, 0), prims.lt(b, 0))
-    return prims.where(prims.bitwise_and(prims.ne(rem, 0), signs_differ), prims.sub(quotient, 1), quotient)
+    if isinstance(b, int):  # the signs differ where the remainder's sign is not b's
+        wrong = prims.lt(rem, 0) if b > 0 else prims.gt(rem, 0)
+    else:
+        wrong = prims.bitwise_and(prims.ne(rem, 0), prims.ne(prims.lt(a, 0), prims.lt(b, 0)))
+    return prims.where(wrong, prims.sub(quotient, 1), quotient)
 
 
 @decomposition(torch.div, torch.divide, method("div"), method("divide"), method("__truediv__"),
@@ -143,12 +147,7 @@ def div(input: Any, other: Any, *, rounding_mode: str | None = None) -> Any:
         # an integer tensor by a constant (`perm // top_k`): the constant stays a number, so the kernel can
         # divide by it (a tensor divisor may be zero, which eager raises on, and stays a fallback)
         a = convert(input, dtype)
-        quotient = prims.div(a, other)
-        if rounding_mode == "trunc":
-            return quotient
-        rem = prims.fmod(a, other)
-        wrong = prims.lt(rem, 0) if other > 0 else prims.gt(rem, 0)  # the signs differ: truncation rounded up
-        return prims.where(wrong, prims.sub(quotient, 1), quotient)
+        return prims.div(a, other) if rounding_mode == "trunc" else _floor_divide_int(a, other)
     compute = dtype  # float16 rounds its quotient to float16 before rounding it to an integer, as eager
     a, b = materialize(*broadcast(convert(input, dtype), convert(other, dtype)))
     if dtype == torch.bool:

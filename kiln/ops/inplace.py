@@ -18,9 +18,8 @@ import torch
 from .. import prims
 from ..graph import Proxy
 from ..prims.shape import is_non_overlapping_and_dense
-from .creation import _like_layout
 from .registry import DECOMPOSITIONS, VIEW_OPS, NoDecomposition, lookup, mark_inplace, register
-from .utils import broadcast_shapes, can_cast
+from .utils import broadcast_shapes, can_cast, preserve_layout
 
 # In-place twins whose meaning differs from "functional result written back": they change self's shape or
 # metadata, or draw random numbers with different arguments than their functional namesakes.
@@ -108,15 +107,9 @@ def copy_(self: Any, src: Any, non_blocking: bool = False) -> Any:
         out = prims.broadcast_in_dim(out, shape, tuple(range(len(shape) - len(src_shape), len(shape))))
     if out.dtype != self.dtype:
         out = prims.convert_element_type(out, self.dtype)
-    # self's new value, laid out as self (not an alias of src): made contiguous in self's memory order
-    layout = _like_layout(self, None)
-    if layout is None:
-        return prims.clone(out, torch.contiguous_format)
-    perm = layout[0]
-    inverse = [0] * len(perm)
-    for i, d in enumerate(perm):
-        inverse[d] = i
-    return prims.permute(prims.clone(prims.permute(out, perm), torch.contiguous_format), tuple(inverse))
+    # self's new value, laid out as self (and not an alias of src)
+    fresh = prims.clone(out, torch.contiguous_format) if out is src else out
+    return preserve_layout(fresh, self)
 
 
 mark_inplace(torch.Tensor.copy_)
