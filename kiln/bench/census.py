@@ -224,6 +224,15 @@ def select(models: list[str] | None, suite: str | None = None) -> list[str]:
 def _isolated(name: str, batch: int | None, timeout_s: float, threads: int | None,
               check: bool | None = None) -> dict[str, Any]:
     from . import runner
+    if name.startswith("hf:"):   # (a type with no model class is told apart here, without a worker)
+        from ..testing import hf_all
+        try:
+            hf_all.model_class(hf_all.config_for(name[3:]))
+        except hf_all.Unbuildable as e:
+            if "no AutoModel class" in str(e):
+                return {"model": name, "status": "unbuildable", "error": f"small: {e}"}
+        except Exception:
+            pass
     result = runner.run_worker({"phase": "census", "model": name, "batch": batch, "threads": threads,
                                 "check": check}, timeout_s)
     if result.get("status") in ("timeout", "error") and "model" not in result:
