@@ -174,6 +174,7 @@ def census_one(name: str, batch: int | None = None, check: bool | None = None) -
             capture_s=max(0.0, row["explain_s"] - row["eager_s"]),
             ops=sum(sum(ops.values()) for ops in report.ops_per_graph),
             fallbacks=sorted({op for fallback in report.fallbacks for op in fallback}),
+            custom_ops=sorted({op for ops in getattr(report, "custom_ops", ()) for op in ops}),
             groups=group_breaks(report.breaks),
             # the names of the frames run natively, where kiln.explain reports them
             native_frames=[str(frame) for frame in getattr(report, "frames_run_natively", None) or ()],
