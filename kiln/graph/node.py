@@ -15,6 +15,12 @@ from .meta import TensorMeta
 NODE_OPS = ("placeholder", "constant", "call_prim", "call_torch", "getitem", "output")
 
 
+def named_inplace(name: Any) -> bool:
+    """torch's naming rule for in-place ops: `name_` updates its first argument (`Tensor.add_`,
+    `nn.init.uniform_`); dunders (`__iadd__`) are not named so."""
+    return isinstance(name, str) and name.endswith("_") and not name.endswith("__")
+
+
 def is_custom_op(target: Any) -> bool:
     """Whether `target` is an operator registered with torch.library outside aten and prims."""
     return isinstance(target, torch._ops.OpOverload) and target.namespace not in ("aten", "prims", "prim")

@@ -25,7 +25,7 @@ import torch
 from .. import config
 from ..counters import counters
 from ..graph.graph import is_random_target
-from ..graph.node import is_custom_op
+from ..graph.node import is_custom_op, named_inplace
 from ..graph import (DataDependentError, Graph, Proxy, TensorMeta, Tracer, current_tracer, dce,
                      dense_strides, flatten, map_structure, torch_name, tracing)
 from ..graph.proxy import set_torch_call_handler
@@ -153,8 +153,7 @@ _RESTRIDE_INPLACE = frozenset(["t_", "transpose_", "swapdims_", "swapaxes_", "as
 def _named_inplace(func: Any) -> bool:
     """torch's naming rule: `name_` updates its first argument (`Tensor.cauchy_`, `nn.init.uniform_`)."""
     name = getattr(func, "__name__", "")
-    return isinstance(name, str) and name.endswith("_") and not name.endswith("__") and \
-        not name.startswith("_") and name not in _METADATA_ONLY
+    return named_inplace(name) and not name.startswith("_") and name not in _METADATA_ONLY
 
 
 def is_inplace(func: Any, kwargs: dict) -> bool:

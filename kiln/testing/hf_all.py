@@ -50,7 +50,7 @@ _SMALL = {**{k: 64 for k in _WIDTH}, **{k: 2 for k in _LAYERS}, **{k: 2 for k in
           "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 16, "kv_lora_rank": 16,
           "q_lora_rank": 16, "rotary_dim": 16, "vocab_size_per_layer_input": VOCAB,
           "num_local_experts": 4, "num_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4,
-          "num_experts_per_tok": 2, "moe_topk": 2, "top_k": 2, "n_group": 1, "topk_group": 1,
+          "num_experts_per_tok": 2, "moe_topk": 2, "top_k": 2, "n_group": 1, "topk_group": 1, "n_groups": 1,
           "vocab_size": VOCAB, "max_position_embeddings": 512, "n_positions": 512, "n_ctx": 512,
           "max_target_positions": 512, "max_source_positions": 64, "image_size": IMAGE}
 # settings some types leave None by default although their forward needs them (DeepSeek-V2's experts per
@@ -84,9 +84,9 @@ def _get(config: Any, key: str) -> Any:
         return None
 
 
-def sizes_for(config: Any, keys: set[str] | None = None) -> dict[str, Any]:
+def sizes_for(config: Any, keys: set[str] | None = None, stages: bool = True) -> dict[str, Any]:
     """The size settings of `config` (a PretrainedConfig) lowered, sub-configs as nested dicts; only those
-    in `keys` where given."""
+    in `keys` where given, and per-stage depths only with `stages`."""
     out: dict[str, Any] = {}
     for key, small in _SMALL.items():
         if keys is not None and key not in keys:
@@ -109,7 +109,11 @@ def sizes_for(config: Any, keys: set[str] | None = None) -> dict[str, Any]:
         out.pop("embed_dim", None)   # (stage widths must stay divisible by their heads, e.g. Swin's 96 by 3)
     if "head_dim" in out and isinstance(_get(config, "qk_rope_head_dim"), int):
         out["head_dim"] = out.get("qk_rope_head_dim", config.qk_rope_head_dim)   # (DeepSeek: rope width)
-    for key in _STAGE_DEPTHS:
+    expand, width = _get(config, "expand"), out.get("hidden_size")
+    if isinstance(expand, int) and width and isinstance(_get(config, "num_heads"), int) and \
+            isinstance(_get(config, "head_dim"), int):   # (Mamba2: heads x head width = expand x width)
+        out["num_heads"] = max(1, expand * width // out.get("head_dim", config.head_dim))
+    for key in _STAGE_DEPTHS if stages else ():
         value = _get(config, key)
         if isinstance(value, (list, tuple)) and value and all(isinstance(v, int) and v > 1 for v in value):
             out[key] = [1] * len(value)
@@ -125,13 +129,16 @@ def sizes_for(config: Any, keys: set[str] | None = None) -> dict[str, Any]:
     for key in getattr(config, "sub_configs", {}) or {}:
         sub = _get(config, key)
         if sub is not None and hasattr(sub, "to_dict"):
-            nested = sizes_for(sub, keys)
+            nested = sizes_for(sub, keys, stages)
             if nested:   # (a dict rebuilds the sub-config: keep its type, as the parent chose it)
                 out[key] = {"model_type": sub.model_type, **nested} if getattr(sub, "model_type", "") else nested
     return out
 
 
-SHRINKS = ("small", "shallow", "default")   # every size lowered; depth-like sizes only; none
+# every size lowered; all but the layer counts (hybrid models whose layer pattern needs its default depth to
+# hold an attention layer); depth-like sizes only; none
+SHRINKS = ("small", "narrow", "shallow", "default")
+_NARROW = set(_SMALL) - set(_LAYERS)
 
 
 def config_for(model_type: str, shrink: str = "small") -> Any:
@@ -141,7 +148,8 @@ def config_for(model_type: str, shrink: str = "small") -> Any:
         default = AutoConfig.for_model(model_type)
         if shrink == "default":
             return default
-        return AutoConfig.for_model(model_type, **sizes_for(default, None if shrink == "small" else _DEPTH_ONLY))
+        keys = {"small": None, "narrow": _NARROW, "shallow": _DEPTH_ONLY}[shrink]
+        return AutoConfig.for_model(model_type, **sizes_for(default, keys, stages=shrink != "narrow"))
     except Exception as e:
         raise Unbuildable(f"config: {type(e).__name__}: {e}".strip()[:300]) from None
 
