@@ -1,5 +1,6 @@
 """Scheduling: fusion into kernels and memory planning."""
-from .fusion import FusedGroup, Member, fuse
+from .fusion import fuse
+from .group import FusedGroup, IndexMap, Member, Role
 from .memory import plan
 
-__all__ = ["FusedGroup", "Member", "fuse", "plan"]
+__all__ = ["FusedGroup", "IndexMap", "Member", "Role", "fuse", "plan"]
