@@ -22,7 +22,7 @@ from ..lower.index import simplify_index
 from ..lower.ir import ExternNode, LoopGraph, Reduction
 from ..lower.ops import PrintHandler
 from ..lower.printer import ModuleWriter, grid_line, layout_text
-from .group import Role
+from .role import Role
 
 # This module reads kernels through their attributes (name, outer, inner, members, member_index, ...) and
 # FusedGroup.describe(body=True) calls kernel_python (kiln.schedule.group imports this module lazily).
