@@ -7,7 +7,8 @@ fusion is compared by (issue 41: equal or fewer kernels, never more).
 Each model is compiled for inference (eval mode, the zoo's example) with the graph cache off, so every
 graph goes through fusion; a row is the sum over the model's graphs of kernels and externs/fallbacks.
 `--save DIR` writes each model's output there; `--compare DIR` says whether this checkout's outputs are
-bitwise equal to the saved ones (the same kernels computing the same values in the same order).
+bitwise equal to the saved ones (the same kernels computing the same values in the same order). The last line gives the time spent in the
+fusion pass (`kiln.backends.cpp_passes.fuse`).
 """
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+FUSE_SECONDS: list[float] = []  # each call of the fusion pass
 
 
 def _flat(out: object) -> list[torch.Tensor]:
@@ -35,8 +38,17 @@ def count(fn: object, args: tuple, kwargs: dict | None = None) -> tuple[int, int
     """(kernels, externs and fallbacks, outputs) of `fn` compiled with the cpp backend and run once."""
     import kiln
     from kiln.backends import cpp
+    from kiln.backends import cpp_passes
     seen: list[tuple[int, int]] = []
     original = cpp.log_schedule
+    real_fuse = cpp_passes.fuse
+
+    def timed_fuse(loop: object, target: object) -> list:
+        start = time.perf_counter()
+        try:
+            return real_fuse(loop, target)
+        finally:
+            FUSE_SECONDS.append(time.perf_counter() - start)
 
     def record(backend: str, name: str, schedule: list, seconds: float) -> None:
         from kiln.schedule.fusion import FusedGroup
@@ -44,6 +56,7 @@ def count(fn: object, args: tuple, kwargs: dict | None = None) -> tuple[int, int
         seen.append((kernels, len(schedule) - kernels))
         original(backend, name, schedule, seconds)
     cpp.log_schedule = record
+    cpp_passes.fuse = timed_fuse
     try:
         kiln.reset()
         compiled = kiln.compile(fn, backend="cpp")
@@ -51,6 +64,7 @@ def count(fn: object, args: tuple, kwargs: dict | None = None) -> tuple[int, int
             out = compiled(*args, **(kwargs or {}))
     finally:
         cpp.log_schedule = original
+        cpp_passes.fuse = real_fuse
     return sum(k for k, _ in seen), sum(e for _, e in seen), _flat(out)
 
 
@@ -101,7 +115,8 @@ def main() -> None:
         rows[name] = (kernels, externs, same)
         print(f"{name:32s} kernels {kernels:4d}  externs/fallbacks {externs:4d}  {same}", flush=True)
     print(f"total kernels {sum(r[0] for r in rows.values())}, externs/fallbacks "
-          f"{sum(r[1] for r in rows.values())}")
+          f"{sum(r[1] for r in rows.values())}; the fusion pass ran {len(FUSE_SECONDS)} times, "
+          f"{sum(FUSE_SECONDS):.2f} s in all")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

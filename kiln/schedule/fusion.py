@@ -115,14 +115,14 @@ def _merged(first: FusedGroup, second: FusedGroup, joined: dict[str, list[str]])
     return group
 
 
-def _new_group(buf: ComputedBuffer) -> FusedGroup:
+def _new_group(name: str, buf: ComputedBuffer) -> FusedGroup:
     data = buf.data
     if isinstance(data, Scan):
         outer = tuple(s for d, s in enumerate(data.ranges) if d != data.dim)
-        return FusedGroup(buf.name, outer, (data.ranges[data.dim],), (Member(buf, Role.SCAN),))
+        return FusedGroup(name, outer, (data.ranges[data.dim],), (Member(buf, Role.SCAN),))
     if isinstance(data, Reduction):
-        return FusedGroup(buf.name, data.ranges, data.reduction_ranges, (Member(buf, Role.REDUCTION),))
-    return FusedGroup(buf.name, data.ranges, None, (Member(buf, Role.OUTER),))
+        return FusedGroup(name, data.ranges, data.reduction_ranges, (Member(buf, Role.REDUCTION),))
+    return FusedGroup(name, data.ranges, None, (Member(buf, Role.OUTER),))
 
 
 class _Fusion:
@@ -147,7 +147,8 @@ class _Fusion:
             reads.append(list(dict.fromkeys(s for name in names for s in graph.sources(name))))
         fallback = [isinstance(node, ExternNode) and node.kind == "fallback" for node in nodes]
         self.before = dependencies(writes, reads, fallback)
-        self.groups: dict[int, FusedGroup] = {i: _new_group(node) for i, node in enumerate(nodes)
+        # while merging, a kernel is named after its representative (`kernel{r}`); the schedule renumbers
+        self.groups: dict[int, FusedGroup] = {i: _new_group(f"kernel{i}", node) for i, node in enumerate(nodes)
                                               if not isinstance(node, ExternNode)}
         self.alive = list(range(len(nodes)))  # representatives, in program order
         self.rep = list(range(len(nodes)))
@@ -209,11 +210,12 @@ class _Fusion:
         group = _merged(self.groups[first], self.groups[second], self.joined)
         if group is None:
             return False
-        what = self.groups[second].members[0].buffer.name
-        if not FUEL.take("fuse", lambda: f"fuse {what} into the kernel of {self.groups[first].name}"):
+        names = self.groups[second].buffer_names()
+        keep = min(first, second)  # the merged kernel's representative (and name: kernel{keep})
+        if not FUEL.take("fuse", lambda: f"fuse {names[0]} into kernel{keep}"):
             return False
-        log.debug("fuse %s into %s", ", ".join(self.groups[second].buffer_names()), group.describe())
         self.join(first, second, group)
+        log.debug("fuse %s into %s", ", ".join(names), self.groups[keep].describe())
         return True
 
     def join(self, first: int, second: int, group: FusedGroup) -> None:
