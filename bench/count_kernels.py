@@ -5,7 +5,8 @@ fusion is compared by (issue 41: equal or fewer kernels, never more).
                                                         [--compare DIR] [--json PATH]
 
 Each model is compiled for inference (eval mode, the zoo's example) with the graph cache off, so every
-graph goes through fusion; a row is the sum over the model's graphs of kernels and externs/fallbacks.
+graph goes through fusion; a row is the sum over the model's graphs of kernels, externs/fallbacks and the
+memory plan's peak bytes (`Plan.peak_bytes`).
 `--save DIR` writes each model's output there; `--compare DIR` says whether this checkout's outputs are
 bitwise equal to the saved ones (the same kernels computing the same values in the same order). The last line gives the time spent in the
 fusion pass (`kiln.backends.cpp_passes.fuse`).
@@ -34,8 +35,9 @@ def _flat(out: object) -> list[torch.Tensor]:
     return []
 
 
-def count(fn: object, args: tuple, kwargs: dict | None = None) -> tuple[int, int, list[torch.Tensor]]:
-    """(kernels, externs and fallbacks, outputs) of `fn` compiled with the cpp backend and run once."""
+def count(fn: object, args: tuple, kwargs: dict | None = None) -> tuple[int, int, int, list[torch.Tensor]]:
+    """(kernels, externs and fallbacks, the sum of the graphs' planned peak bytes, outputs) of `fn` compiled
+    with the cpp backend and run once."""
     import kiln
     from kiln.backends import cpp
     from kiln.backends import cpp_passes
@@ -55,8 +57,17 @@ def count(fn: object, args: tuple, kwargs: dict | None = None) -> tuple[int, int
         kernels = sum(isinstance(s, FusedGroup) for s in schedule)
         seen.append((kernels, len(schedule) - kernels))
         original(backend, name, schedule, seconds)
+    peaks: list[int] = []
+    real_init = cpp.CompiledGraph.__init__
+
+    def init(self: object, graph: object, loop: object, schedule: object, memory: object, *rest: object,
+             **kw: object) -> None:
+        real_init(self, graph, loop, schedule, memory, *rest, **kw)
+        if memory is not None and loop is not None:
+            peaks.append(memory.peak_bytes(loop))
     cpp.log_schedule = record
     cpp_passes.fuse = timed_fuse
+    cpp.CompiledGraph.__init__ = init
     try:
         kiln.reset()
         compiled = kiln.compile(fn, backend="cpp")
@@ -65,7 +76,8 @@ def count(fn: object, args: tuple, kwargs: dict | None = None) -> tuple[int, int
     finally:
         cpp.log_schedule = original
         cpp_passes.fuse = real_fuse
-    return sum(k for k, _ in seen), sum(e for _, e in seen), _flat(out)
+        cpp.CompiledGraph.__init__ = real_init
+    return sum(k for k, _ in seen), sum(e for _, e in seen), sum(peaks), _flat(out)
 
 
 def main() -> None:
@@ -95,7 +107,7 @@ def main() -> None:
         for case, (fn, args, _) in bench_kernels.cases(a.size).items():
             jobs.append((f"case: {case}", fn, args, {}))
     for name, fn, args, kwargs in jobs:
-        kernels, externs, outs = count(fn, args, kwargs)
+        kernels, externs, peak, outs = count(fn, args, kwargs)
         same = ""
         key = name.replace(" ", "_").replace("/", "_").replace(":", "")
         if a.save:
@@ -112,8 +124,9 @@ def main() -> None:
                 same = "bitwise equal" if equal else "DIFFERS"
             else:
                 same = "no saved output"
-        rows[name] = (kernels, externs, same)
-        print(f"{name:32s} kernels {kernels:4d}  externs/fallbacks {externs:4d}  {same}", flush=True)
+        rows[name] = (kernels, externs, same, peak)
+        print(f"{name:32s} kernels {kernels:4d}  externs/fallbacks {externs:4d}  peak {peak / 1024:9.1f} KiB  "
+              f"{same}", flush=True)
     print(f"total kernels {sum(r[0] for r in rows.values())}, externs/fallbacks "
           f"{sum(r[1] for r in rows.values())}; the fusion pass ran {len(FUSE_SECONDS)} times, "
           f"{sum(FUSE_SECONDS):.2f} s in all")
