@@ -29,6 +29,7 @@ from .capture.guards import hooks_present
 from .capture.disabled import disable, disabled_by, module_disabled_by  # noqa: F401  (kiln.disable)
 from .counters import counters
 from .distributed import CompiledDDP, CompiledFSDP, is_ddp, is_fsdp
+from .tensor_parallel import CompiledTP, is_tp, plan_of
 from .counters import reset as _reset_counters
 from .graph.pipeline import FUEL, CompileContext
 from . import tracing
@@ -67,6 +68,14 @@ def compile(model: Any = None, *, backend: Any = "auto", fullgraph: bool = False
             return model
         return CompiledFSDP(model, backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode,
                             options=options)
+    if is_tp(model) and not disable:
+        # tensor parallel: the model compiled over this rank's shards, the layouts' collectives in the graph
+        plan, why = plan_of(model)
+        if plan:
+            return CompiledTP(model, plan, backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode,
+                              options=options)
+        warn_once(f"tp-plan:{id(model)}", f"kiln.compile: this parallelized model compiles as a plain module "
+                  f"(its parallelized modules' hooks break the graph): {why}")
     if isinstance(model, torch.nn.Module):
         if disable or module_disabled_by(model) is not None:
             return model
@@ -296,7 +305,7 @@ def _python_code(fn_or_module: Any, caller: str) -> tuple[types.FunctionType, An
     """The Python function to capture afresh, and its bound self, behind a module or compiled function."""
     if isinstance(fn_or_module, CompiledDDP) or is_ddp(fn_or_module):
         fn_or_module = fn_or_module.module  # DDP's own forward runs eagerly: the module it wraps
-    if isinstance(fn_or_module, CompiledFSDP):
+    if isinstance(fn_or_module, (CompiledFSDP, CompiledTP)):
         fn_or_module = fn_or_module._orig_mod
     target = fn_or_module._orig_mod if isinstance(fn_or_module, CompiledModule) else fn_or_module
     if isinstance(target, CompiledFunction):
@@ -346,6 +355,9 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
     before = dict(counters["callees_run_natively"])
     recompiles_before = dict(counters["recompiles"])
     if isinstance(fn_or_module, CompiledFSDP):  # through the model: FSDP's hooks around each forward
+        compiled = fn_or_module.calling_with(lambda m: CompiledFunction(type(m).forward, compiler_for("eager"),
+                                                                        bound_self=m, family=object()))
+    if isinstance(fn_or_module, CompiledTP):  # over the shards, as the compiled model runs
         compiled = fn_or_module.calling_with(lambda m: CompiledFunction(type(m).forward, compiler_for("eager"),
                                                                         bound_self=m, family=object()))
     if routed is not None:  # the method itself, its forward calls routed to the fresh capture
