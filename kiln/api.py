@@ -279,6 +279,9 @@ class ExplainReport:
             total = sum(ops.values())
             detail = ", ".join(f"{k} x{v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])[:8])
             lines.append(f"  graph {i + 1}: {total} ops ({detail})")
+            collectives = [f"{k} x{v}" for k, v in ops.items() if k.startswith("torch.ops.kiln_tp.")]
+            if collectives:  # communication inside the graph: always named (tensor parallel's all-reduces)
+                lines.append(f"    collectives in graph {i + 1}: {', '.join(collectives)}")
         if guards:
             lines.extend("  " + line for line in self.guards_text().splitlines())
         else:

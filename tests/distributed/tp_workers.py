@@ -112,14 +112,20 @@ def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
             for n, p in model.named_parameters()}
 
 
-def train_tp(rank: int, world: int, name: str, steps: int, cache_dir: str, bias: bool = False,
-             variants: tuple = ("eager", "kiln")) -> dict[str, Any]:
-    """Each variant: parallelize_module over all ranks, then `steps` SGD steps on the same batches (the
-    same on every rank, as tensor parallelism wants). Losses, full parameters, counters, explain."""
+def train_tp(rank: int, world: int, configs: list[tuple[str, bool]], steps: int,
+             cache_dir: str) -> dict[tuple[str, bool], Any]:
+    """train_one for each (model name, bias) in `configs`, in one set of ranks."""
     from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (world,))
+    return {(name, bias): train_one(mesh, name, steps, cache_dir, bias) for name, bias in configs}
+
+
+def train_one(mesh: Any, name: str, steps: int, cache_dir: str, bias: bool = False,
+              variants: tuple = ("eager", "kiln")) -> dict[str, Any]:
+    """Each variant: parallelize_module over the mesh, then `steps` SGD steps on the same batches (the
+    same on every rank, as tensor parallelism wants). Losses, full parameters, counters, explain."""
     from torch.distributed.tensor.parallel import parallelize_module
 
-    mesh = init_device_mesh("cpu", (world,))
     results: dict[str, Any] = {}
     with config.patch(cache_dir=cache_dir):
         for variant in variants:
@@ -146,3 +152,26 @@ def train_tp(rank: int, world: int, name: str, steps: int, cache_dir: str, bias:
                 results[variant]["graphs"] = report.graph_count
                 results[variant]["breaks"] = report.graph_break_count
     return results
+
+
+def unsupported_layout(rank: int, world: int, cache_dir: str) -> dict[str, Any]:
+    """A ColwiseParallel with a replicated output (an all-gather kiln does not write over shards): kiln
+    compiles the model as a plain module, the hooked Linears break the graph, the values are eager's."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (world,))
+    with config.patch(cache_dir=cache_dir):
+        kiln.reset()
+        model, _, example = build("mlp")
+        plan = {f"blocks.{i}.{n}": ColwiseParallel(output_layouts=Replicate())
+                for i in range(2) for n in ("gate", "up")}
+        parallelize_module(model, mesh, plan)
+        x = example.clone()
+        expected = model(x)
+        compiled = kiln.compile(model)
+        actual = compiled(x)
+        report = kiln.explain(compiled, x)
+    return {"expected": expected.detach(), "actual": actual.detach(), "type": type(compiled).__name__,
+            "breaks": report.graph_break_count, "explain": str(report)}
