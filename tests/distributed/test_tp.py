@@ -15,7 +15,7 @@ import torch
 from kiln import config
 
 from ranks import run_ranks
-from tp_workers import train_tp, unsupported_layout
+from tp_workers import train_tp
 
 pytestmark = [
     pytest.mark.distributed,
@@ -57,28 +57,38 @@ def _check_run(result: dict, name: str, what: str) -> None:
     assert not {k: v for k, v in counters.get("cpp", {}).items() if k.startswith("ran with torch")}
 
 
-def _train_and_check(configs: list, cache_dir: str) -> None:
-    ranks = run_ranks(train_tp, (configs, STEPS, cache_dir), timeout=170)
+def _check_training(ranks: list, configs: list) -> None:
     for config_ in configs:
         for rank, result in enumerate(ranks):
             _check_run(result[config_], config_[0], f"{config_} rank {rank}")
         assert ranks[0][config_]["kiln"]["losses"] == ranks[1][config_]["kiln"]["losses"]
 
 
-def test_tp_swiglu_mlp_and_llama_block_train_as_eager_tp_in_one_graph(cache_dir):
+FAST = [("mlp", False), ("llama", False)]
+
+
+@pytest.fixture(scope="module")
+def fast_runs(cache_dir):
+    """The fast tests' rank results, from one set of ranks (spawning and compiling dominate)."""
+    return run_ranks(train_tp, (FAST, STEPS, cache_dir, True), timeout=170)
+
+
+def test_tp_swiglu_mlp_and_llama_block_train_as_eager_tp_in_one_graph(fast_runs):
     # the issue's two-block SwiGLU MLP and a LLaMA-style block (attention + SwiGLU, Colwise/Rowwise plan)
-    _train_and_check([("mlp", False), ("llama", False)], cache_dir)
+    _check_training(fast_runs, FAST)
+
+
+def test_unsupported_layout_breaks_visibly_and_matches_eager(fast_runs):
+    # ColwiseParallel(output_layouts=Replicate()): an all-gather kiln does not write over shards
+    for ranks_result in fast_runs:
+        result = ranks_result["unsupported"]
+        torch.testing.assert_close(result["actual"], result["expected"], rtol=RTOL, atol=1e-6)
+        assert result["type"] == "CompiledModule"
+        assert result["breaks"] >= 1 and "has hooks" in result["explain"], result["explain"]
 
 
 @pytest.mark.slow
 def test_tp_with_biases_trains_as_eager_tp(cache_dir):
     # column-parallel biases are sharded, the row-parallel bias replicated (added after the all-reduce)
-    _train_and_check([("mlp", True)], cache_dir)
-
-
-def test_unsupported_layout_breaks_visibly_and_matches_eager(cache_dir):
-    ranks = run_ranks(unsupported_layout, (cache_dir,), timeout=120)
-    for result in ranks:
-        torch.testing.assert_close(result["actual"], result["expected"], rtol=RTOL, atol=1e-6)
-        assert result["type"] == "CompiledModule"
-        assert result["breaks"] >= 1 and "has hooks" in result["explain"], result["explain"]
+    configs = [("mlp", True)]
+    _check_training(run_ranks(train_tp, (configs, STEPS, cache_dir), timeout=170), configs)

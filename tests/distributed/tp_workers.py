@@ -112,12 +112,17 @@ def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
             for n, p in model.named_parameters()}
 
 
-def train_tp(rank: int, world: int, configs: list[tuple[str, bool]], steps: int,
-             cache_dir: str) -> dict[tuple[str, bool], Any]:
-    """train_one for each (model name, bias) in `configs`, in one set of ranks."""
+def train_tp(rank: int, world: int, configs: list[tuple[str, bool]], steps: int, cache_dir: str,
+             with_unsupported: bool = False) -> dict[Any, Any]:
+    """train_one for each (model name, bias) in `configs`, in one set of ranks (and, with
+    `with_unsupported`, unsupported_layout's result under the key "unsupported")."""
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh("cpu", (world,))
-    return {(name, bias): train_one(mesh, name, steps, cache_dir, bias) for name, bias in configs}
+    results: dict[Any, Any] = {(name, bias): train_one(mesh, name, steps, cache_dir, bias)
+                               for name, bias in configs}
+    if with_unsupported:
+        results["unsupported"] = unsupported_layout(rank, world, cache_dir)
+    return results
 
 
 def train_one(mesh: Any, name: str, steps: int, cache_dir: str, bias: bool = False,
