@@ -177,12 +177,8 @@ def plan_of(model: torch.nn.Module) -> tuple[list[tuple[torch.nn.Module, ShardLi
     dtensor = _dtensor_type()
     plan = []
     for name, module in model.named_modules():
-        has_dtensor = any(isinstance(p, dtensor) for p in module._parameters.values())
-        hooked = bool(module._forward_pre_hooks or module._forward_hooks)
-        if not has_dtensor and not hooked:
-            continue
-        if not has_dtensor:
-            continue  # a module with hooks of its own and plain parameters: kiln's ordinary path handles it
+        if not any(isinstance(p, dtensor) for p in module._parameters.values()):
+            continue  # (a module with hooks of its own and plain parameters: hooks run as kiln runs them)
         if module is model:
             return [], "the model itself is parallelized (only its submodules can be)"
         style, why, mesh = _style_of(module)
