@@ -357,10 +357,8 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
         compiled.cache.dynamic_dims |= original.cache.dynamic_dims
     before = dict(counters["callees_run_natively"])
     recompiles_before = dict(counters["recompiles"])
-    if isinstance(fn_or_module, CompiledFSDP):  # through the model: FSDP's hooks around each forward
-        compiled = fn_or_module.calling_with(lambda m: CompiledFunction(type(m).forward, compiler_for("eager"),
-                                                                        bound_self=m, family=object()))
-    if isinstance(fn_or_module, CompiledTP):  # over the shards, as the compiled model runs
+    # through the model: FSDP's hooks around each forward; a TP model over its shards, as it runs compiled
+    if isinstance(fn_or_module, (CompiledFSDP, CompiledTP)):
         compiled = fn_or_module.calling_with(lambda m: CompiledFunction(type(m).forward, compiler_for("eager"),
                                                                         bound_self=m, family=object()))
     if routed is not None:  # the method itself, its forward calls routed to the fresh capture

@@ -1,4 +1,4 @@
-"""`kiln bench --distributed N --strategy tp`: tensor-parallel training step time on N gloo ranks, side by side.
+"""`kiln bench --distributed N --strategy tp`: tensor-parallel training step time on N gloo ranks.
 
 Columns, each a training step (forward, loss, backward, SGD step) of the same model parallelized by
 `parallelize_module` with a ColwiseParallel/RowwiseParallel plan (kiln.testing.tp_models, bench sizes) on a

@@ -1,4 +1,4 @@
-"""Models for tensor parallelism (tests/distributed/test_tp.py and `kiln bench --distributed N --strategy tp`).
+"""Models for tensor parallelism (tests/distributed/test_tp.py, `kiln bench --distributed N --strategy tp`).
 
     model, plan, example = build("mlp" | "llama", size="test" | "bench", bias=False)
 

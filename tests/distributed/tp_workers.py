@@ -36,7 +36,7 @@ def train_tp(rank: int, world: int, configs: list[tuple[str, bool]], steps: int,
 
 
 def train_one(mesh: Any, name: str, steps: int, cache_dir: str, bias: bool = False,
-              variants: tuple = ("eager", "kiln")) -> dict[str, Any]:
+              variants: tuple = ("eager", "kiln", "kiln_eager")) -> dict[str, Any]:
     """Each variant: parallelize_module over the mesh, then `steps` SGD steps on the same batches (the
     same on every rank, as tensor parallelism wants). Losses, full parameters, counters, explain."""
     from torch.distributed.tensor.parallel import parallelize_module
@@ -47,7 +47,9 @@ def train_one(mesh: Any, name: str, steps: int, cache_dir: str, bias: bool = Fal
             kiln.reset()
             model, plan, example = build(name, bias)
             parallelize_module(model, mesh, plan)
-            run = kiln.compile(model) if variant == "kiln" else model
+            # kiln_eager: kiln's eager backend, the captured graph op by op (the collectives' eager autograd)
+            backend = {"kiln": "auto", "kiln_eager": "eager"}.get(variant)
+            run = model if backend is None else kiln.compile(model, backend=backend)
             opt = torch.optim.SGD(model.parameters(), lr=LR)
             gen = torch.Generator().manual_seed(1234)
             data = [torch.randn(example.shape, generator=gen) for _ in range(steps)]
