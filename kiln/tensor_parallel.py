@@ -111,10 +111,11 @@ class ShardLinear:
         self.weight = self._shard_parameter("weight")
         self.bias = self._shard_parameter("bias")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # nn.Linear.forward's signature
         if self.style == "colwise":  # the replicated input's gradient is a partial sum on each rank
-            return F.linear(torch.ops.kiln_tp.grad_all_reduce(x, self.group_name), self.weight, self.bias)
-        y = torch.ops.kiln_tp.all_reduce(F.linear(x, self.weight), self.group_name)  # Partial -> Replicate
+            replicated = torch.ops.kiln_tp.grad_all_reduce(input, self.group_name)
+            return F.linear(replicated, self.weight, self.bias)
+        y = torch.ops.kiln_tp.all_reduce(F.linear(input, self.weight), self.group_name)  # Partial -> Replicate
         return y if self.bias is None else y + self.bias
 
 
