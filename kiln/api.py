@@ -343,6 +343,10 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
     routed = fn_or_module if isinstance(fn_or_module, RoutedMethod) else None
     if routed is not None:
         fn_or_module = routed.owner
+    if is_tp(fn_or_module) and not isinstance(fn_or_module, WrappedModule):
+        # a parallelized model: explained as kiln.compile runs it, over its shards
+        plan, _ = plan_of(fn_or_module)
+        fn_or_module = CompiledTP(fn_or_module, plan, backend="eager") if plan else fn_or_module
     fn, bound_self = _python_code(fn_or_module, "kiln.explain")
     # a DDP module: its module's graphs cut at the gradient buckets, as kiln.compile(ddp) cuts them
     splitter = (BucketSplitCompiler(compiler_for("eager"), getattr(fn_or_module, "_orig_mod", fn_or_module))

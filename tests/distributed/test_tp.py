@@ -47,6 +47,7 @@ def _check_run(result: dict, name: str, what: str) -> None:
     assert result["kiln_eager"]["type"] == "CompiledTP"
     _assert_matches(result["kiln_eager"], result["eager"], f"{what} (backend eager)")
     assert (kiln_run["graphs"], kiln_run["breaks"]) == (1, 0), kiln_run["explain"]
+    assert kiln_run["raw_model_counts"] == (1, 0)
     explain = kiln_run["explain"]
     assert "collectives in graph 1:" in explain and "torch.ops.kiln_tp.all_reduce x2" in explain, explain
     counters = kiln_run["counters"]

@@ -68,6 +68,8 @@ def train_one(mesh: Any, name: str, steps: int, cache_dir: str, bias: bool = Fal
                 results[variant]["explain"] = str(report)
                 results[variant]["graphs"] = report.graph_count
                 results[variant]["breaks"] = report.graph_break_count
+                raw = kiln.explain(model, data[0])  # the parallelized model itself: explained as compiled
+                results[variant]["raw_model_counts"] = (raw.graph_count, raw.graph_break_count)
     return results
 
 
