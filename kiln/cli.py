@@ -5,7 +5,7 @@ Both `bench` and `explain` run the quick suite unless told otherwise (--suite, -
     kiln bench [--suite quick|full|hf] [--models NAMES] [--backends eager,torch.compile,kiln]
                [--mode inference|training] [--batch N] [--out DIR] [--kiln-backend NAME] [--memory]
                [--memory-only] [--profile] [--profile-only]
-    kiln bench --distributed N [--models NAMES] [--bucket-cap-mb MB]
+    kiln bench --distributed N [--strategy ddp|tp] [--models NAMES] [--bucket-cap-mb MB]
     kiln explain [--models NAMES|all] [--suite quick|full|hf] [--json PATH] [--against PATH] [--isolate] [--batch N]
                  [--threads N]
     kiln cache info|clear
@@ -113,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="dynamic shapes: a decoder block at 30 shapes, HF GPT-2/LLaMA at 8 lengths, "
                             "greedy decoding with a growing KV cache; kiln beside torch.compile "
                             "(bench/bench_dynamic.py; table, OUT/dynamic.json)")
+    bench.add_argument("--strategy", choices=("ddp", "tp"), default="ddp",
+                       help="with --distributed: ddp (DistributedDataParallel, the default) or tp (tensor "
+                            "parallel: parallelize_module with ColwiseParallel/RowwiseParallel; eager TP, "
+                            "kiln, torch.compile; models mlp, llama)")
     bench.add_argument("--bucket-cap-mb", type=float, default=None,
                        help="with --distributed: DDP's bucket_cap_mb for every variant (default DDP's)")
 
@@ -232,6 +236,9 @@ def bench_main(args: argparse.Namespace) -> int:
         os.makedirs(args.out, exist_ok=True)
         return subprocess.call([sys.executable, str(script), "--threads", str(args.threads or 1), "--json",
                                 os.path.join(args.out, "dynamic.json")])
+    if args.distributed and args.strategy == "tp":
+        from .bench import distributed_tp
+        return distributed_tp.main(args.distributed, args.models, timeout_s=args.timeout * 2)
     if args.distributed:
         from .bench import distributed
         return distributed.main(args.distributed, args.models, timeout_s=args.timeout * 2,

@@ -28,6 +28,7 @@ from ..autograd.partition import partition
 from ..counters import counters
 from ..graph import Graph, flatten, map_structure, run, to_prims
 from ..graph.node import Node
+from ..graph.passes import cse
 from ..graph.pipeline import CompileContext
 from ..graph.layout import contiguous_strides
 from ..graph.meta import TensorMeta
@@ -290,6 +291,9 @@ def compile_with_autograd(graph: Graph, example_inputs: list, context: CompileCo
             if chain is None:
                 raise NotImplementedError("an output is a view of an input through other values")
             views[i] = chain
+    # a replicated value fed to several column-parallel Linears (q, k, v; gate, up) is one grad_all_reduce:
+    # its backward sums their gradients first and all-reduces once, not once per Linear
+    cse(prim, only=lambda node: node.op == "call_prim" and node.target.name == "grad_all_reduce")
     joint = differentiate(prim, needs, frozenset(views))
     if context.flag("autograd_recompute"):
         joint = partition(joint)
