@@ -6,6 +6,7 @@ Both `bench` and `explain` run the quick suite unless told otherwise (--suite, -
                [--mode inference|training] [--batch N] [--out DIR] [--kiln-backend NAME] [--memory]
                [--memory-only] [--profile] [--profile-only]
     kiln bench --distributed N [--models NAMES] [--bucket-cap-mb MB]
+    kiln bench --generate [--models NAMES] [--new-tokens N] [--repeat R] [--caches dynamic,static] [--threads N]
     kiln explain [--models NAMES|all] [--suite quick|full|hf] [--json PATH] [--against PATH] [--isolate] [--batch N]
                  [--threads N]
     kiln cache info|clear
@@ -113,6 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="dynamic shapes: a decoder block at 30 shapes, HF GPT-2/LLaMA at 8 lengths, "
                             "greedy decoding with a growing KV cache; kiln beside torch.compile "
                             "(bench/bench_dynamic.py; table, OUT/dynamic.json)")
+    bench.add_argument("--generate", action="store_true",
+                       help="greedy generation at batch 1: prefill ms, decode ms/token and tokens/s for "
+                            "eager, torch.compile and kiln, with the bandwidth floor (--models from "
+                            "llama_120m, llama_hf_tiny, llama, nanogpt; default llama_120m,llama,nanogpt)")
+    bench.add_argument("--new-tokens", type=int, default=128, help="--generate: new tokens (default 128)")
+    bench.add_argument("--repeat", type=int, default=3, help="--generate: timed runs per compiler (default 3)")
+    bench.add_argument("--caches", type=_names, default=["dynamic", "static"],
+                       help="--generate: Hugging Face caches (default dynamic,static)")
     bench.add_argument("--bucket-cap-mb", type=float, default=None,
                        help="with --distributed: DDP's bucket_cap_mb for every variant (default DDP's)")
 
@@ -226,6 +235,8 @@ def bench_main(args: argparse.Namespace) -> int:
         os.makedirs(args.out, exist_ok=True)
         return subprocess.call([sys.executable, str(script), "--threads", str(args.threads or 1), "--json",
                                 os.path.join(args.out, "dynamic.json")])
+    if args.generate:
+        return generate_main(args)
     if args.distributed:
         from .bench import distributed
         return distributed.main(args.distributed, args.models, timeout_s=args.timeout * 2,
@@ -263,6 +274,24 @@ def bench_main(args: argparse.Namespace) -> int:
         print("interrupted: the finished rows are written", file=sys.stderr)
         return 130
     return 0
+
+
+def generate_main(args: argparse.Namespace) -> int:
+    from .bench import generate
+    compilers = tuple("kiln" if name.startswith("kiln") else name for name in args.backends)
+    options = generate.Options(models=tuple(args.models or generate.DEFAULT_MODELS), compilers=compilers,
+                               caches=tuple(args.caches), new_tokens=args.new_tokens, repeat=args.repeat,
+                               threads=args.threads or None, out=args.out, kiln_backend=args.kiln_backend,
+                               progress=lambda text: print(text, file=sys.stderr, flush=True))
+    try:
+        results = generate.run(options)
+    except ValueError as e:
+        print(f"kiln bench --generate: {e}", file=sys.stderr)
+        return 2
+    print(generate.table(results["rows"], results["meta"]))
+    if results["files"]:
+        print("wrote " + ", ".join(results["files"]))
+    return 0 if all(row["status"] == "pass" for row in results["rows"]) else 1
 
 
 def explain_main(args: argparse.Namespace) -> int:
