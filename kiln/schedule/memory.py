@@ -198,7 +198,7 @@ def _extern_into_input(graph: LoopGraph, node: ExternNode, i: int, nodes: list, 
         return None
     by_position = {b.position: b.name for b in graph.inputs if isinstance(b, InputBuffer) and b.position >= 0}
     target = by_position.get(positions[0])
-    if target is None or target in kept or node.args[0] != BufferRef(target) or \
+    if target is None or target in kept or not (isinstance(node.args[0], BufferRef) and node.args[0].name == target) or \
             [storage(n) for n in node.reads()].count(target) != 1 or last_use.get(target, -1) > i:
         return None
     mine, theirs = out.layout, graph.buffers[target].layout

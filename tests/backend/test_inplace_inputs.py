@@ -125,6 +125,25 @@ def test_a_source_that_is_a_view_of_the_cache_and_a_returned_cache():
     torch.testing.assert_close(cache, ref, rtol=0, atol=0)
 
 
+def test_an_input_that_aliases_the_cache_sees_eagers_values():
+    def read_before(cache, other, pos, k):
+        y = other * 2                  # the old values: eager reads them before the update
+        cache.index_copy_(2, pos, k)
+        return y, cache.sum(-1)
+
+    def read_after(cache, other, pos, k):
+        cache.index_copy_(2, pos, k)
+        return other * 2               # the new values, through the alias
+    for fn in (read_before, read_after):
+        outs, caches = [], []
+        for run in (fn, kiln.compile(fn, backend="cpp")):
+            base = torch.arange(64.).reshape(1, 2, 8, 4)
+            outs.append(run(base, base[:, :, 2:6], torch.tensor([3]), torch.full((1, 2, 1, 4), -1.0)))
+            caches.append(base)
+        torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0)
+        torch.testing.assert_close(caches[1], caches[0], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("bad", [8, -1])
 def test_an_index_out_of_range_raises_as_eager_and_leaves_the_cache(bad):
     cache, k = torch.randn(1, 2, 8, 4), torch.randn(1, 2, 1, 4)
