@@ -153,3 +153,15 @@ def test_an_index_out_of_range_raises_as_eager_and_leaves_the_cache(bad):
     with pytest.raises(IndexError, match="out of bounds"):
         kiln.compile(_cache_update, backend="cpp")(cache, torch.tensor([bad]), k)
     torch.testing.assert_close(cache, ref, rtol=0, atol=0)
+
+
+def test_kiln_profile_compiles_the_in_place_update():
+    """kiln.profile lowers with OriginLowering (its fallback override passes the in-place reference on)."""
+    cache, k, pos = torch.randn(1, 2, 8, 4), torch.randn(1, 2, 1, 4), torch.tensor([2])
+    ref = cache.clone()
+    with config.patch(raise_on_error=True):
+        report = kiln.profile(_cache_update, cache, pos, k, repeat=1, warmup=0)
+    expected = _cache_update(ref, pos, k)   # (every call writes the same k at the same position)
+    torch.testing.assert_close(report.result, expected, rtol=0, atol=0)
+    torch.testing.assert_close(cache, ref, rtol=0, atol=0)
+    assert "scatter" in str(report)
