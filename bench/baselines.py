@@ -47,3 +47,15 @@ def torch_compile_forward(model: torch.nn.Module, cache_dir: str | None) -> torc
     clone = copy.copy(model)
     clone.forward = torch.compile(model.forward)
     return clone
+
+
+def dynamo_counts(model: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, int]:
+    """TorchDynamo's graphs and graph breaks for one call of `model` (torch._dynamo.explain: capture only, no
+    code generation), for `kiln explain --check`'s side-by-side column."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    try:
+        report = torch._dynamo.explain(model)(*args, **kwargs)
+    finally:
+        torch._dynamo.reset()
+    return {"graphs": report.graph_count, "breaks": report.graph_break_count}

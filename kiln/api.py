@@ -356,7 +356,7 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
     native_callees = [k for k, v in counters["callees_run_natively"].items() if v > before.get(k, 0)]
     recompiles = [key for key, count in counters["recompiles"].items()
                   for _ in range(count - recompiles_before.get(key, 0))]
-    graphs, breaks, guards, ops, fallbacks, symbols = [], [], [], [], [], []
+    graphs, breaks, guards, ops, fallbacks, symbols, custom_ops = [], [], [], [], [], [], []
     names = []
     for entry in recorded.entries:
         guards.append(entry.guards)
@@ -368,8 +368,10 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
             graphs.append(entry.graph)
             ops.append(entry.ops)
             fallbacks.append({n.target_name(): 1 for n in entry.graph.fallbacks()
-                              if n.target is not torch._C._set_grad_enabled})
+                              if n.target is not torch._C._set_grad_enabled and not n.is_custom_op})
+            custom_ops.append({n.target_name(): 1 for n in entry.graph.fallbacks() if n.is_custom_op})
     report = ExplainReport(graphs, breaks, guards, ops, fallbacks)
+    report.custom_ops = custom_ops   # per graph: torch.library operators run as externs (not fallbacks)
     report.symbols = symbols
     report.native_callees = native_callees
     report.ddp_splits = splitter.splits if splitter is not None else []

@@ -131,9 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
                     "minus an eager call); then each model's breaks grouped by reason, with counts, where "
                     "they happen and a hint. A model that fails is an error row; the census goes on.")
     explain.add_argument("--models", type=_names, default=None,
-                         help="comma-separated zoo names, or 'all' for the whole zoo (default: --suite)")
+                         help="comma-separated zoo names, 'all' for the whole zoo, 'hf-all' for every "
+                              "transformers model type (hf:<type>, built from a small config; implies --check; "
+                              "use with --isolate and --json) (default: --suite)")
     explain.add_argument("--suite", choices=SUITES, default=DEFAULT_SUITE,
                          help="the zoo suite to explain when --models is not given; " + SUITE_HELP)
+    explain.add_argument("--check", action="store_true",
+                         help="also compile each model with the default backend: first-call time, the result "
+                              "judged against eager (correct/wrong/crash), and TorchDynamo's graphs and breaks "
+                              "(always on for hf: entries)")
     explain.add_argument("--json", default=None, metavar="PATH", help="also write the rows as JSON to PATH")
     explain.add_argument("--against", default=None, metavar="PATH",
                          help="compare graphs, breaks, frames run natively, ops and fallbacks per model with a "
@@ -302,8 +308,12 @@ def explain_main(args: argparse.Namespace) -> int:
     except (KeyError, ValueError) as e:
         print(f"kiln explain: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
+    def save(rows: list[dict]) -> None:
+        if args.json:
+            census.write_json(rows, args.json)
     rows = census.run(names, batch=args.batch, isolate=args.isolate, timeout_s=args.timeout,
-                      threads=args.threads or None, progress=lambda label: print(label, file=sys.stderr, flush=True))
+                      threads=args.threads or None, progress=lambda label: print(label, file=sys.stderr, flush=True),
+                      check=args.check or None, on_row=save)
     print(census.table(rows))
     if args.json:
         census.write_json(rows, args.json)

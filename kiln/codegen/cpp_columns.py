@@ -27,7 +27,7 @@ import torch
 
 from ..lower.sizes import is_static
 from ..lower.index import FloorDiv, ModularIndexing
-from ..schedule.fusion import FusedGroup, Member
+from ..schedule.group import FusedGroup, Member, Role
 from ..schedule.locality import runs_parallel, splits_inner
 
 # Output elements per tile: the accumulators (double + float block: 12 bytes each) stay in L1, and a tile's
@@ -70,15 +70,15 @@ def column_plan(group: FusedGroup, target: Any) -> ColumnPlan | None:
     Only kernels of plain reductions (no arg reductions) and outer (epilogue) members, whose reductions
     read their inputs contiguously along the last outer dim and never contiguously along the innermost
     reduced dim."""
-    if not group.inner or not group.outer or group.expand is not None or splits_inner(group, target):
+    if not group.inner or not group.outer or group.index_map is not None or splits_inner(group, target):
         return None
     if not is_static((group.outer, group.inner)):
         return None  # tiles are sized from the sizes: symbolic kernels take the general path
-    if any(m.role not in ("reduction", "outer") for m in group.members):
+    if any(m.role not in (Role.REDUCTION, Role.OUTER) for m in group.members):
         return None
     if any(kind != "scalar" for kind in group.local.values()):
         return None
-    reductions = [m for m in group.members if m.role == "reduction"]
+    reductions = [m for m in group.members if m.role is Role.REDUCTION]
     if not reductions or any(m.buffer.data.reduction_type not in ("sum", "prod", "max", "min")
                              for m in reductions):
         return None
@@ -106,7 +106,7 @@ def column_plan(group: FusedGroup, target: Any) -> ColumnPlan | None:
         return None
     steps: list[tuple[str, list[Member]]] = []
     for member in group.members:
-        kind = "reduce" if member.role == "reduction" else "outer"
+        kind = "reduce" if member.role is Role.REDUCTION else "outer"
         if steps and steps[-1][0] == kind and (kind == "outer" or not _reads_any(group, member, steps[-1][1])):
             steps[-1][1].append(member)
         else:
@@ -206,7 +206,7 @@ class ColumnWriter:
     def _body(self, member: Member, depth: int) -> str:
         handler = self.w.handler(self.group, depth, {n: "array" for n in self.group.local}, "kj")
         index, rindex = self.group.member_index(member)
-        if member.role == "reduction":
+        if member.role is Role.REDUCTION:
             value = member.buffer.data.fn(handler, index, rindex)
         else:
             value = member.buffer.data.fn(handler, index)
@@ -335,7 +335,7 @@ class ColumnWriter:
         """The reduced axis cut into `kiln_ns` chunks: partial accumulators per (tile, chunk), then per
         output element the chunks combined in order and the members stored in order."""
         rows = self.group.inner[0]
-        reductions = [m for m in self.group.members if m.role == "reduction"]
+        reductions = [m for m in self.group.members if m.role is Role.REDUCTION]
         self.emit(f"const int64_t kiln_chunk = ({rows} + kiln_ns - 1) / kiln_ns;", depth)
         for m in reductions:
             ctype = self._acc(m)[0]
@@ -361,7 +361,7 @@ class ColumnWriter:
         self._element(depth + 2)
         self.emit(f"const int64_t ko = {self._linear()};", depth + 2)
         for m in self.group.members:
-            if m.role != "reduction":
+            if m.role is not Role.REDUCTION:
                 self._epilogue(m, depth + 2)
                 continue
             i = self.slots[id(m)]

@@ -14,6 +14,7 @@ import torch
 
 from .. import config
 from .graph import Graph, Node, flatten, is_random_target, map_structure
+from .node import named_inplace
 from .pipeline import FUEL, CompileContext, CompileState, Pass, run_pipeline
 from .symbolic import SymInt
 
@@ -83,8 +84,7 @@ def _has_side_effects(node: Node) -> bool:
         # mutate, so keep an op when its name says in-place.
         if node.meta is None:
             return True
-        name = getattr(node.target, "__name__", "")
-        return name.endswith("_") and not name.endswith("__")
+        return named_inplace(getattr(node.target, "__name__", ""))
     return False
 
 
