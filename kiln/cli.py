@@ -6,7 +6,8 @@ Both `bench` and `explain` run the quick suite unless told otherwise (--suite, -
                [--mode inference|training] [--batch N] [--out DIR] [--kiln-backend NAME] [--memory]
                [--memory-only] [--profile] [--profile-only]
     kiln bench --distributed N [--models NAMES] [--bucket-cap-mb MB]
-    kiln bench --generate [--models NAMES] [--new-tokens N] [--repeat R] [--caches dynamic,static] [--threads N]
+    kiln bench --generate [--models NAMES] [--new-tokens N] [--repeat R] [--caches dynamic,static]
+                          [--threads N]
     kiln explain [--models NAMES|all] [--suite quick|full|hf] [--json PATH] [--against PATH] [--isolate] [--batch N]
                  [--threads N]
     kiln cache info|clear
@@ -119,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "eager, torch.compile and kiln, with the bandwidth floor (--models from "
                             "llama_120m, llama_hf_tiny, llama, nanogpt; default llama_120m,llama,nanogpt)")
     bench.add_argument("--new-tokens", type=int, default=128, help="--generate: new tokens (default 128)")
-    bench.add_argument("--repeat", type=int, default=3, help="--generate: timed runs per compiler (default 3)")
+    bench.add_argument("--repeat", type=int, default=3,
+                       help="--generate: timed runs per compiler (default 3)")
     bench.add_argument("--caches", type=_names, default=["dynamic", "static"],
                        help="--generate: Hugging Face caches (default dynamic,static)")
     bench.add_argument("--bucket-cap-mb", type=float, default=None,

@@ -66,12 +66,14 @@ def _zoo(name: str) -> Callable[[], torch.nn.Module]:
 
 MODELS: dict[str, GenerateModel] = {m.name: m for m in (
     GenerateModel("llama_120m", _hf_llama(vocab_size=32000, hidden_size=768, intermediate_size=2304,
-                                          num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=12,
+                                          num_hidden_layers=12, num_attention_heads=12,
+                                          num_key_value_heads=12,
                                           max_position_embeddings=2048, tie_word_embeddings=True),
                   "HF LlamaForCausalLM: hidden 768, 12 layers, 12 heads, MLP 2304, vocab 32000 (tied), "
                   "float32", vocab=32000),
     GenerateModel("llama_hf_tiny", _hf_llama(vocab_size=1000, hidden_size=64, intermediate_size=128,
-                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                             num_hidden_layers=2, num_attention_heads=4,
+                                             num_key_value_heads=2,
                                              max_position_embeddings=256),
                   "HF LlamaForCausalLM: hidden 64, 2 layers, GQA 4q/2kv", vocab=1000),
     GenerateModel("llama", _zoo("llama"), "the zoo's Llama (no cache: the whole sequence each step)",
@@ -128,8 +130,8 @@ def generate(spec: GenerateModel, run: Callable[..., Any], ids: torch.Tensor, ne
         start = time.perf_counter()
         if spec.hf:
             from transformers import LogitsProcessorList
-            kwargs: dict[str, Any] = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                                          pad_token_id=0, eos_token_id=None,
+            kwargs: dict[str, Any] = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                          do_sample=False, pad_token_id=0, eos_token_id=None,
                                           logits_processor=LogitsProcessorList([clock]))
             if cache == "static":
                 kwargs["cache_implementation"] = "static"
@@ -186,7 +188,8 @@ def bench_model(spec: GenerateModel, options: Options, bandwidth_gbps: float) ->
         runs: dict[str, Any] = {}
         for name in options.compilers:
             row: dict[str, Any] = {"model": spec.name, "cache": cache, "compiler": name,
-                                   "params": sum(p.numel() for p in model.parameters()), "weight_bytes": nbytes,
+                                   "params": sum(p.numel() for p in model.parameters()),
+                                   "weight_bytes": nbytes,
                                    "floor_ms": floor_ms, "new_tokens": new_tokens, "prefill_ms": [],
                                    "decode_ms": []}
             rows_of_cache[name] = row
@@ -265,7 +268,8 @@ def table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                       _cell(row.get("floor_ratio"), ".2f"),
                       "" if equal is None else ("equal" if equal else "DIFFER"),
                       "/".join(str(c) for c in captures) if captures else "",
-                      row["status"] if row["status"] == "pass" else f"{row['status']}: {row.get('error', '')}"])
+                      row["status"] if row["status"] == "pass" else
+                      f"{row['status']}: {row.get('error', '')}"])
     from .report import _aligned
     lines = _aligned(cells, {0, 1, 2, 8, 10})
     floors = {row["model"]: row for row in rows}

@@ -273,8 +273,9 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
                 view = f"{src.sizes(w.shape)}, {src.sizes(w.layout.strides)}, {src.size(w.layout.offset)}"
                 lines.append(f"    {window} = {name}.as_strided({view})  # {layout_text(w)}")
                 src.zero_offset.add(window)  # (its offset counts from its storage's first element)
-        for source in step.inplace.values() if isinstance(node, Segment) else ():  # (a fallback's own in-place
-            if isinstance(graph.buffers[source], InputBuffer):                   # torch op moves it itself)
+        # (a fallback run in place moves the version itself: its torch op is in place)
+        for source in step.inplace.values() if isinstance(node, Segment) else ():
+            if isinstance(graph.buffers[source], InputBuffer):
                 # the kernel writes into an input's memory: its version moves as eager's in-place op moves
                 # it (and a graph that raises after this is never re-run on the half-updated input)
                 lines.append(f"    _bump_version({source})")

@@ -41,7 +41,8 @@ class OriginLowering(Lowering):
     def call_prim(self, node: Any) -> Any:
         return self._lowering(node, super().call_prim)
 
-    def fallback(self, node: Any, target: Any, target_name: str, kind: str, inplace_target: Any = None) -> Any:
+    def fallback(self, node: Any, target: Any, target_name: str, kind: str,
+                 inplace_target: Any = None) -> Any:
         return self._lowering(node, super().fallback, target, target_name, kind, inplace_target)
 
     def realize(self, box: Any, meta: Any = None, node: Any = None) -> str:

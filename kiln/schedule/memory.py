@@ -25,8 +25,8 @@ from ..graph.layout import is_non_overlapping_and_dense, numel
 from ..graph.pipeline import FUEL
 from ..lower.sizes import dense, hint, is_static
 from ..graph import flatten
-from ..lower.ir import (BufferRef, ComputedBuffer, ConcatBuffer, ExternNode, InputBuffer, LoopGraph, OutputView,
-                       Pointwise)
+from ..lower.ir import (BufferRef, ComputedBuffer, ConcatBuffer, ExternNode, InputBuffer, LoopGraph,
+                       OutputView, Pointwise)
 from ..lower.target import Target
 from .group import FusedGroup, Role
 from .locality import local_buffers
@@ -202,14 +202,15 @@ def _extern_into_input(graph: LoopGraph, node: ExternNode, i: int, nodes: list, 
         return None
     by_position = {b.position: b.name for b in graph.inputs if isinstance(b, InputBuffer) and b.position >= 0}
     target = by_position.get(positions[0])
-    if target is None or target in kept or not (isinstance(node.args[0], BufferRef) and node.args[0].name == target) or \
+    first = node.args[0]
+    if target is None or target in kept or not (isinstance(first, BufferRef) and first.name == target) or \
             [storage(n) for n in node.reads()].count(target) != 1 or last_use.get(target, -1) > i:
         return None
     mine, theirs = out.layout, graph.buffers[target].layout
     if (mine.shape, mine.strides, mine.offset) != (theirs.shape, theirs.strides, theirs.offset):
         return None
-    if any(other is not node and isinstance(other, ExternNode) and target in {storage(n) for n in other.reads()}
-           for other in nodes):
+    if any(other is not node and isinstance(other, ExternNode) and
+           target in {storage(n) for n in other.reads()} for other in nodes):
         return None
     return target
 
@@ -313,8 +314,8 @@ def plan(graph: LoopGraph, schedule: list[FusedGroup | ExternNode], target: Targ
                     log.debug("%s reuses the memory of %s", name, reuse)
         elif in_place and node.kind == "fallback":
             source = _extern_into_input(graph, node, i, nodes, kept, last_use)
-            if source is not None and (simulate or FUEL.take("plan", f"{node.outputs[0].name}: "
-                                                                      f"{node.target_name} in place of {source}")):
+            decision = f"{node.outputs[0].name}: {node.target_name} in place of {source}"
+            if source is not None and (simulate or FUEL.take("plan", decision)):
                 inplace[node.outputs[0].name] = source
                 log.debug("%s runs %s in place of %s", node.outputs[0].name, node.target_name, source)
         frees = []

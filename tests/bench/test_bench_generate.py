@@ -1,5 +1,5 @@
-"""kiln bench --generate on tiny decoders: rows per (cache, compiler), tokens equal eager's, kiln's captures stop
-after the second prompt length, the floor from the weights' bytes, the table and the JSON, the CLI."""
+"""kiln bench --generate on tiny decoders: rows per (cache, compiler), tokens equal eager's, kiln's captures
+stop after the second prompt length, the floor from the weights' bytes, the table and the JSON, the CLI."""
 import json
 
 import pytest
