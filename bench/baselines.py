@@ -10,6 +10,7 @@ and the same directory again for a warm one (cache hit).
 """
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any, Callable
 
@@ -34,6 +35,18 @@ def torch_compile(model: torch.nn.Module, cache_dir: str | None) -> Callable[...
 BASELINES: dict[str, Callable[[torch.nn.Module, str | None], Callable[..., Any]]] = {
     "torch.compile": torch_compile,
 }
+
+
+def torch_compile_forward(model: torch.nn.Module, cache_dir: str | None) -> torch.nn.Module:
+    """A shallow copy of `model` (the same weights and submodules) whose forward is torch.compile of the
+    model's: its own methods (Hugging Face `generate`) call the compiled forward, as `model.forward =
+    torch.compile(model.forward)` does, with `model` itself left as it is. (torch.compile(model) compiles
+    only calls of the module: its `generate` would run eagerly.) `kiln bench --generate` uses it."""
+    if cache_dir:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_dir, "inductor")
+    clone = copy.copy(model)
+    clone.forward = torch.compile(model.forward)
+    return clone
 
 
 def dynamo_counts(model: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, int]:

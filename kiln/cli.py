@@ -6,8 +6,10 @@ Both `bench` and `explain` run the quick suite unless told otherwise (--suite, -
                [--mode inference|training] [--batch N] [--out DIR] [--kiln-backend NAME] [--memory]
                [--memory-only] [--profile] [--profile-only]
     kiln bench --distributed N [--strategy ddp|tp] [--models NAMES] [--bucket-cap-mb MB]
-    kiln explain [--models NAMES|all] [--suite quick|full|hf] [--json PATH] [--against PATH] [--isolate] [--batch N]
-                 [--threads N]
+    kiln bench --generate [--models NAMES] [--new-tokens N] [--repeat R] [--caches dynamic,static]
+                          [--threads N]
+    kiln explain [--models NAMES|all|hf-all] [--suite quick|full|hf] [--json PATH] [--against PATH] [--isolate]
+                 [--batch N] [--threads N] [--check]
     kiln cache info|clear
     kiln --version
     kiln bisect [--workdir DIR] [--timeout S] SCRIPT [ARGS...]
@@ -117,6 +119,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --distributed: ddp (DistributedDataParallel, the default) or tp (tensor "
                             "parallel: parallelize_module with ColwiseParallel/RowwiseParallel; eager TP, "
                             "kiln, torch.compile; models mlp, llama)")
+    bench.add_argument("--generate", action="store_true",
+                       help="greedy generation at batch 1: prefill ms, decode ms/token and tokens/s for "
+                            "eager, torch.compile and kiln, with the bandwidth floor (--models from "
+                            "llama_120m, llama_hf_tiny, llama, nanogpt; default llama_120m,llama,nanogpt)")
+    bench.add_argument("--new-tokens", type=int, default=128, help="--generate: new tokens (default 128)")
+    bench.add_argument("--repeat", type=int, default=3,
+                       help="--generate: timed runs per compiler (default 3)")
+    bench.add_argument("--caches", type=_names, default=["dynamic", "static"],
+                       help="--generate: Hugging Face caches (default dynamic,static)")
     bench.add_argument("--bucket-cap-mb", type=float, default=None,
                        help="with --distributed: DDP's bucket_cap_mb for every variant (default DDP's)")
 
@@ -239,6 +250,8 @@ def bench_main(args: argparse.Namespace) -> int:
     if args.distributed and args.strategy == "tp":
         from .bench import distributed_tp
         return distributed_tp.main(args.distributed, args.models, timeout_s=args.timeout * 2)
+    if args.generate:
+        return generate_main(args)
     if args.distributed:
         from .bench import distributed
         return distributed.main(args.distributed, args.models, timeout_s=args.timeout * 2,
@@ -276,6 +289,24 @@ def bench_main(args: argparse.Namespace) -> int:
         print("interrupted: the finished rows are written", file=sys.stderr)
         return 130
     return 0
+
+
+def generate_main(args: argparse.Namespace) -> int:
+    from .bench import generate
+    compilers = tuple("kiln" if name.startswith("kiln") else name for name in args.backends)
+    options = generate.Options(models=tuple(args.models or generate.DEFAULT_MODELS), compilers=compilers,
+                               caches=tuple(args.caches), new_tokens=args.new_tokens, repeat=args.repeat,
+                               threads=args.threads or None, out=args.out, kiln_backend=args.kiln_backend,
+                               progress=lambda text: print(text, file=sys.stderr, flush=True))
+    try:
+        results = generate.run(options)
+    except ValueError as e:
+        print(f"kiln bench --generate: {e}", file=sys.stderr)
+        return 2
+    print(generate.table(results["rows"], results["meta"]))
+    if results["files"]:
+        print("wrote " + ", ".join(results["files"]))
+    return 0 if all(row["status"] == "pass" for row in results["rows"]) else 1
 
 
 def explain_main(args: argparse.Namespace) -> int:

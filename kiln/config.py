@@ -149,7 +149,8 @@ define("triton_tile", 0, "triton backend: at most this many elements per kernel 
        "tests set it small to run many programs and loops)")
 define("autograd_recompute", True, "training: the backward recomputes cheap forward values (pointwise, views, "
        "reductions) instead of saving them, where a minimum cut says that saves memory")
-define("cpp_in_place", True, "cpp backend: a pointwise kernel may write over the buffer it last reads")
+define("cpp_in_place", True, "cpp backend: a pointwise kernel may write over the buffer it last reads, and a "
+       "fallback with an in-place torch op (scatter: a static KV cache's index_copy_) into the input it updates")
 define("fuel_report", None, "write the optimization fuel this process used (decisions taken, the last one) "
        "as JSON to this path at exit (set by `kiln bisect` in the runs it makes)")
 define("conv_gemm_max_macs", 1_000_000, "CPU convolutions with at most this many multiply-adds run as a gather of "

@@ -13,6 +13,7 @@ a pool would keep the forward's freed buffers through the backward, which eager'
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import time
 from typing import Any, Callable
 
@@ -272,7 +273,8 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
                 view = f"{src.sizes(w.shape)}, {src.sizes(w.layout.strides)}, {src.size(w.layout.offset)}"
                 lines.append(f"    {window} = {name}.as_strided({view})  # {layout_text(w)}")
                 src.zero_offset.add(window)  # (its offset counts from its storage's first element)
-        for source in step.inplace.values():
+        # (a fallback run in place moves the version itself: its torch op is in place)
+        for source in step.inplace.values() if isinstance(node, Segment) else ():
             if isinstance(graph.buffers[source], InputBuffer):
                 # the kernel writes into an input's memory: its version moves as eager's in-place op moves
                 # it (and a graph that raises after this is never re-run on the half-updated input)
@@ -291,6 +293,9 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
             if timings is not None:
                 lines.append(f"    _kiln_timing.segment({step_index}, _kiln_now() - _kiln_t)")
         else:
+            if step.inplace:  # the fallback's in-place reference writes the input (kiln.schedule.memory)
+                lines.append(f"    # in place of {', '.join(step.inplace.values())}")
+                node = dataclasses.replace(node, target=node.inplace_target)
             lines.extend(_extern_lines(src, node))
             if timings is not None:
                 lines.append(f"    _kiln_timing.step({step_index}, _kiln_now() - _kiln_t)")

@@ -198,6 +198,9 @@ class ExternNode:
     kwargs: dict
     outputs: list[Buffer]
     multi_output: bool
+    # the prim's in-place reference (`rule("inplace_ref", prim)`): fn(a, ...) writes the result into its first
+    # argument and returns it; the memory plan uses it where the result is that input's new value
+    inplace_target: Callable[..., Any] | None = None
 
     def reads(self) -> list[str]:
         from ..graph import flatten

@@ -219,9 +219,10 @@ class Lowering:
                     box = self.realized_box(box, node.meta, node)
                 return box
         kind = "extern" if extern else "fallback"
-        return self.fallback(node, prim.ref, f"prims.{prim.name}", kind)
+        return self.fallback(node, prim.ref, f"prims.{prim.name}", kind, prim.rules.get("inplace_ref"))
 
-    def fallback(self, node: Node, target: Any, target_name: str, kind: str) -> Any:
+    def fallback(self, node: Node, target: Any, target_name: str, kind: str,
+                 inplace_target: Any = None) -> Any:
         """Run `target` on whole tensors in the wrapper (inputs realized)."""
         def arg(v: Any) -> Any:
             if isinstance(v, Node):
@@ -259,7 +260,8 @@ class Lowering:
             outputs.append(InputBuffer(self.new_name(), m.dtype, Layout(shape, strides)))
         counters[kind][target_name] += 1
         self.add_node(ExternNode(outputs[0].name if len(outputs) == 1 else self.new_name(), kind, target,
-                                 target_name, args, kwargs, outputs, isinstance(node.meta, tuple)))
+                                 target_name, args, kwargs, outputs, isinstance(node.meta, tuple),
+                                 inplace_target))
         boxes = tuple(_buffer_box(o.name, o.dtype, o.shape, o.layout.strides) for o in outputs)
         return boxes if isinstance(node.meta, tuple) else boxes[0]
 

@@ -41,8 +41,9 @@ class OriginLowering(Lowering):
     def call_prim(self, node: Any) -> Any:
         return self._lowering(node, super().call_prim)
 
-    def fallback(self, node: Any, target: Any, target_name: str, kind: str) -> Any:
-        return self._lowering(node, super().fallback, target, target_name, kind)
+    def fallback(self, node: Any, target: Any, target_name: str, kind: str,
+                 inplace_target: Any = None) -> Any:
+        return self._lowering(node, super().fallback, target, target_name, kind, inplace_target)
 
     def realize(self, box: Any, meta: Any = None, node: Any = None) -> str:
         self._realizing += 1

@@ -24,7 +24,7 @@ import torch
 from ..graph import TensorMeta
 from ..graph.layout import elementwise_strides
 from .shape import view_strides
-from .registry import check, is_tensor, meta_of, prim, shape_text, wrap_dim
+from .registry import check, is_tensor, meta_of, prim, rule, shape_text, wrap_dim
 
 
 def _tensor(name: str, what: str, v: Any) -> TensorMeta:
@@ -111,6 +111,21 @@ def _scatter_ref(a: torch.Tensor, dim: int, index: torch.Tensor, src: Any) -> to
 
 
 scatter = prim("scatter", _scatter_meta, _scatter_ref, tags=("indexing",))
+
+
+@rule("inplace_ref", scatter)
+def _scatter_inplace_ref(a: torch.Tensor, dim: int, index: torch.Tensor, src: Any) -> torch.Tensor:
+    """scatter into `a` itself, returning `a`: the fallback of a scatter whose result is the new value of
+    the graph input `a` (a static KV cache's index_copy_), which reads nothing of `a` after it
+    (kiln.schedule.memory decides). It writes only the scattered elements where the out-of-place scatter
+    and the write-back copy would read and write all of `a` twice. Where `index` or `src` shares `a`'s
+    memory, the copy is taken first, as the out-of-place scatter does."""
+    shared = a.untyped_storage().data_ptr()
+    if any(isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == shared for t in (index, src)) \
+            or a.requires_grad:
+        with torch.no_grad():
+            return a.copy_(torch.scatter(a, dim, index, src))
+    return a.scatter_(dim, index, src)
 
 
 def _scatter_add_meta(a: Any, dim: int, index: Any, src: Any) -> TensorMeta:

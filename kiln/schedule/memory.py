@@ -24,7 +24,9 @@ from ..lower.index import simplify_index
 from ..graph.layout import is_non_overlapping_and_dense, numel
 from ..graph.pipeline import FUEL
 from ..lower.sizes import dense, hint, is_static
-from ..lower.ir import BufferRef, ComputedBuffer, ConcatBuffer, ExternNode, InputBuffer, LoopGraph, Pointwise
+from ..graph import flatten
+from ..lower.ir import (BufferRef, ComputedBuffer, ConcatBuffer, ExternNode, InputBuffer, LoopGraph,
+                       OutputView, Pointwise)
 from ..lower.target import Target
 from .group import FusedGroup, Role
 from .locality import local_buffers
@@ -183,6 +185,36 @@ def _mutation_targets(graph: LoopGraph, kept: set[str]) -> dict[str, str]:
     return out
 
 
+def _extern_into_input(graph: LoopGraph, node: ExternNode, i: int, nodes: list, kept: set[str],
+                       last_use: dict[str, int]) -> str | None:
+    """The graph input a fallback with an in-place reference (`ExternNode.inplace_target`) may run in place
+    of, or None. Its one result must be the new value of that input alone (written back into it, kept by
+    nothing else), its first argument that input's whole buffer in the result's layout, read by no other
+    argument, no other extern, and nothing after this step: then the new value is made in the input's
+    memory (a static KV cache's index_copy_ writes one position, not a copy of the whole cache twice)."""
+    storage = graph.storage_of
+    if node.inplace_target is None or node.multi_output or len(node.outputs) != 1 or not node.args:
+        return None
+    out = node.outputs[0]
+    positions = [p for p, value in graph.mutations if isinstance(value, BufferRef) and value.name == out.name]
+    outputs = {v.name for v in flatten(graph.output) if isinstance(v, (BufferRef, OutputView))}
+    if len(positions) != 1 or out.name in outputs:
+        return None
+    by_position = {b.position: b.name for b in graph.inputs if isinstance(b, InputBuffer) and b.position >= 0}
+    target = by_position.get(positions[0])
+    first = node.args[0]
+    if target is None or target in kept or not (isinstance(first, BufferRef) and first.name == target) or \
+            [storage(n) for n in node.reads()].count(target) != 1 or last_use.get(target, -1) > i:
+        return None
+    mine, theirs = out.layout, graph.buffers[target].layout
+    if (mine.shape, mine.strides, mine.offset) != (theirs.shape, theirs.strides, theirs.offset):
+        return None
+    if any(other is not node and isinstance(other, ExternNode) and
+           target in {storage(n) for n in other.reads()} for other in nodes):
+        return None
+    return target
+
+
 def plan(graph: LoopGraph, schedule: list[FusedGroup | ExternNode], target: Target, in_place: bool = True,
          simulate: bool = False) -> Plan:
     """Steps with allocations and frees for the scheduled kernels of `graph`.
@@ -280,6 +312,12 @@ def plan(graph: LoopGraph, schedule: list[FusedGroup | ExternNode], target: Targ
                 allocs.append((name, reuse))
                 if reuse is not None:
                     log.debug("%s reuses the memory of %s", name, reuse)
+        elif in_place and node.kind == "fallback":
+            source = _extern_into_input(graph, node, i, nodes, kept, last_use)
+            decision = f"{node.outputs[0].name}: {node.target_name} in place of {source}"
+            if source is not None and (simulate or FUEL.take("plan", decision)):
+                inplace[node.outputs[0].name] = source
+                log.debug("%s runs %s in place of %s", node.outputs[0].name, node.target_name, source)
         frees = []
         written = node.writes if isinstance(node, Segment) else [o.name for o in node.outputs]
         candidates = set(reads[i]) | touches[i] | {w for w in written if storage(w) == w}
@@ -295,7 +333,7 @@ def plan(graph: LoopGraph, schedule: list[FusedGroup | ExternNode], target: Targ
                         hint(buf.layout.storage_size()) > 0 and \
                         name not in extern_inputs and name not in inplace.values():
                     free_pool.setdefault((buf.dtype, buf.layout.storage_size()), []).append(name)
-        if inplace:
+        if inplace and isinstance(node, Segment):
             node.args = [n for n in node.args if n not in node.aliases]
         steps.append(Step(node, allocs, frees, inplace))
     return Plan(steps, kept)
