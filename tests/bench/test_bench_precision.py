@@ -62,8 +62,9 @@ def test_amp_training_step_scales_unscales_and_skips_as_gradscaler():
         torch.testing.assert_close(got, fp32, rtol=2e-2, atol=2e-3)
 
 
-@pytest.mark.parametrize("name, mode", [("bf16", "inference"), ("amp", "training"),
-                                        ("bf16-weights", "inference")])
+@pytest.mark.parametrize("name, mode", [("bf16", "inference"),
+                                        pytest.param("amp", "training", marks=pytest.mark.slow),
+                                        pytest.param("bf16-weights", "inference", marks=pytest.mark.slow)])
 def test_measure_kiln_at_a_precision(name, mode):
     """A whole measuring run of kiln on the MLP: accurate at the dtype's tolerance, no fallback."""
     result = worker.run_job({"phase": "measure", "model": "mlp", "backend": "kiln:cpp", "mode": mode,
