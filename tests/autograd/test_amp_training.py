@@ -84,3 +84,23 @@ def test_bf16_training_without_a_scaler(name):
         verdict = check(grads["kiln"], grads["eager"], grads["fp64"], tol=model_tol(torch.bfloat16))
         assert verdict.passed, f"step {step}: {verdict.reason}"
         assert [g.dtype for g in grads["kiln"]] == [g.dtype for g in grads["eager"]]
+
+
+def test_convolution_backward_under_autocast_is_an_extern(counters):
+    """Under autocast the zoo's convolutions stay oneDNN externs (not gather + mm), so their backward is
+    oneDNN's convolution_backward: a library extern like the forward, no fallback."""
+    kiln.reset()
+    model, (args, kwargs) = zoo.build("resnet_tiny", batch=2)
+    model.train()
+    compiled_model, ref = copy.deepcopy(model), copy.deepcopy(model).double()
+    compiled = kiln.compile(compiled_model, backend="cpp")
+    for fn, on in ((model, True), (compiled, True), (ref, False)):
+        inputs = args if on else to_fp64(args)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=on):
+            loss = fn(*inputs, **kwargs).float().pow(2).mean()
+        loss.backward()
+    grads = [[p.grad for p in m.parameters()] for m in (compiled_model, model, ref)]
+    verdict = check(*grads, tol=model_tol(torch.bfloat16))
+    assert verdict.passed, verdict.reason
+    assert counters["extern"]["prims.convolution_backward"] > 0 and not counters["fallback"], \
+        (dict(counters["extern"]), dict(counters["fallback"]))
