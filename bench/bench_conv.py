@@ -1,6 +1,6 @@
 """Small CPU convolutions: oneDNN's (the extern) against gather + matrix product (kiln.ops.conv_gemm).
 
-    python bench/bench_conv.py [--threads N] [--reps 200] [--layout]
+    python bench/bench_conv.py [--threads N] [--reps 200] [--layout [--dtype bfloat16]]
 
 For each shape (the zoo's CNNs: resnet_tiny, resnet18, mobilenet's ungrouped convolutions), a compiled
 `relu(conv2d(x, w))`, forward alone under no_grad, and forward + backward with x and w requiring grad, each
@@ -10,7 +10,8 @@ what `conv_gemm_max_macs` (kiln/config.py) is set from.
 
 `--layout`: oneDNN's 3x3 convolution (torch's, eager) over the zoo's resnet18 stage shapes at batch 1 and 8,
 NCHW against NHWC input with the weight as it is (torch converts it per call) and with an NHWC weight, and
-the weight's conversion alone; what kiln.lower.conv_layout's NHWC_MIN_PIXELS is set from.
+the weight's conversion alone; what kiln.lower.conv_layout's NHWC_MIN_PIXELS is set from. `--dtype
+bfloat16` (or float16): the same in half precision, where every convolution runs NHWC (HALF_DTYPES).
 """
 from __future__ import annotations
 
@@ -49,13 +50,13 @@ LAYOUT_SHAPES = [(16, 32, 16, 1), (16, 32, 32, 2), (32, 16, 32, 1), (32, 16, 64,
                  (64, 8, 128, 2), (128, 4, 128, 1)]
 
 
-def layout_table(reps: int) -> None:
+def layout_table(reps: int, dtype: torch.dtype = torch.float32) -> None:
     cl = torch.channels_last
     print("| N, C, H, O, s | out pixels | NCHW us | NHWC input us | NHWC input + weight us | weight to NHWC us "
           "|\n|---|---:|---:|---:|---:|---:|")
     for n in (1, 8):
         for c, h, o, s in LAYOUT_SHAPES:
-            x, w = torch.randn(n, c, h, h), torch.randn(o, c, 3, 3)
+            x, w = torch.randn(n, c, h, h, dtype=dtype), torch.randn(o, c, 3, 3, dtype=dtype)
             xl, wl = x.contiguous(memory_format=cl), w.contiguous(memory_format=cl)
             times = [median_us(lambda a=a, b=b: F.conv2d(a, b, None, s, 1), reps)
                      for a, b in ((x, w), (xl, w), (xl, wl))]
@@ -70,11 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--layout", action="store_true", help="NCHW against NHWC (see the module doc)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                        help="with --layout: the convolutions' dtype")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.layout:
-        layout_table(args.reps)
+        layout_table(args.reps, getattr(torch, args.dtype))
         return 0
     print(f"| N, C, H, O, k, s | MACs | eager fwd | oneDNN fwd | gemm fwd | ratio | eager f+b | oneDNN f+b | "
           f"gemm f+b | ratio |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -3,8 +3,9 @@
 Both `bench` and `explain` run the quick suite unless told otherwise (--suite, --models).
 
     kiln bench [--suite quick|full|hf] [--models NAMES] [--backends eager,torch.compile,kiln]
-               [--mode inference|training] [--batch N] [--out DIR] [--kiln-backend NAME] [--memory]
-               [--memory-only] [--profile] [--profile-only]
+               [--mode inference|training] [--precision fp32|bf16|fp16|amp|bf16-weights|fp16-weights]
+               [--batch N] [--out DIR] [--kiln-backend NAME] [--memory] [--memory-only] [--profile]
+               [--profile-only]
     kiln bench --distributed N [--strategy ddp|tp] [--models NAMES] [--bucket-cap-mb MB]
     kiln bench --generate [--models NAMES] [--new-tokens N] [--repeat R] [--caches dynamic,static]
                           [--threads N]
@@ -52,6 +53,8 @@ def human_bytes(count: int) -> str:
 
 DEFAULT_SUITE = "quick"  # of both `kiln bench` and `kiln explain`
 SUITES = ("quick", "full", "hf")
+# kiln.bench.precision.PRECISIONS, named here so that `kiln --help` does not import torch
+PRECISIONS = ("fp32", "bf16", "fp16", "amp", "bf16-weights", "fp16-weights")
 SUITE_HELP = ("quick: a few tiny models (minutes); full: the hand-written zoo and five Hugging Face models; "
               "hf: the 21 Hugging Face models (default: quick)")
 
@@ -83,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default: eager,torch.compile,kiln)")
     bench.add_argument("--mode", choices=("inference", "training"), default="inference",
                        help="training runs forward + backward + an SGD step (default: inference)")
+    bench.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                       help="bf16/fp16: every compiler under torch.autocast('cpu', dtype); amp: fp16 autocast "
+                            "with a GradScaler in training; bf16-weights/fp16-weights: model.to(dtype); "
+                            "accuracy at the dtype's tolerance (default: fp32)")
     bench.add_argument("--batch", type=int, default=None, help="batch size (default: each model's own)")
     bench.add_argument("--out", default="bench_out", help="output directory (default: bench_out)")
     bench.add_argument("--kiln-backend", default="auto", help="kiln backend for the kiln column "
@@ -263,7 +270,7 @@ def bench_main(args: argparse.Namespace) -> int:
         return 0
     try:
         options = runner.Options(suite=args.suite, models=args.models, backends=tuple(args.backends),
-                                 mode=args.mode, batch=args.batch, out=args.out,
+                                 mode=args.mode, precision=args.precision, batch=args.batch, out=args.out,
                                  kiln_backend=args.kiln_backend,
                                  timeout_s=args.timeout, budget_s=args.budget, threads=args.threads or None,
                                  warm=not args.no_warm, memory=args.memory or args.memory_only,

@@ -108,11 +108,24 @@ def _iqr(row: dict[str, Any]) -> str:
     return f"{row['speedup_q1']:.2f}-{row['speedup_q3']:.2f}"
 
 
-def row_cells(row: dict[str, Any]) -> list[str]:
-    return [row["model"], row["compiler"], _status(row), _num(row.get("eager_ms"), ".3f"),
-            _num(row.get("time_ms"), ".3f"), speedup_cell(row), _iqr(row),
-            _num(row.get("compile_cold_s"), ".1f"),
-            _num(row.get("compile_warm_s"), ".1f"), _num(row.get("peak_mem_mb"), ".0f"), _graphs(row)]
+def row_cells(row: dict[str, Any], with_fallbacks: bool = False) -> list[str]:
+    cells = [row["model"], row["compiler"], _status(row), _num(row.get("eager_ms"), ".3f"),
+             _num(row.get("time_ms"), ".3f"), speedup_cell(row), _iqr(row),
+             _num(row.get("compile_cold_s"), ".1f"),
+             _num(row.get("compile_warm_s"), ".1f"), _num(row.get("peak_mem_mb"), ".0f"), _graphs(row)]
+    if with_fallbacks:
+        cells.append("-" if row.get("fallbacks") is None else str(row["fallbacks"]))
+    return cells
+
+
+def columns(rows: list[dict[str, Any]]) -> tuple[str, ...]:
+    """The table's columns: COLUMNS, and kiln's fallback count per row in a run at another precision than
+    fp32 (`kiln bench --precision`), where a fallback is the first thing to look for."""
+    return COLUMNS + ("fallbacks",) if _with_fallbacks(rows) else COLUMNS
+
+
+def _with_fallbacks(rows: list[dict[str, Any]]) -> bool:
+    return any(row.get("precision", "fp32") != "fp32" for row in rows)
 
 
 def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -327,8 +340,9 @@ def memory_table(rows: list[dict[str, Any]]) -> str:
 
 def table(rows: list[dict[str, Any]], meta: dict[str, Any] | None = None) -> str:
     """The terminal table: one line per (model, compiler), the summary below."""
-    cells = [list(COLUMNS)] + [row_cells(row) for row in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
+    names = columns(rows)
+    cells = [list(names)] + [row_cells(row, _with_fallbacks(rows)) for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(names))]
     left = {0, 1, 2}
 
     def fmt(line: list[str]) -> str:
@@ -359,17 +373,20 @@ def markdown(run: dict[str, Any]) -> str:
     """results.md: the run's settings, the table, the summary and what failed."""
     rows, meta = run["rows"], run.get("meta", {})
     out = ["# kiln bench", ""]
-    settings = ", ".join(f"{key} {meta[key]}" for key in ("suite", "mode", "batch", "kiln_backend", "torch",
+    settings = ", ".join(f"{key} {meta[key]}" for key in ("suite", "mode", "precision", "batch", "kiln_backend",
+                                                            "torch",
                                                             "threads", "date") if meta.get(key) is not None)
     if settings:
         out += [settings, ""]
     note = busy_note(meta)
     if note:
         out += [f"**{note}**", ""]
-    out.append("| " + " | ".join(COLUMNS) + " |")
-    out.append("|" + "|".join("---" if i < 3 else "---:" for i in range(len(COLUMNS))) + "|")
+    names = columns(rows)
+    out.append("| " + " | ".join(names) + " |")
+    out.append("|" + "|".join("---" if i < 3 else "---:" for i in range(len(names))) + "|")
     for row in rows:
-        out.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row_cells(row)) + " |")
+        cells = row_cells(row, _with_fallbacks(rows))
+        out.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     out += [""] + [f"- {line}" for line in summary_lines(rows)]
     memory = memory_cells(rows)
     if memory:

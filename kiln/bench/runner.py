@@ -30,6 +30,7 @@ import torch
 from .. import config
 from ..testing import models as zoo
 from . import adapters, machine, plots, report
+from . import precision as precisions
 
 log = config.channel("bench")
 DEFAULT_BACKENDS = ("eager", "torch.compile", "kiln")
@@ -42,6 +43,7 @@ class Options:
     models: list[str] | None = None       # overrides the suite
     backends: tuple[str, ...] = DEFAULT_BACKENDS
     mode: str = "inference"               # or "training": forward + backward + SGD step
+    precision: str = "fp32"               # or bf16, fp16, amp (autocast), bf16-weights, ... (precision.py)
     batch: int | None = None              # None: each model's own batch size
     out: str = "bench_out"
     kiln_backend: str = "auto"
@@ -169,6 +171,8 @@ def bench_one(model: str, compiler: str, options: Options, progress: Progress,
     """The row of one (model, compiler) pair: a cold measuring run, then a warm compile run."""
     row: dict[str, Any] = {"model": model, "compiler": compiler, "mode": options.mode,
                            "batch": options.batch or zoo.get(model).batch}
+    if options.precision != precisions.DEFAULT:
+        row["precision"] = options.precision
     kiln_backend = adapters.kiln_backend_of(compiler, options.kiln_backend)
     if kiln_backend is not None:
         row["kiln_backend"] = kiln_backend
@@ -186,7 +190,7 @@ def bench_one(model: str, compiler: str, options: Options, progress: Progress,
     try:
         job = {"model": model, "backend": compiler, "mode": options.mode, "batch": options.batch,
                "kiln_backend": options.kiln_backend, "cache_dir": cache_dir, "budget_s": options.budget_s,
-               "threads": options.threads}
+               "threads": options.threads, "precision": options.precision}
         if options.memory_only:
             progress.show(f"{model} / {compiler}: memory")
             result = launch(dict(job, phase="memory"), options.timeout_s)
@@ -203,7 +207,8 @@ def bench_one(model: str, compiler: str, options: Options, progress: Progress,
                    speedup=result.get("speedup"), reps=result.get("reps"),
                    compile_cold_s=result.get("compile_s"), peak_mem_mb=result.get("peak_mem_mb"),
                    graph_count=result.get("graph_count"), graph_break_count=result.get("graph_break_count"),
-                   counters=result.get("counters"), threads=result.get("threads"))
+                   counters=result.get("counters"), threads=result.get("threads"),
+                   fallbacks=_fallbacks(result.get("counters")))
         row.update({key: result[key] for key in SAVED_FIELDS + SPREAD_FIELDS if key in result})
         if (options.memory or options.mode == "training") and result["status"] in ("pass", "fail_accuracy"):
             progress.show(f"{model} / {compiler}: memory")
@@ -225,12 +230,19 @@ def bench_one(model: str, compiler: str, options: Options, progress: Progress,
         shutil.rmtree(cache_dir, ignore_errors=True)
 
 
+def _fallbacks(counters: dict[str, Any] | None) -> int | None:
+    """How many nodes kiln ran with torch (kiln.counters' fallback entries); None without counters."""
+    if counters is None:
+        return None
+    return sum(counters.get("fallback", {}).values())
+
+
 def profile_one(model: str, options: Options, progress: Progress,
                 launch: Callable[[dict[str, Any], float], dict[str, Any]] = run_worker) -> dict[str, Any]:
     """kiln.profile of one model in a fresh process (inference): MODEL.txt/.json/.png in OUT/profile."""
     progress.show(f"{model}: kiln.profile")
     job = {"phase": "profile", "model": model, "batch": options.batch, "mode": "inference",
-           "threads": options.threads, "repeat": options.profile_repeat,
+           "threads": options.threads, "repeat": options.profile_repeat, "precision": options.precision,
            "out": os.path.join(options.out, "profile")}
     result = launch(job, options.timeout_s)
     progress.step(f"{model}: profile {result['status']}")
@@ -279,6 +291,7 @@ def run(options: Options, launch: Callable[[dict[str, Any], float], dict[str, An
     Ctrl-C stops the run after writing the finished rows (meta["interrupted"] is then True)."""
     models = select_models(options)
     meta = {"suite": None if options.models else options.suite, "mode": options.mode, "batch": options.batch,
+            "precision": None if options.precision == precisions.DEFAULT else options.precision,
             "backends": list(options.backends), "kiln_backend": options.kiln_backend,
             "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "threads": options.threads or torch.get_num_threads(),

@@ -30,7 +30,7 @@ import torch
 
 from ..testing import accuracy
 from ..testing import models as zoo
-from . import adapters, machine
+from . import adapters, machine, precision as precisions
 
 SGD_LR = 1e-3
 
@@ -79,33 +79,50 @@ class Step:
     would add the same time to every compiler's step)."""
 
     def __init__(self, fn: Callable[..., Any], module: torch.nn.Module, example: zoo.Example, mode: str,
-                 checking: bool = True):
+                 checking: bool = True, precision: precisions.Precision | None = None):
         self.fn, self.module, self.mode = fn, module, mode
         self.args, self.kwargs = example
         self.optimizer = torch.optim.SGD(module.parameters(), lr=SGD_LR) if mode == "training" else None
         self.checking = checking
+        self.precision = precision or precisions.get(None)
+        self.scaler = self.precision.grad_scaler() if mode == "training" else None
 
     def __call__(self) -> Any:
         if self.optimizer is None:
-            with torch.no_grad():
+            with torch.no_grad(), self.precision.context():
                 return self.fn(*self.args, **self.kwargs)
         self.optimizer.zero_grad(set_to_none=True)
-        out = self.fn(*self.args, **self.kwargs)
-        scalar_loss(out).backward()
+        with self.precision.context():   # the forward and the loss (torch's AMP recipe)
+            out = self.fn(*self.args, **self.kwargs)
+            loss = scalar_loss(out)
+        if self.scaler is None:
+            loss.backward()
+        else:   # the gradients unscaled before they are read (and inf-checked), as for clipping
+            self.scaler.scale(loss).backward()
+            self.scaler.unscale_(self.optimizer)
         grads = None
         if self.checking:
             grads = [p.grad.detach().clone() if p.grad is not None else None for p in self.module.parameters()]
-        self.optimizer.step()
+        if self.scaler is None:
+            self.optimizer.step()
+        else:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
         return {"output": detach(out), "grads": grads}
 
 
 def scalar_loss(out: Any) -> torch.Tensor:
-    """A scalar to differentiate: the sum of the means of the floating-point outputs (as PyTorch's runner)."""
+    """A scalar to differentiate: the sum of the means of the floating-point outputs (as PyTorch's runner);
+    a half-precision output's mean in float32, as a loss under autocast is (the mean's backward would turn
+    GradScaler's 2**16 into float16's inf)."""
     leaves = [leaf for _, leaf in accuracy.flatten(out)
               if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and leaf.requires_grad]
     if not leaves:
         raise ValueError("training mode: the model returns no floating-point tensor that requires grad")
-    return sum(leaf.mean() for leaf in leaves)
+    return sum((leaf.float() if leaf.dtype in HALF else leaf).mean() for leaf in leaves)
+
+
+HALF = (torch.bfloat16, torch.float16)
 
 
 def detach(value: Any) -> Any:
@@ -209,7 +226,8 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     """The `measure` phase (module docstring)."""
     mode, name = job["mode"], job["backend"]
     adapter = adapters.get(name, job.get("kiln_backend", "auto"))
-    model, example = zoo.build(job["model"], batch=job.get("batch"))
+    precision = precisions.get(job.get("precision"))
+    model, example = precision.convert(*zoo.build(job["model"], batch=job.get("batch")))
     model.train(mode == "training")
     fp64_model = copy.deepcopy(model).double()
     compiled_module = copy.deepcopy(model)
@@ -220,7 +238,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     rss_before = current_rss_mb()
     start = time.perf_counter()
     compiled_fn = adapter(compiled_module, job.get("cache_dir"))
-    compiled = Step(compiled_fn, compiled_module, example, mode)
+    compiled = Step(compiled_fn, compiled_module, example, mode, precision=precision)
     seed = torch.initial_seed()
     torch.manual_seed(seed + 1)
     compiled_out = compiled()                      # compiles on the first call
@@ -230,7 +248,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
 
     # Accuracy of the first call (capture and compile) and of the second (the cached, guarded path); in
     # training mode the second step starts from the weights each one's first SGD step left.
-    eager = Step(model, model, example, mode)
+    eager = Step(model, model, example, mode, precision=precision)
     fp64_example = (accuracy.to_fp64(example[0]), accuracy.to_fp64(example[1]))
     fp64 = Step(fp64_model, fp64_model, fp64_example, mode)
     # each run of a call draws from the same generator state (dropout in train mode: hf_bert's eager row
@@ -243,7 +261,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
         eager_out = eager()
         torch.manual_seed(seed + call)
         verdict = accuracy.check(compiled_out, eager_out, accuracy.to_fp64(fp64()),
-                                 tol=job.get("tol", accuracy.MODEL_TOL))
+                                 tol=job.get("tol", precision.tol))
         if not verdict.passed:
             verdict.reason = f"call {call}: {verdict.reason}"
             break
@@ -272,7 +290,8 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
 
     if adapters.kiln_backend_of(name, "auto") is not None:
         try:
-            result.update(adapters.kiln_graph_counts(copy.deepcopy(model), *example))
+            with precision.context():
+                result.update(adapters.kiln_graph_counts(copy.deepcopy(model), *example))
         except Exception as e:   # the counts are extra information; a failure is noted, not fatal
             result["graph_count_error"] = f"{type(e).__name__}: {e}"
         if mode == "training":
@@ -284,12 +303,14 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
 def compile_only(job: dict[str, Any]) -> dict[str, Any]:
     """The `compile` phase: first-call time minus a steady call, with the job's (warm) cache."""
     adapter = adapters.get(job["backend"], job.get("kiln_backend", "auto"))
-    model, example = zoo.build(job["model"], batch=job.get("batch"))
+    precision = precisions.get(job.get("precision"))
+    model, example = precision.convert(*zoo.build(job["model"], batch=job.get("batch")))
     model.train(job["mode"] == "training")
     if job["mode"] == "training":
         first_optimizer()
     start = time.perf_counter()
-    step = Step(adapter(model, job.get("cache_dir")), model, example, job["mode"], checking=False)
+    step = Step(adapter(model, job.get("cache_dir")), model, example, job["mode"], checking=False,
+                precision=precision)
     step()
     first = time.perf_counter() - start
     steady = min(timed(step)[1] for _ in range(3))
@@ -312,9 +333,11 @@ def memory(job: dict[str, Any]) -> dict[str, Any]:
     """
     import kiln.api  # noqa: F401
     adapter = adapters.get(job["backend"], job.get("kiln_backend", "auto"))
-    model, example = zoo.build(job["model"], batch=job.get("batch"))
+    precision = precisions.get(job.get("precision"))
+    model, example = precision.convert(*zoo.build(job["model"], batch=job.get("batch")))
     model.train(job["mode"] == "training")
-    step = Step(adapter(model, job.get("cache_dir")), model, example, job["mode"], checking=False)
+    step = Step(adapter(model, job.get("cache_dir")), model, example, job["mode"], checking=False,
+                precision=precision)
     gc.collect()
     base = status_mb("VmRSS")
     if base is None:
@@ -343,16 +366,18 @@ def profile(job: dict[str, Any]) -> dict[str, Any]:
     """The `profile` phase: kiln.profile on the model (inference, under no_grad), its table, JSON and
     roofline PNG written as MODEL.txt, MODEL.json, MODEL.png into the job's `out` directory."""
     import kiln
-    model, example = zoo.build(job["model"], batch=job.get("batch"))
+    precision = precisions.get(job.get("precision"))
+    model, example = precision.convert(*zoo.build(job["model"], batch=job.get("batch")))
     args, kwargs = example
-    with torch.no_grad():
+    with torch.no_grad(), precision.context():
         report = kiln.profile(model, *args, repeat=int(job.get("repeat", PROFILE_REPEAT)), **kwargs)
     fp64_model = copy.deepcopy(model).double()
     with torch.no_grad():   # the profiled call's result against eager's and the fp64 reference
-        eager_out = model(*args, **kwargs)
+        with precision.context():
+            eager_out = model(*args, **kwargs)
         fp64_out = fp64_model(*accuracy.to_fp64(args), **accuracy.to_fp64(kwargs))
     verdict = accuracy.check(report.result, eager_out, accuracy.to_fp64(fp64_out),
-                             tol=job.get("tol", accuracy.MODEL_TOL))
+                             tol=job.get("tol", precision.tol))
     out = job["out"]
     os.makedirs(out, exist_ok=True)
     base = os.path.join(out, job["model"])

@@ -26,6 +26,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import torch
+
 from .. import prims
 from ..graph import Graph, Node, TensorMeta, flatten
 from ..graph.layout import contiguous_strides
@@ -98,12 +100,19 @@ class ConvLayout:
 # bound is the zoo's resnet18 (32x32 images): at batch 8 NHWC through its 2048-pixel stage ran 7.3 ms
 # against 8.0 NCHW; at batch 1 (1024 pixels at most) it stays NCHW, where NHWC lost 2.21 -> 2.41 ms.
 NHWC_MIN_PIXELS = 2048
+# oneDNN's half-precision convolutions lose far more to NCHW, at nearly every size (`bench/bench_conv.py
+# --layout --dtype bfloat16 --threads 1`, NCHW -> NHWC input and weight, load 12): resnet18's stages at
+# batch 1 98 -> 56, 92 -> 54, 102 -> 60, 144 -> 135 us; at batch 8 252 -> 110, 170 -> 88, 278 -> 99,
+# 505 -> 357 us; one strided case lost (8x8 -> 4x4, 64 -> 128 channels at batch 8: 163 -> 222 us). Under
+# autocast the weight is a cast kiln computes anyway, and the cast's kernel writes it NHWC for nothing.
+HALF_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def _wants_nhwc(conv: Node, grouped_graph: bool) -> bool:
     """Whether a 2-D convolution runs faster NHWC: every one in a graph with a grouped (depthwise)
-    convolution, a dense one when its result has many pixels (NHWC_MIN_PIXELS)."""
-    if grouped_graph:
+    convolution, every half-precision one (HALF_DTYPES), a dense one when its result has many pixels
+    (NHWC_MIN_PIXELS)."""
+    if grouped_graph or conv.meta.dtype in HALF_DTYPES:
         return True
     n, _, h, w = conv.meta.shape
     return is_static((n, h, w)) and n * h * w >= NHWC_MIN_PIXELS

@@ -327,3 +327,15 @@ def test_padded_input_of_kilns_depthwise_convolution_is_nhwc():
     assert len(conv_results(c)) == 1   # the dense one; the depthwise one is kiln's kernels
     padded = [name for name in nhwc_buffers(c) if tuple(c.loop.buffers[name].layout.shape) == (2, 8, 42, 42)]
     assert padded, nhwc_buffers(c)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_convolutions_are_nhwc_on_small_images(dtype):
+    """Half-precision convolutions run NHWC whatever their size (oneDNN's NCHW half paths are 1.5-2x slower,
+    conv_layout.HALF_DTYPES), where float32 ones on these small images keep eager's layout; outputs keep
+    eager's strides, and no extern result is copied to other strides."""
+    inputs = [t.to(dtype) for t in stage_inputs(1, 32)]
+    c = check(resnet_stages, *inputs, atol=0.1, rtol=0.05)   # (test_dtypes' half tolerance)
+    convs = conv_results(c)
+    assert len(convs) == 5 and all(name in nhwc_buffers(c) for name in convs), (convs, nhwc_buffers(c))
+    assert_no_restride_copies(c, inputs)
