@@ -67,16 +67,21 @@ class ColumnPlan:
 def column_plan(group: FusedGroup, target: Any) -> ColumnPlan | None:
     """How to write `group` as a column reduction, or None when the general path should (or must) run it.
 
-    Only kernels of plain reductions (no arg reductions) and outer (epilogue) members, whose reductions
-    read their inputs contiguously along the last outer dim and never contiguously along the innermost
-    reduced dim."""
+    Only kernels of plain reductions (no arg reductions), inner members stored to memory (a pointwise
+    producer over the reduced loops too: BatchNorm+SiLU before a channels-last channel mean) and outer
+    (epilogue) members, whose reductions and inner members read their inputs contiguously along the last
+    outer dim and never contiguously along the innermost reduced dim."""
     if not group.inner or not group.outer or group.expand is not None or splits_inner(group, target):
         return None
     if not is_static((group.outer, group.inner)):
         return None  # tiles are sized from the sizes: symbolic kernels take the general path
-    if any(m.role not in ("reduction", "outer") for m in group.members):
+    if any(m.role not in ("reduction", "outer", "inner") for m in group.members):
         return None
-    if any(kind != "scalar" for kind in group.local.values()):
+    inners = [m for m in group.members if m.role == "inner"]
+    inner_names = {m.buffer.name for m in inners}
+    # kernel-local buffers: an outer member's is a tile array here, an inner member's a variable of its
+    # element's iteration (read only there: checked with the passes below)
+    if any(kind != ("array" if name in inner_names else "scalar") for name, kind in group.local.items()):
         return None
     reductions = [m for m in group.members if m.role == "reduction"]
     if not reductions or any(m.buffer.data.reduction_type not in ("sum", "prod", "max", "min")
@@ -89,7 +94,7 @@ def column_plan(group: FusedGroup, target: Any) -> ColumnPlan | None:
     reduced = [r for r, size in zip(group.inner_vars(), group.inner) if size > 1]
     written = set(group.buffer_names())
     columns = 0
-    for member in reductions:
+    for member in reductions + inners:
         for name, expr in group.member_loads(member):
             if name in written:
                 continue  # read at the current output element (fusion checked it)
@@ -106,12 +111,19 @@ def column_plan(group: FusedGroup, target: Any) -> ColumnPlan | None:
         return None
     steps: list[tuple[str, list[Member]]] = []
     for member in group.members:
-        kind = "reduce" if member.role == "reduction" else "outer"
-        if steps and steps[-1][0] == kind and (kind == "outer" or not _reads_any(group, member, steps[-1][1])):
+        kind = "outer" if member.role == "outer" else "reduce"
+        # an inner member runs in its pass's element loop before the reductions that read it (at the same
+        # element); a member that reads a reduction of the current pass needs that pass finished
+        if steps and steps[-1][0] == kind and (kind == "outer" or not _reads_any(
+                group, member, [m for m in steps[-1][1] if m.role == "reduction"])):
             steps[-1][1].append(member)
         else:
             steps.append((kind, [member]))
-    independent = not any(_reads_any(group, m, group.members) for m in reductions)
+    for kind, members in steps:
+        held = [m for m in members if m.buffer.name in group.local and m.role == "inner"]
+        if held and any(_reads_any(group, m, held) for k, ms in steps if ms is not members for m in ms):
+            return None  # a later pass reads an inner member the kernel does not store
+    independent = not inners and not any(_reads_any(group, m, group.members) for m in reductions)
     half = all(m.buffer.dtype in (torch.bfloat16, torch.float16) for m in reductions)
     ntiles = math.ceil(width / min(width, COLUMN_TILE_HALF if half else COLUMN_TILE))
     tile = -(-math.ceil(width / ntiles) // 16) * 16 if ntiles > 1 else width
@@ -141,6 +153,10 @@ class ColumnWriter:
         self.outputs = math.prod(group.outer)
         self.slots = {id(m): i for i, m in enumerate(group.members)}
         self.x_last = f"x{len(group.outer) - 1}"
+        # kernel-local buffers: an inner member's is a variable of its element's iteration, an outer
+        # member's an array over the tile
+        self.held = {m.buffer.name for m in group.members if m.role == "inner" and m.buffer.name in group.local}
+        self.tile_locals = [name for name in group.local if name not in self.held]
 
     def emit(self, line: str, depth: int) -> None:
         self.w.emit(line, depth)
@@ -187,7 +203,7 @@ class ColumnWriter:
             else:
                 self.emit(f"const int64_t x{d} = {rest} % {outer[d]};", depth)
                 rest = f"({rest} / {outer[d]})"
-        for name in self.group.local if locals_ else ():
+        for name in self.tile_locals if locals_ else ():
             ctype = self.w.local_ctype(self.w.buffers[name].dtype)
             self.emit(f"{ctype} loc_{name}[{tile}];", depth)
 
@@ -204,7 +220,8 @@ class ColumnWriter:
         return " + ".join(reversed(terms)) or "0"
 
     def _body(self, member: Member, depth: int) -> str:
-        handler = self.w.handler(self.group, depth, {n: "array" for n in self.group.local}, "kj")
+        local = {n: "scalar" if n in self.held else "array" for n in self.group.local}
+        handler = self.w.handler(self.group, depth, local, "kj")
         index, rindex = self.group.member_index(member)
         if member.role == "reduction":
             value = member.buffer.data.fn(handler, index, rindex)
@@ -215,7 +232,9 @@ class ColumnWriter:
 
     def _store(self, member: Member, value: str, depth: int) -> None:
         name = member.buffer.name
-        if name in self.group.local:
+        if name in self.held:
+            self.emit(f"loc_{name} = {self.w.local_value(value, member.buffer.dtype)};", depth)
+        elif name in self.group.local:
             self.emit(f"loc_{name}[kj] = {self.w.local_value(value, member.buffer.dtype)};", depth)
         else:
             self.w.store(self.group, member, value, depth)
@@ -236,10 +255,13 @@ class ColumnWriter:
         return f"{acc} = kiln_{rtype}<{ctype}>({acc}, {value});"
 
     def reduce_pass(self, members: list[Member], lo: str, hi: str, depth: int) -> None:
-        """Declare the members' accumulator arrays and run the reduced loops over them, the outermost
-        reduced dim from `lo` to `hi` (a chunk of it when split). Leaves `acc{i}[kj]` in scope."""
+        """Declare the reductions' accumulator arrays and run the reduced loops over them, the outermost
+        reduced dim from `lo` to `hi` (a chunk of it when split); an inner member is computed and stored
+        at each element, in member order. Leaves `acc{i}[kj]` in scope."""
         inner = self.group.inner
         tile = self.plan.tile
+        everything = members
+        members = [m for m in everything if m.role == "reduction"]
         accs = {id(m): self._acc(m) for m in members}
         for m in members:
             i = self.slots[id(m)]
@@ -271,7 +293,13 @@ class ColumnWriter:
         pragma_at = len(self.w.lines)
         self.emit("for (int64_t kj = 0; kj < kn; ++kj) {", depth)
         self._element(depth + 1)
-        for m in members:
+        for m in everything:
+            if m.role == "inner":
+                if m.buffer.name in self.held:
+                    ctype = self.w.local_ctype(m.buffer.dtype)
+                    self.emit(f"{ctype} loc_{m.buffer.name};", depth + 1)
+                self._epilogue(m, depth + 1)
+                continue
             i = self.slots[id(m)]
             ctype, _, is_blocked = accs[id(m)]
             self.emit("{", depth + 1)
@@ -320,7 +348,8 @@ class ColumnWriter:
             self._element(depth + 4)
             if kind == "reduce":
                 for m in members:
-                    self._store(m, f"acc{self.slots[id(m)]}[kj]", depth + 4)
+                    if m.role == "reduction":
+                        self._store(m, f"acc{self.slots[id(m)]}[kj]", depth + 4)
                 if at + 1 < len(steps) and steps[at + 1][0] == "outer":
                     at += 1  # the epilogues after a pass run in its store loop
             for m in steps[at][1] if steps[at][0] == "outer" else []:
