@@ -26,7 +26,7 @@ import sympy
 import torch
 
 from ..lower.sizes import is_static
-from ..lower.index import FloorDiv, ModularIndexing
+from ..lower.index import FloorDiv, ModularIndexing, index_bounds, index_code
 from ..schedule.fusion import FusedGroup, Member
 from ..schedule.locality import runs_parallel, splits_inner
 
@@ -157,6 +157,7 @@ class ColumnWriter:
         # member's an array over the tile
         self.held = {m.buffer.name for m in group.members if m.role == "inner" and m.buffer.name in group.local}
         self.tile_locals = [name for name in group.local if name not in self.held]
+        self.preloaded: dict[tuple[str, sympy.Expr], str] = {}  # the current pass's (see _preloads)
 
     def emit(self, line: str, depth: int) -> None:
         self.w.emit(line, depth)
@@ -219,9 +220,47 @@ class ColumnWriter:
             stride *= outer[d]
         return " + ".join(reversed(terms)) or "0"
 
+    def _preloads(self, members: list[Member]) -> list[tuple[str, sympy.Expr]]:
+        """The members' loads that the reduced loops do not move and that step through memory along the
+        tile by more than one element (a depthwise convolution's weights [C, 1, 3, 3] read at 9 * c + k
+        over a channels-last input): read once per tile into arrays. g++ vectorizes no loop that reads
+        such an interleaved group of 9 (or 25) addresses; nor ones that need a gather per row."""
+        written = set(self.group.buffer_names())
+        reduced = set(self.group.inner_vars())
+        x_last = self.group.outer_vars()[-1]
+        ranges = self.group.var_ranges()
+        found: list[tuple[str, sympy.Expr]] = []
+        for member in members:
+            for name, expr in self.group.member_loads(member):
+                buf = self.w.buffers[name]
+                if name in written or buf.dtype not in (torch.float32, torch.float64) or (name, expr) in found:
+                    continue
+                if expr.free_symbols & reduced or expr.atoms(FloorDiv, ModularIndexing):
+                    continue
+                step = sympy.diff(expr, x_last)
+                if not step.is_Integer or step in (0, 1, -1):
+                    continue
+                bounds, size = index_bounds(expr, ranges), buf.layout.storage_size()
+                if bounds is None or not is_static((bounds, size)) or bounds[0] < 0 or bounds[1] >= size:
+                    continue  # a load a mask may guard: read where the loop reads it
+                found.append((name, expr))
+        return found
+
+    def _emit_preloads(self, members: list[Member], depth: int) -> None:
+        self.preloaded = {}
+        for n, (name, expr) in enumerate(self._preloads(members)):
+            ctype = self.w.ctype(self.w.buffers[name].dtype)
+            self.emit(f"alignas(64) {ctype} pre{n}[{self.plan.tile}];", depth)
+            self.emit("for (int64_t kj = 0; kj < kn; ++kj) {", depth)
+            self._element(depth + 1)
+            self.emit(f"pre{n}[kj] = {self.w.pointers[name]}[{index_code(expr, '/', 'cpp codegen')}];", depth + 1)
+            self.emit("}", depth)
+            self.preloaded[(name, expr)] = f"pre{n}[kj]"
+
     def _body(self, member: Member, depth: int) -> str:
         local = {n: "scalar" if n in self.held else "array" for n in self.group.local}
         handler = self.w.handler(self.group, depth, local, "kj")
+        handler.preloaded = self.preloaded
         index, rindex = self.group.member_index(member)
         if member.role == "reduction":
             value = member.buffer.data.fn(handler, index, rindex)
@@ -270,6 +309,7 @@ class ColumnWriter:
             if blocked:
                 self.emit(f"alignas(64) float accb{i}[{tile}];", depth)
             self.emit(f"for (int64_t kj = 0; kj < kn; ++kj) acc{i}[kj] = {init};", depth)
+        self._emit_preloads(everything, depth)
         blocked = [m for m in members if accs[id(m)][2]]
         # block at the outermost reduced dim whose inner rows fit in a block
         block_dim = next(d for d in range(len(inner)) if math.prod(inner[d + 1:]) <= COLUMN_BLOCK)
@@ -312,6 +352,7 @@ class ColumnWriter:
                           depth + 2)
             self.emit("}", depth + 1)
         self.emit("}", depth)
+        self.preloaded = {}  # (the arrays stay in scope for the pass's own loops only)
         # (half-precision values are floats here, never a struct local, which GCC would privatize into an
         # array under the pragma and copy as an aggregate, unvectorized: kiln.codegen.cpp.reg_ctype)
         self.w.lines.insert(pragma_at, "  " * depth + "#pragma omp simd")

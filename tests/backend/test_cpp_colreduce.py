@@ -243,7 +243,22 @@ def test_inner_producers_and_later_passes():
         return y, y.mean((2, 3))
     c = check(depthwise, xp, k, w, b)
     assert "  float loc_buf0;" in c.cpp_source, c.cpp_source
+    # the weights, read at 9 * c + tap, come from per-tile arrays (g++ leaves the loop scalar otherwise)
+    assert "pre8[kj] = p_" in c.cpp_source and "pre9[" not in c.cpp_source, c.cpp_source
     check(lambda x, k, w, b: _bn_silu(torch.nn.functional.conv2d(x, k, groups=64), w, b).mean((2, 3)),
           xp, k, w, b)
     check(lambda x, k, w, b: depthwise(torch.nn.functional.pad(x, (1, 1, 1, 1)), k, w, b), xp, k, w, b,
           column=None)
+
+
+def test_preloaded_strided_operands():
+    # operands invariant along the reduced loops, strided along the tile: read once per tile, in every
+    # pass that reads them; columns of a row-major weight, a slice with a step, float64
+    x = make((6, 48, 5, 5), torch.float32).to(memory_format=torch.channels_last)
+    wt = make((48, 3), torch.float32)                         # wt[:, j]: element c at 3 * c + j
+    c = check(lambda x, wt: (x * wt[:, 0, None, None] + wt[:, 2, None, None]).sum((2, 3)), x, wt)
+    assert "pre1[kj]" in c.cpp_source, c.cpp_source
+    check(lambda x, wt: ((x - (x * wt[:, 1, None, None]).mean((2, 3), keepdim=True)) * wt[:, 1, None, None])
+          .square().sum((2, 3)), x, wt)
+    stepped = make((144,), torch.float64)[::3]
+    check(lambda x, s: (x * s[:, None, None]).exp().sum((2, 3)), x.double(), stepped)
