@@ -262,3 +262,14 @@ def test_preloaded_strided_operands():
           .square().sum((2, 3)), x, wt)
     stepped = make((144,), torch.float64)[::3]
     check(lambda x, s: (x * s[:, None, None]).exp().sum((2, 3)), x.double(), stepped)
+
+
+def test_parameters_alone_do_not_choose_the_column_order():
+    # the same depthwise kernel over a row-major (NCHW) input: the loads the reduced loops move are strided
+    # along the channels, only the per-channel parameters are contiguous; the general path runs it
+    # (EfficientNet at batch 2: the column order ran its kernels 2x slower)
+    x = make((2, 96, 10, 10), torch.float32)
+    k, w, b = make((96, 1, 3, 3), torch.float32), make((96,), torch.float32), make((96,), torch.float32)
+    check(lambda x, k, w, b: (lambda y: (y, y.mean((2, 3))))(
+        _bn_silu(torch.nn.functional.conv2d(x, k, stride=2, groups=96), w, b)), x, k, w, b, column=False)
+    check(lambda x, w, b: (x * w[:, None, None] + b[:, None, None]).sum((2, 3)), x, w, b, column=False)
