@@ -34,3 +34,15 @@ def torch_compile(model: torch.nn.Module, cache_dir: str | None) -> Callable[...
 BASELINES: dict[str, Callable[[torch.nn.Module, str | None], Callable[..., Any]]] = {
     "torch.compile": torch_compile,
 }
+
+
+def dynamo_counts(model: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, int]:
+    """TorchDynamo's graphs and graph breaks for one call of `model` (torch._dynamo.explain: capture only, no
+    code generation), for `kiln explain --check`'s side-by-side column."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    try:
+        report = torch._dynamo.explain(model)(*args, **kwargs)
+    finally:
+        torch._dynamo.reset()
+    return {"graphs": report.graph_count, "breaks": report.graph_break_count}

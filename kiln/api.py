@@ -29,6 +29,7 @@ from .capture.guards import hooks_present
 from .capture.disabled import disable, disabled_by, module_disabled_by  # noqa: F401  (kiln.disable)
 from .counters import counters
 from .distributed import CompiledDDP, CompiledFSDP, is_ddp, is_fsdp
+from .tensor_parallel import CompiledTP, is_tp, plan_of
 from .counters import reset as _reset_counters
 from .graph.pipeline import FUEL, CompileContext
 from . import tracing
@@ -67,6 +68,14 @@ def compile(model: Any = None, *, backend: Any = "auto", fullgraph: bool = False
             return model
         return CompiledFSDP(model, backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode,
                             options=options)
+    if is_tp(model) and not disable:
+        # tensor parallel: the model compiled over this rank's shards, the layouts' collectives in the graph
+        plan, why = plan_of(model)
+        if plan:
+            return CompiledTP(model, plan, backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode,
+                              options=options)
+        warn_once(f"tp-plan:{id(model)}", f"kiln.compile: this parallelized model compiles as a plain module "
+                  f"(its parallelized modules' hooks break the graph): {why}")
     if isinstance(model, torch.nn.Module):
         if disable or module_disabled_by(model) is not None:
             return model
@@ -270,6 +279,9 @@ class ExplainReport:
             total = sum(ops.values())
             detail = ", ".join(f"{k} x{v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])[:8])
             lines.append(f"  graph {i + 1}: {total} ops ({detail})")
+            collectives = [f"{k} x{v}" for k, v in ops.items() if k.startswith("torch.ops.kiln_tp.")]
+            if collectives:  # communication inside the graph: always named (tensor parallel's all-reduces)
+                lines.append(f"    collectives in graph {i + 1}: {', '.join(collectives)}")
         if guards:
             lines.extend("  " + line for line in self.guards_text().splitlines())
         else:
@@ -296,7 +308,7 @@ def _python_code(fn_or_module: Any, caller: str) -> tuple[types.FunctionType, An
     """The Python function to capture afresh, and its bound self, behind a module or compiled function."""
     if isinstance(fn_or_module, CompiledDDP) or is_ddp(fn_or_module):
         fn_or_module = fn_or_module.module  # DDP's own forward runs eagerly: the module it wraps
-    if isinstance(fn_or_module, CompiledFSDP):
+    if isinstance(fn_or_module, (CompiledFSDP, CompiledTP)):
         fn_or_module = fn_or_module._orig_mod
     target = fn_or_module._orig_mod if isinstance(fn_or_module, CompiledModule) else fn_or_module
     if isinstance(target, CompiledFunction):
@@ -331,6 +343,10 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
     routed = fn_or_module if isinstance(fn_or_module, RoutedMethod) else None
     if routed is not None:
         fn_or_module = routed.owner
+    if is_tp(fn_or_module) and not isinstance(fn_or_module, WrappedModule):
+        # a parallelized model: explained as kiln.compile runs it, over its shards
+        plan, _ = plan_of(fn_or_module)
+        fn_or_module = CompiledTP(fn_or_module, plan, backend="eager") if plan else fn_or_module
     fn, bound_self = _python_code(fn_or_module, "kiln.explain")
     # a DDP module: its module's graphs cut at the gradient buckets, as kiln.compile(ddp) cuts them
     splitter = (BucketSplitCompiler(compiler_for("eager"), getattr(fn_or_module, "_orig_mod", fn_or_module))
@@ -345,7 +361,8 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
         compiled.cache.dynamic_dims |= original.cache.dynamic_dims
     before = dict(counters["callees_run_natively"])
     recompiles_before = dict(counters["recompiles"])
-    if isinstance(fn_or_module, CompiledFSDP):  # through the model: FSDP's hooks around each forward
+    # through the model: FSDP's hooks around each forward; a TP model over its shards, as it runs compiled
+    if isinstance(fn_or_module, (CompiledFSDP, CompiledTP)):
         compiled = fn_or_module.calling_with(lambda m: CompiledFunction(type(m).forward, compiler_for("eager"),
                                                                         bound_self=m, family=object()))
     if routed is not None:  # the method itself, its forward calls routed to the fresh capture
@@ -356,7 +373,7 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
     native_callees = [k for k, v in counters["callees_run_natively"].items() if v > before.get(k, 0)]
     recompiles = [key for key, count in counters["recompiles"].items()
                   for _ in range(count - recompiles_before.get(key, 0))]
-    graphs, breaks, guards, ops, fallbacks, symbols = [], [], [], [], [], []
+    graphs, breaks, guards, ops, fallbacks, symbols, custom_ops = [], [], [], [], [], [], []
     names = []
     for entry in recorded.entries:
         guards.append(entry.guards)
@@ -368,8 +385,10 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
             graphs.append(entry.graph)
             ops.append(entry.ops)
             fallbacks.append({n.target_name(): 1 for n in entry.graph.fallbacks()
-                              if n.target is not torch._C._set_grad_enabled})
+                              if n.target is not torch._C._set_grad_enabled and not n.is_custom_op})
+            custom_ops.append({n.target_name(): 1 for n in entry.graph.fallbacks() if n.is_custom_op})
     report = ExplainReport(graphs, breaks, guards, ops, fallbacks)
+    report.custom_ops = custom_ops   # per graph: torch.library operators run as externs (not fallbacks)
     report.symbols = symbols
     report.native_callees = native_callees
     report.ddp_splits = splitter.splits if splitter is not None else []

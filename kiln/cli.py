@@ -5,7 +5,7 @@ Both `bench` and `explain` run the quick suite unless told otherwise (--suite, -
     kiln bench [--suite quick|full|hf] [--models NAMES] [--backends eager,torch.compile,kiln]
                [--mode inference|training] [--batch N] [--out DIR] [--kiln-backend NAME] [--memory]
                [--memory-only] [--profile] [--profile-only]
-    kiln bench --distributed N [--models NAMES] [--bucket-cap-mb MB]
+    kiln bench --distributed N [--strategy ddp|tp] [--models NAMES] [--bucket-cap-mb MB]
     kiln explain [--models NAMES|all] [--suite quick|full|hf] [--json PATH] [--against PATH] [--isolate] [--batch N]
                  [--threads N]
     kiln cache info|clear
@@ -113,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="dynamic shapes: a decoder block at 30 shapes, HF GPT-2/LLaMA at 8 lengths, "
                             "greedy decoding with a growing KV cache; kiln beside torch.compile "
                             "(bench/bench_dynamic.py; table, OUT/dynamic.json)")
+    bench.add_argument("--strategy", choices=("ddp", "tp"), default="ddp",
+                       help="with --distributed: ddp (DistributedDataParallel, the default) or tp (tensor "
+                            "parallel: parallelize_module with ColwiseParallel/RowwiseParallel; eager TP, "
+                            "kiln, torch.compile; models mlp, llama)")
     bench.add_argument("--bucket-cap-mb", type=float, default=None,
                        help="with --distributed: DDP's bucket_cap_mb for every variant (default DDP's)")
 
@@ -122,9 +126,15 @@ def build_parser() -> argparse.ArgumentParser:
                     "minus an eager call); then each model's breaks grouped by reason, with counts, where "
                     "they happen and a hint. A model that fails is an error row; the census goes on.")
     explain.add_argument("--models", type=_names, default=None,
-                         help="comma-separated zoo names, or 'all' for the whole zoo (default: --suite)")
+                         help="comma-separated zoo names, 'all' for the whole zoo, 'hf-all' for every "
+                              "transformers model type (hf:<type>, built from a small config; implies --check; "
+                              "use with --isolate and --json) (default: --suite)")
     explain.add_argument("--suite", choices=SUITES, default=DEFAULT_SUITE,
                          help="the zoo suite to explain when --models is not given; " + SUITE_HELP)
+    explain.add_argument("--check", action="store_true",
+                         help="also compile each model with the default backend: first-call time, the result "
+                              "judged against eager (correct/wrong/crash), and TorchDynamo's graphs and breaks "
+                              "(always on for hf: entries)")
     explain.add_argument("--json", default=None, metavar="PATH", help="also write the rows as JSON to PATH")
     explain.add_argument("--against", default=None, metavar="PATH",
                          help="compare graphs, breaks, frames run natively, ops and fallbacks per model with a "
@@ -226,6 +236,9 @@ def bench_main(args: argparse.Namespace) -> int:
         os.makedirs(args.out, exist_ok=True)
         return subprocess.call([sys.executable, str(script), "--threads", str(args.threads or 1), "--json",
                                 os.path.join(args.out, "dynamic.json")])
+    if args.distributed and args.strategy == "tp":
+        from .bench import distributed_tp
+        return distributed_tp.main(args.distributed, args.models, timeout_s=args.timeout * 2)
     if args.distributed:
         from .bench import distributed
         return distributed.main(args.distributed, args.models, timeout_s=args.timeout * 2,
@@ -273,8 +286,12 @@ def explain_main(args: argparse.Namespace) -> int:
     except (KeyError, ValueError) as e:
         print(f"kiln explain: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
+    def save(rows: list[dict]) -> None:
+        if args.json:
+            census.write_json(rows, args.json)
     rows = census.run(names, batch=args.batch, isolate=args.isolate, timeout_s=args.timeout,
-                      threads=args.threads or None, progress=lambda label: print(label, file=sys.stderr, flush=True))
+                      threads=args.threads or None, progress=lambda label: print(label, file=sys.stderr, flush=True),
+                      check=args.check or None, on_row=save)
     print(census.table(rows))
     if args.json:
         census.write_json(rows, args.json)

@@ -58,6 +58,7 @@ from .lower.ir import BufferRef, ComputedBuffer, ExternNode, LoopGraph, Reductio
 from .lower.index import index_var
 from .lower.ops import Handler
 from .numerics import _OriginLowering, _with_source
+from . import prims
 from .schedule.fusion import FusedGroup
 from .schedule.memory import Segment
 
@@ -171,10 +172,11 @@ def extern_flops(node: ExternNode, loop: LoopGraph) -> int | None:
             return 2 * math.prod(a) * b[-1] + math.prod(out)
         if name == "convolution":
             w = shapes[1]
-            transposed = bool(node.args[6]) if len(node.args) > 6 else False
+            params = prims.convolution.params(node)
+            transposed = bool(params["transposed"])
             window = w[1] * math.prod(w[2:])
             elements = math.prod(shapes[0]) if transposed else math.prod(out)
-            bias = math.prod(out) if len(node.args) > 2 and node.args[2] is not None else 0
+            bias = math.prod(out) if params["bias"] is not None else 0
             return 2 * elements * window + bias
         if name in ("sdpa", "sdpa_flash"):
             q, k, v = shapes[0], shapes[1], shapes[2]
@@ -186,7 +188,8 @@ def extern_flops(node: ExternNode, loop: LoopGraph) -> int | None:
             return 2 * batch * q[-2] * k[-2] * (3 * q[-1] + 2 * v[-1])
         if name == "convolution_backward":  # the gradients output_mask selects: input, weight, bias
             g, x, w = shapes[0], shapes[1], shapes[2]
-            transposed, mask = bool(node.args[7]), node.args[10]
+            params = prims.convolution_backward.params(node)
+            transposed, mask = bool(params["transposed"]), params["output_mask"]
             forward = 2 * (math.prod(x) if transposed else math.prod(g)) * w[1] * math.prod(w[2:])
             return forward * (bool(mask[0]) + bool(mask[1])) + (math.prod(g) if mask[2] else 0)
     except (TypeError, IndexError):

@@ -28,6 +28,7 @@ from ..autograd.partition import partition
 from ..counters import counters
 from ..graph import Graph, flatten, map_structure, run, to_prims
 from ..graph.node import Node
+from ..graph.passes import cse
 from ..graph.pipeline import CompileContext
 from ..graph.layout import contiguous_strides
 from ..graph.meta import TensorMeta
@@ -35,8 +36,8 @@ from ..graph.specialize import size_bindings, specialize_graph, unbound_symbols
 from ..graph.symbolic import SymInt, has_symbols, substitute
 from ..ops import autocast
 
-_VIEW_PRIMS = {"view", "permute", "squeeze", "expand_dims", "broadcast_in_dim", "slice", "diagonal",
-               "as_strided", "unfold"}
+def _is_view_prim(node: Node) -> bool:
+    return node.op == "call_prim" and "view" in node.target.tags
 
 
 def _view_chain(node: Any) -> tuple[int, list[Node]] | None:
@@ -47,7 +48,7 @@ def _view_chain(node: Any) -> tuple[int, list[Node]] | None:
     while isinstance(node, Node):
         if node.op == "placeholder":
             return node.graph.placeholders.index(node), chain[::-1]
-        if node.op != "call_prim" or node.target.name not in _VIEW_PRIMS:
+        if not _is_view_prim(node):
             return None
         if any(isinstance(a, Node) for a in flatten((node.args[1:], node.kwargs))):
             return None
@@ -73,7 +74,7 @@ def _nominally_differentiable(graph: Graph, needs: list[bool], positions: list[i
 
 def _view_base(node: Node) -> Node:
     """The value a chain of view prims starts from (the node itself when it is no view)."""
-    while node.op == "call_prim" and node.target.name in _VIEW_PRIMS and isinstance(node.args[0], Node):
+    while _is_view_prim(node) and isinstance(node.args[0], Node):
         node = node.args[0]
     return node
 
@@ -290,6 +291,9 @@ def compile_with_autograd(graph: Graph, example_inputs: list, context: CompileCo
             if chain is None:
                 raise NotImplementedError("an output is a view of an input through other values")
             views[i] = chain
+    # a replicated value fed to several column-parallel Linears (q, k, v; gate, up) is one grad_all_reduce:
+    # its backward sums their gradients first and all-reduces once, not once per Linear
+    cse(prim, only=lambda node: node.op == "call_prim" and node.target.name == "grad_all_reduce")
     joint = differentiate(prim, needs, frozenset(views))
     if context.flag("autograd_recompute"):
         joint = partition(joint)

@@ -96,6 +96,7 @@ def _order(state: CompileState, ctx: CompileContext) -> None:
 
 def _plan(state: CompileState, ctx: CompileContext) -> None:
     state.plan = plan(state.loop, state.schedule, state.target, in_place=ctx.flag("cpp_in_place"))
+    state.schedule = state.plan.schedule()  # the same kernels, each with the buffers it keeps inside
 
 
 def _codegen(state: CompileState, ctx: CompileContext) -> None:

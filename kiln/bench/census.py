@@ -132,17 +132,30 @@ def _eager_seconds(model: torch.nn.Module, args: tuple, kwargs: dict, min_calls:
     return min(times)
 
 
-def census_one(name: str, batch: int | None = None) -> dict[str, Any]:
-    """The census row of one zoo model; errors become a row with status "error", never an exception."""
+def census_one(name: str, batch: int | None = None, check: bool | None = None) -> dict[str, Any]:
+    """The census row of one zoo model or `hf:<type>` entry; errors become a row with status "error", never
+    an exception, and an entry that cannot be built here a row with status "unbuildable". `check` (default:
+    for hf: entries) adds hf_census.judge's verdict and compile time, and TorchDynamo's counts."""
     import kiln
+
+    from . import hf_census
+    from ..testing import hf_all
     row: dict[str, Any] = {"model": name, "status": "ok", "threads": torch.get_num_threads()}
+    if check is None:
+        check = name.startswith(hf_all.PREFIX)
     try:
         warm_up()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             start = time.perf_counter()
-            model, (args, kwargs) = zoo.build(name, batch=batch)
+            try:
+                model, (args, kwargs) = (hf_census.build(name, batch) if name.startswith(hf_all.PREFIX)
+                                         else zoo.build(name, batch=batch))
+            except hf_all.Unbuildable as e:
+                row.update(status="unbuildable", error=str(e))
+                return row
             row["build_s"] = time.perf_counter() - start
+            row["shrink"] = getattr(model, "kiln_shrink", None)
             with torch.no_grad():
                 row["eager_s"] = _eager_seconds(model, args, kwargs)
                 before = {category: dict(values) for category, values in kiln.counters.items()}
@@ -161,6 +174,7 @@ def census_one(name: str, batch: int | None = None) -> dict[str, Any]:
             capture_s=max(0.0, row["explain_s"] - row["eager_s"]),
             ops=sum(sum(ops.values()) for ops in report.ops_per_graph),
             fallbacks=sorted({op for fallback in report.fallbacks for op in fallback}),
+            custom_ops=sorted({op for ops in getattr(report, "custom_ops", ()) for op in ops}),
             groups=group_breaks(report.breaks),
             # the names of the frames run natively, where kiln.explain reports them
             native_frames=[str(frame) for frame in getattr(report, "frames_run_natively", None) or ()],
@@ -175,6 +189,11 @@ def census_one(name: str, batch: int | None = None) -> dict[str, Any]:
             row["groups"].append({"reason": f"recompile_limit: {key}", "count": count, "native": count,
                                   "hint": hint_for("recompile_limit"), "locations": {}, "transformers": [],
                                   "frames": [key], "source": ""})
+        if check:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                row.update(hf_census.judge(model, args, kwargs))
+                row["dynamo"] = hf_census.dynamo(model, args, kwargs)
     except Exception as e:
         lines = traceback.format_exc().strip().splitlines()
         row.update(status="error", error=f"{type(e).__name__}: {e}".strip()[:2000],
@@ -184,26 +203,47 @@ def census_one(name: str, batch: int | None = None) -> dict[str, Any]:
 
 def select(models: list[str] | None, suite: str | None = None) -> list[str]:
     """Zoo names: `models` ("all" is every available entry), else a suite; unknown names raise KeyError."""
-    if models and models != ["all"]:
+    if models and models not in (["all"], ["hf-all"]):
+        types = None
         for name in models:
-            zoo.get(name)
+            if name.startswith("hf:"):
+                from ..testing import hf_all
+                types = types if types is not None else set(hf_all.model_types())
+                if name[3:] not in types:
+                    raise KeyError(f"unknown transformers model type {name[3:]!r} ('hf-all' runs every one)")
+            else:
+                zoo.get(name)
         return list(models)
     if models == ["all"]:
         return zoo.names()
+    if models == ["hf-all"]:
+        from ..testing import hf_all
+        return [hf_all.PREFIX + t for t in hf_all.model_types()]
     return zoo.names(suite or "quick")  # (kiln explain's default suite, as kiln bench's)
 
 
-def _isolated(name: str, batch: int | None, timeout_s: float, threads: int | None) -> dict[str, Any]:
+def _isolated(name: str, batch: int | None, timeout_s: float, threads: int | None,
+              check: bool | None = None) -> dict[str, Any]:
     from . import runner
-    result = runner.run_worker({"phase": "census", "model": name, "batch": batch, "threads": threads},
-                               timeout_s)
+    if name.startswith("hf:"):   # (a type with no model class is told apart here, without a worker)
+        from ..testing import hf_all
+        try:
+            hf_all.model_class(hf_all.config_for(name[3:]))
+        except hf_all.Unbuildable as e:
+            if "no AutoModel class" in str(e):
+                return {"model": name, "status": "unbuildable", "error": f"small: {e}"}
+        except Exception:
+            pass
+    result = runner.run_worker({"phase": "census", "model": name, "batch": batch, "threads": threads,
+                                "check": check}, timeout_s)
     if result.get("status") in ("timeout", "error") and "model" not in result:
         return {"model": name, "status": result["status"], "error": result.get("error")}
     return result
 
 
 def run(names: list[str], batch: int | None = None, isolate: bool = False, timeout_s: float = 600.0,
-        threads: int | None = 1, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+        threads: int | None = 1, progress: Callable[[str], None] | None = None, check: bool | None = None,
+        on_row: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
     """The census rows of `names`, in order (in this process, or one fresh process per model). `threads`
     torch threads (default 1: on a shared machine, eager calls with more threads than idle cores stall
     for whole scheduler slices, and the eager time subtracted from the capture time goes wrong)."""
@@ -215,7 +255,10 @@ def run(names: list[str], batch: int | None = None, isolate: bool = False, timeo
         for i, name in enumerate(names):
             if progress:
                 progress(f"[{i + 1}/{len(names)}] {name}")
-            rows.append(_isolated(name, batch, timeout_s, threads) if isolate else census_one(name, batch))
+            rows.append(_isolated(name, batch, timeout_s, threads, check) if isolate
+                        else census_one(name, batch, check))
+            if on_row:   # (e.g. the JSON written after every row: a long census is never lost)
+                on_row(rows)
     finally:
         torch.set_num_threads(saved)
     return rows
@@ -230,12 +273,20 @@ def table(rows: list[dict[str, Any]]) -> str:
     """One line per model, then per model its breaks grouped by reason."""
     header = ("model", "status", "graphs", "breaks", "native", "capture s", "eager ms")
     body = []
+    checked = any("verdict" in row for row in rows)
+    if checked:
+        header += ("verdict", "compile s", "dynamo graphs/breaks")
     for row in rows:
         if row["status"] != "ok":
-            body.append((row["model"], row["status"], "-", "-", "-", "-", "-"))
+            body.append((row["model"], row["status"]) + ("-",) * (len(header) - 2))
             continue
-        body.append((row["model"], "ok", str(row["graphs"]), str(row["breaks"]), str(row["native"]),
-                     _s(row["capture_s"]), f"{row['eager_s'] * 1e3:.2f}"))
+        line = (row["model"], "ok", str(row["graphs"]), str(row["breaks"]), str(row["native"]),
+                _s(row["capture_s"]), f"{row['eager_s'] * 1e3:.2f}")
+        if checked:
+            theirs = row.get("dynamo") or {}
+            line += (row.get("verdict", "-"), _s(row.get("compile_s")),
+                     f"{theirs['graphs']}/{theirs['breaks']}" if "graphs" in theirs else "-")
+        body.append(line)
     widths = [max(len(header[i]), *(len(line[i]) for line in body)) for i in range(len(header))]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)),
              "  ".join("-" * w for w in widths)]
@@ -248,6 +299,11 @@ def table(rows: list[dict[str, Any]]) -> str:
                  f"frames run natively in all")
     lines.append("capture s: the explain call (capture with the eager backend, and the call) minus the "
                  "fastest eager call (of 8 or more)")
+    if checked:
+        from . import hf_census
+        lines += hf_census.summary(rows)
+        lines += [f"{row['model']}: WRONG: {row['wrong']}" for row in rows if row.get("verdict") == "wrong"]
+        lines += [f"{row['model']}: CRASH: {row['error']}" for row in rows if row.get("verdict") == "crash"]
     for row in rows:
         if row["status"] != "ok":
             lines += ["", f"{row['model']}: {row['status'].upper()}: {row.get('error')}"]

@@ -389,7 +389,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             return dict(machine.snapshot(job.get("threads")), status="pass")
         if job["phase"] == "census":   # kiln explain --isolate: one model's graph-break census
             from . import census
-            return census.census_one(job["model"], job.get("batch"))
+            return census.census_one(job["model"], job.get("batch"), job.get("check"))
         raise ValueError(f"unknown phase {job['phase']!r} (measure, compile, memory, profile, census, "
                          "machine)")
     except adapters.Unavailable as e:

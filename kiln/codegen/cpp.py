@@ -23,7 +23,7 @@ from ..lower.ir import Buffer, ComputedBuffer, Reduction
 from ..lower.ops import SCALAR_OP_TABLE, Handler, Result
 from ..lower.sizes import SizeDecision, hint, is_static, known_lt, nonnegative
 from ..lower.target import Target
-from ..schedule.fusion import FusedGroup, Member
+from ..schedule.group import FusedGroup, Member, Role
 from ..schedule.locality import runs_parallel, splits_inner
 from .cpp_columns import SIGNED, SIGNED_CTYPES, ColumnWriter, column_plan, wrapping
 from .cpp_ops import CODE_FOR_OP, EXACT, WRAPPING, CType, is_nan
@@ -345,7 +345,7 @@ class KernelWriter:
     def split_inner(self, group: FusedGroup) -> None:
         self.emit("const int kiln_nt = omp_get_max_threads();", 2)
         for i, member in enumerate(group.members):
-            if member.role == "reduction":
+            if member.role is Role.REDUCTION:
                 acc = self._acc_dtype(group, member)
                 # one slot per thread (never std::vector<bool>: its packed bits race between threads)
                 self.emit(f"kiln_array<{CTYPES[acc]}> part{i}(kiln_nt);", 2)
@@ -389,7 +389,7 @@ class KernelWriter:
         handler = CppHandler(self.buffers, self.pointers, group.var_ranges(), "  " * depth, group.local,
                              _inner_linear(group))
         index, rindex = group.member_index(member)
-        if member.role == "reduction":
+        if member.role is Role.REDUCTION:
             value = member.buffer.data.fn(handler, index, rindex)
         else:
             value = member.buffer.data.fn(handler, index)
@@ -458,7 +458,7 @@ class KernelWriter:
 
     def member(self, group: FusedGroup, member: Member, depth: int, split: bool, slot: int = 0) -> None:
         inner = group.inner or ()
-        if member.role == "outer":
+        if member.role is Role.OUTER:
             if split:
                 self.emit("#pragma omp single", depth)
             self.emit("{", depth)
@@ -466,10 +466,10 @@ class KernelWriter:
             self._store(group, member, str(value), depth + 1)
             self.emit("}", depth)
             return
-        if member.role == "scan":
+        if member.role is Role.SCAN:
             self.scan(group, member, depth)
             return
-        if member.role == "inner":
+        if member.role is Role.INNER:
             stream = self._stream_target(group, member)
             if stream is not None:
                 self.streamed(group, member, depth, split, stream)

@@ -27,7 +27,7 @@ import torch
 
 from ..lower.sizes import is_static
 from ..lower.index import FloorDiv, ModularIndexing, index_bounds, index_code
-from ..schedule.fusion import FusedGroup, Member
+from ..schedule.group import FusedGroup, Member, Role
 from ..schedule.locality import runs_parallel, splits_inner
 
 # Output elements per tile: the accumulators (double + float block: 12 bytes each) stay in L1, and a tile's
@@ -71,19 +71,19 @@ def column_plan(group: FusedGroup, target: Any) -> ColumnPlan | None:
     producer over the reduced loops too: BatchNorm+SiLU before a channels-last channel mean) and outer
     (epilogue) members, whose reductions and inner members read their inputs contiguously along the last
     outer dim and never contiguously along the innermost reduced dim."""
-    if not group.inner or not group.outer or group.expand is not None or splits_inner(group, target):
+    if not group.inner or not group.outer or group.index_map is not None or splits_inner(group, target):
         return None
     if not is_static((group.outer, group.inner)):
         return None  # tiles are sized from the sizes: symbolic kernels take the general path
-    if any(m.role not in ("reduction", "outer", "inner") for m in group.members):
+    if any(m.role not in (Role.REDUCTION, Role.OUTER, Role.INNER) for m in group.members):
         return None
-    inners = [m for m in group.members if m.role == "inner"]
+    inners = [m for m in group.members if m.role is Role.INNER]
     inner_names = {m.buffer.name for m in inners}
     # kernel-local buffers: an outer member's is a tile array here, an inner member's a variable of its
     # element's iteration (read only there: checked with the passes below)
     if any(kind != ("array" if name in inner_names else "scalar") for name, kind in group.local.items()):
         return None
-    reductions = [m for m in group.members if m.role == "reduction"]
+    reductions = [m for m in group.members if m.role is Role.REDUCTION]
     if not reductions or any(m.buffer.data.reduction_type not in ("sum", "prod", "max", "min")
                              for m in reductions):
         return None
@@ -119,16 +119,16 @@ def column_plan(group: FusedGroup, target: Any) -> ColumnPlan | None:
         return None
     steps: list[tuple[str, list[Member]]] = []
     for member in group.members:
-        kind = "outer" if member.role == "outer" else "reduce"
+        kind = "outer" if member.role is Role.OUTER else "reduce"
         # an inner member runs in its pass's element loop before the reductions that read it (at the same
         # element); a member that reads a reduction of the current pass needs that pass finished
         if steps and steps[-1][0] == kind and (kind == "outer" or not _reads_any(
-                group, member, [m for m in steps[-1][1] if m.role == "reduction"])):
+                group, member, [m for m in steps[-1][1] if m.role is Role.REDUCTION])):
             steps[-1][1].append(member)
         else:
             steps.append((kind, [member]))
     for kind, members in steps:
-        held = [m for m in members if m.buffer.name in group.local and m.role == "inner"]
+        held = [m for m in members if m.buffer.name in group.local and m.role is Role.INNER]
         if held and any(_reads_any(group, m, held) for k, ms in steps if ms is not members for m in ms):
             return None  # a later pass reads an inner member the kernel does not store
     independent = not inners and not any(_reads_any(group, m, group.members) for m in reductions)
@@ -163,7 +163,8 @@ class ColumnWriter:
         self.x_last = f"x{len(group.outer) - 1}"
         # kernel-local buffers: an inner member's is a variable of its element's iteration, an outer
         # member's an array over the tile
-        self.held = {m.buffer.name for m in group.members if m.role == "inner" and m.buffer.name in group.local}
+        self.held = {m.buffer.name for m in group.members
+                     if m.role is Role.INNER and m.buffer.name in group.local}
         self.tile_locals = [name for name in group.local if name not in self.held]
         self.preloaded: dict[tuple[str, sympy.Expr], str] = {}  # the current pass's (see _preloads)
 
@@ -241,7 +242,9 @@ class ColumnWriter:
         for member in members:
             for name, expr in self.group.member_loads(member):
                 buf = self.w.buffers[name]
-                if name in written or buf.dtype not in (torch.float32, torch.float64) or (name, expr) in found:
+                if name in written or (name, expr) in found:
+                    continue
+                if buf.dtype not in (torch.float32, torch.float64):
                     continue
                 if expr.free_symbols & reduced or expr.atoms(FloorDiv, ModularIndexing):
                     continue
@@ -261,7 +264,8 @@ class ColumnWriter:
             self.emit(f"alignas(64) {ctype} pre{n}[{self.plan.tile}];", depth)
             self.emit("for (int64_t kj = 0; kj < kn; ++kj) {", depth)
             self._element(depth + 1)
-            self.emit(f"pre{n}[kj] = {self.w.pointers[name]}[{index_code(expr, '/', 'cpp codegen')}];", depth + 1)
+            element = f"{self.w.pointers[name]}[{index_code(expr, '/', 'cpp codegen')}]"
+            self.emit(f"pre{n}[kj] = {element};", depth + 1)
             self.emit("}", depth)
             self.preloaded[(name, expr)] = f"pre{n}[kj]"
 
@@ -270,7 +274,7 @@ class ColumnWriter:
         handler = self.w.handler(self.group, depth, local, "kj")
         handler.preloaded = self.preloaded
         index, rindex = self.group.member_index(member)
-        if member.role == "reduction":
+        if member.role is Role.REDUCTION:
             value = member.buffer.data.fn(handler, index, rindex)
         else:
             value = member.buffer.data.fn(handler, index)
@@ -308,7 +312,7 @@ class ColumnWriter:
         inner = self.group.inner
         tile = self.plan.tile
         everything = members
-        members = [m for m in everything if m.role == "reduction"]
+        members = [m for m in everything if m.role is Role.REDUCTION]
         accs = {id(m): self._acc(m) for m in members}
         for m in members:
             i = self.slots[id(m)]
@@ -342,7 +346,7 @@ class ColumnWriter:
         self.emit("for (int64_t kj = 0; kj < kn; ++kj) {", depth)
         self._element(depth + 1)
         for m in everything:
-            if m.role == "inner":
+            if m.role is Role.INNER:
                 if m.buffer.name in self.held:
                     ctype = self.w.local_ctype(m.buffer.dtype)
                     self.emit(f"{ctype} loc_{m.buffer.name};", depth + 1)
@@ -397,7 +401,7 @@ class ColumnWriter:
             self._element(depth + 4)
             if kind == "reduce":
                 for m in members:
-                    if m.role == "reduction":
+                    if m.role is Role.REDUCTION:
                         self._store(m, f"acc{self.slots[id(m)]}[kj]", depth + 4)
                 if at + 1 < len(steps) and steps[at + 1][0] == "outer":
                     at += 1  # the epilogues after a pass run in its store loop
@@ -413,7 +417,7 @@ class ColumnWriter:
         """The reduced axis cut into `kiln_ns` chunks: partial accumulators per (tile, chunk), then per
         output element the chunks combined in order and the members stored in order."""
         rows = self.group.inner[0]
-        reductions = [m for m in self.group.members if m.role == "reduction"]
+        reductions = [m for m in self.group.members if m.role is Role.REDUCTION]
         self.emit(f"const int64_t kiln_chunk = ({rows} + kiln_ns - 1) / kiln_ns;", depth)
         for m in reductions:
             ctype = self._acc(m)[0]
@@ -439,7 +443,7 @@ class ColumnWriter:
         self._element(depth + 2)
         self.emit(f"const int64_t ko = {self._linear()};", depth + 2)
         for m in self.group.members:
-            if m.role != "reduction":
+            if m.role is not Role.REDUCTION:
                 self._epilogue(m, depth + 2)
                 continue
             i = self.slots[id(m)]

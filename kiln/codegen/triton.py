@@ -36,7 +36,7 @@ from ..lower.index import index_bounds, index_code, simplify_index
 from ..lower.ir import Buffer, Reduction, Scan
 from ..lower.ops import SCALAR_OP_TABLE, Handler, Result
 from ..lower.target import LIBRARY_PRIMS, Target
-from ..schedule.fusion import FusedGroup, Member
+from ..schedule.group import FusedGroup, Member, Role
 from .triton_ops import (CODE_FOR_OP, EXACT, HALF_TYPES, ROUND, TL_TYPES, TType, literal,  # noqa: F401
                          reg_type, round_half)
 
@@ -271,7 +271,7 @@ class KernelWriter:
 
     def _body(self, member: Member, handler: TritonHandler) -> TValue:
         index, rindex = self.group.member_index(member)
-        if member.role == "reduction":
+        if member.role is Role.REDUCTION:
             return member.buffer.data.fn(handler, index, rindex)
         return member.buffer.data.fn(handler, index)
 
@@ -299,7 +299,7 @@ class KernelWriter:
 
     def write(self, name: str) -> KernelSource:
         group = self.group
-        pointwise = all(m.role == "inner" for m in group.members) and bool(group.inner)
+        pointwise = all(m.role is Role.INNER for m in group.members) and bool(group.inner)
         header_at = len(self.lines)
         xvars, rvars = group.outer_vars(), group.inner_vars()
         if pointwise:
@@ -363,19 +363,19 @@ class KernelWriter:
         open_loop: Phase | None = None
         for member in self.group.members:
             reads = self._reads(member)
-            if member.role in ("outer", "scan"):
+            if member.role in (Role.OUTER, Role.SCAN):
                 if open_loop is not None:
-                    row_written |= {m.buffer.name for m in open_loop.members if m.role == "inner"}
+                    row_written |= {m.buffer.name for m in open_loop.members if m.role is Role.INNER}
                     open_loop = None
-                phase = Phase(member.role, [member], barrier=bool(reads & row_written))
+                phase = Phase(member.role.value, [member], barrier=bool(reads & row_written))
                 phases.append(phase)
-                if member.role == "scan":
+                if member.role is Role.SCAN:
                     row_written.add(member.buffer.name)
                 continue
             if open_loop is not None:
-                pending = {m.buffer.name for m in open_loop.members if m.role == "reduction"}
+                pending = {m.buffer.name for m in open_loop.members if m.role is Role.REDUCTION}
                 if reads & pending:
-                    row_written |= {m.buffer.name for m in open_loop.members if m.role == "inner"}
+                    row_written |= {m.buffer.name for m in open_loop.members if m.role is Role.INNER}
                     open_loop = None
             if open_loop is None:
                 open_loop = Phase("loop", [])
@@ -409,7 +409,7 @@ class KernelWriter:
     def loop(self, members: list[Member], rvars: list) -> None:
         accs = {}
         for member in members:
-            if member.role != "reduction":
+            if member.role is not Role.REDUCTION:
                 continue
             data: Reduction = member.buffer.data
             dtype = self._reduced_dtype(member)
@@ -425,7 +425,7 @@ class KernelWriter:
         for member in members:
             value = self._value(member, handler, 2)
             name = member.buffer.name
-            if member.role == "inner":
+            if member.role is Role.INNER:
                 self.live[name] = value.name
                 in_loop.append(name)
                 self._store(member, value, "[XBLOCK, RBLOCK]", "xmask & rmask", 2)
@@ -447,7 +447,7 @@ class KernelWriter:
         for name in in_loop:
             del self.live[name]
         for member in members:
-            if member.role != "reduction":
+            if member.role is not Role.REDUCTION:
                 continue
             name = member.buffer.name
             acc, adtype, _ = accs[name]

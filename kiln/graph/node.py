@@ -15,6 +15,17 @@ from .meta import TensorMeta
 NODE_OPS = ("placeholder", "constant", "call_prim", "call_torch", "getitem", "output")
 
 
+def named_inplace(name: Any) -> bool:
+    """torch's naming rule for in-place ops: `name_` updates its first argument (`Tensor.add_`,
+    `nn.init.uniform_`); dunders (`__iadd__`) are not named so."""
+    return isinstance(name, str) and name.endswith("_") and not name.endswith("__")
+
+
+def is_custom_op(target: Any) -> bool:
+    """Whether `target` is an operator registered with torch.library outside aten and prims."""
+    return isinstance(target, torch._ops.OpOverload) and target.namespace not in ("aten", "prims", "prim")
+
+
 class Node:
     """One operation of a Graph. Create nodes with the Graph's methods, not directly."""
 
@@ -38,6 +49,13 @@ class Node:
     @property
     def is_fallback(self) -> bool:
         return self.op == "call_torch" and self.decomposition is None
+
+    @property
+    def is_custom_op(self) -> bool:
+        """A torch.library operator outside aten (a library's own kernel: transformers' grouped_mm,
+        flash-attention, torchao): kiln cannot see into it by design, so it is an extern of the graph (its
+        metas from its fake kernel), counted under "custom_op", not a fallback kiln should have lowered."""
+        return self.op == "call_torch" and is_custom_op(self.target)
 
     def inputs(self) -> list["Node"]:
         """The nodes this node reads, in argument order, each once."""

@@ -14,6 +14,7 @@ import torch
 
 from .. import config
 from .graph import Graph, Node, flatten, is_random_target, map_structure
+from .node import named_inplace
 from .pipeline import FUEL, CompileContext, CompileState, Pass, run_pipeline
 from .symbolic import SymInt
 
@@ -83,8 +84,7 @@ def _has_side_effects(node: Node) -> bool:
         # mutate, so keep an op when its name says in-place.
         if node.meta is None:
             return True
-        name = getattr(node.target, "__name__", "")
-        return name.endswith("_") and not name.endswith("__")
+        return named_inplace(getattr(node.target, "__name__", ""))
     return False
 
 
@@ -138,8 +138,8 @@ def _replace_inputs(node: Node, mapping: dict[int, Node]) -> None:
     node.kwargs = map_structure(sub, node.kwargs)
 
 
-def cse(graph: Graph) -> Graph:
-    """Merge nodes that compute the same pure op on the same arguments."""
+def cse(graph: Graph, only: Callable[[Node], bool] | None = None) -> Graph:
+    """Merge nodes that compute the same pure op on the same arguments (with `only`: the nodes it accepts)."""
     seen: dict[Any, Node] = {}
     replaced: dict[int, Node] = {}
     kept: list[Node] = []
@@ -152,7 +152,7 @@ def cse(graph: Graph) -> Graph:
                     and not getattr(node.target, "random", False))
                 or (node.op == "call_torch" and node.decomposition is not None
                     and not getattr(node.decomposition, "impure", False)))
-        if pure:
+        if pure and (only is None or only(node)):
             key = (node.op, id(node.target), _key(node.args), _key(node.kwargs))
             if key in seen and FUEL.take("cse", lambda: f"{node.name} is {seen[key].name}"):
                 replaced[id(node)] = seen[key]

@@ -24,8 +24,8 @@ from .sizes import is_static
 _INT_TYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
-def _arg(node: Node, position: int, name: str) -> Any:
-    return node.args[position] if len(node.args) > position else node.kwargs.get(name)
+def _arg(node: Node, name: str) -> Any:
+    return node.target.params(node)[name]
 
 
 def static_arange(node: Any) -> tuple[int, int, int] | None:
@@ -36,7 +36,7 @@ def static_arange(node: Any) -> tuple[int, int, int] | None:
     while isinstance(node, Node) and node.op == "call_prim":
         target = node.target
         if target is prims.iota:
-            length, start, step = _arg(node, 0, "length"), _arg(node, 1, "start"), _arg(node, 2, "step")
+            length, start, step = _arg(node, "length"), _arg(node, "start"), _arg(node, "step")
             values = (length, start, step)
             if not all(isinstance(v, int) and not isinstance(v, bool) for v in values) or \
                     node.meta.dtype not in _INT_TYPES:
@@ -91,7 +91,7 @@ def _static_int(value: Any) -> int | None:
 
 
 def _select(node: Node, a: Any, dim: int, index: Any) -> Callable[..., Any] | None:
-    found = static_arange(_arg(node, 2, "index"))
+    found = static_arange(_arg(node, "index"))
     if found is None or not a.shape:
         return None
     start, step, length = found
@@ -115,7 +115,7 @@ def _put(node: Node, a: Any, indices: Any, values: Any, accumulate: bool = False
     if len(placed) != 1 or a.dtype == torch.bool or not hasattr(values, "loader"):
         return None
     dim = placed[0]
-    index_node = _arg(node, 1, "indices")[dim]
+    index_node = _arg(node, "indices")[dim]
     found = static_arange(index_node)
     if found is None or index_node.meta.ndim != 1:
         return None

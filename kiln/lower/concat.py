@@ -62,11 +62,12 @@ class _Root:
 
 
 def _cat_inputs(node: Node) -> list:
-    return list(node.args[0]) if node.args and isinstance(node.args[0], (list, tuple)) else []
+    tensors = prims.cat.params(node)["tensors"]
+    return list(tensors) if isinstance(tensors, (list, tuple)) else []
 
 
 def _cat_dim(node: Node) -> Any:
-    return node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    return prims.cat.params(node)["dim"]
 
 
 def _static_cat(node: Node) -> bool:

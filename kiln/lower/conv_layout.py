@@ -61,13 +61,13 @@ def _is_conv2d(node: Node) -> bool:
     if not (node.op == "call_prim" and node.target is prims.convolution and node.args):
         return False
     x = node.args[0]
-    transposed = node.args[6] if len(node.args) > 6 else node.kwargs.get("transposed", False)
+    transposed = prims.convolution.params(node)["transposed"]
     return isinstance(x, Node) and isinstance(x.meta, TensorMeta) and len(x.meta.shape) == 4 and \
         not transposed
 
 
 def _groups(node: Node) -> int:
-    groups = node.args[8] if len(node.args) > 8 else node.kwargs.get("groups", 1)
+    groups = prims.convolution.params(node)["groups"]
     return groups if isinstance(groups, int) else 1
 
 

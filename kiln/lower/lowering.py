@@ -392,6 +392,11 @@ def lower_stop_gradient(ctx: Lowering, node: Node, a: Box) -> Box:
     return Box(a.shape, a.dtype, a.loader)  # a's elements (only the gradient stops, in kiln.autograd)
 
 
+@lowering(prims.grad_all_reduce)
+def lower_grad_all_reduce(ctx: Lowering, node: Node, a: Box, group_name: str) -> Box:
+    return Box(a.shape, a.dtype, a.loader)  # a's elements (the all-reduce is its gradient's, in autograd)
+
+
 def lower_view(ctx: Lowering, node: Node, a: Box, *args: Any, **kwargs: Any) -> Box:
     """Any view prim, from its node's meta (a view prim's meta rule gives eager's shape, strides and storage
     offset exactly).

@@ -46,4 +46,4 @@ class Target:
 
 ALL_DTYPES = frozenset({torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int64, torch.int32,
                         torch.int16, torch.int8, torch.uint8, torch.bool})
-LIBRARY_PRIMS = frozenset({"mm", "bmm", "convolution", "sdpa", "sdpa_flash"})
+LIBRARY_PRIMS = frozenset({"mm", "bmm", "convolution", "sdpa", "sdpa_flash", "all_reduce"})

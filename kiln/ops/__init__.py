@@ -17,6 +17,7 @@ from . import creation, indexing, linalg  # noqa: E402,F401
 from . import nn, nn_loss, nn_pool  # noqa: E402,F401
 from . import misc, selection  # noqa: E402,F401
 from . import aten  # noqa: E402,F401
+from . import collectives  # noqa: E402,F401
 from . import inplace  # noqa: E402,F401
 
 __all__ = ["DECOMPOSITIONS", "NoDecomposition", "UnsupportedError", "call", "lookup", "mark_inplace",

@@ -25,6 +25,7 @@ import torch
 from .. import config
 from ..counters import counters
 from ..graph.graph import is_random_target
+from ..graph.node import is_custom_op, named_inplace
 from ..graph import (DataDependentError, Graph, Proxy, TensorMeta, Tracer, current_tracer, dce,
                      dense_strides, flatten, map_structure, torch_name, tracing)
 from ..graph.proxy import set_torch_call_handler
@@ -152,8 +153,7 @@ _RESTRIDE_INPLACE = frozenset(["t_", "transpose_", "swapdims_", "swapaxes_", "as
 def _named_inplace(func: Any) -> bool:
     """torch's naming rule: `name_` updates its first argument (`Tensor.cauchy_`, `nn.init.uniform_`)."""
     name = getattr(func, "__name__", "")
-    return isinstance(name, str) and name.endswith("_") and not name.endswith("__") and \
-        not name.startswith("_") and name not in _METADATA_ONLY
+    return named_inplace(name) and not name.startswith("_") and name not in _METADATA_ONLY
 
 
 def is_inplace(func: Any, kwargs: dict) -> bool:
@@ -446,7 +446,7 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
         if any(isinstance(v, (bool, int, float, complex)) for v in flatten(real)):
             # a number computed by torch (torch.equal, aten.item): the graph would keep this call's value
             raise UnsupportedError(f"{name} returns a Python number; it runs outside the graph")
-        counters["fallback"][name] += 1
+        counters["custom_op" if is_custom_op(func) else "fallback"][name] += 1
         if has_symbols((args, kwargs)) and not all(isinstance(v, bool) for v in flatten(real)):
             # a torch op kiln cannot see into: its output sizes (or values) are the example's, right only
             # at these sizes, so every symbol of its inputs is specialized (guarded), counted

@@ -9,7 +9,8 @@ from . import elementwise as _elementwise
 from . import elementwise_vjp as _elementwise_vjp  # noqa: F401 - registers the vjp rules
 
 # Each family module defines its prims at import; names are re-exported here.
-_FAMILIES = ["elementwise", "reductions", "shape", "creation", "indexing", "extern", "checks", "windows"]
+_FAMILIES = ["elementwise", "reductions", "shape", "creation", "indexing", "extern", "checks", "windows",
+             "collectives"]
 
 
 def _export() -> None:

@@ -11,6 +11,7 @@ records a `call_prim` node, its meta computed by `meta`.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Iterable
 
 import torch
@@ -24,7 +25,7 @@ PRIMS: dict[str, "Prim"] = {}
 class Prim:
     """A primitive operation; call it like a function."""
 
-    __slots__ = ("name", "meta", "ref", "tags", "rules", "doc")
+    __slots__ = ("name", "meta", "ref", "tags", "rules", "doc", "_signature")
 
     def __init__(self, name: str, meta: Callable[..., Any], ref: Callable[..., Any],
                  tags: Iterable[str] = (), doc: str = ""):
@@ -34,6 +35,22 @@ class Prim:
         self.tags = frozenset(tags)
         self.rules: dict[str, Callable[..., Any]] = {}
         self.doc = doc
+        self._signature: inspect.Signature | None = None
+
+    @property
+    def signature(self) -> inspect.Signature:
+        """The prim's parameters: its reference implementation's signature (every prim names each one)."""
+        if self._signature is None:
+            self._signature = inspect.signature(self.ref)
+        return self._signature
+
+    def params(self, node: Any) -> dict[str, Any]:
+        """The arguments of a call of this prim (a graph node, or a loop IR extern node) by name, defaults
+        filled in: `prims.convolution.params(node)["groups"]`. Consumers read parameters this way, never by
+        position."""
+        bound = self.signature.bind(*node.args, **node.kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
 
     @property
     def side_effects(self) -> bool:

@@ -1,17 +1,22 @@
-"""Fusion: group the loop graph's computed buffers into kernels.
+"""Fusion: group the loop graph's computed buffers into kernels (`kiln.schedule.group.FusedGroup`).
 
-A kernel (`FusedGroup`) has outer ranges O, shared by all its members and run in parallel, and inner ranges
-I. A member is a reduction over I producing a buffer of shape O, a pointwise of shape O+I computed in its
-own inner loop, or a pointwise of shape O computed once per outer iteration (a reduction epilogue). Members
-run in order inside one outer iteration, so a member may read what an earlier member of the same kernel
-wrote — provided it reads exactly the element written for the current outer index (then no other thread
-is involved). Softmax over the last dim (max, sum of exp, divide) and layer_norm (mean, variance,
-normalize) each become one kernel; a pointwise chain was already inlined into one body by lowering.
-Extern and fallback nodes end the current kernel.
+Every computed buffer starts as a kernel of its own. Candidate pairs come from the dependencies: a producer
+and its consumer, and two kernels reading the same buffer (siblings). A pair is legal when no path between
+them in the dependency graph (`kiln.schedule.deps`: read-after-write and the fallbacks' order) runs through
+a third item: an extern, a fallback or a kernel that cannot join them (else the merged kernel would have
+to run both before and after it). It fuses when the later kernel's members fit the earlier one's loop
+nest one by one (iteration spaces, and every read of a buffer the kernel writes hits the element written
+for the current outer index: then no other thread is involved). Candidates merge by the bytes they save,
+highest first (a producer's output and a shared input read once instead of twice); then, in program
+order, each kernel joins the latest earlier one it legally fits, which saves only a launch. Softmax over the
+last dim (max, sum of exp, divide) and layer_norm (mean, variance, normalize) each become one kernel; so do
+two sibling reductions with an independent matrix product between them. A pointwise chain was already
+inlined into one body by lowering.
 """
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from typing import Any
 
 import sympy
@@ -21,105 +26,36 @@ from ..graph.pipeline import FUEL
 from ..lower.index import FloorDiv, ModularIndexing, index_var, linear_index, simplify_index
 from ..lower.ir import ComputedBuffer, ConcatBuffer, ExternNode, LoopGraph, Pointwise, Reduction, Scan
 from ..lower.ops import DepsHandler
-from ..lower.sizes import size_symbols
+from ..lower.sizes import hint, size_symbols
 from ..lower.target import Target
+from .deps import dependencies
+from .group import FusedGroup, IndexMap, Member, Role
+
+__all__ = ["FusedGroup", "IndexMap", "Member", "Role", "fuse", "is_pointwise"]
 
 log = config.channel("fusion")
 
 
-@dataclasses.dataclass
-class Member:
-    buffer: ComputedBuffer
-    role: str  # "reduction", "inner" (pointwise over O+I) or "outer" (pointwise over O)
-
-
-@dataclasses.dataclass
-class FusedGroup:
-    """One kernel: its members run together in one loop nest over `outer`."""
-
-    name: str
-    outer: tuple[int, ...]
-    inner: tuple[int, ...] | None  # None while the group holds only pointwise members over `outer`
-    members: list[Member]
-    local: dict[str, str] = dataclasses.field(default_factory=dict)  # buffer -> "scalar" | "array"
-    # a pure pointwise kernel whose dims were collapsed: its index -> the members' original index
-    expand: Any = None
-
-    def outer_vars(self) -> list[sympy.Symbol]:
-        return [index_var("x", d) for d in range(len(self.outer))]
-
-    def inner_vars(self) -> list[sympy.Symbol]:
-        return [index_var("r", d) for d in range(len(self.inner or ()))]
-
-    def var_ranges(self) -> dict[sympy.Symbol, int]:
-        ranges = dict(zip(self.outer_vars(), self.outer))
-        ranges.update(zip(self.inner_vars(), self.inner or ()))
-        return ranges
-
-    def member_index(self, member: Member) -> tuple[list, list]:
-        """(index, rindex) the member's body is called with."""
-        if member.role == "inner":
-            index = self.outer_vars() + self.inner_vars()
-            return (self.expand(index) if self.expand is not None else index), []
-        if member.role == "reduction":
-            return self.outer_vars(), self.inner_vars()
-        if member.role == "scan":
-            dim = member.buffer.data.dim
-            outer = self.outer_vars()
-            return outer[:dim] + self.inner_vars() + outer[dim:], []
-        # a pure pointwise kernel whose dims all collapsed away (every size 1) keeps "outer" members
-        index = self.outer_vars()
-        return (self.expand(index) if self.expand is not None else index), []
-
-    def store_index(self, member: Member) -> sympy.Expr:
-        index, _ = self.member_index(member)
-        layout = member.buffer.layout
-        return linear_index(index, layout.strides, layout.offset)
-
-    def member_loads(self, member: Member) -> list[tuple[str, sympy.Expr]]:
-        from ..lower.ops import DepsHandler
-        deps = DepsHandler()
-        index, rindex = self.member_index(member)
-        if member.role == "reduction":
-            member.buffer.data.fn(deps, index, rindex)
-        else:
-            member.buffer.data.fn(deps, index)
-        ranges = self.var_ranges()
-        return [(name, simplify_index(sympy.expand(expr), ranges)) for name, expr in deps.loads]
-
-    def buffer_names(self) -> list[str]:
-        return [m.buffer.name for m in self.members]
-
-    def describe(self, body: bool = False) -> str:
-        """One line (the header comment of the kernel in `kiln.schedule.printer`'s module: cheap enough for
-        the fusion log); with `body`, the whole kernel as that module prints it (`def kernelN(ops)`)."""
-        if body:
-            from .printer import kernel_python
-            return kernel_python(self)
-        roles = ", ".join(f"{m.buffer.name}:{m.role}" for m in self.members)
-        return f"{self.name}: outer={list(self.outer)} inner={list(self.inner or [])} members=[{roles}]"
-
-
-def _role(group: FusedGroup, buf: ComputedBuffer) -> str | None:
+def _role(group: FusedGroup, buf: ComputedBuffer) -> Role | None:
     """How `buf` would sit in `group`, or None if its iteration space does not fit."""
     data = buf.data
     if isinstance(data, Scan):
         return None  # a scan starts its own kernel (later pointwise may join it)
     if isinstance(data, Reduction):
         if group.inner is None:
-            return "reduction" if group.outer == data.ranges and not _has_inner(group) else None
-        return "reduction" if (group.outer, group.inner) == (data.ranges, data.reduction_ranges) else None
+            return Role.REDUCTION if group.outer == data.ranges and not _has_inner(group) else None
+        return Role.REDUCTION if (group.outer, group.inner) == (data.ranges, data.reduction_ranges) else None
     if group.inner is None:
-        return "outer" if data.ranges == group.outer else None
+        return Role.OUTER if data.ranges == group.outer else None
     if data.ranges == group.outer + group.inner:
-        return "inner"
+        return Role.INNER
     if data.ranges == group.outer:
-        return "outer"
+        return Role.OUTER
     return None
 
 
 def _has_inner(group: FusedGroup) -> bool:
-    return any(m.role != "outer" for m in group.members)
+    return any(m.role is not Role.OUTER for m in group.members)
 
 
 def _reads_are_local(group: FusedGroup, member: Member, joined: dict[str, list[str]]) -> bool:
@@ -134,7 +70,7 @@ def _reads_are_local(group: FusedGroup, member: Member, joined: dict[str, list[s
         producer = written.get(name)
         if producer is None:
             continue
-        if producer.role == "inner" and member.role == "outer":
+        if producer.role is Role.INNER and member.role is Role.OUTER:
             return False  # an inner loop's buffer is complete, but read at a single point: keep it simple
         want = simplify_index(sympy.expand(group.store_index(producer)), group.var_ranges())
         if sympy.expand(expr - want).xreplace(ones) != 0:
@@ -142,88 +78,243 @@ def _reads_are_local(group: FusedGroup, member: Member, joined: dict[str, list[s
     return True
 
 
-def _try_add(group: FusedGroup, buf: ComputedBuffer, joined: dict[str, list[str]]) -> bool:
-    if any(m.role == "scan" for m in group.members) and group.inner is not None:
-        scan = next(m.buffer.data for m in group.members if m.role == "scan")
+def _with(group: FusedGroup, buf: ComputedBuffer, joined: dict[str, list[str]]) -> FusedGroup | None:
+    """`group` with `buf` as its last member, or None where it does not fit."""
+    if group.inner is not None and group.has_role(Role.SCAN):
+        scan = next(m.buffer.data for m in group.members if m.role is Role.SCAN)
         if scan.dim != len(scan.ranges) - 1 or isinstance(buf.data, (Reduction, Scan)):
-            return False  # only when the scanned dim is the last one is the kernel's O+I the tensor's shape
+            return None  # only when the scanned dim is the last one is the kernel's O+I the tensor's shape
     role = _role(group, buf)
     if role is None and group.inner is None and isinstance(buf.data, Reduction):
         # a pointwise group over O+I turns into a reduction group (outer O, inner I)
         data = buf.data
         if group.outer == data.ranges + data.reduction_ranges and data.reduction_ranges:
             candidate = FusedGroup(group.name, data.ranges, data.reduction_ranges,
-                                   [Member(m.buffer, "inner") for m in group.members])
-            member = Member(buf, "reduction")
-            if all(_reads_are_local(candidate, m, joined) for m in candidate.members + [member]):
-                candidate.members.append(member)
-                group.outer, group.inner, group.members = candidate.outer, candidate.inner, candidate.members
-                return True
-        return False
+                                   tuple(Member(m.buffer, Role.INNER) for m in group.members))
+            member = Member(buf, Role.REDUCTION)
+            if all(_reads_are_local(candidate, m, joined) for m in candidate.members + (member,)):
+                return dataclasses.replace(candidate, members=candidate.members + (member,))
+        return None
     if role is None:
-        return False
+        return None
     member = Member(buf, role)
-    trial = FusedGroup(group.name, group.outer, group.inner, group.members)
-    if role == "reduction" and group.inner is None:
-        trial.inner = buf.data.reduction_ranges
+    inner = buf.data.reduction_ranges if role is Role.REDUCTION and group.inner is None else group.inner
+    trial = dataclasses.replace(group, inner=inner)
     if not _reads_are_local(trial, member, joined):
-        return False
-    group.inner = trial.inner
-    group.members.append(member)
-    return True
+        return None
+    return dataclasses.replace(trial, members=group.members + (member,))
 
 
-def _new_group(index: int, buf: ComputedBuffer) -> FusedGroup:
+def _merged(first: FusedGroup, second: FusedGroup, joined: dict[str, list[str]]) -> FusedGroup | None:
+    """One kernel running `first`'s members, then `second`'s, or None where they do not fit together."""
+    group: FusedGroup | None = first
+    for member in second.members:
+        group = _with(group, member.buffer, joined)
+        if group is None:
+            return None
+    return group
+
+
+def _new_group(name: str, buf: ComputedBuffer) -> FusedGroup:
     data = buf.data
     if isinstance(data, Scan):
         outer = tuple(s for d, s in enumerate(data.ranges) if d != data.dim)
-        return FusedGroup(f"kernel{index}", outer, (data.ranges[data.dim],), [Member(buf, "scan")])
+        return FusedGroup(name, outer, (data.ranges[data.dim],), (Member(buf, Role.SCAN),))
     if isinstance(data, Reduction):
-        return FusedGroup(f"kernel{index}", data.ranges, data.reduction_ranges, [Member(buf, "reduction")])
-    return FusedGroup(f"kernel{index}", data.ranges, None, [Member(buf, "outer")])
+        return FusedGroup(name, data.ranges, data.reduction_ranges, (Member(buf, Role.REDUCTION),))
+    return FusedGroup(name, data.ranges, None, (Member(buf, Role.OUTER),))
+
+
+class _Fusion:
+    """The items of the schedule while kernels merge. An item is named by its first node's index (its
+    representative); `ancestors[r]` and `descendants[r]` are bit sets of representatives."""
+
+    def __init__(self, graph: LoopGraph):
+        self.graph = graph
+        self.joined = {name: buf.parts for name, buf in graph.buffers.items() if isinstance(buf, ConcatBuffer)}
+        nodes = list(graph.nodes)
+        self.nodes = nodes
+        writes: list[list[str]] = []
+        reads: list[list[str]] = []
+        for node in nodes:
+            if isinstance(node, ExternNode):
+                writes.append([o.name for o in node.outputs])
+                names = node.reads()
+            else:
+                writes.append([node.name])
+                names = [name for name, _ in node.reads()]
+            # a read of a concatenation computed in place waits for each of its parts
+            reads.append(list(dict.fromkeys(s for name in names for s in graph.sources(name))))
+        fallback = [isinstance(node, ExternNode) and node.kind == "fallback" for node in nodes]
+        self.before = dependencies(writes, reads, fallback)
+        # while merging, a kernel is named after its representative (`kernel{r}`); the schedule renumbers
+        self.groups: dict[int, FusedGroup] = {i: _new_group(f"kernel{i}", node) for i, node in enumerate(nodes)
+                                              if not isinstance(node, ExternNode)}
+        self.alive = list(range(len(nodes)))  # representatives, in program order
+        self.rep = list(range(len(nodes)))
+        self.reads = {i: set(r) for i, r in enumerate(reads)}
+        self.writes = {i: set(w) for i, w in enumerate(writes)}
+        self.version = {i: 0 for i in range(len(nodes))}
+        self.ancestors: dict[int, int] = {}
+        for i in range(len(nodes)):  # program order is a dependency order
+            bits = 0
+            for j in self.before[i]:
+                bits |= self.ancestors[j] | (1 << j)
+            self.ancestors[i] = bits
+        self.descendants = {i: 0 for i in range(len(nodes))}
+        for i in reversed(range(len(nodes))):
+            for j in self.before[i]:
+                self.descendants[j] |= self.descendants[i] | (1 << i)
+        self.readers: dict[str, set[int]] = {}
+        self.writer: dict[str, int] = {}
+        for i in range(len(nodes)):
+            for name in reads[i]:
+                self.readers.setdefault(name, set()).add(i)
+            for name in writes[i]:
+                self.writer[name] = i
+        self.nbytes: dict[str, int] = {}
+
+    def size(self, name: str) -> int:
+        if name not in self.nbytes:
+            buf = self.graph.buffers.get(name)
+            self.nbytes[name] = int(hint(buf.nbytes())) if buf is not None else 0
+        return self.nbytes[name]
+
+    def legal(self, a: int, b: int) -> bool:
+        """No path between the two runs through a third item."""
+        return not (self.descendants[a] & self.ancestors[b]) and not (self.descendants[b] & self.ancestors[a])
+
+    def score(self, a: int, b: int) -> int:
+        """Bytes the pair's fusion saves: what one writes and the other reads, what both read."""
+        shared = (self.writes[a] & self.reads[b]) | (self.writes[b] & self.reads[a]) | \
+            (self.reads[a] & self.reads[b])
+        return sum(self.size(name) for name in shared)
+
+    def neighbours(self, a: int) -> list[int]:
+        """Kernels sharing a buffer with `a` (its producers, consumers and siblings), in program order."""
+        found: set[int] = set()
+        for name in self.reads[a] | self.writes[a]:
+            found |= {self.rep[r] for r in self.readers.get(name, ())}
+            if name in self.writer:
+                found.add(self.rep[self.writer[name]])
+        found.discard(a)
+        return sorted(b for b in found if b in self.groups)
+
+    def try_merge(self, a: int, b: int) -> bool:
+        """Fuse the kernels `a` and `b` when legal, they fit, and fuel allows: the merged kernel runs the
+        members of the one that must (or, if neither must, does in program order) come first first."""
+        if not self.legal(a, b):
+            return False
+        first, second = (b, a) if self.ancestors[a] >> b & 1 or (not self.ancestors[b] >> a & 1 and b < a) \
+            else (a, b)
+        group = _merged(self.groups[first], self.groups[second], self.joined)
+        if group is None:
+            return False
+        names = self.groups[second].buffer_names()
+        keep = min(first, second)  # the merged kernel's representative (and name: kernel{keep})
+        if not FUEL.take("fuse", lambda: f"fuse {names[0]} into kernel{keep}"):
+            return False
+        self.join(first, second, group)
+        log.debug("fuse %s into %s", ", ".join(names), self.groups[keep].describe())
+        return True
+
+    def join(self, first: int, second: int, group: FusedGroup) -> None:
+        keep, gone = min(first, second), max(first, second)
+        both = (1 << keep) | (1 << gone)
+        ancestors = (self.ancestors[keep] | self.ancestors[gone]) & ~both
+        descendants = (self.descendants[keep] | self.descendants[gone]) & ~both
+        self.alive.remove(gone)
+        del self.groups[gone], self.ancestors[gone], self.descendants[gone]
+        self.groups[keep] = dataclasses.replace(group, name=self.groups[keep].name)
+        self.ancestors[keep], self.descendants[keep] = ancestors, descendants
+        for x in self.alive:
+            if x == keep:
+                continue
+            if self.ancestors[x] & both:  # x runs after the merged kernel: after all it waits for
+                self.ancestors[x] = (self.ancestors[x] & ~both) | (1 << keep) | ancestors
+            if self.descendants[x] & both:
+                self.descendants[x] = (self.descendants[x] & ~both) | (1 << keep) | descendants
+        self.reads[keep] |= self.reads.pop(gone)
+        self.writes[keep] |= self.writes.pop(gone)
+        for i, r in enumerate(self.rep):
+            if r == gone:
+                self.rep[i] = keep
+        self.version[keep] += 1
+
+    def by_score(self) -> None:
+        """Merge candidate pairs, the most bytes saved first (ties: the nearer pair, then program order)."""
+        def pairs(a: int) -> list[tuple[int, int, int, int, int, int]]:
+            found = []
+            for b in self.neighbours(a):
+                lo, hi = min(a, b), max(a, b)
+                saved = self.score(lo, hi)
+                if saved > 0:
+                    found.append((-saved, hi - lo, lo, hi, self.version[lo], self.version[hi]))
+            return found
+        heap = sorted({pair for a in self.groups for pair in pairs(a)})  # (a sorted list is a heap)
+        while heap:
+            _, _, lo, hi, vlo, vhi = heapq.heappop(heap)
+            if lo not in self.groups or hi not in self.groups or \
+                    (self.version[lo], self.version[hi]) != (vlo, vhi):
+                continue  # stale: one side has merged since
+            if self.try_merge(lo, hi):
+                for pair in pairs(lo):
+                    heapq.heappush(heap, pair)
+
+    def first_fit(self) -> None:
+        """What still stands alone or apart joins the latest earlier kernel it legally fits (the kernels
+        share no data: the fusion saves a launch)."""
+        for b in list(self.alive):
+            if b not in self.groups:
+                continue
+            for a in reversed([x for x in self.alive if x < b and x in self.groups]):
+                if self.try_merge(a, b):
+                    break
+
+    def schedule(self) -> list[FusedGroup | ExternNode]:
+        """The kernels and externs in a dependency order, each as early as its first node allows."""
+        items = list(self.alive)
+        waiting: dict[int, set[int]] = {r: set() for r in items}
+        for i, deps in enumerate(self.before):
+            r = self.rep[i]
+            waiting[r] |= {self.rep[j] for j in deps} - {r}
+        after: dict[int, list[int]] = {r: [] for r in items}
+        for r, deps in waiting.items():
+            for d in deps:
+                after[d].append(r)
+        count = {r: len(deps) for r, deps in waiting.items()}
+        ready = [r for r in items if count[r] == 0]
+        heapq.heapify(ready)
+        result: list[FusedGroup | ExternNode] = []
+        kernels = 0
+        while ready:
+            r = heapq.heappop(ready)
+            if r in self.groups:
+                result.append(_finish(dataclasses.replace(self.groups[r], name=f"kernel{kernels}")))
+                kernels += 1
+            else:
+                result.append(self.nodes[r])
+            for s in after[r]:
+                count[s] -= 1
+                if count[s] == 0:
+                    heapq.heappush(ready, s)
+        if len(result) != len(items):
+            raise AssertionError(f"fusion made a dependency cycle among {len(items) - len(result)} items")
+        return result
 
 
 def fuse(graph: LoopGraph, target: Target) -> list[FusedGroup | ExternNode]:
     """The graph's nodes grouped into kernels (in an order that respects every dependency).
 
-    A node joins the latest kernel it fits (vertical fusion), or an earlier one of the same segment when
-    it reads nothing written after that kernel (horizontal fusion of siblings); else it starts a kernel.
-    Each fusion spends a unit of optimization fuel. What may fuse does not depend on the target today (a
-    kernel is a loop nest on every target); `target` is where a target-specific limit would come from.
+    Candidate pairs sharing data merge by the bytes they save, then each kernel joins the latest earlier
+    one it legally fits (see the module docstring). Each fusion spends a unit of optimization fuel. What
+    may fuse does not depend on the target today (a kernel is a loop nest on every target); `target` is
+    where a target-specific limit would come from.
     """
-    schedule: list[FusedGroup | ExternNode] = []
-    open_groups: list[FusedGroup] = []  # kernels since the last extern call
-    joined = {name: buf.parts for name, buf in graph.buffers.items() if isinstance(buf, ConcatBuffer)}
-    for node in graph.nodes:
-        if isinstance(node, ExternNode):
-            open_groups = []
-            schedule.append(node)
-            continue
-        reads = {source for name, _ in node.reads() for source in graph.sources(name)}
-        placed = None
-        for group in reversed(open_groups):
-            before = (group.outer, group.inner, list(group.members))
-            if _try_add(group, node, joined):
-                if FUEL.take("fuse", lambda: f"fuse {node.name} into {group.name}"):
-                    placed = group
-                else:
-                    group.outer, group.inner, group.members = before
-                break
-            if reads & set(group.buffer_names()):
-                break  # it reads this kernel's output: it cannot move before it
-        if placed is not None:
-            log.debug("fuse %s into %s", node.name, placed.describe())
-            continue
-        if open_groups:
-            log.debug("%s starts a new kernel (fits none of %s)", node.name,
-                      ", ".join(g.name for g in open_groups))
-        group = _new_group(sum(isinstance(s, FusedGroup) for s in schedule), node)
-        schedule.append(group)
-        open_groups.append(group)
-    for item in schedule:
-        if isinstance(item, FusedGroup):
-            _finish(item)
-    return schedule
+    fusion = _Fusion(graph)
+    fusion.by_score()
+    fusion.first_fit()
+    return fusion.schedule()
 
 
 class _IndexProbe(DepsHandler):
@@ -233,11 +324,11 @@ class _IndexProbe(DepsHandler):
         self.loads.append(("", expr))
 
 
-def _collapse(group: FusedGroup) -> None:
+def _collapse(group: FusedGroup) -> FusedGroup:
     """Merge adjacent dims every access walks contiguously (e.g. [N, C, 7] → [N * C * 7])."""
     shape = group.outer
     if len(shape) < 2:
-        return
+        return group
     variables = [index_var("x", d) for d in range(len(shape))]
     exprs = []
     for m in group.members:
@@ -269,23 +360,18 @@ def _collapse(group: FusedGroup) -> None:
         else:
             runs.append([d])
     if len(runs) == len(shape) and dims == sorted(dims):
-        return
+        return group
     new_shape = []
     for run in runs:
         size = 1
         for d in run:
             size *= shape[d]
         new_shape.append(size)
-    rank = len(shape)
-
-    def expand(index: list) -> list:
-        full = [sympy.Integer(0)] * rank
-        for run, i in zip(runs, index):
-            full[run[-1]] = i
-        return full
-    group.outer = tuple(new_shape)
-    group.expand = expand
+    # each original dim is indexed by the variable of the run it ends, or is 0 (see IndexMap)
+    position = {run[-1]: k for k, run in enumerate(runs)}
+    index_map = IndexMap(tuple(position.get(d) for d in range(len(shape))))
     log.debug("%s: dims %s collapse to %s", group.name, list(shape), new_shape)
+    return dataclasses.replace(group, outer=tuple(new_shape), index_map=index_map)
 
 
 def _store_order(group: FusedGroup, dims: list[int]) -> list[int]:
@@ -296,16 +382,15 @@ def _store_order(group: FusedGroup, dims: list[int]) -> list[int]:
     return sorted(dims, key=lambda d: -strides[d])
 
 
-def _finish(group: FusedGroup) -> None:
+def _finish(group: FusedGroup) -> FusedGroup:
     """A pure pointwise kernel iterates its last dim as the inner (vectorized) loop."""
-    if group.inner is None:
-        _collapse(group)
-        if group.outer:
-            outer, inner = group.outer[:-1], group.outer[-1:]
-            group.members = [Member(m.buffer, "inner") for m in group.members]
-            group.outer, group.inner = outer, inner
-        else:
-            group.inner = ()
+    if group.inner is not None:
+        return group
+    group = _collapse(group)
+    if not group.outer:
+        return dataclasses.replace(group, inner=())
+    return dataclasses.replace(group, outer=group.outer[:-1], inner=group.outer[-1:],
+                               members=tuple(Member(m.buffer, Role.INNER) for m in group.members))
 
 
 def is_pointwise(buf: Any) -> bool:

@@ -14,12 +14,12 @@ import math
 from ..lower.ir import ExternNode
 from ..lower.sizes import hint
 from ..lower.target import Target
-from .fusion import FusedGroup
+from .group import FusedGroup, Role
 
 
 def splits_inner(group: FusedGroup, target: Target) -> bool:
     """Threads split the kernel's inner loops: its outer ranges are too few to feed them."""
-    if any(m.role == "scan" for m in group.members):
+    if group.has_role(Role.SCAN):
         return False  # a scan runs its inner loop in order
     # heuristics: asked of the sizes' hints when they are symbolic (either answer is right at every size)
     return hint(math.prod(group.outer)) < target.min_parallel_outer and \
@@ -53,8 +53,8 @@ def local_buffers(schedule: list[FusedGroup | ExternNode], kept: set[str], targe
             if name in kept or name not in readers or readers[name] - {id(item)} or \
                     member.buffer.storage is not None:  # a window of a concatenation: read through it
                 continue
-            if member.role in ("inner", "scan"):
-                kinds = ["array", "recompute"] if member.role == "inner" else ["array"]
+            if member.role in (Role.INNER, Role.SCAN):
+                kinds = ["array", "recompute"] if member.role is Role.INNER else ["array"]
             else:
                 kinds = ["scalar"]
             kind = next((k for k in kinds if k in target.local_kinds), None)

@@ -26,7 +26,7 @@ from ..graph.pipeline import FUEL
 from ..lower.sizes import dense, hint, is_static
 from ..lower.ir import BufferRef, ComputedBuffer, ConcatBuffer, ExternNode, InputBuffer, LoopGraph, Pointwise
 from ..lower.target import Target
-from .fusion import FusedGroup
+from .group import FusedGroup, Role
 from .locality import local_buffers
 
 log = config.channel("fusion")
@@ -53,6 +53,10 @@ class Step:
 class Plan:
     steps: list[Step]
     kept: set[str]  # buffers alive at the end (outputs, output view bases, mutation sources)
+
+    def schedule(self) -> list[FusedGroup | ExternNode]:
+        """The planned kernels (each with the buffers it keeps inside, `FusedGroup.local`) and externs."""
+        return [item for s in self.steps for item in (s.node.groups if isinstance(s.node, Segment) else [s.node])]
 
     def allocations(self) -> int:
         return sum(1 for s in self.steps for _, reuse in s.allocs if reuse is None)
@@ -142,7 +146,7 @@ def _in_place(graph: LoopGraph, seg: Segment, name: str, candidates: set[str]) -
     member = next(m for m in group.members if m.buffer.name == name)
     if name in group.local or not all(isinstance(m.buffer.data, Pointwise) for m in group.members):
         return None
-    if member.role not in ("inner", "outer") or any(m.role == "scan" for m in group.members):
+    if member.role not in (Role.INNER, Role.OUTER) or group.has_role(Role.SCAN):
         return None
     loads = group.member_loads(member)
     store = simplify_index(sympy.expand(group.store_index(member)), group.var_ranges())
@@ -217,9 +221,9 @@ def plan(graph: LoopGraph, schedule: list[FusedGroup | ExternNode], target: Targ
         touches.append({storage(n) for n in names if storage(n) != n or isinstance(graph.buffers.get(n),
                                                                                    ConcatBuffer)})
         if isinstance(node, Segment):
-            for group in node.groups:
-                group.local = {m.buffer.name: local_all[m.buffer.name] for m in group.members
-                               if m.buffer.name in local_all}
+            # (a kernel with its locals is a new group: the schedule's groups are never changed)
+            node.groups = [group.with_locals({m.buffer.name: local_all[m.buffer.name] for m in group.members
+                                              if m.buffer.name in local_all}) for group in node.groups]
             node.writes = [n for n in node.writes if n not in local_all]
             node.args = [n for n in node.args if n not in local_all]
             node.aliases.update({n: storage(n) for n in node.args if storage(n) != n})

@@ -7,11 +7,8 @@ ready, run the one that allocates least net of what it frees: its results' bytes
 buffers it reads last; ties go to program order) and a depth-first post-order that runs each item right
 after its dependencies, the heavier ones first. A kernel (`FusedGroup`) is atomic: its members run together.
 
-Constraints besides read-after-write: fallbacks keep their relative order (random ops draw from torch's
-generator in program order; others may have side effects), and an item reading a buffer a fallback may
-touch stays on its side of that fallback (an in-place torch op run as a fallback writes its argument, and
-a fallback's result may be a view of its argument, so the fallback's arguments and results count as one
-buffer).
+The constraints (read-after-write, and those of fallbacks) are `kiln.schedule.deps`'s, which fusion
+asks too.
 
 A candidate is taken only when the plan `memory.plan` makes for it (segments, frees after last use,
 reuse of freed memory, in-place writes) has a strictly lower peak than program order's: an order that is
@@ -28,7 +25,8 @@ from ..graph.pipeline import FUEL
 from ..lower.sizes import hint
 from ..lower.ir import ExternNode, LoopGraph
 from ..lower.target import Target
-from .fusion import FusedGroup
+from .deps import dependencies
+from .group import FusedGroup
 from .locality import local_buffers
 from .memory import plan
 
@@ -66,49 +64,8 @@ class _Items:
         self.n = n
 
     def dependencies(self) -> list[set[int]]:
-        """For each item, the items that must run before it."""
-        producer = {name: i for i, ws in enumerate(self.writes) for name in ws}
-        before: list[set[int]] = [set() for _ in range(self.n)]
-        for i, names in enumerate(self.reads):
-            for name in names:
-                j = producer.get(name)
-                if j is not None and j != i:
-                    before[i].add(j)
-        # fallbacks in program order, and each reader of what a fallback touches on its side of it
-        alias: dict[str, str] = {}
-
-        def root(name: str) -> str:
-            while alias.get(name, name) != name:
-                alias[name] = alias.get(alias[name], alias[name])  # path halving
-                name = alias[name]
-            return name
-        fallbacks = [i for i in range(self.n) if self.is_fallback(i)]
-        for i in fallbacks:
-            names = self.reads[i] + self.writes[i]
-            for name in names[1:]:
-                a, b = root(names[0]), root(name)
-                if a != b:
-                    alias[b] = a
-        touched = {root(name) for i in fallbacks for name in self.reads[i] + self.writes[i]}
-        last_fallback: dict[str, int] = {}  # alias class -> the latest fallback touching it
-        readers_since: dict[str, list[int]] = {}  # alias class -> its readers since that fallback
-        for previous, i in zip(fallbacks, fallbacks[1:]):
-            before[i].add(previous)
-        for i in range(self.n):
-            classes = {root(name) for name in self.reads[i]} & touched
-            for c in classes:
-                if c in last_fallback:
-                    before[i].add(last_fallback[c])
-            if self.is_fallback(i):
-                for c in classes | {root(name) for name in self.writes[i]}:
-                    before[i].update(readers_since.pop(c, ()))
-                    last_fallback[c] = i
-            else:
-                for c in classes:
-                    readers_since.setdefault(c, []).append(i)
-        for i in range(self.n):
-            before[i].discard(i)
-        return before
+        """For each item, the items that must run before it (`kiln.schedule.deps`)."""
+        return dependencies(self.writes, self.reads, [self.is_fallback(i) for i in range(self.n)])
 
     def is_fallback(self, i: int) -> bool:
         item = self.schedule[i]

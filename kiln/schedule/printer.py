@@ -22,9 +22,10 @@ from ..lower.index import simplify_index
 from ..lower.ir import ExternNode, LoopGraph, Reduction
 from ..lower.ops import PrintHandler
 from ..lower.printer import ModuleWriter, grid_line, layout_text
+from .role import Role
 
 # This module reads kernels through their attributes (name, outer, inner, members, member_index, ...) and
-# does not import kiln.schedule.fusion: FusedGroup.describe(body=True) calls kernel_python.
+# FusedGroup.describe(body=True) calls kernel_python (kiln.schedule.group imports this module lazily).
 
 
 def _member_text(data: Any) -> str:
@@ -53,12 +54,12 @@ def kernel_python(group: Any) -> str:
         at = _index_tuple(index) + (f" x {_index_tuple(rindex)}" if rindex else "")
         lines.append(f"    # {buf.name} ({member.role}): {_member_text(data)} at {at} -> {layout_text(buf)}")
         handler.lines = []
-        if member.role == "reduction":
+        if member.role is Role.REDUCTION:
             value = data.fn(handler, index, rindex)
             value = f"ops.reduce({data.reduction_type!r}, {value}, {buf.dtype})"
         else:
             value = data.fn(handler, index)
-            if member.role == "scan":
+            if member.role is Role.SCAN:
                 value = f"ops.scan({data.scan_type!r}, {value}, {len(group.outer)}, {buf.dtype})"
         store = PrintHandler.index_text(simplify_index(sympy.expand(group.store_index(member)), ranges))
         lines += handler.lines

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..lower.ir import ComputedBuffer, ConcatBuffer, ExternNode, InputBuffer, LoopGraph
-from .fusion import FusedGroup
+from .group import FusedGroup
 from .locality import item_reads
 from .memory import Plan, Segment
 

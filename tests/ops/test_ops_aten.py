@@ -171,13 +171,20 @@ def _(x, factor):
     return torch.empty_like(x)
 
 
-def test_custom_op_is_a_fallback_node():
+def test_custom_op_is_a_graph_node_counted_as_a_custom_op():
+    """A library's operator is an extern of the graph by design: counted under custom_op, not as a fallback
+    (an op kiln should have lowered), and kiln.explain lists it apart."""
     def f(x):
         return torch.ops.kilntest.scaled(x + 1, 3.0).relu()
     expected, _, got, _, counters = compiled_run(f, torch.randn(5), backend="prims")
     assert_close(got, expected)
     assert sum(counters["graphs"].values()) == 1 and not counters["graph_breaks"], dict(counters)
-    assert dict(counters["fallback"]) == {"torch.ops.kilntest.scaled.default": 1}
+    assert dict(counters["custom_op"]) == {"torch.ops.kilntest.scaled.default": 1}
+    assert not counters["fallback"], dict(counters["fallback"])
+    import kiln
+    kiln.reset()
+    report = kiln.explain(f, torch.randn(5))
+    assert report.custom_ops == [{"torch.ops.kilntest.scaled.default": 1}] and report.fallbacks == [{}]
 
 
 def test_opinfo_overloads_match_eager():

@@ -1,0 +1,168 @@
+"""`kiln bench --distributed N --strategy tp`: tensor-parallel training step time on N gloo ranks.
+
+Columns, each a training step (forward, loss, backward, SGD step) of the same model parallelized by
+`parallelize_module` with a ColwiseParallel/RowwiseParallel plan (kiln.testing.tp_models, bench sizes) on a
+1-D mesh of all ranks, every rank running the same batch:
+
+    eager TP            the parallelized model as it is (DTensor, its hooks)
+    kiln TP             kiln.compile(model): compiled per rank over the shards, collectives in the graph
+    kiln TP (hooks)     kiln's plain module path on the same model (what kiln.compile did before: each
+                        parallelized Linear's hooks a graph break)
+    torch.compile TP    the torch.compile baseline of the model (bench/baselines.py)
+
+Timing as `kiln bench --distributed` (kiln/bench/distributed.py): after the warm-up steps (the compiles,
+timed as `first step`) the variants take turns step by step, each step between barriers; a step's time is
+the slowest rank's; the table shows each variant's median, its speedup over eager TP (median eager / median
+variant) and kiln's graphs and breaks (kiln.explain). One torch thread per rank; ranks spawned here
+(loopback, a free port) and killed on timeout.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+from .distributed import _free_port
+
+VARIANTS = ("eager TP", "kiln TP", "kiln TP (hooks)", "torch.compile TP")
+MODELS = ("mlp", "llama")
+
+
+def _wrap(variant: str, model: torch.nn.Module, cache_dir: str) -> Any:
+    import kiln
+    if variant == "eager TP":
+        return model
+    if variant == "kiln TP":
+        return kiln.compile(model)
+    if variant == "kiln TP (hooks)":
+        return kiln.api.CompiledModule(model)  # kiln's plain module path, not the shards' one
+    if variant == "torch.compile TP":
+        from .adapters import Unavailable, load_baselines
+        baselines = load_baselines()
+        if baselines is None or "torch.compile" not in baselines.BASELINES:
+            raise Unavailable("bench/baselines.py (torch.compile) is not in this checkout")
+        return baselines.BASELINES["torch.compile"](model, cache_dir)
+    raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
+
+
+def _rank_main(rank: int, world: int, port: int, name: str, variants: list[str], steps: int, warmup: int,
+               cache_dir: str, out_dir: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    import kiln
+    from kiln import config
+    from kiln.testing.tp_models import build
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=300))
+    mesh = init_device_mesh("cpu", (world,))
+    runs: dict[str, dict[str, Any]] = {}
+    for variant in variants:
+        entry: dict[str, Any] = {"times": [], "status": "ok"}
+        try:
+            model, plan, example = build(name, size="bench")
+            parallelize_module(model, mesh, plan)
+            wrapped = _wrap(variant, model, os.path.join(cache_dir, variant.replace(" ", "_")))
+            entry["step"] = (wrapped, torch.optim.SGD(model.parameters(), lr=0.01), example)
+        except Exception as e:  # this variant's row says why; the others run
+            entry["status"] = f"{type(e).__name__}: {str(e)[:200]}"
+        runs[variant] = entry
+
+    def step(variant: str) -> float:
+        wrapped, opt, example = runs[variant]["step"]
+        dist.barrier()
+        start = time.perf_counter()
+        opt.zero_grad()
+        (wrapped(example) ** 2).mean().backward()
+        opt.step()
+        return time.perf_counter() - start
+
+    live = [v for v in variants if runs[v]["status"] == "ok"]
+    for variant in list(live):
+        try:
+            with config.patch(cache_dir=os.path.join(cache_dir, variant.replace(" ", "_"), "kiln")):
+                first = [step(variant) for _ in range(warmup)]  # compiles, each variant from a cold cache
+                if variant.startswith("kiln"):
+                    report = kiln.explain(runs[variant]["step"][0], runs[variant]["step"][2])
+                    runs[variant]["graphs"] = (report.graph_count, report.graph_break_count)
+        except Exception as e:  # every rank fails alike (same model, same data): the row says why
+            runs[variant]["status"] = f"{type(e).__name__}: {str(e)[:200]}"
+            live.remove(variant)
+            continue
+        runs[variant]["first"] = first[0] if first else float("nan")
+    for _ in range(steps):
+        for variant in live:
+            runs[variant]["times"].append(step(variant))
+    for variant in live:  # the slowest rank's time of each step
+        times = torch.tensor([runs[variant]["first"]] + runs[variant]["times"], dtype=torch.float64)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        runs[variant]["first"], runs[variant]["times"] = times[0].item(), times[1:].tolist()
+    if rank == 0:
+        summary = {v: {k: runs[v].get(k) for k in ("times", "first", "status", "graphs")} for v in variants}
+        torch.save(summary, os.path.join(out_dir, "summary.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run(world: int = 2, model: str = "mlp", variants: tuple[str, ...] = VARIANTS, steps: int = 20,
+        warmup: int = 3, timeout_s: float = 900.0) -> dict[str, Any]:
+    """Spawn `world` ranks, run every variant, and return {variant: {times, first, status, graphs}}."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="kiln_bench_tp_") as tmp:
+        context = mp.start_processes(
+            _rank_main, args=(world, _free_port(), model, list(variants), steps, warmup, tmp, tmp),
+            nprocs=world, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not context.join(timeout=1.0):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"kiln bench --distributed {world} --strategy tp: ranks ran past "
+                                       f"{timeout_s:.0f} s")
+        finally:
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+                    process.join(5)
+        return torch.load(os.path.join(tmp, "summary.pt"), weights_only=False)
+
+
+def table(results: dict[str, Any], world: int, model: str, steps: int) -> str:
+    """The step-time table: median ms, speedup over eager TP, first (compiling) step, kiln's graphs."""
+    eager = results.get("eager TP", {}).get("times") or []
+    base = statistics.median(eager) if eager else None
+    lines = [f"kiln bench --distributed {world} --strategy tp: {model}, ColwiseParallel/RowwiseParallel over "
+             f"gloo, {world} ranks x 1 thread, {steps} interleaved steps each (slowest rank per step)",
+             f"{'variant':18s} {'median step ms':>15s} {'vs eager TP':>12s} {'spread ms':>16s} "
+             f"{'first step s':>13s}  note"]
+    for variant, entry in results.items():
+        if entry["status"] != "ok" or not entry["times"]:
+            lines.append(f"{variant:18s} {'-':>15s} {'-':>12s} {'-':>16s} {'-':>13s}  {entry['status']}")
+            continue
+        times = sorted(entry["times"])
+        median = statistics.median(times)
+        quartiles = f"{times[len(times) // 4] * 1e3:.2f}-{times[(3 * len(times)) // 4] * 1e3:.2f}"
+        speedup = f"{base / median:.2f}x" if base else "-"
+        note = f"{entry['graphs'][0]} graphs, {entry['graphs'][1]} breaks" if entry.get("graphs") else ""
+        lines.append(f"{variant:18s} {median * 1e3:15.2f} {speedup:>12s} {quartiles:>16s} "
+                     f"{entry['first']:13.2f}  {note}")
+    return "\n".join(lines)
+
+
+def main(world: int, models: list[str] | None, steps: int = 20, timeout_s: float = 900.0) -> int:
+    """`kiln bench --distributed N --strategy tp`: one table per model (default: mlp and llama)."""
+    for model in models or list(MODELS):
+        if model not in MODELS:
+            print(f"kiln bench --strategy tp: unknown model {model!r} (choose from {', '.join(MODELS)})")
+            return 2
+        print(table(run(world, model, steps=steps, timeout_s=timeout_s), world, model, steps))
+        print()
+    return 0
