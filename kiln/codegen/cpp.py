@@ -114,6 +114,9 @@ class CppHandler(Handler):
         self.indent = indent
         self.counter = 0
         self.guard: str | None = None  # inside a masked branch: the condition its loads need (see `masked`)
+        # (buffer, simplified index) -> C++ of an element read earlier into an array (a column kernel's
+        # loads invariant along the reduced loops: kiln.codegen.cpp_columns)
+        self.preloaded: dict[tuple[str, sympy.Expr], str] = {}
 
     def tmp(self, expr: str, dtype: torch.dtype) -> CppValue:
         self.counter += 1
@@ -143,6 +146,8 @@ class CppHandler(Handler):
             return self.tmp(f"loc_{name}[{self.inner_index}]", self.buffers[name].dtype)
         index = simplify_index(sympy.expand(index), self.ranges)
         dtype = self.buffers[name].dtype
+        if (name, index) in self.preloaded:
+            return self.tmp(self.preloaded[(name, index)], dtype)
         if dtype == torch.bool:
             # read as its byte: g++ finds no vector type for a bool load in a loop that calls a SIMD math
             # function (a causal mask before exp), and leaves that loop scalar

@@ -26,7 +26,7 @@ import sympy
 import torch
 
 from ..lower.sizes import is_static
-from ..lower.index import FloorDiv, ModularIndexing
+from ..lower.index import FloorDiv, ModularIndexing, index_bounds, index_code
 from ..schedule.group import FusedGroup, Member, Role
 from ..schedule.locality import runs_parallel, splits_inner
 
@@ -67,16 +67,21 @@ class ColumnPlan:
 def column_plan(group: FusedGroup, target: Any) -> ColumnPlan | None:
     """How to write `group` as a column reduction, or None when the general path should (or must) run it.
 
-    Only kernels of plain reductions (no arg reductions) and outer (epilogue) members, whose reductions
-    read their inputs contiguously along the last outer dim and never contiguously along the innermost
-    reduced dim."""
+    Only kernels of plain reductions (no arg reductions), inner members stored to memory (a pointwise
+    producer over the reduced loops too: BatchNorm+SiLU before a channels-last channel mean) and outer
+    (epilogue) members, whose reductions and inner members read their inputs contiguously along the last
+    outer dim and never contiguously along the innermost reduced dim."""
     if not group.inner or not group.outer or group.index_map is not None or splits_inner(group, target):
         return None
     if not is_static((group.outer, group.inner)):
         return None  # tiles are sized from the sizes: symbolic kernels take the general path
-    if any(m.role not in (Role.REDUCTION, Role.OUTER) for m in group.members):
+    if any(m.role not in (Role.REDUCTION, Role.OUTER, Role.INNER) for m in group.members):
         return None
-    if any(kind != "scalar" for kind in group.local.values()):
+    inners = [m for m in group.members if m.role is Role.INNER]
+    inner_names = {m.buffer.name for m in inners}
+    # kernel-local buffers: an outer member's is a tile array here, an inner member's a variable of its
+    # element's iteration (read only there: checked with the passes below)
+    if any(kind != ("array" if name in inner_names else "scalar") for name, kind in group.local.items()):
         return None
     reductions = [m for m in group.members if m.role is Role.REDUCTION]
     if not reductions or any(m.buffer.data.reduction_type not in ("sum", "prod", "max", "min")
@@ -88,8 +93,12 @@ def column_plan(group: FusedGroup, target: Any) -> ColumnPlan | None:
     x_last = group.outer_vars()[-1]
     reduced = [r for r, size in zip(group.inner_vars(), group.inner) if size > 1]
     written = set(group.buffer_names())
-    columns = 0
-    for member in reductions:
+    # the loads the reduced loops move: contiguous along the tile (columns) or strided along it. Loads they
+    # do not move (per-channel parameters) are read once per element either way and decide nothing: an
+    # NCHW depthwise convolution + BatchNorm + mean at batch 2 read its input with stride H*W along the
+    # channels, and took this path on its parameters' evidence alone (2x slower than the general path)
+    columns = strided = 0
+    for member in reductions + inners:
         for name, expr in group.member_loads(member):
             if name in written:
                 continue  # read at the current output element (fusion checked it)
@@ -98,20 +107,31 @@ def column_plan(group: FusedGroup, target: Any) -> ColumnPlan | None:
             step = sympy.diff(expr, x_last)
             if not step.is_Integer:
                 return None
+            if step != 0 and step != 1 and any(abs(sympy.diff(expr, r)) == 1 for r in reduced):
+                return None  # an operand contiguous along the reduced axis (a transposed product): mixed
+            if not any(expr.has(r) for r in group.inner_vars()):
+                continue
             if step == 1:
                 columns += 1
-            elif step != 0 and any(abs(sympy.diff(expr, r)) == 1 for r in reduced):
-                return None  # an operand contiguous along the reduced axis (a transposed product): mixed
-    if columns == 0:
+            elif step != 0:
+                strided += 1
+    if columns == 0 or strided > columns:
         return None
     steps: list[tuple[str, list[Member]]] = []
     for member in group.members:
-        kind = "reduce" if member.role is Role.REDUCTION else "outer"
-        if steps and steps[-1][0] == kind and (kind == "outer" or not _reads_any(group, member, steps[-1][1])):
+        kind = "outer" if member.role is Role.OUTER else "reduce"
+        # an inner member runs in its pass's element loop before the reductions that read it (at the same
+        # element); a member that reads a reduction of the current pass needs that pass finished
+        if steps and steps[-1][0] == kind and (kind == "outer" or not _reads_any(
+                group, member, [m for m in steps[-1][1] if m.role is Role.REDUCTION])):
             steps[-1][1].append(member)
         else:
             steps.append((kind, [member]))
-    independent = not any(_reads_any(group, m, group.members) for m in reductions)
+    for kind, members in steps:
+        held = [m for m in members if m.buffer.name in group.local and m.role is Role.INNER]
+        if held and any(_reads_any(group, m, held) for k, ms in steps if ms is not members for m in ms):
+            return None  # a later pass reads an inner member the kernel does not store
+    independent = not inners and not any(_reads_any(group, m, group.members) for m in reductions)
     half = all(m.buffer.dtype in (torch.bfloat16, torch.float16) for m in reductions)
     ntiles = math.ceil(width / min(width, COLUMN_TILE_HALF if half else COLUMN_TILE))
     tile = -(-math.ceil(width / ntiles) // 16) * 16 if ntiles > 1 else width
@@ -141,6 +161,12 @@ class ColumnWriter:
         self.outputs = math.prod(group.outer)
         self.slots = {id(m): i for i, m in enumerate(group.members)}
         self.x_last = f"x{len(group.outer) - 1}"
+        # kernel-local buffers: an inner member's is a variable of its element's iteration, an outer
+        # member's an array over the tile
+        self.held = {m.buffer.name for m in group.members
+                     if m.role is Role.INNER and m.buffer.name in group.local}
+        self.tile_locals = [name for name in group.local if name not in self.held]
+        self.preloaded: dict[tuple[str, sympy.Expr], str] = {}  # the current pass's (see _preloads)
 
     def emit(self, line: str, depth: int) -> None:
         self.w.emit(line, depth)
@@ -187,7 +213,7 @@ class ColumnWriter:
             else:
                 self.emit(f"const int64_t x{d} = {rest} % {outer[d]};", depth)
                 rest = f"({rest} / {outer[d]})"
-        for name in self.group.local if locals_ else ():
+        for name in self.tile_locals if locals_ else ():
             ctype = self.w.local_ctype(self.w.buffers[name].dtype)
             self.emit(f"{ctype} loc_{name}[{tile}];", depth)
 
@@ -203,8 +229,50 @@ class ColumnWriter:
             stride *= outer[d]
         return " + ".join(reversed(terms)) or "0"
 
+    def _preloads(self, members: list[Member]) -> list[tuple[str, sympy.Expr]]:
+        """The members' loads that the reduced loops do not move and that step through memory along the
+        tile by more than one element (a depthwise convolution's weights [C, 1, 3, 3] read at 9 * c + k
+        over a channels-last input): read once per tile into arrays. g++ vectorizes no loop that reads
+        such an interleaved group of 9 (or 25) addresses; nor ones that need a gather per row."""
+        written = set(self.group.buffer_names())
+        reduced = set(self.group.inner_vars())
+        x_last = self.group.outer_vars()[-1]
+        ranges = self.group.var_ranges()
+        found: list[tuple[str, sympy.Expr]] = []
+        for member in members:
+            for name, expr in self.group.member_loads(member):
+                buf = self.w.buffers[name]
+                if name in written or (name, expr) in found:
+                    continue
+                if buf.dtype not in (torch.float32, torch.float64):
+                    continue
+                if expr.free_symbols & reduced or expr.atoms(FloorDiv, ModularIndexing):
+                    continue
+                step = sympy.diff(expr, x_last)
+                if not step.is_Integer or step in (0, 1, -1):
+                    continue
+                bounds, size = index_bounds(expr, ranges), buf.layout.storage_size()
+                if bounds is None or not is_static((bounds, size)) or bounds[0] < 0 or bounds[1] >= size:
+                    continue  # a load a mask may guard: read where the loop reads it
+                found.append((name, expr))
+        return found
+
+    def _emit_preloads(self, members: list[Member], depth: int) -> None:
+        self.preloaded = {}
+        for n, (name, expr) in enumerate(self._preloads(members)):
+            ctype = self.w.ctype(self.w.buffers[name].dtype)
+            self.emit(f"alignas(64) {ctype} pre{n}[{self.plan.tile}];", depth)
+            self.emit("for (int64_t kj = 0; kj < kn; ++kj) {", depth)
+            self._element(depth + 1)
+            element = f"{self.w.pointers[name]}[{index_code(expr, '/', 'cpp codegen')}]"
+            self.emit(f"pre{n}[kj] = {element};", depth + 1)
+            self.emit("}", depth)
+            self.preloaded[(name, expr)] = f"pre{n}[kj]"
+
     def _body(self, member: Member, depth: int) -> str:
-        handler = self.w.handler(self.group, depth, {n: "array" for n in self.group.local}, "kj")
+        local = {n: "scalar" if n in self.held else "array" for n in self.group.local}
+        handler = self.w.handler(self.group, depth, local, "kj")
+        handler.preloaded = self.preloaded
         index, rindex = self.group.member_index(member)
         if member.role is Role.REDUCTION:
             value = member.buffer.data.fn(handler, index, rindex)
@@ -215,7 +283,9 @@ class ColumnWriter:
 
     def _store(self, member: Member, value: str, depth: int) -> None:
         name = member.buffer.name
-        if name in self.group.local:
+        if name in self.held:
+            self.emit(f"loc_{name} = {self.w.local_value(value, member.buffer.dtype)};", depth)
+        elif name in self.group.local:
             self.emit(f"loc_{name}[kj] = {self.w.local_value(value, member.buffer.dtype)};", depth)
         else:
             self.w.store(self.group, member, value, depth)
@@ -236,10 +306,13 @@ class ColumnWriter:
         return f"{acc} = kiln_{rtype}<{ctype}>({acc}, {value});"
 
     def reduce_pass(self, members: list[Member], lo: str, hi: str, depth: int) -> None:
-        """Declare the members' accumulator arrays and run the reduced loops over them, the outermost
-        reduced dim from `lo` to `hi` (a chunk of it when split). Leaves `acc{i}[kj]` in scope."""
+        """Declare the reductions' accumulator arrays and run the reduced loops over them, the outermost
+        reduced dim from `lo` to `hi` (a chunk of it when split); an inner member is computed and stored
+        at each element, in member order. Leaves `acc{i}[kj]` in scope."""
         inner = self.group.inner
         tile = self.plan.tile
+        everything = members
+        members = [m for m in everything if m.role is Role.REDUCTION]
         accs = {id(m): self._acc(m) for m in members}
         for m in members:
             i = self.slots[id(m)]
@@ -248,6 +321,7 @@ class ColumnWriter:
             if blocked:
                 self.emit(f"alignas(64) float accb{i}[{tile}];", depth)
             self.emit(f"for (int64_t kj = 0; kj < kn; ++kj) acc{i}[kj] = {init};", depth)
+        self._emit_preloads(everything, depth)
         blocked = [m for m in members if accs[id(m)][2]]
         # block at the outermost reduced dim whose inner rows fit in a block
         block_dim = next(d for d in range(len(inner)) if math.prod(inner[d + 1:]) <= COLUMN_BLOCK)
@@ -271,7 +345,13 @@ class ColumnWriter:
         pragma_at = len(self.w.lines)
         self.emit("for (int64_t kj = 0; kj < kn; ++kj) {", depth)
         self._element(depth + 1)
-        for m in members:
+        for m in everything:
+            if m.role is Role.INNER:
+                if m.buffer.name in self.held:
+                    ctype = self.w.local_ctype(m.buffer.dtype)
+                    self.emit(f"{ctype} loc_{m.buffer.name};", depth + 1)
+                self._epilogue(m, depth + 1)
+                continue
             i = self.slots[id(m)]
             ctype, _, is_blocked = accs[id(m)]
             self.emit("{", depth + 1)
@@ -284,6 +364,7 @@ class ColumnWriter:
                           depth + 2)
             self.emit("}", depth + 1)
         self.emit("}", depth)
+        self.preloaded = {}  # (the arrays stay in scope for the pass's own loops only)
         # (half-precision values are floats here, never a struct local, which GCC would privatize into an
         # array under the pragma and copy as an aggregate, unvectorized: kiln.codegen.cpp.reg_ctype)
         self.w.lines.insert(pragma_at, "  " * depth + "#pragma omp simd")
@@ -320,7 +401,8 @@ class ColumnWriter:
             self._element(depth + 4)
             if kind == "reduce":
                 for m in members:
-                    self._store(m, f"acc{self.slots[id(m)]}[kj]", depth + 4)
+                    if m.role is Role.REDUCTION:
+                        self._store(m, f"acc{self.slots[id(m)]}[kj]", depth + 4)
                 if at + 1 < len(steps) and steps[at + 1][0] == "outer":
                     at += 1  # the epilogues after a pass run in its store loop
             for m in steps[at][1] if steps[at][0] == "outer" else []:

@@ -568,7 +568,14 @@ def group_norm(input: Any, num_groups: int, weight: Any = None, bias: Any = None
     # and mod: PoolFormer's GroupNorm statistics at batch 8 ran at 1 GB/s)
     grouped = torch.reshape(x, [n, num_groups, c // num_groups, *input.shape[2:]])
     mean, var = _moments(grouped, list(range(2, grouped.ndim)))
-    out = torch.reshape((grouped - mean) * torch.rsqrt(var + eps), list(input.shape))
+    # the statistics per channel (N * C elements), the normalization over the input as it is laid out: a
+    # normalization of `grouped` reshaped back was materialized row-major, so a channels-last GroupNorm
+    # (PoolFormer's) wrote its result transposed and its reader gathered it back
+    per_channel = [n, c] + [1] * (input.ndim - 2)
+    grown = [n, num_groups, c // num_groups] + [1] * (input.ndim - 2)
+    mean_c = torch.reshape(torch.broadcast_to(mean, grown), per_channel)
+    rstd_c = torch.reshape(torch.broadcast_to(torch.rsqrt(var + eps), grown), per_channel)
+    out = (x - mean_c) * rstd_c
     shape = _channel_shape(input)
     if weight is not None:
         out = out * torch.reshape(convert(weight, x.dtype), shape)

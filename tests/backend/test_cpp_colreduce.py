@@ -202,3 +202,74 @@ def test_sum_over_leading_dims():
     check(lambda x: x.amax((0, 1)), x)
     big = make((600, 3, 40), torch.float32)     # inner rows beyond a float block in one dim
     check(lambda x: x.sum((0, 1)), big, rtol=1e-5, atol=1e-4)
+
+
+def _bn_silu(x, w, b):
+    return torch.nn.functional.silu(x * w[:, None, None] + b[:, None, None])
+
+
+@pytest.mark.parametrize("shape", [(8, 32, 16, 16), (2, 480, 2, 2), (3, 40, 5, 7), (1, 300, 3, 3)])
+def test_inner_producer_in_column_order(shape):
+    # BatchNorm+SiLU stored and its channel mean over a channels-last buffer (EfficientNet's squeeze-
+    # excitation input): one kernel, the pointwise producer computed per element of the column loop
+    x = make(shape, torch.float32).to(memory_format=torch.channels_last)
+    w, b = make(shape[1:2], torch.float32), make(shape[1:2], torch.float32)
+
+    def fn(x, w, b):
+        y = _bn_silu(x, w, b)
+        return y, y.mean((2, 3), keepdim=True)
+    c = check(fn, x, w, b)
+    assert c(x, w, b)[0].stride() == fn(x, w, b)[0].stride()
+    assert c.cpp_source.count("// kernel0:") == 1 and "// kernel1:" not in c.cpp_source, c.cpp_source
+
+
+def test_inner_producers_and_later_passes():
+    x = make((4, 64, 6, 6), torch.float32).to(memory_format=torch.channels_last)
+    w, b = make((64,), torch.float32), make((64,), torch.float32)
+    # an inner member reading the first pass's reduction, summed by a second pass
+    check(lambda x: (x - x.mean((2, 3), keepdim=True)).square().mean((2, 3)), x)
+    check(lambda x, w, b: (lambda y: (y, y.amax((2, 3)), (y * 2).sum((2, 3))))(_bn_silu(x, w, b)), x, w, b)
+    # softmax over the strided axis: inner members after each reduction
+    check(lambda x: torch.softmax(x, 0), make((300, 40), torch.float32), column=None)
+    check(lambda x: torch.softmax(x, 2), x, column=None)
+    # a depthwise 3x3 convolution, BatchNorm, SiLU and the mean, channels-last (EfficientNet's late stages,
+    # after their explicit padding): the convolution and BatchNorm are held in variables of the element's
+    # iteration, the SiLU stored
+    k = make((64, 1, 3, 3), torch.float32)
+    xp = make((4, 64, 8, 8), torch.float32).to(memory_format=torch.channels_last)
+
+    def depthwise(x, k, w, b):
+        y = _bn_silu(torch.nn.functional.conv2d(x, k, groups=64), w, b)
+        return y, y.mean((2, 3))
+    c = check(depthwise, xp, k, w, b)
+    assert "  float loc_buf0;" in c.cpp_source, c.cpp_source
+    # the weights, read at 9 * c + tap, come from per-tile arrays (g++ leaves the loop scalar otherwise)
+    assert "pre8[kj] = p_" in c.cpp_source and "pre9[" not in c.cpp_source, c.cpp_source
+    check(lambda x, k, w, b: _bn_silu(torch.nn.functional.conv2d(x, k, groups=64), w, b).mean((2, 3)),
+          xp, k, w, b)
+    check(lambda x, k, w, b: depthwise(torch.nn.functional.pad(x, (1, 1, 1, 1)), k, w, b), xp, k, w, b,
+          column=None)
+
+
+def test_preloaded_strided_operands():
+    # operands invariant along the reduced loops, strided along the tile: read once per tile, in every
+    # pass that reads them; columns of a row-major weight, a slice with a step, float64
+    x = make((6, 48, 5, 5), torch.float32).to(memory_format=torch.channels_last)
+    wt = make((48, 3), torch.float32)                         # wt[:, j]: element c at 3 * c + j
+    c = check(lambda x, wt: (x * wt[:, 0, None, None] + wt[:, 2, None, None]).sum((2, 3)), x, wt)
+    assert "pre1[kj]" in c.cpp_source, c.cpp_source
+    check(lambda x, wt: ((x - (x * wt[:, 1, None, None]).mean((2, 3), keepdim=True)) * wt[:, 1, None, None])
+          .square().sum((2, 3)), x, wt)
+    stepped = make((144,), torch.float64)[::3]
+    check(lambda x, s: (x * s[:, None, None]).exp().sum((2, 3)), x.double(), stepped)
+
+
+def test_parameters_alone_do_not_choose_the_column_order():
+    # the same depthwise kernel over a row-major (NCHW) input: the loads the reduced loops move are strided
+    # along the channels, only the per-channel parameters are contiguous; the general path runs it
+    # (EfficientNet at batch 2: the column order ran its kernels 2x slower)
+    x = make((2, 96, 10, 10), torch.float32)
+    k, w, b = make((96, 1, 3, 3), torch.float32), make((96,), torch.float32), make((96,), torch.float32)
+    check(lambda x, k, w, b: (lambda y: (y, y.mean((2, 3))))(
+        _bn_silu(torch.nn.functional.conv2d(x, k, stride=2, groups=96), w, b)), x, k, w, b, column=False)
+    check(lambda x, w, b: (x * w[:, None, None] + b[:, None, None]).sum((2, 3)), x, w, b, column=False)

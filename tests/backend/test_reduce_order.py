@@ -1,6 +1,7 @@
 """A reduction over several dims walks its input in memory order (kiln.lower.reduce_order): values against
 eager, and the innermost reduced loop reading with stride 1 (PoolFormer's GroupNorm statistics over a
 channels-last buffer read it through W's stride C, at 1 GB/s)."""
+import re
 import shutil
 
 import pytest
@@ -70,3 +71,27 @@ def test_group_norm_matches_eager(groups, shape, channels_last):
     if channels_last:
         strides = _innermost_strides(c)
         assert strides and all(abs(s) == 1 for s in strides), (strides, c.loop.describe())
+
+
+@pytest.mark.parametrize("groups", [1, 4])
+def test_group_norm_of_a_channels_last_buffer_is_normalized_channels_last(groups):
+    # PoolFormer's token mixer reads its GroupNorm's result nine times (a 3x3 pool), so that result is a
+    # buffer. Over a convolution's result that kiln lays out channels-last (the model's input row-major), it
+    # was written row-major (the normalization of the (N, G, C/G, H, W) reshape, reshaped back) and read
+    # back with stride H*W along the channels. Every 4-D buffer inside the graph is channels-last now.
+    x = torch.randn(4, 3, 32, 32)
+    k, w, b, s = torch.randn(32, 3, 3, 3), torch.randn(32), torch.randn(32), torch.randn(32)
+
+    def mixer(x, k, w, b, s):
+        x = F.conv2d(x, k, padding=1)
+        y = F.group_norm(x, groups, w, b)
+        return x + s[:, None, None] * (F.avg_pool2d(y, 3, 1, 1, count_include_pad=False) - y)
+    c = compiled(mixer, x, k, w, b, s)
+    out, expected = c(x, k, w, b, s), mixer(x, k, w, b, s)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert out.stride() == expected.stride()
+    outputs = set(re.findall(r"\bbuf\d+\b", repr(c.loop.output)))
+    inside = [buf for buf in c.loop.buffers.values() if isinstance(buf, ComputedBuffer)
+              and len(buf.layout.strides) == 4 and buf.name not in outputs]
+    assert inside and all(buf.layout.strides[1] == 1 for buf in inside), \
+        [(buf.name, buf.layout.strides) for buf in inside]
