@@ -67,6 +67,8 @@ def test_amp_training_step_scales_unscales_and_skips_as_gradscaler():
                                         pytest.param("bf16-weights", "inference", marks=pytest.mark.slow)])
 def test_measure_kiln_at_a_precision(name, mode):
     """A whole measuring run of kiln on the MLP: accurate at the dtype's tolerance, no fallback."""
+    import kiln
+    kiln.reset()   # (a bench job runs in a fresh process; here the counters of earlier tests are cleared)
     result = worker.run_job({"phase": "measure", "model": "mlp", "backend": "kiln:cpp", "mode": mode,
                              "precision": name, "budget_s": 0.05, "batch": 4})
     assert result["status"] == "pass", result.get("error") or result["accuracy"]
