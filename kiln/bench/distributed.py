@@ -128,17 +128,22 @@ def run(world: int = 2, model: str = "nanogpt", variants: tuple[str, ...] = VARI
         context = mp.start_processes(
             _rank_main, args=(world, _free_port(), model, list(variants), steps, warmup, tmp,
                               ddp_kwargs or {}, tmp), nprocs=world, join=False, start_method="spawn")
-        deadline = time.monotonic() + timeout_s
-        try:
-            while not context.join(timeout=1.0):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"kiln bench --distributed {world}: ranks ran past {timeout_s:.0f} s")
-        finally:
-            for process in context.processes:
-                if process.is_alive():
-                    process.kill()
-                    process.join(5)
-        return torch.load(os.path.join(tmp, "summary.pt"), weights_only=False)
+        return join_ranks(context, timeout_s, f"kiln bench --distributed {world}", tmp)
+
+
+def join_ranks(context: Any, timeout_s: float, what: str, tmp: str) -> Any:
+    """Wait for spawned ranks (killing any left after `timeout_s`), then load rank 0's summary.pt in `tmp`."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not context.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what}: ranks ran past {timeout_s:.0f} s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+                process.join(5)
+    return torch.load(os.path.join(tmp, "summary.pt"), weights_only=False)
 
 
 def table(results: dict[str, Any], world: int, model: str, steps: int) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .distributed import _free_port
+from .distributed import _free_port, join_ranks
 
 VARIANTS = ("eager TP", "kiln TP", "kiln TP (hooks)", "torch.compile TP")
 MODELS = ("mlp", "llama")
@@ -121,18 +121,7 @@ def run(world: int = 2, model: str = "mlp", variants: tuple[str, ...] = VARIANTS
         context = mp.start_processes(
             _rank_main, args=(world, _free_port(), model, list(variants), steps, warmup, tmp, tmp),
             nprocs=world, join=False, start_method="spawn")
-        deadline = time.monotonic() + timeout_s
-        try:
-            while not context.join(timeout=1.0):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"kiln bench --distributed {world} --strategy tp: ranks ran past "
-                                       f"{timeout_s:.0f} s")
-        finally:
-            for process in context.processes:
-                if process.is_alive():
-                    process.kill()
-                    process.join(5)
-        return torch.load(os.path.join(tmp, "summary.pt"), weights_only=False)
+        return join_ranks(context, timeout_s, f"kiln bench --distributed {world} --strategy tp", tmp)
 
 
 def table(results: dict[str, Any], world: int, model: str, steps: int) -> str:

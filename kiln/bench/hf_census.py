@@ -5,8 +5,9 @@ own graph and break counts for the same model.
   verdict     "correct" (the accuracy rule against eager and an fp64 reference passes), "wrong" (it fails:
               a miscompile), or "crash" (the compiled call raised where eager did not)
   compile_s   the first call of `kiln.compile(model)` (default backend), capture and code generation included
-  dynamo      {"graphs", "breaks"} from torch._dynamo.explain, run by bench/baselines.py (outside kiln/, which
-              never imports torch's compiler stack); absent where that file is not in the checkout
+  dynamo      {"graphs", "breaks"}: TorchDynamo's own counts, computed by bench/baselines.py `dynamo_counts`
+              (outside kiln/, which never uses torch's compiler stack); absent where that file is not in the
+              checkout
 
 The fp64 reference is a float64 copy of the model; where the model cannot run in float64 (a kernel without a
 double version), eager's float32 result is the reference too, which makes the rule plain closeness to eager

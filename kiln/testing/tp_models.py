@@ -12,6 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .models import RMSNorm   # (the zoo's)
+
 
 class SwiGLU(nn.Module):
     def __init__(self, dim: int, hidden: int, bias: bool = False):
@@ -35,16 +37,6 @@ class MLPStack(nn.Module):
         for block in self.blocks:
             x = x + block(x)
         return x
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
 class Attention(nn.Module):
