@@ -65,6 +65,28 @@ def _seed_torch():
     yield
 
 
+# attributes kiln's modules give through a module __getattr__ (loaded on first use, or checked on each use:
+# kiln.compile checks the Python version). A test that replaces one with monkeypatch.setattr leaves it in the
+# module's dict on pytest < 9.2 (undo writes the looked-up value back), and from then on every test in the
+# process sees a different kiln: no version check, or a "custom" pass list that turns the graph cache off.
+# Replace them with monkeypatch.setitem(vars(module), name, value), which removes the entry after.
+_LAZY_ATTRIBUTES = {"kiln": ("compile", "disable", "explain", "check", "report", "reset", "profile"),
+                    "kiln.backends.cpp": ("PASSES", "CPP_TARGET")}
+
+
+@pytest.fixture(autouse=True)
+def _lazy_attributes_left_lazy():
+    yield
+    import sys
+    for module, names in _LAZY_ATTRIBUTES.items():
+        held = vars(sys.modules[module]) if module in sys.modules else {}
+        left = [name for name in names if name in held]
+        for name in left:  # (removed, so that only the test that left them fails)
+            del held[name]
+        assert not left, (f"this test left {module}.{', '.join(left)} in the module's dict (lazy attributes, "
+                          f"see tests/conftest.py): replace them with monkeypatch.setitem(vars(module), ...)")
+
+
 @pytest.fixture(scope="module")
 def kiln_cache():
     """The run's kiln cache directory (kernels built once, the user's cache untouched); every test uses it,
