@@ -349,6 +349,11 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
         if bool(want) != args[0].meta.requires_grad:
             # the flag belongs to the real tensor (and later reads of it must see the change)
             raise UnsupportedError(f"{name} changes requires_grad of a traced tensor")
+    if kwargs.get("requires_grad") is True and torch.is_grad_enabled():
+        # a leaf that requires grad, made inside the graph: what is computed from it needs autograd through
+        # the graph, which kiln builds for its inputs only; as an input of the graph after the break it gets it
+        raise UnsupportedError(f"{name}(requires_grad=True) makes a leaf that requires grad inside the graph "
+                               "(with grad mode on)")
     inplace = is_inplace(func, kwargs)
     if inplace and not (args and isinstance(args[0], Proxy)):
         args, kwargs = _target_first(func, args, kwargs)

@@ -72,3 +72,45 @@ def test_requires_grad_of_factories_read_in_compiled_code(case):
     kiln.reset()
     x = torch.randn(3, requires_grad=True)
     torch.testing.assert_close(kiln.compile(f, backend="eager")(x), f(x))
+
+
+_LEAVES = {
+    "zeros": lambda x: torch.zeros(x.shape, requires_grad=True),
+    "ones_like": lambda x: torch.ones_like(x, requires_grad=True),
+    "full": lambda x: torch.full(x.shape, 2.0, requires_grad=True),
+    "tensor": lambda x: torch.tensor([1.0, 2.0, 3.0], requires_grad=True),
+    "new_zeros": lambda x: x.new_zeros(x.shape, requires_grad=True),
+    "randn": lambda x: torch.randn(x.shape, requires_grad=True),
+}
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+@pytest.mark.parametrize("case", sorted(_LEAVES))
+def test_a_leaf_made_with_requires_grad_inside_compiled_code(case, grad, counters):
+    """A factory asked for requires_grad=True makes a leaf inside the graph. With grad mode on, eager's
+    results computed from it require grad and backward reaches the leaf; kiln returned them without grad
+    (autograd is built for the graph's inputs), so `.backward()` raised. It now breaks there, with the reason."""
+    make = _LEAVES[case]
+
+    def f(x):
+        z = make(x)
+        return z, z * 2 + x
+
+    kiln.reset()
+    x = torch.randn(3)
+    with torch.set_grad_enabled(grad):
+        torch.manual_seed(1)
+        z, out = f(x)
+        torch.manual_seed(1)
+        kz, kout = kiln.compile(f, backend="cpp")(x)
+    torch.testing.assert_close((kz, kout), (z, out))
+    for e, k in ((z, kz), (out, kout)):
+        assert (k.requires_grad, k.is_leaf) == (e.requires_grad, e.is_leaf)
+    if grad:
+        out.sum().backward()
+        kout.sum().backward()
+        torch.testing.assert_close(kz.grad, z.grad)
+        assert any("makes a leaf that requires grad" in k for k in counters["graph_breaks"]), \
+            dict(counters["graph_breaks"])
+    else:
+        assert not counters["graph_breaks"]

@@ -131,7 +131,10 @@ def test_random_with_generator():
 
 
 def test_unsupported_cases_fall_back():
-    check_op(lambda: torch.zeros(3, requires_grad=True), fallbacks=1)
+    with torch.no_grad():  # (with grad mode on, a leaf asking for grad breaks the graph: see below)
+        check_op(lambda: torch.zeros(3, requires_grad=True), fallbacks=1)
+    with pytest.raises(kiln.ops.registry.UnsupportedError, match="makes a leaf that requires grad"):
+        kiln.ops.trace(lambda: torch.zeros(3, requires_grad=True))
     check_op(lambda a: torch.randn_like(a), torch.randn(8, 4).t(), seed=1, fallbacks=1)
 
 
