@@ -65,6 +65,8 @@ def _nominally_differentiable(graph: Graph, needs: list[bool], positions: list[i
     for node in graph.nodes:
         if node.op in ("call_torch", "call_prim", "getitem") and any(i in active for i in node.inputs()):
             metas = node.meta if isinstance(node.meta, tuple) else (node.meta,)
+            if node.op == "call_torch" and isinstance(node.meta, TensorMeta) and not node.meta.requires_grad:
+                continue  # the capture's rule for eager's flag said no: zeros_like(x), x.new_tensor(...)
             if node.op == "getitem" or any(getattr(m, "dtype", torch.int64).is_floating_point for m in metas):
                 active.add(node)
     leaves = list(flatten(graph.output_value))

@@ -62,13 +62,18 @@ def compile_segmented(graph: Graph, example_inputs: list, compile_graph: Callabl
         return compile_graph(graph, example_inputs)
     steps, outputs, writebacks = plan
     compiled: list[tuple] = []
+    # each segment compiles in the grad mode it runs in (its backward is built when grad is on there): a
+    # `with torch.enable_grad():` segment of a frame called under no_grad needs its backward
+    grad = torch.is_grad_enabled()  # (the frame's guards hold the mode it was captured in)
     for step in steps:
         if step[0] == "grad":
             compiled.append(step)
+            grad = step[1]
             continue
         _, sub, ins, outs = step
         examples = [_example(n.meta) for n in ins]
-        compiled.append(("graph", compile_graph(sub, examples), ins, outs))
+        with torch.set_grad_enabled(grad):
+            compiled.append(("graph", compile_graph(sub, examples), ins, outs))
     return SegmentedGraph(compiled, graph.placeholders, outputs, writebacks)
 
 

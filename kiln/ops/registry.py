@@ -112,6 +112,9 @@ class _Aliases:
         self.has_views = _WeakIdentityDict()  # Proxies that have views (a set)
         self.input_name = _WeakIdentityDict()  # Proxy -> its graph input's name
         self.chain = _WeakIdentityDict()  # view Proxy -> ViewChain from its base (None: unknown)
+        # Proxies of tensors that require grad, updated in place under no_grad: eager's tensor keeps its
+        # autograd identity (a leaf stays the leaf), which the graph's new value does not have
+        self.updated_without_grad = _WeakIdentityDict()
 
 
 _ALIASES: weakref.WeakKeyDictionary[Graph, _Aliases] = weakref.WeakKeyDictionary()
@@ -354,6 +357,12 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
         # the graph, which kiln builds for its inputs only; as an input of the graph after the break it gets it
         raise UnsupportedError(f"{name}(requires_grad=True) makes a leaf that requires grad inside the graph "
                                "(with grad mode on)")
+    if torch.is_grad_enabled():
+        stale = aliases(graph).updated_without_grad
+        for v in flatten((args, kwargs)):
+            if isinstance(v, Proxy) and v in stale:
+                raise UnsupportedError(f"{name} with grad mode on reads a tensor that requires grad, updated in "
+                                       "place under no_grad earlier in the graph")
     inplace = is_inplace(func, kwargs)
     if inplace and not (args and isinstance(args[0], Proxy)):
         args, kwargs = _target_first(func, args, kwargs)
@@ -775,6 +784,11 @@ def _apply_inplace(graph: Graph, target: Proxy, result: Any) -> Proxy:
         # tensor: the update runs eagerly. Under no_grad (an optimizer step) the graph's write-back is an
         # in-place copy_ under no_grad too, which moves the version counter as eager's update does.
         raise UnsupportedError(f"in-place update of input {name}, which requires grad")
+    if not torch.is_grad_enabled() and target.meta.requires_grad and not new.meta.requires_grad:
+        # (a weight clamped under no_grad in forward: `.requires_grad` still reads True, and a later op with
+        # grad on breaks the graph, so that it differentiates with respect to the real tensor)
+        new.node.meta = new.meta.with_(requires_grad=True)
+        aliases(graph).updated_without_grad.add(target)
     target.node = new.node
     target.example = new.example
     if name is not None:
