@@ -76,17 +76,33 @@ def _ancestors(saved: list[Node]) -> list[Node]:
     return list(seen)
 
 
+def _updated_inputs(forward: Graph) -> set[Node]:
+    """Inputs the forward updates in place (a buffer's `add_`), and views of them: their memory holds the
+    new values once the forward has written them back, so the backward can neither read them nor recompute
+    from them (a gradient silently used the updated buffer). The values computed from them are saved instead.
+    A saved value that is one of them stays as the joint chose it: autograd's version check then raises, as
+    eager's does for a tensor it saved and the program updated."""
+    updated = {p for p in forward.placeholders if p.name in forward.mutated_inputs}
+    for node in forward.nodes:
+        if node.op == "call_prim" and "view" in node.target.tags and node.args and node.args[0] in updated:
+            updated.add(node)
+    return updated
+
+
 def min_cut_saved(forward: Graph, saved: list[Node]) -> tuple[list[Node], list[Node]]:
     """(the forward values to save, the ones the backward recomputes from them), both in forward order:
     what recomputes `saved` in the fewest bytes saved."""
     region = set(_ancestors(saved))
+    updated = _updated_inputs(forward)
     g = FlowGraph()
     for node in region:
         if node.op == "constant":
             continue
         cost = 0.0 if node.op == "placeholder" else nbytes(node.meta)
+        if node in updated:
+            cost = INF  # the backward would read it after the forward's write-back (see _updated_inputs)
         g.add_edge((node, "in"), (node, "out"), capacity=cost)
-        if node.op == "placeholder" or _banned(node):
+        if node.op == "placeholder" or _banned(node) or node in updated:
             g.add_edge("source", (node, "in"), capacity=INF)
         elif recompute_cost(node) > 0:
             g.add_edge("source", (node, "in"), capacity=recompute_cost(node))

@@ -66,3 +66,57 @@ def test_gradients_equal_eager(fn):
     out.backward()
     ref.backward()
     torch.testing.assert_close(wk.grad, we.grad)
+
+
+class _BufferUpdated(torch.nn.Module):
+    """A buffer used in a differentiable computation, then updated in place in the same forward."""
+
+    def __init__(self, view: bool):
+        super().__init__()
+        self.view = view
+        self.register_buffer("buf", torch.full((2, 4), 2.0))
+        self.w = torch.nn.Parameter(torch.linspace(0.5, 2.0, 4))
+
+    def forward(self, x):
+        y = x * (self.buf[0] if self.view else self.buf) * self.w
+        self.buf.mul_(3)
+        return y
+
+
+class _ToggledBatchNorm(torch.nn.Module):
+    """Train-mode BatchNorm (updates its running statistics), then eval mode on the updated statistics."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn = torch.nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        y = self.bn(x)
+        self.bn.eval()
+        z = self.bn(x)
+        self.bn.train()
+        return y + z
+
+
+@pytest.mark.parametrize("recompute", [True, False], ids=["recompute", "no_recompute"])
+@pytest.mark.parametrize("make", [lambda: _BufferUpdated(False), lambda: _BufferUpdated(True), _ToggledBatchNorm],
+                         ids=["buffer", "buffer_view", "toggled_batchnorm"])
+def test_the_backward_never_recomputes_from_an_input_updated_in_place(make, recompute):
+    """The backward ran after the forward wrote the updated buffer back, and recomputed x * buf from the new
+    values: a silently wrong gradient (3x for the buffer; BatchNorm's weight gradient used the statistics of
+    a second update). Values from updated inputs are saved instead."""
+    torch.manual_seed(0)
+    model = make()
+    twin = make()
+    twin.load_state_dict(model.state_dict())
+    kiln.reset()
+    with config.patch(autograd_recompute=recompute):
+        compiled = kiln.compile(twin)
+        for _ in range(2):
+            x = torch.randn(2, 4)
+            model(x).sum().backward()
+            compiled(x).sum().backward()
+            for name, p in model.named_parameters():
+                torch.testing.assert_close(twin.get_parameter(name).grad, p.grad)
+            for name, b in model.named_buffers():
+                torch.testing.assert_close(twin.get_buffer(name), b)
