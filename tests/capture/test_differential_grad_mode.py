@@ -39,79 +39,123 @@ def c_nograd_block(x):
     with torch.no_grad():
         y = x * 2
     return y, y + x
+
+
 def c_enable_grad(x):
     with torch.enable_grad():
         y = x * 2
     return y
+
+
 def c_detach(x):
     return x.detach() * 2 + x
+
+
 def c_inference(x):
     with torch.inference_mode():
         y = x * 2
     return y * 1
+
+
 def c_retain(x):
     y = x * 2
     y.retain_grad()
     return y.sum()
+
+
 def c_inplace_leaf(x):
     x.add_(1)
     return x
+
+
 def c_autograd_grad(x):
     y = (x * x).sum()
     (g,) = torch.autograd.grad(y, x, create_graph=False)
     return g
+
+
 def c_data_mul(x):
     x.data.mul_(2)
     return x * 1
+
+
 def c_set_grad_call(x):
     torch.set_grad_enabled(False)
     y = x * 2
     torch.set_grad_enabled(True)
     return y
+
+
 def c_set_grad_leak(x):
     torch.set_grad_enabled(False)
     return x * 2
+
+
 def c_nograd_deco(x):
     @torch.no_grad()
     def inner(t):
         return t * 3
     return inner(x) + x
+
+
 def c_hook(x):
     y = x * 2
     y.register_hook(lambda g: g * 10)
     return y.sum()
+
+
 def c_detach_inplace(x):
     y = x * 2
     y.detach_()
     return y
+
+
 def c_is_grad_enabled(x):
     return x * 2 if torch.is_grad_enabled() else x * 3
+
+
 def c_requires_grad_read(x):
     y = x * 2
     return y + 1 if y.requires_grad else y - 1
+
+
 def c_clone_inplace(x):
     y = x.clone()
     y.mul_(3)
     return y
+
+
 def c_grad_attr(x):
     return x.grad is None
+
+
 def c_backward_inside(x):
     y = (x * x).sum()
     y.backward()
     return x.grad * 1
+
+
 def c_no_grad_then_inplace(x):
     with torch.no_grad():
         x.mul_(2)
     return x + 1
+
+
 def c_view_of_leaf_inplace(x):
     v = x[0]
     v.add_(1)
     return x
+
+
 def c_requires_grad_false_input(x):
     x.requires_grad_(False)
     return x * 2
+
+
 def c_new_tensor(x):
     return x.new_tensor([1.0, 2.0]) * 2, x * 1
+
+
 def c_detach_requires(x):
     d = x.detach().requires_grad_()
     return d * 2
