@@ -6,7 +6,7 @@ Until prims.addmm, kiln decomposed a half-precision `linear` with a bias as a fl
 operands, the bias added in float32 and one rounding at the end, so its extern was a float32 gemm reading
 twice the bytes; eager calls one half-precision addmm (oneDNN: AMX or AVX512-BF16 where the CPU has them),
 and so does kiln now (kiln.ops.linalg.half_linear). Per shape (the zoo's transformer Linears: rows = batch *
-tokens, in, out), interleaved medians in microseconds of: eager's `torch.addmm(b, x, w.t())` in the half
+tokens, in, out), interleaved medians (in a shuffled order each round) in microseconds of: eager's `torch.addmm(b, x, w.t())` in the half
 dtype; the float32 addmm of the upcast operands (the upcasts done beforehand, as kiln's kernels did); the
 same with the upcasts timed; `kiln.compile(F.linear)` on the half-precision tensors (the whole compiled
 call: guards, wrapper, extern). The ratios: float32 gemm / eager (what the old decomposition paid per
@@ -15,6 +15,7 @@ Linear) and kiln / eager.
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 import time
@@ -36,8 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    print(f"| rows, in, out | eager {args.dtype} addmm us | float32 addmm of upcasts us | with the upcasts us "
-          "| kiln us | float32 / eager | kiln / eager |\n|---|---:|---:|---:|---:|---:|---:|")
+    rng = random.Random(0)
+    print(f"| rows, in, out | eager {args.dtype} addmm us | float32 addmm of upcasts us | "
+          "with the upcasts us | kiln us | float32 / eager | kiln / eager |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for m, k, n in SHAPES:
         x, w, b = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype), torch.randn(n, dtype=dtype)
         x32, w32, b32 = x.float(), w.float(), b.float()
@@ -50,8 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         for fn in variants.values():
             for _ in range(3):
                 fn()
+        order = list(variants.items())
         for _ in range(args.reps):
-            for name, fn in variants.items():
+            rng.shuffle(order)  # each variant follows each other one as often (the caches they leave differ)
+            for name, fn in order:
                 start = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - start)

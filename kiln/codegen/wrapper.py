@@ -395,9 +395,9 @@ def _product_call(src: _Source, node: ExternNode) -> str | None:
     """A matrix product as the torch call eager's `F.linear` makes, without the wrapper building views.
 
     mm(a, w.t()) is `F.linear(a, w)` (which runs that very mm); addmm(bias, a, w.t()) (the prim, or
-    lower.patterns' torch.addmm) is `F.linear(a, w, bias)` (that very addmm), and where `a` flattens a row-major 3-d buffer, `F.linear` of
-    the buffer itself (torch flattens it into the same addmm and returns the 3-d result the graph reshapes
-    to). Any other product is a direct torch.mm / torch.addmm call."""
+    lower.patterns' torch.addmm) is `F.linear(a, w, bias)` (that very addmm), and where `a` flattens a
+    row-major 3-d buffer, `F.linear` of the buffer itself (torch flattens it into the same addmm and returns
+    the 3-d result the graph reshapes to). Any other product is a direct torch.mm / torch.addmm call."""
     if node.multi_output:
         return None
     if node.target_name == "prims.mm" and len(node.args) == 2 and not node.kwargs:

@@ -22,8 +22,8 @@ import torch
 from . import elementwise as ew
 from . import shape
 from .common_vjp import as_dtype, not_differentiable_twice, refuse_complex, vjp, zeros_like
-from .extern import (addmm, bmm, convolution, convolution_backward, cummax, cummin, cumprod, cumsum, logcumsumexp,
-                     mm, sdpa, sdpa_backward, sdpa_flash, sdpa_flash_backward, sort, topk)
+from .extern import (addmm, bmm, convolution, convolution_backward, cummax, cummin, cumprod, cumsum,
+                     logcumsumexp, mm, sdpa, sdpa_backward, sdpa_flash, sdpa_flash_backward, sort, topk)
 from .indexing import scatter_add
 from .reductions import sum as reduce_sum
 from .registry import is_tensor, meta_of, wrap_dim

@@ -18,7 +18,7 @@ from kiln.lower.ir import ExternNode
 
 pytestmark = pytest.mark.usefixtures("kiln_cache")
 
-# (how the half dtype comes about, its dtype): autocast casts float32 weights and inputs; .to() makes them half
+# (how the half dtype comes about, its dtype): autocast casts float32 weights and inputs; or .to(dtype)
 MODES = [("autocast", torch.bfloat16), ("autocast", torch.float16), ("weights", torch.bfloat16)]
 MODE_IDS = ["bf16_autocast", "fp16_autocast", "bf16_weights"]
 

@@ -1,5 +1,5 @@
-"""Extern prims (mm, addmm, bmm, convolution, sdpa, sort, topk, scans) against eager: meta shapes and dtypes equal
-the reference's, and bad input raises eager's exception type from the meta rule, naming the shapes."""
+"""Extern prims (mm, addmm, bmm, convolution, sdpa, sort, topk, scans) against eager: meta shapes and dtypes
+equal the reference's, and bad input raises eager's exception type from the meta rule, naming the shapes."""
 import pytest
 import torch
 import torch.nn.functional as F
