@@ -1,7 +1,8 @@
 """A float16/bfloat16 Linear (under torch.autocast or with half-precision weights) runs as eager runs it: a
 biased one is one half-precision addmm extern (prims.addmm), not a float32 mm of upcast operands, and its
 values, dtypes, strides and gradients equal eager's bit for bit (the same aten ops: addmm, mm, and the bias
-gradient's row sum)."""
+gradient's row sum). Products under config half_addmm_min_macs keep the float32 mm (cheaper than oneDNN's
+half-precision call there): the tests set it to 0, but for the one about that choice."""
 from __future__ import annotations
 
 import copy
@@ -13,10 +14,19 @@ import torch.nn.functional as F
 
 import kiln
 import kiln.ops
+from kiln import config
 from kiln.backends.cpp import compile_graph
 from kiln.lower.ir import ExternNode
+from kiln.testing.accuracy import check
+from kiln.testing.tolerance import model_tol
 
 pytestmark = pytest.mark.usefixtures("kiln_cache")
+
+
+@pytest.fixture(autouse=True)
+def half_addmm_always():
+    with config.patch(half_addmm_min_macs=0):
+        yield
 
 # (how the half dtype comes about, its dtype): autocast casts float32 weights and inputs; or .to(dtype)
 MODES = [("autocast", torch.bfloat16), ("autocast", torch.float16), ("weights", torch.bfloat16)]
@@ -113,3 +123,22 @@ def test_other_inputs_follow_eager(dtype, counters):
         _same(compiled, eager)
         assert ("prims.addmm" in counters["extern"]) == (name == "addmm"), (name, dict(counters["extern"]))
         assert not counters["fallback"], (name, dict(counters["fallback"]))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_small_products_keep_the_float32_mm(dtype, counters):
+    """Under the default half_addmm_min_macs a tiny Linear is a float32 mm plus the bias, rounded once:
+    within the dtype's tolerance of eager and no further from fp64 than eager; a large one is the addmm."""
+    with config.patch(half_addmm_min_macs=1 << 21):  # the default
+        for rows, want in ((64, "prims.mm"), (1024, "prims.addmm")):  # 64*32*96 and 1024*32*96 MACs
+            torch.manual_seed(0)
+            x, w, b = torch.randn(rows, 32), torch.randn(96, 32), torch.randn(96)
+            kiln.reset()
+            counters.clear()
+            fn = kiln.compile(lambda x, w, b: F.linear(x, w, b), backend="cpp")
+            with torch.autocast("cpu", dtype=dtype):
+                eager, compiled = F.linear(x, w, b), fn(x, w, b)
+            assert dict(counters["extern"]) == {want: 1}, (rows, dict(counters["extern"]))
+            assert compiled.dtype == eager.dtype
+            verdict = check(compiled, eager, F.linear(x.double(), w.double(), b.double()), tol=model_tol(dtype))
+            assert verdict.passed, verdict.reason
