@@ -6,7 +6,7 @@ Until prims.addmm, kiln decomposed a half-precision `linear` with a bias as a fl
 operands, the bias added in float32 and one rounding at the end, so its extern was a float32 gemm reading
 twice the bytes; eager calls one half-precision addmm (oneDNN: AMX or AVX512-BF16 where the CPU has them),
 and so does kiln now (kiln.ops.linalg.half_linear) for products of at least config half_addmm_min_macs
-multiply-adds (4M: every shape here but the first, which keeps the float32 mm). Per shape (the zoo's
+multiply-adds (8M: every shape here but the first, which keeps the float32 mm). Per shape (the zoo's
 transformer Linears: rows = batch * tokens, in, out), interleaved medians (in a shuffled order each round)
 in microseconds of: eager's `torch.addmm(b, x, w.t())` in the half dtype; the float32 addmm of the upcast
 operands (the upcasts done beforehand, as kiln's kernels did); the same with the upcasts timed;
