@@ -158,6 +158,13 @@ define("conv_gemm_max_macs", 1_000_000, "CPU convolutions with at most this many
        "whose per-call cost dominates small ones (0: always oneDNN)")
 define("conv_depthwise_max_macs", 250_000, "CPU depthwise convolutions with at most this many multiply-adds "
        "run as a sum of shifted products (one kernel with their neighbours) instead of oneDNN's (0: never)")
+define("half_addmm_min_macs", 1 << 23, "float16/bfloat16 biased matrix products (F.linear, addmm) with at "
+       "least this many multiply-adds run as one half-precision addmm (eager's call, its values bit for bit); "
+       "smaller ones as a float32 mm of the upcast operands plus the bias, rounded once (within the dtype's "
+       "tolerance of eager), since oneDNN's half-precision gemm costs ~30 us per call where sgemm's is ~10 "
+       "us: in compiled models under bf16 autocast the zoo's mlp ([32, 256] @ [256, 256], 2.1M) and nanogpt "
+       "([256, 64] @ [64, 256] and [256, 256] @ [256, 64], 4.2M) ran 20-25 us slower per Linear with it; a "
+       "[256, 128] @ [128, 384] Linear (12.6M) ran 2-3x faster (0: always the half-precision addmm)")
 define("conv_gemm_max_bytes", 8 << 20, "CPU convolutions whose gathered input windows (im2col) would exceed this "
        "many bytes keep oneDNN's convolution")
 define("pool_buffers", True, "generated wrappers keep their freed buffers of 128 KiB or more for their next "

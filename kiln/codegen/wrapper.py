@@ -394,10 +394,10 @@ def _flattened(src: _Source, ref: Any) -> tuple[str, tuple] | None:
 def _product_call(src: _Source, node: ExternNode) -> str | None:
     """A matrix product as the torch call eager's `F.linear` makes, without the wrapper building views.
 
-    mm(a, w.t()) is `F.linear(a, w)` (which runs that very mm); addmm(bias, a, w.t()) is
-    `F.linear(a, w, bias)` (that very addmm), and where `a` flattens a row-major 3-d buffer, `F.linear` of
-    the buffer itself (torch flattens it into the same addmm and returns the 3-d result the graph reshapes
-    to). Any other product is a direct torch.mm / torch.addmm call."""
+    mm(a, w.t()) is `F.linear(a, w)` (which runs that very mm); addmm(bias, a, w.t()) (the prim, or
+    lower.patterns' torch.addmm) is `F.linear(a, w, bias)` (that very addmm), and where `a` flattens a
+    row-major 3-d buffer, `F.linear` of the buffer itself (torch flattens it into the same addmm and returns
+    the 3-d result the graph reshapes to). Any other product is a direct torch.mm / torch.addmm call."""
     if node.multi_output:
         return None
     if node.target_name == "prims.mm" and len(node.args) == 2 and not node.kwargs:
@@ -405,11 +405,14 @@ def _product_call(src: _Source, node: ExternNode) -> str | None:
         bias = None
     elif node.target_name == "torch.addmm" and len(node.args) == 3 and set(node.kwargs) == {"shape"}:
         bias, a, b = node.args
+    elif node.target_name == "prims.addmm" and len(node.args) == 3 and not node.kwargs:
+        bias, a, b = node.args  # (its result is the 2-d product itself)
     else:
         return None
     a_text, b_text = _inline_text(src, a), _inline_text(src, b)
     bias_text = None if bias is None else _inline_text(src, bias)
-    shape_text = _inline_text(src, node.kwargs["shape"]) if bias is not None else None
+    shape = node.kwargs.get("shape", node.outputs[0].shape)
+    shape_text = _inline_text(src, tuple(shape)) if bias is not None else None
     if a_text is None or b_text is None or (bias is not None and (bias_text is None or shape_text is None)):
         return None
     weight = _transposed(src, b)
@@ -419,8 +422,10 @@ def _product_call(src: _Source, node: ExternNode) -> str | None:
         return f"{src.const(torch.addmm, 'addmm')}({bias_text}, {a_text}, {b_text}).view({shape_text})"
     if bias is None:
         return f"_linear({a_text}, {weight})"
+    if "shape" not in node.kwargs:  # prims.addmm: F.linear of the 2-d rows gives the 2-d result
+        return f"_linear({a_text}, {weight}, {bias_text})"
     flat = _flattened(src, a)
-    out_shape = tuple(node.kwargs["shape"])
+    out_shape = tuple(shape)
     if flat is not None and len(out_shape) == 3 and \
             all(sympy.expand(x - y) == 0 for x, y in zip(flat[1][:2], out_shape[:2])):
         return f"_linear({flat[0]}, {weight}, {bias_text})"

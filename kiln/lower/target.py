@@ -49,5 +49,5 @@ ALL_DTYPES = frozenset({torch.bfloat16, torch.float16, torch.float32, torch.floa
 # the library kernels (BLAS, oneDNN, torch's attention) kiln calls by design: externs, not fallbacks; the
 # backward ones too (a convolution's backward is oneDNN's, as its forward is; under autocast the zoo's
 # convolutions stay externs, not gather + mm, so a training step reaches convolution_backward)
-LIBRARY_PRIMS = frozenset({"mm", "bmm", "convolution", "sdpa", "sdpa_flash", "convolution_backward",
+LIBRARY_PRIMS = frozenset({"mm", "addmm", "bmm", "convolution", "sdpa", "sdpa_flash", "convolution_backward",
                            "sdpa_backward", "sdpa_flash_backward", "all_reduce"})

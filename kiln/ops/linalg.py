@@ -12,11 +12,11 @@ import torch
 import torch.nn.functional as F
 
 from .. import prims
-from ..prims.registry import check, shape_text
+from ..prims.registry import check, meta_of, shape_text
 from . import conv_gemm, nn_attention
 from .registry import NoDecomposition, register
 from .utils import broadcast_shapes, broadcast_to, computation_dtype, convert, is_tensor
-from ..graph import torch_internals
+from ..graph import torch_internals, traced_flag
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -199,12 +199,49 @@ def _add_scaled(op: str, inp: Any, product: Any, operands: Sequence[Any], beta: 
     return convert(out, dtype).contiguous()  # eager allocates these results contiguous
 
 
+def _half_bias(bias: Any, mat2: Any) -> bool:
+    """A float16/bfloat16 bias vector of the product's width: eager adds it inside its half-precision gemm
+    (float32 accumulation, one rounding), which is the prim addmm; float32 keeps mm + add, which fuses the
+    add into the kernel reading the product (lower.patterns folds it back into a BLAS addmm where not)."""
+    dtype = meta_of(bias).dtype
+    return computation_dtype(dtype) != dtype and dtype == meta_of(mat2).dtype and bias.ndim == 1 and \
+        mat2.ndim == 2 and bias.shape[0] == mat2.shape[1]
+
+
+def _half_gemm_pays(rows: Any, k: Any, m: Any) -> bool:
+    """Whether a half-precision product of this size runs as one half-precision library call (config
+    half_addmm_min_macs; symbolic sizes: yes)."""
+    if not all(isinstance(s, int) for s in (rows, k, m)):
+        return True
+    return rows * k * m >= traced_flag("half_addmm_min_macs")
+
+
+def half_linear(input: Any, w: Any, bias: Any) -> Any:
+    """F.linear(input, w.t(), bias) in float16/bfloat16 (w the [k, m] transposed weight, bias [m]) as eager
+    runs it: a 2-D input, or a contiguous one flattened to rows, is one half-precision addmm; any other input
+    of 3 or more dims is matmul, then the bias added (each rounded to the half dtype). None (the caller's
+    float32 product plus the bias, rounded once) for a 1-D input, other shapes, and products too small for
+    the half-precision call to pay (`_half_gemm_pays`)."""
+    if not (_half_bias(bias, w) and meta_of(input).dtype == meta_of(w).dtype) or input.ndim < 2 or \
+            not _half_gemm_pays(_prod(input.shape[:-1]), w.shape[0], w.shape[1]):
+        return None
+    if input.ndim == 2:
+        return prims.addmm(bias, input, w)
+    if input.ndim >= 3 and meta_of(input).is_contiguous():
+        rows = input.reshape(_prod(input.shape[:-1]), input.shape[-1])
+        return prims.addmm(bias, rows, w).reshape((*input.shape[:-1], w.shape[1]))
+    return matmul(input, w) + bias
+
+
 @register(torch.addmm, torch.Tensor.addmm)
 def addmm(inp: Any, mat1: Any, mat2: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
     check(mat1.dtype == mat2.dtype and inp.dtype == mat1.dtype,
           lambda: f"addmm: self and mat2 must have the same dtype, but got {_dtype_name(inp.dtype)} and "
                   f"{_dtype_name(mat2.dtype)}")
     prims.mm.meta(mat1, mat2)  # shape errors name the operands' own shapes
+    if type(beta) in (int, float) and type(alpha) in (int, float) and beta == 1 and alpha == 1 and \
+            _half_bias(inp, mat2) and _half_gemm_pays(mat1.shape[0], mat1.shape[1], mat2.shape[1]):
+        return prims.addmm(inp, mat1, mat2)
     return _add_scaled("addmm", inp, prims.mm, (mat1, mat2), beta, alpha)
 
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from .. import prims
 from ..graph.symbolic import SymInt
 from ..prims.registry import check, shape_text, wrap_dim
-from . import nn_attention  # noqa: F401  (registers multi_head_attention_forward)
+from . import linalg, nn_attention  # noqa: F401  (nn_attention registers multi_head_attention_forward)
 from .nn_layout import vector_norm  # also registers the layout ops (pad, interpolate, ...)
 from .registry import DECOMPOSITIONS, NoDecomposition, mark_inplace_flag, register, update_argument
 from .utils import computation_dtype, convert, eager_format, elementwise, is_float_dtype
@@ -749,6 +749,9 @@ def linear(input: Any, weight: Any, bias: Any = None) -> Any:
         return torch.matmul(input, w)
     dtype = computation_dtype(input.dtype)
     if dtype != input.dtype and input.dtype == weight.dtype == bias.dtype:
+        out = linalg.half_linear(input, w, bias)  # eager's half-precision addmm, one library call
+        if out is not None:
+            return out
         # eager adds the bias inside its float16/bfloat16 gemm (float32 accumulation) and rounds once
         out = torch.matmul(convert(input, dtype), convert(w, dtype)) + convert(bias, dtype)
         return convert(out, input.dtype)

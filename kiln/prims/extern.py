@@ -1,6 +1,8 @@
 """Extern prims: operations backends keep whole, as calls into a vendor library (BLAS, oneDNN, cuDNN, ...).
 
 mm(a, b)                     [n, k] @ [k, m] -> [n, m]; one dtype
+addmm(bias, a, b)            bias[m] + [n, k] @ [k, m] -> [n, m] in one library call (the bias added while the
+                             product is written, one rounding: eager's half-precision Linear); one dtype
 bmm(a, b)                    [B, n, k] @ [B, k, m] -> [B, n, m]
 convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
                              N-d (N = w.ndim - 2) batched convolution, as torch.convolution; every list has
@@ -63,6 +65,21 @@ def _mm_meta(a: Any, b: Any) -> TensorMeta:
 
 
 mm = prim("mm", _mm_meta, lambda a, b: torch.mm(a, b), tags=("extern",))
+
+
+def _addmm_meta(bias: Any, a: Any, b: Any) -> TensorMeta:
+    out = _mm_meta(a, b)
+    bm = _tensor("addmm", "bias", bias)
+    check(bm.ndim == 1 and bm.shape[0] == out.shape[1], lambda: f"addmm: expected a bias of size "
+          f"[{out.shape[1]}] for the product {shape_text(a)} @ {shape_text(b)}, got {shape_text(bias)}")
+    check(bm.dtype == out.dtype, lambda: f"addmm: expected the bias in the operands' dtype "
+          f"{_dtype_name(out.dtype)}, got {_dtype_name(bm.dtype)}")
+    return out
+
+
+# eager's biased Linear (F.linear -> aten.addmm): BLAS/oneDNN adds the bias as it writes the product, so a
+# half-precision result is rounded once from the float32 accumulator, and the gemm reads half-precision bytes
+addmm = prim("addmm", _addmm_meta, lambda bias, a, b: torch.addmm(bias, a, b), tags=("extern",))
 
 
 def _bmm_meta(a: Any, b: Any) -> TensorMeta:

@@ -1,6 +1,7 @@
 """Reverse-mode derivatives (vjp rules) of the extern prims, as eager autograd computes them.
 
 mm, bmm       products with the other operand transposed
+addmm         mm's, and the bias's: the gradient summed over the rows (eager's AddmmBackward)
 convolution   the extern convolution_backward (eager's aten.convolution_backward)
 sdpa          the extern sdpa_backward (eager's autograd of the attention), with a float mask's gradient where
               an input's gradient needs it
@@ -21,9 +22,10 @@ import torch
 from . import elementwise as ew
 from . import shape
 from .common_vjp import as_dtype, not_differentiable_twice, refuse_complex, vjp, zeros_like
-from .extern import (bmm, convolution, convolution_backward, cummax, cummin, cumprod, cumsum, logcumsumexp,
-                     mm, sdpa, sdpa_backward, sdpa_flash, sdpa_flash_backward, sort, topk)
+from .extern import (addmm, bmm, convolution, convolution_backward, cummax, cummin, cumprod, cumsum,
+                     logcumsumexp, mm, sdpa, sdpa_backward, sdpa_flash, sdpa_flash_backward, sort, topk)
 from .indexing import scatter_add
+from .reductions import sum as reduce_sum
 from .registry import is_tensor, meta_of, wrap_dim
 
 
@@ -32,6 +34,13 @@ def _mm_vjp(grads: tuple, outputs: tuple, a: Any, b: Any) -> tuple:
     (g,) = grads
     refuse_complex("mm", a)
     return (mm(g, shape.permute(b, (1, 0))), mm(shape.permute(a, (1, 0)), g))
+
+
+@vjp(addmm)
+def _addmm_vjp(grads: tuple, outputs: tuple, bias: Any, a: Any, b: Any) -> tuple:
+    (g,) = grads
+    refuse_complex("addmm", a)
+    return (reduce_sum(g, (0,)), mm(g, shape.permute(b, (1, 0))), mm(shape.permute(a, (1, 0)), g))
 
 
 @vjp(bmm)

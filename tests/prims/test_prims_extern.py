@@ -1,5 +1,5 @@
-"""Extern prims (mm, bmm, convolution, sdpa, sort, topk, scans) against eager: meta shapes and dtypes equal
-the reference's, and bad input raises eager's exception type from the meta rule, naming the shapes."""
+"""Extern prims (mm, addmm, bmm, convolution, sdpa, sort, topk, scans) against eager: meta shapes and dtypes
+equal the reference's, and bad input raises eager's exception type from the meta rule, naming the shapes."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,6 +16,23 @@ def test_mm_bmm(dtype):
     a3, b3 = torch.randn(2, 3, 4).to(dtype), torch.randn(2, 4, 5).to(dtype)
     torch.testing.assert_close(check_prim(prims.bmm, a3, b3), torch.bmm(a3, b3))
     check_prim(prims.mm, torch.randn(0, 4).to(dtype), torch.randn(4, 0).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_addmm(dtype):
+    """addmm(bias, a, b) is torch.addmm with a bias vector, bit for bit (one call, one rounding)."""
+    bias, a, b = torch.randn(5).to(dtype), torch.randn(3, 40).to(dtype), torch.randn(40, 5).to(dtype)
+    torch.testing.assert_close(check_prim(prims.addmm, bias, a, b), torch.addmm(bias, a, b), rtol=0, atol=0)
+    w = torch.randn(5, 40).to(dtype)  # a Linear's transposed weight
+    torch.testing.assert_close(check_prim(prims.addmm, bias, a, w.t()), F.linear(a, w, bias), rtol=0, atol=0)
+
+
+def test_addmm_errors():
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    meta_raises(RuntimeError, prims.addmm, torch.randn(4), a, b, match=r"bias of size \[5\]")
+    meta_raises(RuntimeError, prims.addmm, torch.randn(3, 5), a, b, match=r"bias of size \[5\]")
+    meta_raises(RuntimeError, prims.addmm, torch.randn(5).double(), a, b, match="dtype")
+    meta_raises(RuntimeError, prims.addmm, torch.randn(5), a, torch.randn(3, 5), match=r"3x4 and 3x5")
 
 
 def test_mm_bmm_errors():

@@ -173,6 +173,8 @@ CASES = {
     # extern
     "mm": ("mm", lambda: ((rnd(3, 4), rnd(4, 5)), {})),
     "mm_transposed": ("mm", lambda: ((rnd(4, 3).t(), rnd(5, 4).t()), {})),
+    "addmm": ("addmm", lambda: ((rnd(5), rnd(3, 4), rnd(4, 5)), {})),
+    "addmm_transposed": ("addmm", lambda: ((rnd(5), rnd(4, 3).t(), rnd(5, 4).t()), {})),
     "bmm": ("bmm", lambda: ((rnd(2, 3, 4), rnd(2, 4, 5)), {})),
     "conv2d": ("convolution", lambda: ((rnd(2, 4, 7, 6), rnd(6, 4, 3, 3), rnd(6), [2, 1], [1, 0], [1, 1],
                                          False, [0, 0], 1), {})),
