@@ -30,7 +30,7 @@ from ..graph import (DataDependentError, Graph, Proxy, TensorMeta, Tracer, curre
                      dense_strides, flatten, map_structure, torch_name, tracing)
 from ..graph.proxy import set_torch_call_handler
 from ..graph.symbolic import has_symbols, hint_of, specialize_all
-from . import autocast
+from . import autocast, grad_flags
 from . import updates as argument_updates
 from .targets import OnCopy, TensorLeaves
 from .overlap import memory_relation as _memory_relation, overlaps_itself, shared_memory, uniform_fill
@@ -346,23 +346,9 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     if flag_op in _RESTRIDE_INPLACE and args and isinstance(args[0], Proxy):
         # they change the tensor's strides or shape, not its values: eager's storage stays where it is
         raise UnsupportedError(f"{name} changes the shape or strides of a traced tensor in place")
-    if flag_op in ("requires_grad_", "detach_") and args and isinstance(args[0], Proxy):
-        want = False if flag_op == "detach_" else (args[1] if len(args) > 1 else
-                                                   kwargs.get("requires_grad", True))
-        if bool(want) != args[0].meta.requires_grad:
-            # the flag belongs to the real tensor (and later reads of it must see the change)
-            raise UnsupportedError(f"{name} changes requires_grad of a traced tensor")
-    if kwargs.get("requires_grad") is True and torch.is_grad_enabled():
-        # a leaf that requires grad, made inside the graph: what is computed from it needs autograd through
-        # the graph, which kiln builds for its inputs only; as an input of the graph after the break it gets it
-        raise UnsupportedError(f"{name}(requires_grad=True) makes a leaf that requires grad inside the graph "
-                               "(with grad mode on)")
-    if torch.is_grad_enabled():
-        stale = aliases(graph).updated_without_grad
-        for v in flatten((args, kwargs)):
-            if isinstance(v, Proxy) and v in stale:
-                raise UnsupportedError(f"{name} with grad mode on reads a tensor that requires grad, updated in "
-                                       "place under no_grad earlier in the graph")
+    refused = grad_flags.refusal(name, flag_op, args, kwargs, aliases(graph).updated_without_grad)
+    if refused is not None:
+        raise UnsupportedError(refused)
     inplace = is_inplace(func, kwargs)
     if inplace and not (args and isinstance(args[0], Proxy)):
         args, kwargs = _target_first(func, args, kwargs)
@@ -486,7 +472,7 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
             dce(decomposition)
     if decomposition is None and region and not autocast_cast:
         target = autocast.UnderAutocast(target, region)  # eager's result depends on the state
-    if _output_requires_grad(func, args, kwargs):
+    if grad_flags.output_requires_grad(func, args, kwargs):
         metas = tuple(dataclasses.replace(m, requires_grad=True) if m.dtype.is_floating_point or
                       m.dtype.is_complex else m for m in metas)
     metas = argument_updates.own_requires_grad(metas, targets)
@@ -517,26 +503,6 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
         _apply_inplace(graph, t, value)
         _propagate_to_aliases(graph, t)
     return out[0] if targets else out
-
-
-_NO_GRAD_OUTPUT = frozenset(["detach", "detach_", "requires_grad_"])
-
-
-def _output_requires_grad(func: Any, args: tuple, kwargs: dict) -> bool:
-    """Whether eager's result requires grad: grad mode on and a differentiable op of an input that
-    requires grad (or a factory asked for it). Code that branches on `.requires_grad` sees eager's
-    answer; dtypes without gradients are excluded by the caller."""
-    if kwargs.get("requires_grad") is True:
-        return True
-    name = str(getattr(func, "__name__", "")).split(".")[0]  # (torch.ops.aten.detach.default: "detach")
-    if not torch.is_grad_enabled() or name in _NO_GRAD_OUTPUT:
-        return False
-    if name.endswith("_like") or name.startswith("new_"):
-        return False  # factories: zeros_like(x) of an x that requires grad does not
-    for v in flatten((args, kwargs)):
-        if isinstance(v, Proxy) and v.meta.requires_grad or isinstance(v, torch.Tensor) and v.requires_grad:
-            return True
-    return False
 
 
 def _flat_tensor_sequence(structure: Any) -> bool:
