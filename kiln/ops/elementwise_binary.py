@@ -16,7 +16,7 @@ from ..prims.registry import check
 from .registry import DataDependentShape, NoDecomposition
 from .utils import (broadcast, convert, decomposition, elementwise, full_like, is_float_dtype, is_number,
                     is_tensor, materialize, method, refuse_complex, result_type, scalar_type_name, to_bool,
-                    to_compute)
+                    to_compute, wants_gradient)
 
 
 def _check_bool_alpha(alpha: Any, *args: Any, op: str) -> None:
@@ -409,10 +409,16 @@ def clamp(input: Any, min: Any = None, max: Any = None) -> Any:  # noqa: A002
     if is_tensor(min) or is_tensor(max):
         shape_args = [v for v in (input, min, max) if is_tensor(v)]
         broadcast(*shape_args)  # raises eager's error for shapes that do not broadcast
-    x = to_compute(input, dtype)
+    x = c = to_compute(input, dtype)
     # torch: min(max(x, lo), hi), NaN propagating (a NaN bound gives NaN)
     x = _clamp_bound(x, None if min is None else to_compute(min, dtype), prims.maximum)
     x = _clamp_bound(x, None if max is None else to_compute(max, dtype), prims.minimum)
+    if not is_tensor(min) and not is_tensor(max) and wants_gradient(input):
+        # eager's gradient is 1 where min <= x <= max, bounds included (maximum's would be 1/2 there)
+        inside = [torch.ge(c, min)] if min is not None else []
+        inside += [torch.le(c, max)] if max is not None else []
+        x = torch.where(inside[0] if len(inside) == 1 else torch.logical_and(*inside), c,
+                        prims.stop_gradient(x))
     return convert(x, dtype)
 
 

@@ -466,13 +466,25 @@ def embedding(input: Any, weight: Any, padding_idx: int | None = None, max_norm:
         check(-weight.shape[0] <= padding_idx < weight.shape[0],
               lambda: f"Padding_idx must be within num_embeddings (got {padding_idx} for weight "
                       f"{shape_text(weight)})", AssertionError)
-    return _embedding(weight, input)
+        if padding_idx < 0:
+            padding_idx += weight.shape[0]
+    return torch_embedding(weight, input, -1 if padding_idx is None else padding_idx, scale_grad_by_freq)
 
 
 @register(torch.embedding)
 def torch_embedding(weight: Any, indices: Any, padding_idx: int = -1, scale_grad_by_freq: bool = False,
                     sparse: bool = False) -> Any:
-    return _embedding(weight, indices)
+    """Rows of weight. With a gradient to compute, the padding row gets none (eager's embedding_backward
+    skips the indices equal to padding_idx); scale_grad_by_freq's gradient is not modelled (a fallback)."""
+    rows = _embedding(weight, indices)
+    if not (torch.is_grad_enabled() and weight.requires_grad):
+        return rows
+    if scale_grad_by_freq:
+        raise NoDecomposition("embedding with scale_grad_by_freq, whose weight requires grad")
+    if padding_idx >= 0:
+        padding = (indices == padding_idx).unsqueeze(-1)
+        rows = torch.where(padding, prims.stop_gradient(rows), rows)
+    return rows
 
 # ---- sorting, selection and scans (extern prims) --------------------------------------------------------
 

@@ -23,7 +23,7 @@ from ..prims.registry import check, shape_text, wrap_dim
 from . import linalg, nn_attention  # noqa: F401  (nn_attention registers multi_head_attention_forward)
 from .nn_layout import vector_norm  # also registers the layout ops (pad, interpolate, ...)
 from .registry import DECOMPOSITIONS, NoDecomposition, mark_inplace_flag, register, update_argument
-from .utils import computation_dtype, convert, eager_format, elementwise, is_float_dtype
+from .utils import computation_dtype, convert, eager_format, elementwise, is_float_dtype, wants_gradient
 
 
 def register_missing(*targets: Any):
@@ -53,7 +53,10 @@ def _m(name: str) -> Any:
 
 @register(F.relu)
 def relu(input: Any, inplace: bool = False) -> Any:
-    return torch.clamp_min(input, 0)
+    out = torch.clamp_min(input, 0)
+    if wants_gradient(input):  # eager's gradient is 0 at 0 (clamp's is 1): it flows where the result is > 0
+        out = torch.where(out > 0, out, prims.stop_gradient(out))
+    return out
 
 
 @register_missing(torch.relu, _m("relu"))
@@ -71,7 +74,11 @@ def hardtanh(input: Any, min_val: float = -1.0, max_val: float = 1.0, inplace: b
     check(max_val >= min_val, lambda: "hardtanh: min_val cannot be greater than max_val", ValueError)
     if not is_float_dtype(input.dtype):
         min_val, max_val = int(min_val), int(max_val)  # eager casts the bounds to the integer dtype
-    return torch.clamp(input, min_val, max_val)
+    out = torch.clamp(input, min_val, max_val)
+    if wants_gradient(input):  # eager's gradient is 1 strictly inside the bounds only (clamp's includes them)
+        inside = torch.logical_and(torch.gt(input, min_val), torch.lt(input, max_val))
+        out = torch.where(inside, input, prims.stop_gradient(out))
+    return out
 
 
 @register(F.leaky_relu)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from .. import prims
 from ..prims.registry import check, shape_text, wrap_dim
 from .registry import NoDecomposition, register
-from .utils import computation_dtype, convert, eager_format, is_float_dtype, result_type
+from .utils import computation_dtype, convert, eager_format, is_float_dtype, result_type, root_of_sum
 
 
 # ---- pad --------------------------------------------------------------------------------------------------
@@ -179,7 +179,7 @@ def vector_norm(x: Any, p: float, dims: Sequence[int], keepdim: bool) -> Any:
     """The p-norm of a real floating x over dims, as torch.linalg.vector_norm."""
     dims = list(dims)
     if p == 2:
-        return torch.sqrt(torch.sum(x * x, dims, keepdim=keepdim))
+        return root_of_sum(torch.sum(x * x, dims, keepdim=keepdim), torch.sqrt, x)
     if p == 1:
         return torch.sum(torch.abs(x), dims, keepdim=keepdim)
     if p == math.inf:
@@ -188,7 +188,8 @@ def vector_norm(x: Any, p: float, dims: Sequence[int], keepdim: bool) -> Any:
         return torch.amin(torch.abs(x), dims, keepdim=keepdim)
     if p == 0:
         return torch.sum(convert(x != 0, x.dtype), dims, keepdim=keepdim)
-    return torch.pow(torch.sum(torch.pow(torch.abs(x), p), dims, keepdim=keepdim), 1.0 / p)
+    total = torch.sum(torch.pow(torch.abs(x), p), dims, keepdim=keepdim)
+    return root_of_sum(total, lambda s: torch.pow(s, 1.0 / p), x) if p > 0 else torch.pow(total, 1.0 / p)
 
 
 @register(F.cosine_similarity, torch.cosine_similarity)

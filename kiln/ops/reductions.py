@@ -18,7 +18,7 @@ from .. import prims
 from ..prims.registry import check, wrap_dim
 from .registry import NoDecomposition
 from .utils import (computation_dtype, convert, decomposition, full_like, is_float_dtype, is_tensor, method,
-                    scalar_type_name)
+                    root_of_sum, scalar_type_name)
 
 
 def reduction_dims(input: Any, dim: Any) -> tuple[int, ...]:
@@ -308,7 +308,7 @@ def _var(op: str, input: Any, args: tuple, kwargs: dict, root: bool, with_mean: 
     else:
         out = prims.var(x, dims, correction)
     if root:
-        out = prims.sqrt(out)
+        out = root_of_sum(out, prims.sqrt, input)
     out = keep_dims(convert(out, input.dtype), input, dims, keepdim)
     if not with_mean:
         return out
@@ -363,7 +363,10 @@ def vector_norm(input: Any, ord: Any = 2, dim: Any = None, keepdim: bool = False
     elif ord == 1:
         out = prims.sum(x, dims)
     elif ord == 2:
-        out = prims.sqrt(prims.sum(prims.mul(x, x), dims))
+        out = root_of_sum(prims.sum(prims.mul(x, x), dims), prims.sqrt, input)
+    elif ord > 0:
+        out = root_of_sum(prims.sum(prims.pow(x, float(ord)), dims), lambda s: prims.pow(s, 1.0 / ord),
+                          input)
     else:
         out = prims.pow(prims.sum(prims.pow(x, float(ord)), dims), 1.0 / ord)
     return keep_dims(convert(out, out_dtype), input, dims, keepdim)

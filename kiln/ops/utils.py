@@ -25,6 +25,21 @@ def is_tensor(v: Any) -> bool:
     return isinstance(v, (Proxy, torch.Tensor))
 
 
+def wants_gradient(*values: Any) -> bool:
+    """Grad mode is on and a value requires grad: a decomposition whose prims' gradients differ from eager's
+    formula at a boundary or tie (relu at 0, clamp at its bounds) then routes the gradient as eager does."""
+    return torch.is_grad_enabled() and any(is_tensor(v) and v.requires_grad for v in values)
+
+
+def root_of_sum(s: Any, root: Callable[[Any], Any], source: Any) -> Any:
+    """root(s) (sqrt, or pow(s, 1/p)) of a sum of powers or a variance of `source`. Where s == 0 (a zero
+    vector's norm, the std of equal values) eager's gradient is 0; root's own derivative gives 0 * inf = NaN."""
+    if not wants_gradient(source):
+        return root(s)
+    zero = s == 0
+    return torch.where(zero, s * 0, root(torch.where(zero, s + 1, s)))
+
+
 def is_number(v: Any) -> bool:
     return isinstance(v, Number) and not isinstance(v, torch.Tensor)
 
