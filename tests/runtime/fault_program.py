@@ -20,8 +20,15 @@ import errno
 import json
 import os
 import shutil
+import signal
 import sys
 import warnings
+
+# Ctrl-C raises KeyboardInterrupt here as in a program started from a terminal, whatever the test process
+# left to its children: a blocked SIGINT (the calling thread's mask) or an ignored one is inherited across
+# exec, and a test run where an earlier test left either waited 30 s for an interrupt that never came
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import torch
 
