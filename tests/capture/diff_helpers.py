@@ -346,3 +346,25 @@ def params(table: list, known: dict[str, str]) -> list:
     stale = set(known) - ids
     assert not stale, f"KNOWN names programs not in the table: {sorted(stale)}"
     return out
+
+
+def autograd_signature(r: Any, layout: bool = False) -> Any:
+    """What a result says beyond its values: dtype, shape, requires_grad, is_leaf, whether it has a grad_fn
+    (layout: strides and inference-ness too); an exception as its type."""
+    if isinstance(r, BaseException):
+        return ("raise", type(r).__name__)
+    if isinstance(r, torch.Tensor):
+        extra = (r.stride(), r.is_inference()) if layout else ()
+        return ("T", r.dtype, tuple(r.shape), r.requires_grad, r.is_leaf, r.grad_fn is not None, *extra)
+    if isinstance(r, (tuple, list)):
+        return tuple(autograd_signature(v, layout) for v in r)
+    return ("v", r)
+
+
+def tensor_values(r: Any) -> list:
+    """The tensors of a result (nested tuples and lists), detached, in order."""
+    if isinstance(r, torch.Tensor):
+        return [r.detach()]
+    if isinstance(r, (tuple, list)):
+        return [v for x in r for v in tensor_values(x)]
+    return []

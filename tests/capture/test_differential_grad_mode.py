@@ -13,26 +13,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from diff_helpers import autograd_signature, tensor_values
 
 import kiln
 
-
-def _sig(r):
-    if isinstance(r, BaseException):
-        return ("raise", type(r).__name__)
-    if isinstance(r, torch.Tensor):
-        return ("T", r.dtype, tuple(r.shape), r.requires_grad, r.is_leaf, r.grad_fn is not None)
-    if isinstance(r, (tuple, list)):
-        return tuple(_sig(v) for v in r)
-    return ("v", r)
-
-
-def _values(r):
-    if isinstance(r, torch.Tensor):
-        return [r.detach()]
-    if isinstance(r, (tuple, list)):
-        return [v for x in r for v in _values(x)]
-    return []
 
 
 def c_nograd_block(x):
@@ -200,12 +184,12 @@ def test_grad_mode_program(name, grad, requires_grad):
     expected = _run(fn, grad, requires_grad)
     kiln.reset()
     got = _run(fn, grad, requires_grad, kiln.compile(fn, backend="cpp"))
-    assert _sig(got[0]) == _sig(expected[0])
-    for a, b in zip(_values(got[0]), _values(expected[0])):
+    assert autograd_signature(got[0]) == autograd_signature(expected[0])
+    for a, b in zip(tensor_values(got[0]), tensor_values(expected[0])):
         torch.testing.assert_close(a, b)
     torch.testing.assert_close(got[1], expected[1])  # the input afterwards
     assert got[2] == expected[2]  # grad mode afterwards
-    assert _sig(got[3]) == _sig(expected[3])
+    assert autograd_signature(got[3]) == autograd_signature(expected[3])
     if isinstance(expected[3], torch.Tensor):
         torch.testing.assert_close(got[3], expected[3])
 

@@ -9,27 +9,10 @@ import copy
 
 import pytest
 import torch
+from diff_helpers import autograd_signature, tensor_values
 
 import kiln
 
-
-def _sig(r):
-    if isinstance(r, BaseException):
-        return ("raise", type(r).__name__)
-    if isinstance(r, torch.Tensor):
-        return ("T", r.dtype, tuple(r.shape), r.stride(), r.requires_grad, r.is_leaf, r.grad_fn is not None,
-                r.is_inference())
-    if isinstance(r, (tuple, list)):
-        return tuple(_sig(v) for v in r)
-    return ("v", r)
-
-
-def _values(r):
-    if isinstance(r, torch.Tensor):
-        return [r.detach()]
-    if isinstance(r, (tuple, list)):
-        return [v for x in r for v in _values(x)]
-    return []
 
 
 class Frozen(torch.nn.Module):
@@ -181,8 +164,8 @@ def test_module_state_program(name, train, mode):
     expected = _run(model, mode, model)
     kiln.reset()
     got = _run(twin, mode, kiln.compile(twin))
-    assert _sig(got[0]) == _sig(expected[0])
-    for a, b in zip(_values(got[0]), _values(expected[0])):
+    assert autograd_signature(got[0], layout=True) == autograd_signature(expected[0], layout=True)
+    for a, b in zip(tensor_values(got[0]), tensor_values(expected[0])):
         torch.testing.assert_close(a, b)
     torch.testing.assert_close(got[1], expected[1])
     assert (got[2] is None) == (expected[2] is None)
