@@ -28,7 +28,8 @@ import torch
 VARIANTS = ("eager DDP", "kiln DDP", "DDP(kiln)", "torch.compile DDP")
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the ranks' rendezvous)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -126,16 +127,23 @@ def run(world: int = 2, model: str = "nanogpt", variants: tuple[str, ...] = VARI
 
     with tempfile.TemporaryDirectory(prefix="kiln_bench_ddp_") as tmp:
         context = mp.start_processes(
-            _rank_main, args=(world, _free_port(), model, list(variants), steps, warmup, tmp,
+            _rank_main, args=(world, free_port(), model, list(variants), steps, warmup, tmp,
                               ddp_kwargs or {}, tmp), nprocs=world, join=False, start_method="spawn")
         return join_ranks(context, timeout_s, f"kiln bench --distributed {world}", tmp)
 
 
 def join_ranks(context: Any, timeout_s: float, what: str, tmp: str) -> Any:
-    """Wait for spawned ranks (killing any left after `timeout_s`), then load rank 0's summary.pt in `tmp`."""
+    """Wait for spawned ranks (see wait_for_ranks), then load rank 0's summary.pt in `tmp`."""
+    wait_for_ranks(context, timeout_s, what)
+    return torch.load(os.path.join(tmp, "summary.pt"), weights_only=False)
+
+
+def wait_for_ranks(context: Any, timeout_s: float, what: str) -> None:
+    """Wait for the ranks of torch.multiprocessing's `context`: a failing rank raises (and stops the others);
+    any rank still alive after `timeout_s`, or when waiting raised, is killed."""
     deadline = time.monotonic() + timeout_s
     try:
-        while not context.join(timeout=1.0):
+        while not context.join(timeout=0.5):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what}: ranks ran past {timeout_s:.0f} s")
     finally:
@@ -143,7 +151,6 @@ def join_ranks(context: Any, timeout_s: float, what: str, tmp: str) -> Any:
             if process.is_alive():
                 process.kill()
                 process.join(5)
-    return torch.load(os.path.join(tmp, "summary.pt"), weights_only=False)
 
 
 def table(results: dict[str, Any], world: int, model: str, steps: int) -> str:

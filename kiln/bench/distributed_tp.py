@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .distributed import _free_port, join_ranks
+from .distributed import free_port, join_ranks
 
 VARIANTS = ("eager TP", "kiln TP", "kiln TP (hooks)", "torch.compile TP")
 MODELS = ("mlp", "llama")
@@ -119,7 +119,7 @@ def run(world: int = 2, model: str = "mlp", variants: tuple[str, ...] = VARIANTS
 
     with tempfile.TemporaryDirectory(prefix="kiln_bench_tp_") as tmp:
         context = mp.start_processes(
-            _rank_main, args=(world, _free_port(), model, list(variants), steps, warmup, tmp, tmp),
+            _rank_main, args=(world, free_port(), model, list(variants), steps, warmup, tmp, tmp),
             nprocs=world, join=False, start_method="spawn")
         return join_ranks(context, timeout_s, f"kiln bench --distributed {world} --strategy tp", tmp)
 

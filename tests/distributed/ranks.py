@@ -11,19 +11,13 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import tempfile
-import time
 from typing import Any, Callable
 
 import torch
 import torch.multiprocessing as mp
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from kiln.bench.distributed import free_port, wait_for_ranks
 
 
 def _entry(rank: int, worker: Callable[..., Any], port: int, world_size: int, out_dir: str,
@@ -46,15 +40,6 @@ def run_ranks(worker: Callable[..., Any], args: tuple = (), world_size: int = 2,
     with tempfile.TemporaryDirectory(prefix="kiln_ranks_") as out_dir:
         context = mp.start_processes(_entry, args=(worker, free_port(), world_size, out_dir, args),
                                      nprocs=world_size, join=False, start_method="spawn")
-        deadline = time.monotonic() + timeout
-        try:
-            while not context.join(timeout=0.5):  # raises (and stops the others) when a rank fails
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{worker.__name__} on {world_size} ranks ran past {timeout:.0f} s")
-        finally:
-            for process in context.processes:
-                if process.is_alive():
-                    process.kill()
-                    process.join(5)
+        wait_for_ranks(context, timeout, f"{worker.__name__} on {world_size} ranks")
         return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False)
                 for r in range(world_size)]
