@@ -288,8 +288,10 @@ def sinc(input: Any) -> Any:
     dtype = result_type(input)
     dtype = dtype if is_float_dtype(dtype) else torch.get_default_dtype()
     x = convert(input, computation_dtype(dtype))
-    product = prims.mul(x, math.pi)
-    out = prims.where(prims.eq(x, 0), 1.0, prims.div(prims.sin(product), product))
+    zero = prims.eq(x, 0)
+    # 1 at 0; sin(pi x) / (pi x) of a nonzero stand-in there, so the unused side's gradient (0/0) is no NaN
+    product = prims.mul(prims.where(zero, 1.0, x), math.pi)
+    out = prims.where(zero, 1.0, prims.div(prims.sin(product), product))
     return convert(out, dtype)
 
 

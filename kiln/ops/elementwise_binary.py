@@ -400,6 +400,26 @@ def _clamp_bound(x: Any, bound: Any, prim: Any) -> Any:
     return x if bound is None else elementwise(prim, x, bound)
 
 
+def _clamp_routed(x: Any, lo: Any, hi: Any, value: Any) -> Any:
+    """clamp's `value` with tensor bounds, its gradient routed as eager's: to x where lo <= x <= hi, to lo
+    where x < lo < hi, to hi where x > hi or hi < lo (maximum and minimum would share ties); NaN as value."""
+    conditions = []
+    if lo is not None:
+        below = torch.lt(x, lo)
+        conditions.append(torch.ge(x, lo))
+    if hi is not None:
+        conditions.append(torch.le(x, hi))
+    inside = conditions[0] if len(conditions) == 1 else torch.logical_and(*conditions)
+    routed = prims.stop_gradient(value)
+    if hi is not None:
+        above = torch.gt(x, hi) if lo is None else torch.logical_or(torch.gt(x, hi), torch.lt(hi, lo))
+        routed = torch.where(above, hi, routed)
+    if lo is not None:
+        routed = torch.where(below if hi is None else torch.logical_and(below, torch.lt(lo, hi)), lo, routed)
+    routed = torch.where(inside, x, routed)
+    return torch.where(torch.isnan(value), prims.stop_gradient(value), routed)
+
+
 @decomposition(torch.clamp, torch.clip, method("clamp"), method("clip"))
 def clamp(input: Any, min: Any = None, max: Any = None) -> Any:  # noqa: A002
     check(min is not None or max is not None,
@@ -413,7 +433,10 @@ def clamp(input: Any, min: Any = None, max: Any = None) -> Any:  # noqa: A002
     # torch: min(max(x, lo), hi), NaN propagating (a NaN bound gives NaN)
     x = _clamp_bound(x, None if min is None else to_compute(min, dtype), prims.maximum)
     x = _clamp_bound(x, None if max is None else to_compute(max, dtype), prims.minimum)
-    if not is_tensor(min) and not is_tensor(max) and wants_gradient(input):
+    if (is_tensor(min) or is_tensor(max)) and wants_gradient(input, min, max):
+        x = _clamp_routed(c, None if min is None else to_compute(min, dtype),
+                          None if max is None else to_compute(max, dtype), x)
+    elif wants_gradient(input):
         # eager's gradient is 1 where min <= x <= max, bounds included (maximum's would be 1/2 there)
         inside = [torch.ge(c, min)] if min is not None else []
         inside += [torch.le(c, max)] if max is not None else []

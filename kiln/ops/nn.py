@@ -179,14 +179,20 @@ def mish(input: Any, inplace: bool = False) -> Any:
 def hardsigmoid(input: Any, inplace: bool = False) -> Any:
     check_float("hardsigmoid", input)
     x = upcast(input)
-    return convert(torch.clamp(x + 3, 0, 6) / 6, input.dtype)
+    out = torch.clamp(x + 3, 0, 6) / 6
+    if wants_gradient(input):  # eager's gradient is 1/6 strictly inside (-3, 3) only (clamp's includes them)
+        out = torch.where(torch.logical_and(x > -3, x < 3), (x + 3) / 6, prims.stop_gradient(out))
+    return convert(out, input.dtype)
 
 
 @register(F.hardswish)
 def hardswish(input: Any, inplace: bool = False) -> Any:
     check_float("hardswish", input)
     x = upcast(input)
-    return convert(x * torch.clamp(x + 3, 0, 6) / 6, input.dtype)
+    out = x * torch.clamp(x + 3, 0, 6) / 6
+    if wants_gradient(input):  # eager's gradient: 0 up to -3, x / 3 + 1/2 inside, 1 from 3 on
+        out = torch.where(x <= -3, prims.stop_gradient(out), torch.where(x < 3, x * (x + 3) / 6, x * 6 / 6))
+    return convert(out, input.dtype)
 
 
 @register(F.softplus)
@@ -245,7 +251,14 @@ def logsigmoid(input: Any) -> Any:
     check_float("log_sigmoid", input)
     x = upcast(input)
     # eager: min(x, 0) - log1p(exp(-|x|)), stable for large |x|
-    return convert(torch.clamp_max(x, 0) - torch.log1p(torch.exp(-torch.abs(x))), input.dtype)
+    if not wants_gradient(input):
+        return convert(torch.clamp_max(x, 0) - torch.log1p(torch.exp(-torch.abs(x))), input.dtype)
+    # the same values by sides, so the gradient is eager's 1 - sigmoid(x) at 0 too (abs' and min's give 1)
+    negative = x < 0
+    below, above = torch.where(negative, x, 0.0), torch.where(negative, 0.0, x)
+    out = torch.where(negative, below - torch.log1p(torch.exp(below)),
+                      prims.stop_gradient(torch.clamp_max(x, 0)) - torch.log1p(torch.exp(-above)))
+    return convert(out, input.dtype)
 
 
 @register(F.prelu, _t("prelu"))

@@ -15,9 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn import _reduction
 
+from .. import prims
 from ..prims.registry import check, shape_text
 from .registry import NoDecomposition, UnsupportedError, register
-from .utils import computation_dtype, convert, is_float_dtype
+from .utils import computation_dtype, convert, is_float_dtype, wants_gradient
 
 
 def reduction_mode(size_average: Any, reduce: Any, reduction: str) -> str:
@@ -262,8 +263,13 @@ def binary_cross_entropy(input: Any, target: Any, weight: Any = None, size_avera
     check(is_float_dtype(input.dtype), lambda: "binary_cross_entropy: expected a floating input",
           RuntimeError)
     # eager: (t - 1) * max(log1p(-x), -100) - t * max(log(x), -100)
-    loss = (target - 1) * torch.clamp_min(torch.log1p(-input), -100) - target * torch.clamp_min(
-        torch.log(input), -100)
+    x = prims.stop_gradient(input) if wants_gradient(input) else input
+    loss = (target - 1) * torch.clamp_min(torch.log1p(-x), -100) - target * torch.clamp_min(torch.log(x), -100)
+    if x is not input:
+        # eager's gradient (x - t) / max(x (1 - x), 1e-12), finite where x is 0 or 1 (the logs' give NaN):
+        # added as (input - input) * gradient, zero in value
+        slope = prims.stop_gradient((x - target) / torch.clamp_min((1 - x) * x, 1e-12))
+        loss = loss + (input - x) * slope
     if weight is not None:
         loss = loss * _bce_weight(weight, target)
     return reduce_loss(loss, reduction)
@@ -411,7 +417,7 @@ def multi_margin_loss(input: Any, target: Any, p: int = 1, margin: float = 1.0, 
           RuntimeError)
     t = torch.reshape(target, [n, 1])
     # loss_i = sum_{j != y_i} w[y_i] * max(0, margin - x[i, y_i] + x[i, j])^p / C
-    z = torch.clamp_min(margin - torch.gather(x, 1, t) + x, 0)
+    z = torch.relu(margin - torch.gather(x, 1, t) + x)  # (relu: eager's gradient is 0 at the margin)
     h = z if p == 1 else z * z
     if weight is not None:
         h = h * torch.unsqueeze(torch.index_select(weight, 0, torch.reshape(target, [n])), 1)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from .. import prims
 from ..prims.registry import check, shape_text
 from .registry import NoDecomposition, register
-from .utils import computation_dtype, convert, eager_format, is_float_dtype
+from .utils import computation_dtype, convert, eager_format, is_float_dtype, wants_gradient
 
 
 def _tuple(op: str, name: str, value: Any, n: int, default: Any = None) -> tuple[int, ...]:
@@ -159,6 +159,8 @@ def _max_pool(op: str, n: int, input: Any, kernel_size: Any, stride: Any, paddin
     if return_indices:
         best, index = _max_pool_with_indices(w, input)
         return _pooled(best, input, n), _pooled(index, input, n)
+    if wants_gradient(input):  # eager's gradient goes to each window's first maximum (maximum's splits ties)
+        return _pooled(_max_pool_with_indices(w, input)[0], input, n)
     result = None
     for s in w.slices(w.padded(input, _lowest(input.dtype))):
         result = s if result is None else torch.maximum(result, s)  # propagates NaN, as eager

@@ -18,7 +18,7 @@ from .. import prims
 from ..prims.registry import check, wrap_dim
 from .registry import NoDecomposition
 from .utils import (computation_dtype, convert, decomposition, full_like, is_float_dtype, is_tensor, method,
-                    root_of_sum, scalar_type_name)
+                    root_of_sum, scalar_type_name, wants_gradient)
 
 
 def reduction_dims(input: Any, dim: Any) -> tuple[int, ...]:
@@ -202,9 +202,13 @@ def _max_min(name: str, input: Any, args: tuple, kwargs: dict) -> Any:
     else:
         check(input.shape[d] != 0, lambda: f"{name}(): Expected reduction dim {d} to have non-zero size.",
               IndexError)
-        values = keep_dims(reduce_prim(input, (d,)), input, (d,), keepdim)
         ordered = prims.convert_element_type(input, torch.uint8) if input.dtype == torch.bool else input
         indices = keep_dims(arg_prim(ordered, (d,)), input, (d,), keepdim)
+        if wants_gradient(input):  # eager's gradient goes to the index alone (amax's splits among ties)
+            kept = indices if keepdim else torch.unsqueeze(indices, d)
+            values = keep_dims(torch.squeeze(torch.gather(input, d, kept), d), input, (d,), keepdim)
+        else:
+            values = keep_dims(reduce_prim(input, (d,)), input, (d,), keepdim)
     result_type = torch.return_types.max if name == "max" else torch.return_types.min
     return result_type((values, indices))
 

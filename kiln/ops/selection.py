@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 
+from .. import prims
 from ..prims.registry import check, wrap_dim
 from .registry import NoDecomposition
-from .utils import checked, decomposition, is_tensor, method, result_type
+from .utils import checked, decomposition, is_tensor, method, result_type, wants_gradient
 
 
 # ---- selections by a stable sort: kthvalue, median, nanmedian, quantile, nanquantile -------------------
@@ -72,7 +73,13 @@ def _median(op: str, input: Any, dim: Any, keepdim: bool, ignore_nan: bool) -> A
         check(input.numel() > 0,
               lambda: "median() operation does not have an identity for empty input tensor")
         flat = input.reshape(-1)
-        return _pick(flat, 0, _median_position(flat, 0, ignore_nan), False)[0]
+        value = _pick(flat, 0, _median_position(flat, 0, ignore_nan), False)[0]
+        if not wants_gradient(input):
+            return value
+        # eager shares the gradient among the elements equal to the median (amax's rule, on them alone)
+        value = prims.stop_gradient(value)
+        equal = torch.logical_or(flat == value, torch.logical_and(torch.isnan(flat), torch.isnan(value)))
+        return torch.amax(torch.where(equal, flat, float("-inf") if flat.dtype.is_floating_point else value))
     d = _check_selection_dim(input, dim)
     size = input.shape[d] if input.ndim > 0 else 1
     check(size > 0, lambda: "median() cannot compute median for a dimension of size 0 because the operation "

@@ -265,8 +265,10 @@ def _atan2_grad(first: bool) -> BinaryDerivative:
     def grad(g: Any, y: Any, a: Any, b: Any) -> Any:
         like = b if is_tensor(b) else a
         a, b = _as_tensor(a, like), _as_tensor(b, like)
-        recip = reciprocal(add(_square(a), _square(b)))
-        return mul(mul(g, b), recip) if first else mul(mul(g, neg(a)), recip)
+        squares = add(_square(a), _square(b))
+        zero = eq(squares, 0.0)  # (0, 0), or squares too small for the dtype: eager's gradient is 0, not NaN
+        recip = reciprocal(where(zero, 1.0, squares))
+        return where(zero, 0.0, mul(mul(g, b), recip) if first else mul(mul(g, neg(a)), recip))
     return grad
 
 

@@ -72,6 +72,11 @@ class Prim:
                     f"prims.{self.name}: argument {p.node.name} belongs to graph {p.node.graph.name}, "
                     f"not to the graph being traced ({graph.name})")
         meta = self.meta(*args, **kwargs)
+        if self.name != "stop_gradient" and torch.is_grad_enabled() and any(
+                p.meta.requires_grad for p in proxies if isinstance(p.meta, TensorMeta)):
+            # a prim of a value that requires grad (inside a decomposition too, whose torch calls run as
+            # prims): a float result does, so a rule that routes gradients as eager (relu at 0) sees it
+            meta = _requiring_grad(meta)
 
         def to_node(v: Any) -> Any:
             if isinstance(v, Proxy):
@@ -90,6 +95,14 @@ class Prim:
 
     def __reduce__(self) -> Any:
         return (_lookup, (self.name,))
+
+
+def _requiring_grad(meta: Any) -> Any:
+    if isinstance(meta, tuple):
+        return tuple(_requiring_grad(m) for m in meta)
+    if isinstance(meta, TensorMeta) and (meta.dtype.is_floating_point or meta.dtype.is_complex):
+        return meta.with_(requires_grad=True)
+    return meta
 
 
 def _lookup(name: str) -> Prim:

@@ -5,7 +5,13 @@ zeros, equal rows: they are common in training, not corner cases).
 
 Wrong before their fixes: relu, clamp, clamp_min, hardtanh, relu6 (1/2 at the boundary, eager 1 or 0); the
 2-norm of a zero vector, pairwise distances with their zero diagonal, std of equal values (NaN, eager 0);
-embedding's padding row (got a gradient; eager's gets none) and scale_grad_by_freq (ignored; now a fallback).
+embedding's padding row (got a gradient; eager's gets none) and scale_grad_by_freq (ignored; now a fallback);
+max(dim) and max_pool at ties (split among them; eager's goes to the index, the window's first maximum);
+atan2 at (0, 0) (NaN, eager 0); hardswish and hardsigmoid at +-3 (clamp's bounds, not eager's formula);
+median() of ties (eager shares among them); sinc at 0, cosine_similarity of a zero vector and binary cross
+entropy of probabilities 0 and 1 (NaN; eager 0 and its eps formula); logsigmoid at 0; clamp with tensor
+bounds at ties; margin_ranking_loss and multi_margin_loss at the margin. The last two were rules written
+right but not applied: inside a decomposition, values computed by prims did not say they required grad.
 """
 from __future__ import annotations
 
@@ -41,22 +47,28 @@ PROGRAMS = {
     "where": lambda x: torch.where(x > 0, x, x * 3),
 }
 
-# each with its reason (this list only shrinks)
-XFAIL = {
-    "max_dim_ties": "max(dim)'s values split the gradient among ties (amax's rule); eager's goes to the index",
-    "max_pool_ties": "max_pool splits the gradient among a window's ties; eager's goes to the first maximum",
-    "atan2_origin": "atan2's gradient at (0, 0) is NaN; eager's is 0",
-    "hardswish_bounds": "hardswish at x = +-3 uses clamp's bounds; eager's formula is not matched there yet",
-    "hardsigmoid_bounds": "hardsigmoid at x = +-3: eager's gradient is 0 there (open interval)",
-}
 PROGRAMS.update({
     "max_dim_ties": lambda x: x.max(1).values,
+    "min_dim_ties_keepdim": lambda x: x.min(1, keepdim=True).values * 2,
     "max_pool_ties": lambda x: F.max_pool1d(x[None], 2, 1)[0],
+    "max_pool2d_ties": lambda x: F.max_pool2d(x[None, None], 2, 1, padding=1)[0, 0],
     "atan2_origin": lambda x: torch.atan2(x, x.flip(0)),
+    "atan2_underflow": lambda x: torch.atan2(x * 1e-30, x.flip(0) * 1e-30),
     "hardswish_bounds": lambda x: F.hardswish(x * 3),
     "hardsigmoid_bounds": lambda x: F.hardsigmoid(x * 3),
+    "median_all_ties": lambda x: x.median(),
+    "sinc_at_zero": lambda x: torch.sinc(x),
+    "logsigmoid_at_zero": lambda x: F.logsigmoid(x),
+    "clamp_tensor_bounds": lambda x: x.clamp(min=x.flip(1), max=torch.full((4,), 2.0)),
+    "clamp_crossed_tensor_bounds": lambda x: x.clamp(min=x.flip(1), max=x.flip(0) - 1),
+    "clamp_tensor_min": lambda x: torch.clamp(x, min=x.flip(0)) + torch.clamp(x, max=x.flip(1)),
+    "cosine_similarity_zero_vector": lambda x: F.cosine_similarity(x * torch.tensor([[0.0], [1.0], [1.0]]),
+                                                                   x.flip(1), dim=1),
+    "margin_ranking_at_margin": lambda x: F.margin_ranking_loss(x[0], x[1], torch.ones(4), margin=-2.0),
+    "multi_margin_at_margin": lambda x: F.multi_margin_loss(x, torch.tensor([1, 0, 1])),
+    "bce_of_saturated_probabilities": lambda x: F.binary_cross_entropy(torch.sigmoid(x * 100), (x > 0).float()),
 })
-
+XFAIL = {}  # each with its reason (this list only shrinks)
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=XFAIL[n], strict=True))
                                   if n in XFAIL else n for n in sorted(PROGRAMS)])
