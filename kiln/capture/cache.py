@@ -24,7 +24,7 @@ import torch
 
 from .. import config
 from ..counters import counters
-from ..graph import count_ops
+from ..graph import count_ops, torch_internals
 from ..graph.pipeline import without_cyclic_gc
 from ..ops import autocast
 from .dynamic import changed_dims, changed_ints
@@ -306,6 +306,14 @@ class CompiledFunction:
         grad_changed = False
         try:
             cap.guards.grad_mode(grad)
+            cap.guards.forward_ad(torch_internals.forward_ad_active())
+            if torch_internals.forward_ad_active():
+                # (dual tensors: their tangents would be dropped, eager's forward-mode rules must run)
+                brk = GraphBreak("forward-mode AD is active (torch.autograd.forward_ad.dual_level): kiln's "
+                                 "graphs carry no tangents", "the frame runs eagerly while it is")
+                brk.resumable = False
+                brk.where.append((code.co_filename, code.co_firstlineno))
+                raise brk
             cap.guards.autocast(cap.autocast_entry)
             cap.guards.default_dtype(torch.get_default_dtype())
             try:

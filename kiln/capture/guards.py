@@ -128,6 +128,10 @@ class GuardSet:
         fn = self.ns.hold(torch.is_grad_enabled, "is_grad_enabled")
         self.add(f"{fn}() is {enabled}", f"torch.is_grad_enabled() is {enabled}", "grad_mode")
 
+    def forward_ad(self, active: bool) -> None:
+        fn = self.ns.hold(torch_internals.forward_ad_active, "forward_ad_active")
+        self.add(f"{fn}() is {active}", f"forward-mode AD is {'on' if active else 'off'}", "forward_ad")
+
     def autocast(self, state: tuple) -> None:
         """torch.autocast's state (per device: on, and its dtype): it changes what ops compute."""
         if not state:

@@ -45,6 +45,19 @@ try:
 except AttributeError as _e:
     raise _fail("torch._C._is_any_autocast_enabled", "the autocast guard", _e) from None
 
+# forward-mode AD's level (torch.autograd.forward_ad: -1 outside every dual_level): graphs carry no tangents,
+# so a frame called inside one runs eagerly
+import torch.autograd.forward_ad as _forward_ad  # noqa: E402
+
+if not isinstance(getattr(_forward_ad, "_current_level", None), int):
+    raise _fail("torch.autograd.forward_ad._current_level", "the forward-mode AD guard",
+                AttributeError("no int _current_level")) from None
+
+
+def forward_ad_active() -> bool:
+    """Whether a torch.autograd.forward_ad.dual_level is open (dual tensors may carry tangents)."""
+    return _forward_ad._current_level >= 0
+
 
 def resolve_overload(packet: Any, args: tuple, kwargs: dict) -> str:
     """The overload name torch's dispatcher picks for `packet` on these (meta) arguments; raises

@@ -7,7 +7,9 @@ Wrong before their fixes (found by this file's first version):
 - c_enable_grad under no_grad: the `with torch.enable_grad():` segment compiled without its backward;
 - c_no_grad_then_inplace (and a Linear whose weight is clamped under no_grad in forward): the later read
   differentiated with respect to the graph's new value, not the leaf, so the leaf got no gradient;
-- c_new_tensor (and zeros_like(x) of an x that requires grad): the output came back requiring grad.
+- c_new_tensor (and zeros_like(x) of an x that requires grad): the output came back requiring grad;
+- a call inside torch.autograd.forward_ad.dual_level: the result came back without its tangent (now the frame
+  runs eagerly while forward-mode AD is active, a guard, and a break explain shows).
 """
 from __future__ import annotations
 
@@ -220,3 +222,22 @@ def test_weight_clamped_under_no_grad_in_forward_still_gets_its_gradient(counter
             torch.testing.assert_close(twin.get_parameter(name), p)
             torch.testing.assert_close(twin.get_parameter(name).grad, p.grad)
     assert any("updated in place under no_grad" in k for k in counters["graph_breaks"])
+
+
+def test_forward_mode_ad_keeps_its_tangents(counters):
+    import torch.autograd.forward_ad as fwAD
+    kiln.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.GELU())
+    compiled = kiln.compile(lambda x: model(x).sin() * 2, backend="cpp")
+    x, t = torch.randn(5, 4), torch.randn(5, 4)
+    plain = compiled(x)  # captured without forward AD first: its entry must not serve dual tensors
+    with fwAD.dual_level():
+        expected = fwAD.unpack_dual(model(fwAD.make_dual(x, t)).sin() * 2)
+        got = fwAD.unpack_dual(compiled(fwAD.make_dual(x, t)))
+    assert got.tangent is not None
+    torch.testing.assert_close(got.primal, expected.primal)
+    torch.testing.assert_close(got.tangent, expected.tangent)
+    torch.testing.assert_close(compiled(x), plain)  # and the compiled entry serves plain calls again
+    assert any("forward-mode AD is active" in k for k in counters["graph_breaks"])
+    jvp = torch.func.jvp(compiled, (x,), (t,))[1]
+    torch.testing.assert_close(jvp, expected.tangent)

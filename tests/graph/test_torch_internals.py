@@ -22,6 +22,14 @@ def test_any_autocast_enabled_follows_autocast():
         assert ti.any_autocast_enabled()
 
 
+def test_forward_ad_active_follows_dual_levels():
+    import torch.autograd.forward_ad as fwAD
+    assert not ti.forward_ad_active()
+    with fwAD.dual_level():
+        assert ti.forward_ad_active()
+    assert not ti.forward_ad_active()
+
+
 def test_resolve_overload_is_the_dispatchers_choice():
     a = torch.empty(2, device="meta")
     assert ti.resolve_overload(torch.ops.aten.add, (a, a), {}) == "Tensor"
