@@ -360,7 +360,9 @@ def run_sample(op: Any, sample: Any, backend: str = "prims") -> SampleOutcome:
         return is_view or (t.numel() > 0 and t.untyped_storage().data_ptr() in input_storages)
 
     def reference() -> Any:
-        inputs = [t.double() if t.dtype == torch.float32 else clone_exact(t) for t in leaves]
+        # (float16 and bfloat16 too: a reference computed in the sample's half dtype would judge nothing)
+        inputs = [t.double() if t.dtype in (torch.float32, torch.float16, torch.bfloat16) else clone_exact(t)
+                  for t in leaves]
         torch.manual_seed(SEED)
         return fn(*inputs)
 
