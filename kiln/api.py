@@ -23,7 +23,7 @@ from .capture.dynamic import mark_dynamic, mark_static  # noqa: F401  (kiln.mark
 from .capture.entry import NO_SELF
 from .optim import CompiledOptimizerStep, is_optimizer_step
 from .runtime import code_cache  # noqa: F401  (installs the capture's disk memo, kiln.graph.memo)
-from .wrapping import ForwardRoute, RoutedMethod, WrappedModule
+from .wrapping import _ABSENT, ForwardRoute, RoutedMethod, WrappedModule
 from .capture.errors import GraphBreakError
 from .capture.guards import hooks_present
 from .capture.disabled import disable, disabled_by, module_disabled_by  # noqa: F401  (kiln.disable)
@@ -138,13 +138,26 @@ class CompiledModule(WrappedModule):
                  dynamic: Any = None, mode: str | None = None, options: dict | None = None):
         super().__init__()
         self._wrap(module)
-        object.__setattr__(self, "_compiled_forward", compile(module.forward, backend=backend,
-                                                              fullgraph=fullgraph, dynamic=dynamic, mode=mode,
-                                                              options=options))
-        object.__setattr__(self, "_route", ForwardRoute(module, self._compiled_forward))
+        object.__setattr__(self, "_settings", dict(backend=backend, fullgraph=fullgraph, dynamic=dynamic,
+                                                   mode=mode, options=options))
+        self._compile_forward()
+
+    def _compile_forward(self) -> None:
+        """Compile the module's forward as it is now: its class's, or one assigned to the instance."""
+        mod = self._orig_mod
+        object.__setattr__(self, "_forward_source", vars(mod).get("forward", _ABSENT))
+        object.__setattr__(self, "_compiled_forward", compile(mod.forward, **self._settings))
+        object.__setattr__(self, "_route", ForwardRoute(mod, self._compiled_forward))
+
+    def _check_forward(self) -> None:
+        """`module.forward = fn` after compiling (a patch, a wrapper) replaces what calls run, as in eager."""
+        own = vars(self._orig_mod).get("forward", _ABSENT)
+        if own is not self._forward_source and own is not self._compiled_forward:  # (routed: the compiled)
+            self._compile_forward()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         mod = self._orig_mod
+        self._check_forward()
         if not hooks_present(mod):  # (checked on every call: nothing to guard)
             return self._compiled_forward(*args, **kwargs)
         with self._route:  # the hooks run eagerly around the compiled forward
@@ -158,6 +171,7 @@ class CompiledModule(WrappedModule):
         return value
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self._check_forward()
         return self._compiled_forward(*args, **kwargs)
 
 

@@ -495,6 +495,11 @@ class CallOps:
                              HINTS["disabled"])
         if hooks_present(module, self.cap.guards, self.cap.source_of(module)):
             raise GraphBreak(f"module {type(module).__name__} has hooks", "hooks run eagerly")
+        source = self.cap.source_of(module)
+        if source is not None and "forward" not in vars(module):
+            # its class's forward: a `module.forward = fn` assigned later must make the capture miss
+            self.cap.guards.add(f"'forward' not in {source.expr}.__dict__", f"{source.name}.forward is its "
+                                "class's", "hooks")
         forward = self.load_attr(module, "forward")
         return self.call(forward, args, kwargs)
 

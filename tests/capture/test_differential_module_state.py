@@ -171,3 +171,36 @@ def test_module_state_program(name, train, mode):
     assert (got[2] is None) == (expected[2] is None)
     if expected[2] is not None:
         torch.testing.assert_close(got[2], expected[2])
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x) + 1
+
+
+@pytest.mark.parametrize("where", ["submodule", "module", "through_the_wrapper"])
+def test_forward_assigned_after_compiling_is_what_runs(where):
+    """`module.forward = fn` after the first compiled call (a patch, a library's wrapper): the next call runs
+    fn, as eagerly. Wrong before: the submodule's and the module's old forward kept running."""
+    kiln.reset()
+    torch.manual_seed(0)
+    model = _Block()
+    twin = copy.deepcopy(model)
+    compiled = kiln.compile(twin)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(compiled(x), model(x))
+    for target in ([model.fc, twin.fc] if where == "submodule" else [model, twin]):
+        patched = (lambda x: x * 0 - 3) if where == "submodule" else (lambda x: x * 5)
+        if where == "through_the_wrapper" and target is twin:
+            compiled.forward = patched
+        else:
+            target.forward = patched
+    torch.testing.assert_close(compiled(x), model(x))
+    torch.testing.assert_close(compiled.forward(x), model.forward(x))
+    for target in ([model.fc, twin.fc] if where == "submodule" else [model, twin]):
+        del target.forward  # the class's again
+    torch.testing.assert_close(compiled(x), model(x))
