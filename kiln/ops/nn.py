@@ -103,8 +103,11 @@ def rrelu(input: Any, lower: float = 1.0 / 8, upper: float = 1.0 / 3, training: 
 def _elu(x: Any, alpha: float, scale: float, input_scale: float) -> Any:
     # eager: x > 0 ? x * scale : expm1(x * input_scale) * alpha * scale
     c = upcast(x)
-    negative = torch.expm1(c * input_scale) * (alpha * scale) if input_scale != 1 else \
-        torch.expm1(c) * (alpha * scale)
+    # (wanting a gradient, the negative side reads 0 where x > 0: expm1 of a large x is inf, and its unused
+    # gradient 0 * inf would be NaN)
+    n = torch.where(c > 0, 0.0, c) if wants_gradient(x) else c
+    negative = torch.expm1(n * input_scale) * (alpha * scale) if input_scale != 1 else \
+        torch.expm1(n) * (alpha * scale)
     positive = c * scale if scale != 1 else c
     return convert(torch.where(c > 0, positive, negative), x.dtype)
 
@@ -165,6 +168,8 @@ def gelu(input: Any, approximate: str = "none") -> Any:
 def silu(input: Any, inplace: bool = False) -> Any:
     check_float("silu", input)
     x = upcast(input)
+    if wants_gradient(input):  # sigmoid's gradient from its result: finite where exp(-x) overflows
+        return convert(x * prims.sigmoid(x), input.dtype)
     return convert(x / (torch.exp(-x) + 1), input.dtype)
 
 
@@ -172,6 +177,10 @@ def silu(input: Any, inplace: bool = False) -> Any:
 def mish(input: Any, inplace: bool = False) -> Any:
     check_float("mish", input)
     x = upcast(input)
+    if wants_gradient(input):  # softplus of a large x is x (tanh is 1 there): no exp overflow, no NaN gradient
+        large = x > 20
+        return convert(x * torch.tanh(torch.where(large, x, torch.log1p(torch.exp(torch.where(large, 0.0, x))))),
+                       input.dtype)
     return convert(x * torch.tanh(torch.log1p(torch.exp(x))), input.dtype)
 
 
@@ -200,8 +209,10 @@ def softplus(input: Any, beta: float = 1.0, threshold: float = 20.0) -> Any:
     check_float("softplus", input)
     x = upcast(input)
     scaled = x * beta
-    soft = torch.log1p(torch.exp(scaled)) / beta
-    return convert(torch.where(scaled > threshold, x, soft), input.dtype)
+    above = scaled > threshold
+    # (wanting a gradient, the soft side reads 0 above the threshold: exp overflows there, 0 * inf is NaN)
+    soft = torch.log1p(torch.exp(torch.where(above, 0.0, scaled) if wants_gradient(input) else scaled)) / beta
+    return convert(torch.where(above, x, soft), input.dtype)
 
 
 @register(F.softsign)

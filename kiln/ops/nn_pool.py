@@ -339,15 +339,18 @@ def _adaptive_pool(op: str, n: int, input: Any, output_size: Any, is_max: bool) 
         return _pooled(convert(total / area, input.dtype), input, n)
     # Irregular windows [floor(i * s / o), ceil((i + 1) * s / o)): reduce one dim at a time (a window is a
     # box, so the mean of per-dim means is the box mean, and the max of maxes its max).
-    for d in range(n):
+    # (a gradient goes to each window's first maximum in row-major order, eager's: max(dim) picks the first
+    # along a dim, last dim first)
+    routed = is_max and wants_gradient(input)
+    for d in (reversed(range(n)) if routed else range(n)):
         dim = lead + d
         parts = []
         for i in range(out[d]):
             start = (i * sizes[d]) // out[d]
             end = -((-(i + 1) * sizes[d]) // out[d])
             window = torch.narrow(x, dim, start, end - start)
-            parts.append(torch.amax(window, dim, keepdim=True) if is_max else
-                         torch.mean(window, dim, keepdim=True))
+            parts.append(torch.max(window, dim, keepdim=True).values if routed else
+                         torch.amax(window, dim, keepdim=True) if is_max else torch.mean(window, dim, keepdim=True))
         x = torch.cat(parts, dim)
     return _pooled(convert(x, input.dtype), input, n)
 

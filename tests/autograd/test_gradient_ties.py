@@ -10,7 +10,9 @@ max(dim) and max_pool at ties (split among them; eager's goes to the index, the 
 atan2 at (0, 0) (NaN, eager 0); hardswish and hardsigmoid at +-3 (clamp's bounds, not eager's formula);
 median() of ties (eager shares among them); sinc at 0, cosine_similarity of a zero vector and binary cross
 entropy of probabilities 0 and 1 (NaN; eager 0 and its eps formula); logsigmoid at 0; clamp with tensor
-bounds at ties; margin_ranking_loss and multi_margin_loss at the margin. The last two were rules written
+bounds at ties; margin_ranking_loss and multi_margin_loss at the margin; elu, selu, celu, mish and softplus of
+large inputs and silu of large negative ones (NaN: an overflowing exp on the side `where` does not take, or
+in sigmoid's quotient); adaptive max pooling of irregular windows at ties (amax's split). The last two were rules written
 right but not applied: inside a decomposition, values computed by prims did not say they required grad.
 """
 from __future__ import annotations
@@ -66,6 +68,13 @@ PROGRAMS.update({
                                                                    x.flip(1), dim=1),
     "margin_ranking_at_margin": lambda x: F.margin_ranking_loss(x[0], x[1], torch.ones(4), margin=-2.0),
     "multi_margin_at_margin": lambda x: F.multi_margin_loss(x, torch.tensor([1, 0, 1])),
+    "elu_large": lambda x: F.elu(x * 50),
+    "selu_large": lambda x: F.selu(x * 50),
+    "celu_large": lambda x: F.celu(x * 50, 2.0),
+    "silu_large_negative": lambda x: F.silu(x * -50),
+    "mish_large": lambda x: F.mish(x * 50),
+    "softplus_above_threshold": lambda x: F.softplus(x * 50, beta=2, threshold=5),
+    "adaptive_max_pool_irregular_ties": lambda x: F.adaptive_max_pool2d(x[None, None], (2, 3))[0, 0],
     "bce_of_saturated_probabilities": lambda x: F.binary_cross_entropy(torch.sigmoid(x * 100), (x > 0).float()),
 })
 XFAIL = {}  # each with its reason (this list only shrinks)
