@@ -15,7 +15,7 @@ import kiln.ops
 from kiln import graph as kg
 from kiln.counters import counters
 from kiln.graph.graph import torch_name
-from kiln.ops import nn as knn
+from kiln.ops import nn_activations
 
 
 def _ours() -> set[str]:
@@ -488,7 +488,7 @@ def test_linear_and_bilinear(dtype):
 
 
 def test_module_registrations():
-    assert knn.relu is kiln.ops.lookup(F.relu)
+    assert nn_activations.relu is kiln.ops.lookup(F.relu)
 
 
 # ---- layout: pad, pixel_shuffle, one_hot, distances -------------------------------------------------------
