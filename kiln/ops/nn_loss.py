@@ -187,6 +187,10 @@ def _nll(input: Any, target: Any, weight: Any, reduction: str, ignore_index: int
     dtype = computation_dtype(input.dtype)
     safe, w = _target_weights(target, None if weight is None else convert(weight, dtype), ignore_index, dtype)
     picked = convert(torch.squeeze(torch.gather(input, cdim, torch.unsqueeze(safe, cdim)), cdim), dtype)
+    if wants_gradient(input):
+        # eager's gradient skips ignored entries: 0 there even when every entry is ignored (the mean's
+        # 1 / total weight is inf then; a weight of 0 times inf would be NaN)
+        picked = torch.where(target == ignore_index, prims.stop_gradient(picked), picked)
     loss = -(picked * w)
     if reduction == "sum":
         loss = torch.sum(loss)

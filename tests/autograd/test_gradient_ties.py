@@ -12,7 +12,8 @@ median() of ties (eager shares among them); sinc at 0, cosine_similarity of a ze
 entropy of probabilities 0 and 1 (NaN; eager 0 and its eps formula); logsigmoid at 0; clamp with tensor
 bounds at ties; margin_ranking_loss and multi_margin_loss at the margin; elu, selu, celu, mish and softplus of
 large inputs and silu of large negative ones (NaN: an overflowing exp on the side `where` does not take, or
-in sigmoid's quotient); adaptive max pooling of irregular windows at ties (amax's split). The last two were rules written
+in sigmoid's quotient); adaptive max pooling of irregular windows at ties (amax's split); cross_entropy and
+nll_loss with every target ignored (NaN gradients; eager's are 0, the loss NaN in both: a batch of padding). The last two were rules written
 right but not applied: inside a decomposition, values computed by prims did not say they required grad.
 """
 from __future__ import annotations
@@ -75,6 +76,10 @@ PROGRAMS.update({
     "mish_large": lambda x: F.mish(x * 50),
     "softplus_above_threshold": lambda x: F.softplus(x * 50, beta=2, threshold=5),
     "adaptive_max_pool_irregular_ties": lambda x: F.adaptive_max_pool2d(x[None, None], (2, 3))[0, 0],
+    "cross_entropy_all_targets_ignored": lambda x: F.cross_entropy(x, torch.full((3,), -100)),
+    "nll_loss_all_targets_ignored": lambda x: F.nll_loss(x, torch.full((3,), 2), ignore_index=2),
+    "cross_entropy_smoothed_all_ignored": lambda x: F.cross_entropy(x, torch.full((3,), -100), label_smoothing=0.1),
+    "cross_entropy_some_ignored": lambda x: F.cross_entropy(x, torch.tensor([1, -100, 3])),
     "bce_of_saturated_probabilities": lambda x: F.binary_cross_entropy(torch.sigmoid(x * 100), (x > 0).float()),
 })
 XFAIL = {}  # each with its reason (this list only shrinks)
