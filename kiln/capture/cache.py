@@ -306,8 +306,9 @@ class CompiledFunction:
         grad_changed = False
         try:
             cap.guards.grad_mode(grad)
-            cap.guards.forward_ad(torch_internals.forward_ad_active())
-            if torch_internals.forward_ad_active():
+            forward_ad = torch_internals.forward_ad_active()
+            cap.guards.forward_ad(forward_ad)
+            if forward_ad:
                 # (dual tensors: their tangents would be dropped, eager's forward-mode rules must run)
                 brk = GraphBreak("forward-mode AD is active (torch.autograd.forward_ad.dual_level): kiln's "
                                  "graphs carry no tangents", "the frame runs eagerly while it is")

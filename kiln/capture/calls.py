@@ -493,9 +493,9 @@ class CallOps:
         if disabled is not None:
             raise GraphBreak(f"call to module {type(module).__name__}, disabled by {disabled}",
                              HINTS["disabled"])
-        if hooks_present(module, self.cap.guards, self.cap.source_of(module)):
-            raise GraphBreak(f"module {type(module).__name__} has hooks", "hooks run eagerly")
         source = self.cap.source_of(module)
+        if hooks_present(module, self.cap.guards, source):
+            raise GraphBreak(f"module {type(module).__name__} has hooks", "hooks run eagerly")
         if source is not None and "forward" not in vars(module):
             # its class's forward: a `module.forward = fn` assigned later must make the capture miss
             self.cap.guards.add(f"'forward' not in {source.expr}.__dict__", f"{source.name}.forward is its "

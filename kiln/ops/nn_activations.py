@@ -174,10 +174,8 @@ def silu(input: Any, inplace: bool = False) -> Any:
 def mish(input: Any, inplace: bool = False) -> Any:
     check_float("mish", input)
     x = upcast(input)
-    if wants_gradient(input):  # softplus of a large x is x (tanh is 1 there): no exp overflow, no NaN gradient
-        large = x > 20
-        return convert(x * torch.tanh(torch.where(large, x, torch.log1p(torch.exp(torch.where(large, 0.0, x))))),
-                       input.dtype)
+    if wants_gradient(input):  # softplus with its threshold (tanh is 1 above it): no exp overflow, no NaN
+        return convert(x * torch.tanh(softplus(x)), input.dtype)
     return convert(x * torch.tanh(torch.log1p(torch.exp(x))), input.dtype)
 
 
