@@ -191,6 +191,34 @@ def test_least_recently_used_entries_go_first(cache_dir):
     assert len(cache.entries(str(cache_dir / "cpp"))) == 3
 
 
+def test_a_write_reads_the_directory_only_when_the_cache_may_be_over_its_cap(tmp_path, monkeypatch):
+    """Regression: every write used to stat every entry to learn the cache's size. With the 62,000 entries
+    of a long-lived cache that was 0.4 s a write, and 1,000 pyfuzz programs took an hour (CI timed out)."""
+    directory = str(tmp_path)
+    reads = []
+    real_entries = cache.entries
+    monkeypatch.setattr(cache, "entries", lambda d: reads.append(d) or real_entries(d))
+    data = b"x" * 1000
+    size = len(data) + cache.TRAILER_SIZE
+    with config.patch(cache_max_bytes=size * 4):
+        cache.write_entry(directory, "0" * 32, data, ".text")  # this process's first write: read it
+        assert len(reads) == 1
+        for k in (1, 2):  # four entries fit: the tally says so, no read
+            cache.write_entry(directory, str(k) * 32, data, ".text")
+        assert len(reads) == 1 and len(real_entries(directory)) == 3
+        cache.write_entry(directory, "3" * 32, data, ".text")  # the tally is at the cap: still fits
+        assert len(reads) == 1
+        cache.write_entry(directory, "4" * 32, data, ".text")  # past the cap: read, evict the oldest
+        assert len(reads) == 2
+        kept = sorted(os.path.basename(e.path)[0] for e in real_entries(directory))
+        assert len(kept) == 4 and "4" in kept, kept  # (which went is LRU's test above)
+        monkeypatch.setattr(cache, "RESCAN_S", 0.0)  # an old tally is read again (others write too)
+        (tmp_path / ("5" * 32 + ".text")).write_bytes(data + cache.trailer("5" * 32, data))
+        cache.write_entry(directory, "6" * 32, data, ".text")
+        kept = sorted(os.path.basename(e.path)[0] for e in real_entries(directory))
+        assert len(reads) == 3 and len(kept) == 4 and "6" in kept, kept
+
+
 def test_kiln_cache_info_and_clear(cache_dir, capsys):
     assert cli.main(["cache", "info"]) == 0
     assert "entries: 0" in capsys.readouterr().out
