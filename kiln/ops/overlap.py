@@ -60,6 +60,18 @@ def shared_memory(target: Proxy, root: Proxy, input_name: str | None, input_meta
     return None
 
 
+def borrow(t: torch.Tensor) -> torch.Tensor:
+    """Mark `t` (a detached alias of a user's tensor, used as a graph input's example while tracing, or an
+    example sharing its memory) as memory kiln must not write: a run on examples that could write it runs
+    on a copy, and a run that writes it anyway raises (kiln.ops.registry)."""
+    t._kiln_borrowed = True  # type: ignore[attr-defined]
+    return t
+
+
+def borrowed(v: Any) -> bool:
+    return isinstance(v, torch.Tensor) and getattr(v, "_kiln_borrowed", False)
+
+
 def storage_key(t: Any) -> int | None:
     if not isinstance(t, torch.Tensor) or t.device.type == "meta" or t.layout != torch.strided:
         return None  # (sparse tensors have no storage to compare)

@@ -34,6 +34,7 @@ from . import autocast, grad_flags
 from . import updates as argument_updates
 from .targets import OnCopy, TensorLeaves
 from .overlap import memory_relation as _memory_relation, overlaps_itself, shared_memory, uniform_fill
+from .overlap import borrow, borrowed
 from .overlap import storage_key as _storage_key
 
 log = config.channel("prims")
@@ -215,8 +216,12 @@ def _zeros_value(v: Any) -> Any:
     return hint_of(v)
 
 
-def _eager(func: Any, args: tuple, kwargs: dict, on: str) -> Any:
-    """Run the torch op on the arguments' examples, meta tensors, or zero-filled CPU tensors (`on`)."""
+def _eager(func: Any, args: tuple, kwargs: dict, on: str, protect: bool = True) -> Any:
+    """Run the torch op on the arguments' examples, meta tensors, or zero-filled CPU tensors (`on`).
+    Examples that are a user's own tensors (borrowed: kiln.ops.overlap) are copied first when `protect`:
+    the op may write arguments kiln does not know of. Without `protect` (a decomposed op, whose writes kiln
+    knows: its first argument when in place, copied below, and `update_argument`'s, which the op's
+    UpdatesArguments target copies), a borrowed tensor the run writes anyway raises: never corruption."""
     if on != "meta":
         generators = [g for g in flatten((args, kwargs)) if isinstance(g, torch.Generator)]
         if generators or is_random_target(func):
@@ -225,33 +230,54 @@ def _eager(func: Any, args: tuple, kwargs: dict, on: str) -> Any:
             states = [(g, g.get_state()) for g in generators]
             cpu_state = torch.get_rng_state()
             try:
-                return _eager_run(func, args, kwargs, on)
+                return _eager_run(func, args, kwargs, on, protect)
             finally:
                 torch.set_rng_state(cpu_state)
                 for g, state in states:
                     g.set_state(state)
-    return _eager_run(func, args, kwargs, on)
+    return _eager_run(func, args, kwargs, on, protect)
 
 
-def _eager_run(func: Any, args: tuple, kwargs: dict, on: str) -> Any:
+def _eager_run(func: Any, args: tuple, kwargs: dict, on: str, protect: bool = True) -> Any:
     convert = {"meta": _meta_value, "example": _example_value, "zeros": _zeros_value}[on]
-    args = map_structure(convert, args)
+    args, kwargs = map_structure(convert, args), map_structure(convert, kwargs)
     inplace = bool(args) and isinstance(args[0], torch.Tensor) and is_inplace(func, kwargs)
     if inplace and on != "meta":
         # an in-place op must not mutate the example (a user's tensor); the copy keeps its strides
-        first = args[0]
-        copy = first.clone()
-        if not dense_strides(first.shape, first.stride()):
-            try:
-                copy = torch.empty_strided(first.shape, first.stride(), dtype=first.dtype,
-                                           device=first.device).copy_(first)
-            except RuntimeError:  # overlapping elements: clone() it is
-                pass
-        args = (copy, *args[1:])
-    out = func(*args, **map_structure(convert, kwargs))
+        args = (_strided_clone(args[0]), *args[1:])
+    if on == "example" and protect:
+        args, kwargs = map_structure(lambda v: _strided_clone(v) if borrowed(v) else v, (args, kwargs))
+    lent = [(v, _version(v)) for v in flatten((args, kwargs)) if borrowed(v)] if on == "example" else []
+    out = func(*args, **kwargs)
+    for v, version in lent:
+        if _version(v) != version:
+            raise AssertionError(f"kiln bug: running {_op_name(func)} on the examples while tracing wrote a "
+                                 f"user's tensor ({TensorMeta.of(v).short()}) that it was not to write")
+    if lent:  # a result sharing a borrowed tensor's memory (a view of a weight) is borrowed too
+        memory = {_storage_key(v) for v, _ in lent} - {None}
+        for t in flatten(out):
+            if isinstance(t, torch.Tensor) and _storage_key(t) in memory:
+                borrow(t)
     if inplace and out is None:
         return args[0]  # Tensor.__setitem__: the value is the updated tensor (as OnCopy returns it)
     return out
+
+
+def _version(t: torch.Tensor) -> int | None:
+    try:
+        return t._version
+    except RuntimeError:  # an inference tensor has no version counter (and eager refuses to write it)
+        return None
+
+
+def _strided_clone(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` with its strides (clone() makes a non-dense tensor contiguous)."""
+    if dense_strides(t.shape, t.stride()):
+        return t.clone()
+    try:
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+    except RuntimeError:  # overlapping elements: clone() it is
+        return t.clone()
 
 
 def _custom_operator(func: Any) -> bool:
@@ -411,7 +437,7 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     real: Any = None
     if examples:
         try:
-            real = _eager(func, args, kwargs, "example")
+            real = _eager(func, args, kwargs, "example", protect=decomposition is None)
         except Exception as e:  # bad input: eager's exception, naming the op and the shapes
             raise _named(e, name, args, kwargs) from None
     if decomposition is not None:
