@@ -32,9 +32,9 @@ from typing import Any, Callable
 import torch
 
 from ..graph import Proxy, flatten, map_structure
-from .registry import (_METADATA_ONLY, _RESTRIDE_INPLACE, DECOMPOSITIONS, INPLACE_OPS, VIEW_OPS,
-                       UnsupportedError, _eager, _meta_value, call, call_as_is, mark_inplace, mark_view,
-                       register, route_overloads)
+from .kinds import _METADATA_ONLY, _RESTRIDE_INPLACE, INPLACE_OPS, VIEW_OPS, mark_inplace, mark_view
+from .registry import DECOMPOSITIONS, UnsupportedError, call, call_as_is, register, route_overloads
+from .standins import meta_value as _meta_value, run_on as _eager
 from ..graph import torch_internals
 
 OVERLOADS = (torch._ops.OpOverload, torch._ops.OpOverloadPacket)

@@ -24,17 +24,18 @@ import torch
 
 from .. import config
 from ..counters import counters
-from ..graph.graph import is_random_target
-from ..graph.node import is_custom_op, named_inplace
+from ..graph.node import is_custom_op
 from ..graph import (DataDependentError, Graph, Proxy, TensorMeta, Tracer, current_tracer, dce,
-                     dense_strides, flatten, map_structure, torch_name, tracing)
+                     flatten, map_structure, torch_name, tracing)
 from ..graph.proxy import set_torch_call_handler
 from ..graph.symbolic import has_symbols, hint_of, specialize_all
 from . import autocast, grad_flags
 from . import updates as argument_updates
+from .kinds import (_METADATA_ONLY, _RESTRIDE_INPLACE, INPLACE_FLAG_OPS, INPLACE_OPS, VIEW_OPS,  # noqa: F401
+                    is_inplace, mark_inplace, mark_inplace_flag, mark_view)
+from .standins import CannotCheck, run_on
 from .targets import OnCopy, TensorLeaves
 from .overlap import memory_relation as _memory_relation, overlaps_itself, shared_memory, uniform_fill
-from .overlap import borrow, borrowed
 from .overlap import storage_key as _storage_key
 
 log = config.channel("prims")
@@ -127,44 +128,6 @@ def aliases(graph: Graph) -> _Aliases:
     return _ALIASES[graph]
 
 
-VIEW_OPS: set[Any] = set()  # torch callables whose (tensor) outputs alias their first input
-INPLACE_OPS: set[Any] = set()  # torch callables that update their first argument in place
-
-
-def mark_view(*targets: Any) -> None:
-    VIEW_OPS.update(t for t in targets if t is not None)
-
-
-def mark_inplace(*targets: Any) -> None:
-    INPLACE_OPS.update(t for t in targets if t is not None)
-
-
-INPLACE_FLAG_OPS: set[Any] = set()  # torch callables that update their first argument when inplace=True
-
-
-def mark_inplace_flag(*targets: Any) -> None:
-    """Ops (F.relu, F.dropout, ...) that update their first argument in place when passed inplace=True."""
-    INPLACE_FLAG_OPS.update(t for t in targets if t is not None)
-
-
-# Trailing-underscore names that change only a tensor's autograd or sharing state, not its values.
-_METADATA_ONLY = frozenset(["requires_grad_", "share_memory_", "detach_", "pin_memory_"])
-# in-place ops that restride or reshape their tensor (a functional copy would move its values instead)
-_RESTRIDE_INPLACE = frozenset(["t_", "transpose_", "swapdims_", "swapaxes_", "as_strided_", "squeeze_",
-                               "unsqueeze_", "resize_", "resize_as_", "set_"])
-
-
-def _named_inplace(func: Any) -> bool:
-    """torch's naming rule: `name_` updates its first argument (`Tensor.cauchy_`, `nn.init.uniform_`)."""
-    name = getattr(func, "__name__", "")
-    return named_inplace(name) and not name.startswith("_") and name not in _METADATA_ONLY
-
-
-def is_inplace(func: Any, kwargs: dict) -> bool:
-    return func in INPLACE_OPS or (func in INPLACE_FLAG_OPS and kwargs.get("inplace") is True) or \
-        _named_inplace(func)
-
-
 def update_argument(target: Any, value: Any) -> None:
     """Inside a decomposition: the op writes `value` into its tensor argument `target` in place, as eager's
     BatchNorm updates its running statistics (kiln/ops/updates.py)."""
@@ -188,98 +151,6 @@ def _shapes(args: tuple, kwargs: dict) -> str:
     return ", ".join(parts)
 
 
-def _meta_value(v: Any) -> Any:
-    if isinstance(v, Proxy):
-        return hint_of(v.meta).empty()
-    return hint_of(v)  # a symbolic size runs the example at the size the capture saw (deciding nothing)
-
-
-def _example_value(v: Any) -> Any:
-    if isinstance(v, Proxy):
-        if v.example is None:
-            raise LookupError
-        return v.example
-    return hint_of(v)
-
-
-class _CannotCheck(Exception):
-    """Eager cannot be run on zero-filled stand-ins of these arguments (symbolic or too large)."""
-
-
-def _zeros_value(v: Any) -> Any:
-    if isinstance(v, Proxy):
-        meta = hint_of(v.meta)
-        if (meta.device.type != "cpu" or not all(isinstance(s, int) for s in meta.shape)
-                or meta.numel() > 1 << 16):
-            raise _CannotCheck
-        return torch.zeros(meta.shape, dtype=meta.dtype)
-    return hint_of(v)
-
-
-def _eager(func: Any, args: tuple, kwargs: dict, on: str, protect: bool = True) -> Any:
-    """Run the torch op on the arguments' examples, meta tensors, or zero-filled CPU tensors (`on`).
-    Examples that are a user's own tensors (borrowed: kiln.ops.overlap) are copied first when `protect`:
-    the op may write arguments kiln does not know of. Without `protect` (a decomposed op, whose writes kiln
-    knows: its first argument when in place, copied below, and `update_argument`'s, which the op's
-    UpdatesArguments target copies), a borrowed tensor the run writes anyway raises: never corruption."""
-    if on != "meta":
-        generators = [g for g in flatten((args, kwargs)) if isinstance(g, torch.Generator)]
-        if generators or is_random_target(func):
-            # Running the op on examples must not advance the user's generators: the compiled graph draws
-            # the numbers when it runs, and the state after the call must equal eager's.
-            states = [(g, g.get_state()) for g in generators]
-            cpu_state = torch.get_rng_state()
-            try:
-                return _eager_run(func, args, kwargs, on, protect)
-            finally:
-                torch.set_rng_state(cpu_state)
-                for g, state in states:
-                    g.set_state(state)
-    return _eager_run(func, args, kwargs, on, protect)
-
-
-def _eager_run(func: Any, args: tuple, kwargs: dict, on: str, protect: bool = True) -> Any:
-    convert = {"meta": _meta_value, "example": _example_value, "zeros": _zeros_value}[on]
-    args, kwargs = map_structure(convert, args), map_structure(convert, kwargs)
-    inplace = bool(args) and isinstance(args[0], torch.Tensor) and is_inplace(func, kwargs)
-    if inplace and on != "meta":
-        # an in-place op must not mutate the example (a user's tensor); the copy keeps its strides
-        args = (_strided_clone(args[0]), *args[1:])
-    if on == "example" and protect:
-        args, kwargs = map_structure(lambda v: _strided_clone(v) if borrowed(v) else v, (args, kwargs))
-    lent = [(v, _version(v)) for v in flatten((args, kwargs)) if borrowed(v)] if on == "example" else []
-    out = func(*args, **kwargs)
-    for v, version in lent:
-        if _version(v) != version:
-            raise AssertionError(f"kiln bug: running {_op_name(func)} on the examples while tracing wrote a "
-                                 f"user's tensor ({TensorMeta.of(v).short()}) that it was not to write")
-    if lent:  # a result sharing a borrowed tensor's memory (a view of a weight) is borrowed too
-        memory = {_storage_key(v) for v, _ in lent} - {None}
-        for t in flatten(out):
-            if isinstance(t, torch.Tensor) and _storage_key(t) in memory:
-                borrow(t)
-    if inplace and out is None:
-        return args[0]  # Tensor.__setitem__: the value is the updated tensor (as OnCopy returns it)
-    return out
-
-
-def _version(t: torch.Tensor) -> int | None:
-    try:
-        return t._version
-    except RuntimeError:  # an inference tensor has no version counter (and eager refuses to write it)
-        return None
-
-
-def _strided_clone(t: torch.Tensor) -> torch.Tensor:
-    """A copy of `t` with its strides (clone() makes a non-dense tensor contiguous)."""
-    if dense_strides(t.shape, t.stride()):
-        return t.clone()
-    try:
-        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
-    except RuntimeError:  # overlapping elements: clone() it is
-        return t.clone()
-
-
 def _custom_operator(func: Any) -> bool:
     """An operator a library registered (torch.library), not one of torch's own."""
     name = getattr(func, "_qualified_op_name", None) or getattr(getattr(func, "_schema", None), "name", "")
@@ -292,7 +163,7 @@ def _check_sizes_follow_metas(func: Any, name: str, args: tuple, kwargs: dict, r
     kernel, aten's meta kernels); sizes it cannot give, or gives otherwise, mean the op reads values to size
     its output (`x[x > 0]` in a custom op), and it runs outside the graph."""
     try:
-        meta = _eager(func, args, kwargs, "meta")
+        meta = run_on(func, args, kwargs, "meta")
     except Exception as e:
         if _custom_operator(func):
             raise UnsupportedError(f"{name} has no fake kernel, so kiln cannot know its output sizes without "
@@ -437,7 +308,7 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     real: Any = None
     if examples:
         try:
-            real = _eager(func, args, kwargs, "example", protect=decomposition is None)
+            real = run_on(func, args, kwargs, "example", protect=decomposition is None)
         except Exception as e:  # bad input: eager's exception, naming the op and the shapes
             raise _named(e, name, args, kwargs) from None
     if decomposition is not None:
@@ -463,7 +334,7 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
             if region and not autocast_cast:  # (meta tensors do not see autocast)
                 raise UnsupportedError(f"{name} runs with torch under torch.autocast with no example values")
             try:
-                real = _eager(func, args, kwargs, "meta")
+                real = run_on(func, args, kwargs, "meta")
             except Exception as e:
                 raise UnsupportedError(f"{name} has no decomposition and no meta implementation, so kiln "
                                        f"cannot know its output shape ({type(e).__name__}: {e})") from None
@@ -577,9 +448,9 @@ def _raise_eager_error(func: Any, name: str, args: tuple, kwargs: dict, failure:
     """
     for on in (("example",) if examples else ("meta", "zeros")):
         try:
-            _eager(func, args, kwargs, on)
+            run_on(func, args, kwargs, on)
             continue
-        except _CannotCheck:
+        except CannotCheck:
             return
         except NotImplementedError as e:
             if on == "meta":  # the meta device cannot tell; trust the decomposition's check

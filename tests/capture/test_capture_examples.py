@@ -10,7 +10,7 @@ import torch
 import kiln
 from kiln.capture import state as capture_state
 from kiln.graph import Graph, Proxy, TensorMeta
-from kiln.ops import registry
+from kiln.ops import standins
 from kiln.ops.overlap import borrow, borrowed
 
 
@@ -107,16 +107,16 @@ def test_a_run_on_examples_never_writes_a_borrowed_tensor():
     mine = torch.zeros(3)
     x = _proxy(graph, "x", torch.ones(3))
     into = _proxy(graph, "into", borrow(mine.detach()))
-    out = registry._eager(_writes_into, (x,), {"into": into}, "example")  # (protected: a copy is written)
+    out = standins.run_on(_writes_into, (x,), {"into": into}, "example")  # (protected: a copy is written)
     assert torch.equal(out, torch.full((3,), 2.0)) and torch.equal(mine, torch.zeros(3))
     with pytest.raises(AssertionError, match="wrote a user's tensor"):
-        registry._eager(_writes_into, (x,), {"into": into}, "example", protect=False)
+        standins.run_on(_writes_into, (x,), {"into": into}, "example", protect=False)
 
 
 def test_a_view_of_a_borrowed_tensor_is_borrowed():
     graph = Graph("g")
     weight = _proxy(graph, "w", borrow(torch.randn(4, 3)))
-    view = registry._eager(torch.Tensor.t, (weight,), {}, "example", protect=False)
-    copy = registry._eager(torch.Tensor.contiguous, (_proxy(graph, "v", view),), {}, "example",
+    view = standins.run_on(torch.Tensor.t, (weight,), {}, "example", protect=False)
+    copy = standins.run_on(torch.Tensor.contiguous, (_proxy(graph, "v", view),), {}, "example",
                            protect=False)
     assert borrowed(view) and not borrowed(copy)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 
@@ -112,3 +113,36 @@ def test_odd_names_stay_valid_python():
     graph.output(graph.call_prim(prims.mul, (s, z), {}, TensorMeta((2,), torch.float32)))
     a, b, c = _inputs((2,), (2,), (2,))
     _check_printed_runs(graph, [a, b, c], (a + b) * c)
+
+
+# ---- the eager backend's function frees each value after its last use --------------------------------
+
+_alive: list = []
+
+
+def _remember(t):
+    """A torch-level target that keeps a weak reference to its result."""
+    out = t * 2
+    _alive.append(weakref.ref(out))
+    return out
+
+
+def _alive_count(t):
+    """How many of the values _remember made are still held (by anything: the function's locals)."""
+    return t + sum(r() is not None for r in _alive)
+
+
+def test_the_eager_backends_function_holds_no_dead_value():
+    _alive.clear()
+    graph = Graph("g")
+    meta = TensorMeta((3,), torch.float32)
+    x = graph.placeholder("x", meta)
+    a = graph.call_torch(_remember, (x,), {}, meta)  # read by b only: dead after b
+    b = graph.call_torch(_remember, (a,), {}, meta)  # read by c and returned: held to the end
+    c = graph.call_torch(_alive_count, (b,), {}, meta)
+    graph.output((c, b))
+    fn = compile_python(graph)
+    count, kept = fn(torch.zeros(3))
+    assert count.tolist() == [1.0, 1.0, 1.0]  # b alone: a was freed after its last use
+    assert torch.equal(kept, torch.zeros(3))
+    assert "del" not in graph.python_code()[0]  # (the printed graph stays as it was)
