@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from .graph import Graph, Node, map_structure
+from .node import dead_values
 from .node import write_back  # noqa: F401  (kiln.graph.interpreter.write_back, as before)
 
 
@@ -25,6 +26,7 @@ def run(graph: Graph, inputs: Sequence[Any], torch_level: bool = False) -> Any:
         return env[id(v)] if isinstance(v, Node) else v
 
     result = None
+    dead = dead_values(graph)  # (freed as they die: the interpreter holds what eager would)
     for node in graph.nodes:
         if node.op == "placeholder":
             continue
@@ -53,6 +55,8 @@ def run(graph: Graph, inputs: Sequence[Any], torch_level: bool = False) -> Any:
                     pass
             raise
         env[id(node)] = value
+        for gone in dead.get(id(node), ()):
+            del env[id(gone)]
     for name, node in graph.mutated_inputs.items():
         target = next(v for ph, v in zip(placeholders, inputs) if ph.name == name)
         write_back(target, env[id(node)])

@@ -191,6 +191,29 @@ def nan_safe_repr(value: Any) -> str:
 
 # ---- writing a graph's new value of an input back into it ---------------------------------------------
 
+def dead_values(graph: Any) -> dict[int, list[Node]]:
+    """id(node) -> the values computed in the graph's body that are dead once `node` has run: read last
+    there, or (the node itself) never read. Not the inputs, the outputs, nor the new values of mutated
+    inputs, which the end of the graph reads."""
+    last: dict[int, Node] = {}
+    values: dict[int, Node] = {}
+    for node in graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        last[id(node)], values[id(node)] = node, node
+        for a in node.inputs():
+            if a.op != "placeholder":
+                last[id(a)] = node
+    ends = graph.nodes[-1].args[0] if graph.nodes and graph.nodes[-1].op == "output" else ()
+    for v in [*flatten(ends), *graph.mutated_inputs.values()]:
+        if isinstance(v, Node):
+            last.pop(id(v), None)
+    dead: dict[int, list[Node]] = {}
+    for key, node in last.items():
+        dead.setdefault(id(node), []).append(values[key])
+    return dead
+
+
 def write_back(target: Any, value: Any) -> None:
     """`target.copy_(value)`; an expanded target (a stride-0 dim) gets the last value written to each of
     its elements in order, as eager's own in-place op leaves it (copy_ refuses overlapping destinations)."""

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .node import Node, flatten, meta_text, nan_safe_repr, torch_name, write_back
+from .node import Node, dead_values, meta_text, nan_safe_repr, torch_name, write_back
 from .symbolic import SymInt, python_expr
 
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.memory_format, torch.layout)
@@ -104,7 +104,7 @@ def python_code(graph: Any, header: str | None = None, source_lines: bool = Fals
     each value's last use, so that the function holds what eager would (run, the function is the eager
     backend; printed, the graph reads better without them)."""
     em = _Emitter()
-    last_use = _last_uses(graph) if free else {}
+    dead_after = dead_values(graph) if free else {}
     lines: list[str] = []
     if header:
         lines.append(f"# {header}")
@@ -144,9 +144,9 @@ def python_code(graph: Any, header: str | None = None, source_lines: bool = Fals
             args += [f"{k}={em.value(v)}" for k, v in node.kwargs.items()]
             rhs = f"{em.target(node)}({', '.join(args)})"
         lines.append(f"    {node.name} = {rhs}{comment}")
-        dead = [n.name for n in [node, *node.inputs()] if last_use.get(n.name) is node]
+        dead = dead_after.get(id(node))
         if dead:
-            lines.append(f"    del {', '.join(dead)}")
+            lines.append(f"    del {', '.join(n.name for n in dead)}")
     for name, node in graph.mutated_inputs.items():
         lines.append(f"    if {node.name} is not {name}:"
                      f"  # input {name} is mutated (unless updated in place)")
@@ -159,24 +159,6 @@ def python_code(graph: Any, header: str | None = None, source_lines: bool = Fals
     if em.prims:
         em.globals["prims"] = types.SimpleNamespace(**em.prims)
     return "\n".join(lines) + "\n", em.globals
-
-
-def _last_uses(graph: Any) -> dict[str, Any]:
-    """Name -> the node after which the value is dead, for the values computed in the body (not inputs,
-    outputs, nor the new values of mutated inputs, which the function's end reads)."""
-    last: dict[str, Any] = {}
-    for node in graph.nodes:
-        if node.op in ("placeholder", "output"):
-            continue
-        last[node.name] = node  # (a value nothing reads is dead where it is made)
-        for a in node.inputs():
-            if a.op != "placeholder":
-                last[a.name] = node
-    ends = [v for v in flatten(graph.output_value) if isinstance(v, Node)] if graph.nodes and \
-        graph.nodes[-1].op == "output" else []
-    for node in [*ends, *graph.mutated_inputs.values()]:
-        last.pop(node.name, None)
-    return last
 
 
 def compile_python(graph: Any) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import weakref
 
+import pytest
 import torch
 
 import kiln.ops
@@ -115,7 +116,7 @@ def test_odd_names_stay_valid_python():
     _check_printed_runs(graph, [a, b, c], (a + b) * c)
 
 
-# ---- the eager backend's function frees each value after its last use --------------------------------
+# ---- the eager backend's function and the interpreter free each value after its last use ---------------
 
 _alive: list = []
 
@@ -132,7 +133,8 @@ def _alive_count(t):
     return t + sum(r() is not None for r in _alive)
 
 
-def test_the_eager_backends_function_holds_no_dead_value():
+@pytest.mark.parametrize("runner", ["printed", "interpreter"])
+def test_a_run_holds_no_dead_value(runner):
     _alive.clear()
     graph = Graph("g")
     meta = TensorMeta((3,), torch.float32)
@@ -141,7 +143,7 @@ def test_the_eager_backends_function_holds_no_dead_value():
     b = graph.call_torch(_remember, (a,), {}, meta)  # read by c and returned: held to the end
     c = graph.call_torch(_alive_count, (b,), {}, meta)
     graph.output((c, b))
-    fn = compile_python(graph)
+    fn = compile_python(graph) if runner == "printed" else lambda *a: run(graph, a, torch_level=True)
     count, kept = fn(torch.zeros(3))
     assert count.tolist() == [1.0, 1.0, 1.0]  # b alone: a was freed after its last use
     assert torch.equal(kept, torch.zeros(3))
