@@ -31,6 +31,9 @@ class Tracer:
     `inline=True` (inside a decomposition): a torch call records its prims directly.
     `options`: the config flags this compile set (`kiln.compile(options=)`), which decompositions read with
     `traced_flag` (a tracer made for a decomposition inherits them).
+    `sourced`: the trace reads every tensor through a source it guards (bytecode capture sets it), so a
+    parameter or a tensor requiring grad that reaches an op otherwise (through code torch ran) is refused
+    rather than made a constant; kiln.ops.trace runs the function itself and lifts them.
     """
 
     def __init__(self, graph: Graph, inline: bool = False, options: dict[str, Any] | None = None):
@@ -38,6 +41,7 @@ class Tracer:
         self.inline = inline
         self.origin: str | None = None  # user source location to stamp on new nodes
         self.options: dict[str, Any] = dict(options or {})
+        self.sourced = False
 
     def flag(self, name: str) -> Any:
         """This trace's value of a config flag: the compile's option when it set one, else the flag."""

@@ -221,10 +221,21 @@ def _refuse_data_dependent(tracer: Tracer, name: str, data_dependent: bool) -> N
                                f"cannot be reused for other values; it runs outside the graph")
 
 
-def _lift(graph: Graph, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Turn real tensors among the arguments into constant nodes of the graph."""
+def _lift(tracer: Tracer, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Turn real tensors among the arguments into constant nodes of the graph. In a capture (`sourced`), a
+    parameter, or a tensor that requires grad with grad on, refuses: it reached the op through code torch
+    ran for kiln (a function handed to a torch function such as torch.utils.checkpoint.checkpoint), not
+    through a source capture guards. As a constant its gradient would be lost (silently: a regression test
+    in tests/capture/test_capture_examples.py) and a new value assigned later never seen."""
+    graph = tracer.graph
+
     def lift(v: Any) -> Any:
         if isinstance(v, torch.Tensor) and not isinstance(v, Proxy):
+            if tracer.sourced and (isinstance(v, torch.nn.Parameter) or
+                                   (v.requires_grad and torch.is_grad_enabled())):
+                raise UnsupportedError(f"a {type(v).__name__} ({TensorMeta.of(v).short()}) reached the graph "
+                                       f"outside of the sources kiln traces (code torch itself ran); as a "
+                                       f"constant its gradient and later values would be lost")
             return Proxy(graph.constant(v), example=v)
         return v
     return map_structure(lift, args), map_structure(lift, kwargs)
@@ -234,7 +245,7 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     graph = tracer.graph
     if kwargs.get("out") is not None:
         return _record_out(tracer, func, args, kwargs)
-    args, kwargs = _lift(graph, args, kwargs)
+    args, kwargs = _lift(tracer, args, kwargs)
     # autocast's casts become nodes of the graph; the op then runs as it would with autocast off
     args, kwargs, autocast_cast = autocast.cast_inputs(func, args, kwargs)
     region = autocast.state()

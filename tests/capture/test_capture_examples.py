@@ -120,3 +120,39 @@ def test_a_view_of_a_borrowed_tensor_is_borrowed():
     copy = standins.run_on(torch.Tensor.contiguous, (_proxy(graph, "v", view),), {}, "example",
                            protect=False)
     assert borrowed(view) and not borrowed(copy)
+
+
+# ---- tensors that reach the graph through code torch ran, not through a source capture guards ------------
+
+def _checkpointed(m, x):
+    def inner(t):  # a closure over m: torch.utils.checkpoint runs it, kiln does not interpret it
+        return m[1](m[0](t))
+    h = torch.utils.checkpoint.checkpoint(inner, x, use_reentrant=False)
+    return m[2](h).sum()
+
+
+def _sequential():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+
+
+def test_parameters_reached_inside_checkpoint_keep_their_gradients():
+    """Regression: the closure's parameters became constants of the graph, and their gradients were None."""
+    import torch.utils.checkpoint  # noqa: F401
+    x = torch.randn(3, 4)
+    eager, compiled = _sequential(), _sequential()
+    _checkpointed(eager, x).backward()
+    kiln.compile(_checkpointed)(compiled, x).backward()
+    for a, b in zip(eager.parameters(), compiled.parameters()):
+        assert b.grad is not None
+        torch.testing.assert_close(b.grad, a.grad)
+
+
+def test_a_parameter_reached_inside_checkpoint_and_replaced_is_seen():
+    import torch.utils.checkpoint  # noqa: F401
+    m, x = _sequential(), torch.randn(3, 4)
+    fn = kiln.compile(_checkpointed)
+    with torch.no_grad():
+        fn(m, x)
+        m[0].weight = torch.nn.Parameter(torch.zeros(8, 4))
+        torch.testing.assert_close(fn(m, x), _checkpointed(m, x))
