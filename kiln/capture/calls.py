@@ -451,10 +451,10 @@ class CallOps:
                 isinstance(args[0], torch.amp.autocast_mode.autocast):
             # outside a with-block (a direct call, an ExitStack): the state it sets may outlive the call
             raise GraphBreak(f"call to {name} (it changes torch.autocast's state)", HINTS["call"])
-        stand_in = polyfill_for(fn, args, kwargs)
-        if stand_in is not None:  # plain Python over torch ops, inlined (kiln/capture/polyfills.py)
-            return self.inline(stand_in, args, kwargs)
         if getattr(fn, "__module__", "").startswith("torch._higher_order_ops"):
+            stand_in = polyfill_for(fn)
+            if stand_in is not None:  # associative_scan: plain Python over torch ops, inlined
+                return self.inline(stand_in, args, kwargs)
             # (scan, cond, while_loop, map: they run Python callables on proxies)
             raise GraphBreak(f"call to {name}, a torch higher-order op kiln does not trace", HINTS["call"])
         if communicates(fn):

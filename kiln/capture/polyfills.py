@@ -12,14 +12,6 @@ module and name (kiln never imports torch's higher-order-op machinery).
   The stand-in calls it element by element in scan order, which is exactly that semantics whatever
   combine_fn does (a batched log-depth scan would be right only for combine_fns that broadcast over a
   leading dimension, which nothing checks). "pointwise" mode is CUDA-only in torch, as here.
-- `torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=..., **kwargs)`: activation
-  checkpointing trades memory for recomputation; the values and gradients are those of calling `function`.
-  The stand-in calls it, so its ops join the graph (torch's own code would run it unseen by capture: its
-  parameters would reach the graph unguarded, which breaks the graph). Reentrant checkpointing runs the
-  function under no_grad inside an autograd.Function: when no tensor argument requires grad, nothing gets a
-  gradient (parameters inside included), which the stand-in keeps by calling it under no_grad. Applied only
-  where it is exactly that: `use_reentrant` passed (without it torch warns), no `context_fn` (selective
-  checkpointing) and no `debug`; other calls go to torch.
 """
 from __future__ import annotations
 
@@ -117,39 +109,11 @@ def associative_scan(combine_fn: Callable[[Any, Any], Any], xs: Any, dim: int, r
     return _unflatten([torch.movedim(leaf, 0, dim) for leaf in out], spec)
 
 
-def checkpoint(function: Callable[..., Any], *args: Any, use_reentrant: bool | None = None, context_fn: Any = None,
-               determinism_check: Any = None, debug: bool = False, early_stop: bool = True,
-               preserve_rng_state: bool = True, **kwargs: Any) -> Any:
-    if use_reentrant and torch.is_grad_enabled() and \
-            not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-        with torch.no_grad():
-            return function(*args)
-    return function(*args, **kwargs)
-
-
-def _checkpoint_applies(args: tuple, kwargs: dict) -> bool:
-    reentrant = kwargs.get("use_reentrant")
-    context_fn = kwargs.get("context_fn")
-    extra = set(kwargs) - {"use_reentrant", "context_fn", "determinism_check", "debug", "early_stop",
-                           "preserve_rng_state"}
-    return bool(args) and isinstance(reentrant, bool) and not kwargs.get("debug") and \
-        (context_fn is None or getattr(context_fn, "__name__", "") == "noop_context_fn") and \
-        not (reentrant and extra)  # (reentrant checkpointing refuses other keywords: torch raises)
-
-
-checkpoint.applies = _checkpoint_applies  # type: ignore[attr-defined]
-
-
-# (torch module, name) -> stand-in; a stand-in with an `applies(args, kwargs)` replaces only those calls
+# (torch module, name) -> stand-in
 POLYFILLS: dict[tuple[str, str], Callable[..., Any]] = {
     ("torch._higher_order_ops.associative_scan", "associative_scan"): associative_scan,
-    ("torch.utils.checkpoint", "checkpoint"): checkpoint,
 }
 
 
-def polyfill_for(fn: Any, args: tuple = (), kwargs: dict | None = None) -> Callable[..., Any] | None:
-    stand_in = POLYFILLS.get((getattr(fn, "__module__", None) or "", getattr(fn, "__name__", None) or ""))
-    applies = getattr(stand_in, "applies", None)
-    if applies is not None and not applies(tuple(args), dict(kwargs or {})):
-        return None
-    return stand_in
+def polyfill_for(fn: Any) -> Callable[..., Any] | None:
+    return POLYFILLS.get((getattr(fn, "__module__", None) or "", getattr(fn, "__name__", None) or ""))

@@ -1,7 +1,10 @@
-"""torch.utils.checkpoint.checkpoint compiled: its function is inlined (kiln/capture/polyfills.py), so its
-ops join the graph, with eager's values and gradients. Before, torch's own checkpoint code ran the function
-unseen by capture: a closure's parameters became constants without gradients (a wrong result), or the call
-broke the graph."""
+"""torch.utils.checkpoint.checkpoint under kiln: eager's values and gradients (None where eager gives None).
+
+torch's own checkpoint code runs the function, unseen by capture. A closure's parameters used to become
+constants of the graph without gradients (a wrong result); now a parameter reaching an op that way breaks
+the graph (kiln.ops.registry._lift), and torch runs the checkpointed call, keeping its memory savings. (A
+stand-in that inlined the function compiled the layers but saved every activation for backward: HF LLaMA
+training with checkpointing peaked 48% higher than without the stand-in, so it was not kept.)"""
 from __future__ import annotations
 
 import copy
@@ -41,7 +44,7 @@ def _outputs_and_grads(fn, x):
 @pytest.mark.parametrize("program", [_closure, _module])
 @pytest.mark.parametrize("reentrant", [False, True])
 @pytest.mark.parametrize("input_grad", [False, True])
-def test_checkpoint_is_one_graph_with_eagers_gradients(program, reentrant, input_grad):
+def test_checkpoint_gives_eagers_values_and_gradients(program, reentrant, input_grad):
     x = torch.randn(3, 4).requires_grad_(input_grad)
 
     def fn(m, x):
@@ -57,7 +60,6 @@ def test_checkpoint_is_one_graph_with_eagers_gradients(program, reentrant, input
         assert (g is None) == (e is None)
         if e is not None:
             torch.testing.assert_close(g, e)
-    assert sum(counters["graphs"].values()) == 1 and not counters["graph_breaks"], dict(counters["graph_breaks"])
 
 
 @pytest.mark.parametrize("reentrant", [False, True])
@@ -82,6 +84,3 @@ def test_hf_llama_gradient_checkpointing_trains_as_eager(reentrant):
     torch.testing.assert_close(kiln_loss, loss)
     for g, e in zip(kiln_grads, grads):
         torch.testing.assert_close(g, e)
-    assert not [b for b in counters["graph_breaks"] if "checkpoint" in b or "LlamaDecoderLayer" in b], \
-        dict(counters["graph_breaks"])
-    assert not [g for g in counters["graphs"] if "DecoderLayer" in g]  # (the layers are inside one graph)
