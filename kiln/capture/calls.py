@@ -468,6 +468,12 @@ class CallOps:
                     or self.cap.is_local(a)):
                 # e.g. a numpy array or a tensor kiln did not capture: its value would be baked in
                 raise GraphBreak(f"{name} on a {type(a).__name__} kiln does not track", HINTS["call"])
+            if has_proxy and isinstance(a, types.FunctionType) and isinstance(fn, types.FunctionType) and \
+                    not (getattr(a, "__module__", None) or "").startswith("torch"):
+                # torch's Python code would call the user's function for real, unseen by capture: what it
+                # reads (a global tensor, a parameter in a closure) would enter the graph unguarded
+                raise GraphBreak(f"{name} calls the function {getattr(a, '__qualname__', a)}, which kiln would "
+                                 f"not trace (torch's code runs it)", HINTS["call"])
         try:
             with tracing(self.cap.tracer):
                 if has_proxy:

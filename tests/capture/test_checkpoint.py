@@ -1,8 +1,10 @@
 """torch.utils.checkpoint.checkpoint under kiln: eager's values and gradients (None where eager gives None).
 
 torch's own checkpoint code runs the function, unseen by capture. A closure's parameters used to become
-constants of the graph without gradients (a wrong result); now a parameter reaching an op that way breaks
-the graph (kiln.ops.registry._lift), and torch runs the checkpointed call, keeping its memory savings. (A
+constants of the graph without gradients, and a global tensor it read an unguarded constant (wrong results);
+now a torch function that would call a user's function breaks the graph (kiln/capture/calls.py), and a
+parameter reaching an op without a source is refused (kiln.ops.registry._lift): torch runs the checkpointed
+call, keeping its memory savings. (A
 stand-in that inlined the function compiled the layers but saved every activation for backward: HF LLaMA
 training with checkpointing peaked 48% higher than without the stand-in, so it was not kept.)"""
 from __future__ import annotations
@@ -84,3 +86,24 @@ def test_hf_llama_gradient_checkpointing_trains_as_eager(reentrant):
     torch.testing.assert_close(kiln_loss, loss)
     for g, e in zip(kiln_grads, grads):
         torch.testing.assert_close(g, e)
+
+
+_scale = torch.tensor(2.0)
+
+
+def _scaled(x):
+    return torch.utils.checkpoint.checkpoint(lambda t: t * _scale, x, use_reentrant=False)
+
+
+def test_a_global_read_inside_checkpoint_is_seen_when_reassigned():
+    """Regression: torch's checkpoint ran the lambda for real at capture, so the global tensor became an
+    unguarded constant of the graph; reassigning it left kiln computing with the old value."""
+    global _scale
+    x = torch.randn(4, 3)
+    fn = kiln.compile(_scaled)
+    try:
+        torch.testing.assert_close(fn(x), x * 2)
+        _scale = torch.tensor(5.0)
+        torch.testing.assert_close(fn(x), x * 5)
+    finally:
+        _scale = torch.tensor(2.0)
