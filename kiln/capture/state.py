@@ -21,6 +21,7 @@ from ..graph import layout
 from ..graph.layout import strides_in_order
 from ..graph.symbolic import ShapeEnv, dim_text, min_size, python_expr, substitute
 from ..ops.overlap import borrow
+from ..ops.standins import strided_copy
 from ..ops.registry import aliases
 from .errors import GraphBreak, RaisedError
 from .guards import GuardSet, is_constant
@@ -404,18 +405,6 @@ def _fixed_key(key: Any) -> bool:
     so the guard on the dict's keys (a tuple compared with ==) decides lookups exactly."""
     return isinstance(key, (type, types.FunctionType, types.BuiltinFunctionType, types.UnionType,
                             enum.Enum)) or type(key).__module__ == "typing"
-
-
-def strided_copy(t: torch.Tensor) -> torch.Tensor:
-    """A copy with t's own strides (clone() makes a non-dense tensor contiguous), so the examples ops run on
-    have eager's layouts, and `.stride()` read while tracing is eager's."""
-    if t.is_contiguous() or dense_strides(t.shape, t.stride()):
-        return t.clone()
-    try:
-        out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-        return out.copy_(t)
-    except RuntimeError:  # overlapping elements (an expanded tensor): copy_ refuses, clone() it is
-        return t.clone()
 
 
 def _differs(a: Any, b: Any) -> bool:

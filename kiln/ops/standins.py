@@ -14,6 +14,7 @@ from ..graph.symbolic import hint_of
 from .kinds import is_inplace
 from .overlap import borrow, borrowed, storage_key
 
+
 def meta_value(v: Any) -> Any:
     if isinstance(v, Proxy):
         return hint_of(v.meta).empty()
@@ -70,9 +71,9 @@ def _run(func: Any, args: tuple, kwargs: dict, on: str, protect: bool = True) ->
     inplace = bool(args) and isinstance(args[0], torch.Tensor) and is_inplace(func, kwargs)
     if inplace and on != "meta":
         # an in-place op must not mutate the example (a user's tensor); the copy keeps its strides
-        args = (_strided_clone(args[0]), *args[1:])
+        args = (strided_copy(args[0]), *args[1:])
     if on == "example" and protect:
-        args, kwargs = map_structure(lambda v: _strided_clone(v) if borrowed(v) else v, (args, kwargs))
+        args, kwargs = map_structure(lambda v: strided_copy(v) if borrowed(v) else v, (args, kwargs))
     lent = [(v, _version(v)) for v in flatten((args, kwargs)) if borrowed(v)] if on == "example" else []
     out = func(*args, **kwargs)
     for v, version in lent:
@@ -96,11 +97,12 @@ def _version(t: torch.Tensor) -> int | None:
         return None
 
 
-def _strided_clone(t: torch.Tensor) -> torch.Tensor:
-    """A copy of `t` with its strides (clone() makes a non-dense tensor contiguous)."""
-    if dense_strides(t.shape, t.stride()):
+def strided_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy with t's own strides (clone() makes a non-dense tensor contiguous), so the examples ops run on
+    have eager's layouts, and `.stride()` read while tracing is eager's."""
+    if t.is_contiguous() or dense_strides(t.shape, t.stride()):
         return t.clone()
     try:
         return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
-    except RuntimeError:  # overlapping elements: clone() it is
+    except RuntimeError:  # overlapping elements (an expanded tensor): copy_ refuses, clone() it is
         return t.clone()
