@@ -158,6 +158,18 @@ class CppHandler(Handler):
             element = f"{HALF_FROM_BITS[dtype]}({element}.x)"
         return self._load_tmp(name, index, element, dtype)
 
+    def indirect(self, value: CppValue, size: Any, wrap: bool = False) -> sympy.Symbol:
+        """`kiln_index` of the value (see the header): a checked int64 local named as the symbol it stands
+        for; within the kernel's index expressions its range is the dim's (loads through it are in bounds)."""
+        symbol = super().indirect(value, size, wrap)
+        symbol = sympy.Symbol(f"{symbol.name}_{self.counter}", integer=True, nonnegative=True)
+        self.counter += 1
+        live = "true" if self.guard is None else f"({self.guard})"
+        self.lines.append(f"{self.indent}const int64_t {symbol.name} = kiln_index(static_cast<int64_t>({value}), "
+                          f"{csize(size)}, {'true' if wrap else 'false'}, {live}, &{ERROR_FLAG});")
+        self.ranges = {**self.ranges, symbol: size}
+        return symbol
+
     def constant(self, value: Any, dtype: torch.dtype) -> CppValue:
         if dtype in HALF_TYPES:
             # the half type's value, rounded here (through float, as a C++ float constant would be)
@@ -658,6 +670,7 @@ def _inside(bounds: tuple | None, size: Any) -> bool:
 
 
 TIMES_PARAM = "kiln_times"  # the profiling entry's extra parameter: one double per kernel
+ERROR_FLAG = "kiln_err"  # an entry's result: 1 where a loaded index fell outside its dim (kiln_index)
 
 
 def _inner_linear(group: FusedGroup) -> str:
@@ -684,13 +697,18 @@ def segment_source(entry: str, groups: list[FusedGroup], args: list[str], buffer
         params.append(f"double* __restrict__ {TIMES_PARAM}")
     params += [f"const int64_t {s.name}" for s in sizes or ()]
     writer.lines.append(f'extern "C" int {entry}({", ".join(params)}) {{')
+    head = len(writer.lines)
     for k, group in enumerate(groups):
         if timing:  # omp_get_wtime: a monotonic wall clock, from <omp.h> which every source includes
             writer.emit(f"const double kiln_t{k} = omp_get_wtime();", 1)
         writer.kernel(group)
         if timing:
             writer.emit(f"{TIMES_PARAM}[{k}] = omp_get_wtime() - kiln_t{k};", 1)
-    writer.lines.append("  return 0;")
+    if any(f"&{ERROR_FLAG})" in line for line in writer.lines[head:]):
+        writer.lines.insert(head, f"  int {ERROR_FLAG} = 0;")
+        writer.lines.append(f"  return {ERROR_FLAG};")
+    else:
+        writer.lines.append("  return 0;")
     writer.lines.append("}")
     return "\n".join(writer.lines)
 

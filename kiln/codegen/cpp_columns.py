@@ -26,7 +26,7 @@ import sympy
 import torch
 
 from ..lower.sizes import is_static
-from ..lower.index import FloorDiv, ModularIndexing, index_bounds, index_code
+from ..lower.index import FloorDiv, ModularIndexing, has_indirect, index_bounds, index_code
 from ..schedule.group import FusedGroup, Member, Role
 from ..schedule.locality import runs_parallel, splits_inner
 
@@ -102,8 +102,9 @@ def column_plan(group: FusedGroup, target: Any) -> ColumnPlan | None:
         for name, expr in group.member_loads(member):
             if name in written:
                 continue  # read at the current output element (fusion checked it)
-            if any(a.has(v) for a in expr.atoms(FloorDiv, ModularIndexing) for v in [x_last] + reduced):
-                return None  # not affine where it matters: keep the general path
+            if has_indirect(expr) or \
+                    any(a.has(v) for a in expr.atoms(FloorDiv, ModularIndexing) for v in [x_last] + reduced):
+                return None  # not affine where it matters (or a loaded index): keep the general path
             step = sympy.diff(expr, x_last)
             if not step.is_Integer:
                 return None

@@ -21,6 +21,17 @@ static inline int64_t kiln_floordiv(int64_t a, int64_t b) {
   return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
 static inline int64_t kiln_floormod(int64_t a, int64_t b) { return a - kiln_floordiv(a, b) * b; }
+// an index loaded from a tensor (a gather's, an embedding's token): a negative one counts from the end when
+// `wrap`; one outside [0, n) on a live lane sets the entry's error flag (the wrapper then runs the graph with
+// torch, which raises eager's error) and reads element 0 instead: never a load outside the buffer. The flag
+// is a plain store of 1, read after the kernels' closing barrier: an atomic one keeps g++ from hoisting an
+// index that is invariant along the inner loop (an embedding's row), and the row is then read by gathers
+static inline int64_t kiln_index(int64_t i, int64_t n, bool wrap, bool live, int* err) {
+  if (wrap && i < 0) i += n;
+  const bool inside = static_cast<uint64_t>(i) < static_cast<uint64_t>(n);
+  if (__builtin_expect(live && !inside, 0)) *err = 1;
+  return inside ? i : 0;
+}
 
 // bfloat16 and float16: stored as their 16 bits (kiln_bf16 / kiln_fp16 in memory), computed in float
 // registers holding the half type's values, rounded after every op (as eager rounds each op's result). The

@@ -178,6 +178,14 @@ def _stride_check(src: Any, b: Any) -> str:
     return f"({''.join(f'{b.name}.stride({d}), ' for d in kept)}) != {want} or "
 
 
+INDEX_WHY = "index"  # the fallback's reason when a kernel found a loaded index outside its dim
+
+
+def _index_error() -> None:
+    raise IndexError("index out of range in self (a kiln kernel found an index outside the dim it indexes; "
+                     "the graph had already written into an input, so it was not run again with torch)")
+
+
 def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallback: Callable[..., Any],
                    device: torch.device | None = None, tensor_args: bool = False,
                    timings: WrapperTimings | None = None, pool: bool = True) -> tuple[str, dict[str, Any]]:
@@ -236,8 +244,12 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
     for name in dict.fromkeys(n for names in seen for n in names):
         if graph.storage_of(name) != name:
             windows.setdefault(graph.storage_of(name), []).append(name)
+    inputs_written = False  # whether a step before this one wrote into an input's memory
     for step_index, step in enumerate(plan.steps):
         node = step.node
+        if step.inplace and not isinstance(node, Segment) and \
+                any(isinstance(graph.buffers.get(s), InputBuffer) for s in step.inplace.values()):
+            inputs_written = True
         for name, reuse in step.allocs:
             buf = graph.buffers[name]
             meta = f"  # {layout_text(buf)}"
@@ -276,6 +288,7 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
         # (a fallback run in place moves the version itself: its torch op is in place)
         for source in step.inplace.values() if isinstance(node, Segment) else ():
             if isinstance(graph.buffers[source], InputBuffer):
+                inputs_written = True
                 # the kernel writes into an input's memory: its version moves as eager's in-place op moves
                 # it (and a graph that raises after this is never re-run on the half-updated input)
                 lines.append(f"    _bump_version({source})")
@@ -289,7 +302,18 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
             ptrs += [src.names[s] for s in symbols]
             kernels = ", ".join(g.name for g in node.groups)
             writes = ", ".join(f"{w} {layout_text(graph.buffers[w])}" for w in node.writes)
-            lines.append(f"    {fn}({', '.join(ptrs)})  # {kernels} -> {writes or 'nothing'}")
+            call, comment = f"{fn}({', '.join(ptrs)})", f"  # {kernels} -> {writes or 'nothing'}"
+            if any(m.buffer.loads_through_index() for g in node.groups for m in g.members):
+                # a loaded index fell outside its dim: eager's error, from torch running the graph (on the
+                # inputs as they came: nothing wrote into them yet), or IndexError once something has
+                lines.append(f"    if {call}:{comment}")
+                if inputs_written:
+                    src.globals["_index_error"] = _index_error
+                    lines.append("        _index_error()")
+                else:
+                    lines.append(f"        return _fallback({', '.join(params + ['_kiln_why=' + repr(INDEX_WHY)])})")
+            else:
+                lines.append(f"    {call}{comment}")
             if timings is not None:
                 lines.append(f"    _kiln_timing.segment({step_index}, _kiln_now() - _kiln_t)")
         else:

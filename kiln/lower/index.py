@@ -56,6 +56,22 @@ def index_var(prefix: str, i: int) -> sympy.Symbol:
     return sympy.Symbol(f"{prefix}{i}", integer=True, nonnegative=True)
 
 
+def indirect_var(n: int) -> sympy.Symbol:
+    """The index a body computed from a loaded value (`h.indirect`): a gather's row, an embedding's token.
+    Non-negative: the kernel checks it is inside the indexed dim before any load uses it."""
+    return sympy.Symbol(f"ind{n}", integer=True, nonnegative=True)
+
+
+def is_indirect(s: object) -> bool:
+    return isinstance(s, sympy.Symbol) and s.name.startswith("ind")
+
+
+def has_indirect(expr: object) -> bool:
+    """Whether an index expression depends on a loaded value: then it is no function of the loop variables
+    alone (what moves along a loop cannot be read off its terms)."""
+    return isinstance(expr, sympy.Basic) and any(is_indirect(s) for s in expr.free_symbols)
+
+
 def linear_index(index: Sequence[sympy.Expr], strides: Sequence[int], offset: int = 0) -> sympy.Expr:
     """offset + sum(index[i] * strides[i]) (size-1 dims may carry any stride; their index is 0)."""
     return _linear_index(tuple(index), tuple(strides), offset)

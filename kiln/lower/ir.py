@@ -124,7 +124,14 @@ class ComputedBuffer(Buffer):
             deps = DepsHandler()
             self.data.body(deps)
             cached = self.__dict__["_reads"] = deps.loads
+            self.__dict__["_indirect"] = deps.__dict__.get("indirect_count", 0) > 0
         return list(cached)
+
+    def loads_through_index(self) -> bool:
+        """Whether the body loads through an index read from a tensor (`h.indirect`): its kernel checks the
+        index and reports one outside its dim."""
+        self.reads()
+        return self.__dict__["_indirect"]
 
     def describe(self) -> str:
         """The body as a runnable Python function, `def bufN(ops, i0, ..., r0, ...)` returning the element at

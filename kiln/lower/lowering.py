@@ -22,7 +22,7 @@ from ..graph.layout import contiguous_strides, is_non_overlapping_and_dense
 from ..graph.symbolic import SymInt
 from ..prims import Prim
 from ..prims.shape import view_strides
-from . import arange_index, concat, reduce_order, windows
+from . import arange_index, concat, indirect, reduce_order, windows
 from .box import Box, buffer_box as _buffer_box
 from .index import linear_index, simplify_index, unravel
 from .sizes import dense, dim, dims, hint, is_positive, is_static, known_le, nonnegative, same
@@ -583,10 +583,14 @@ def lower_cat(ctx: Lowering, node: Node, tensors: Any, dim: int) -> Box:
     return concat.inline_cat(node, tensors, dim)
 
 
-@lowering(prims.index_select, prims.index_put)
-def lower_arange_index(ctx: Lowering, node: Node, *args: Any, **kwargs: Any) -> Box:
+@lowering(prims.index_select, prims.index_put, prims.gather, prims.index)
+def lower_index(ctx: Lowering, node: Node, *args: Any, **kwargs: Any) -> Box:
+    # an index the graph computes as an arange is index arithmetic (kiln.lower.arange_index); an index
+    # tensor, a load through it where the target's kernels check such loads (kiln.lower.indirect)
     loader = arange_index.loader(node, *args, **kwargs)
-    if loader is None:  # only an index the graph computes as an arange is lowered (kiln.lower.arange_index)
+    if loader is None and ctx.target.indirect_indexing:
+        loader = indirect.loader(node, *args, **kwargs)
+    if loader is None:
         raise Unlowerable("an index not known at compile time")
     return Box(node.meta.shape, node.meta.dtype, loader)
 

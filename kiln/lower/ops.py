@@ -23,7 +23,7 @@ import sympy
 import torch
 from sympy.printing.str import StrPrinter
 
-from .index import FloorDiv, ModularIndexing, simplify_index
+from .index import FloorDiv, ModularIndexing, indirect_var, simplify_index
 
 class Result(enum.Enum):
     """What a scalar op returns: a bool, or a value of its operands' dtype (`where`: of its values')."""
@@ -74,7 +74,7 @@ SCALAR_OP_TABLE: dict[str, ScalarOp] = {op.name: op for op in [
 UNARY_OPS = frozenset(n for n, op in SCALAR_OP_TABLE.items() if op.arity == 1)
 BINARY_OPS = frozenset(n for n, op in SCALAR_OP_TABLE.items() if op.arity == 2)
 COMPARISONS = frozenset(n for n, op in SCALAR_OP_TABLE.items() if op.result is Result.BOOL)  # bool results
-OTHER_OPS = frozenset(["load", "constant", "index_expr", "to_dtype", "where"])
+OTHER_OPS = frozenset(["load", "constant", "index_expr", "to_dtype", "where", "indirect"])
 SCALAR_OPS = UNARY_OPS | BINARY_OPS | OTHER_OPS
 
 
@@ -103,6 +103,16 @@ class Handler:
 
     def where(self, cond: Any, a: Any, b: Any) -> Any:
         return self.op("where", cond, a, b)
+
+    def indirect(self, value: Any, size: Any, wrap: bool = False) -> sympy.Symbol:
+        """An integer value (a loaded index) as an index into a dim of `size`, for index expressions: a
+        symbol `indN` that later loads put in their index. With `wrap`, a negative value counts from the end
+        (advanced indexing); a value outside the dim is an error the kernel reports (the wrapper then runs
+        the graph with torch, which raises eager's error), never a read outside the buffer. Handlers that
+        only look at a body get a fresh symbol per call."""
+        count = self.__dict__.get("indirect_count", 0)
+        self.__dict__["indirect_count"] = count + 1
+        return indirect_var(count)
 
     def masked(self, cond: Any, body: Any, other: Any, dtype: Any) -> Any:
         """`body()` where cond holds, else `other()`; only the taken branch runs (its loads are in bounds)."""
@@ -189,6 +199,11 @@ class PrintHandler(Handler):
 
     def to_dtype(self, x: Any, dtype: Any) -> str:
         return self.emit(f"ops.to_dtype({x}, {dtype})")
+
+    def indirect(self, value: Any, size: Any, wrap: bool = False) -> sympy.Symbol:
+        symbol = super().indirect(value, size, wrap)
+        self.lines.append(f"{self.indent}{symbol.name} = ops.indirect({value}, {self.index(size)}, {wrap})")
+        return symbol
 
     def masked(self, cond: Any, body: Any, other: Any, dtype: Any) -> str:
         self.count += 1

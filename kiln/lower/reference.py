@@ -146,6 +146,7 @@ class Reference(Handler):
         self.reduced = 0  # how many trailing dims of it `reduce` folds
         self.env: dict[sympy.Symbol, torch.Tensor] = {}  # loop variables, for sympy index expressions
         self._masks: list[torch.Tensor] = []
+        self.direct = False  # running a body directly (`compute`): index expressions are sympy
 
     # -- buffers --
     def input(self, name: str, tensor: torch.Tensor, shape: tuple, strides: tuple,
@@ -219,12 +220,16 @@ class Reference(Handler):
         rindex = [index_var("r", d) for d in range(len(data.reduction_ranges))] if buf.is_reduction else []
         self.allocate(buf.name, buf.shape, buf.layout.strides, buf.dtype, buf.layout.offset)
         self.bind(index + rindex, self.grid(data.ranges, data.reduction_ranges if rindex else ()))
-        if isinstance(data, Reduction):
-            value = self.reduce(data.reduction_type, data.fn(self, index, rindex), buf.dtype)
-        elif isinstance(data, Scan):
-            value = self.scan(data.scan_type, data.fn(self, index), data.dim, buf.dtype)
-        else:
-            value = data.fn(self, index)
+        self.direct = True
+        try:
+            if isinstance(data, Reduction):
+                value = self.reduce(data.reduction_type, data.fn(self, index, rindex), buf.dtype)
+            elif isinstance(data, Scan):
+                value = self.scan(data.scan_type, data.fn(self, index), data.dim, buf.dtype)
+            else:
+                value = data.fn(self, index)
+        finally:
+            self.direct = False
         self.store(buf.name, linear_index(index, buf.layout.strides, buf.layout.offset), value)
 
     # -- iteration spaces --
@@ -296,6 +301,26 @@ class Reference(Handler):
 
     def to_dtype(self, x: Any, dtype: torch.dtype) -> torch.Tensor:
         return self._value(x).to(dtype)
+
+    def indirect(self, value: Any, size: Any, wrap: bool = False) -> Any:
+        """The checked index (a tensor over the space): an index outside the dim where the current
+        condition holds raises IndexError; elsewhere it reads as 0. A body run directly (`compute`) gets a
+        symbol bound to it, for its sympy index expressions."""
+        index = self._value(value).to(torch.int64)
+        size = int(evaluate_index(sympy.sympify(size), self.env)) if isinstance(size, sympy.Basic) else int(size)
+        if wrap:
+            index = torch.where(index < 0, index + size, index)
+        bad = (index < 0) | (index >= size)
+        if self._masks:
+            bad = bad & self._masks[-1]
+        if bool(bad.any()):
+            raise IndexError(f"indirect index out of range for a dim of size {size}")
+        index = torch.where((index < 0) | (index >= size), 0, index)
+        if not self.direct:
+            return index
+        symbol = super().indirect(value, size, wrap)
+        self.env[symbol] = index
+        return symbol
 
     def masked(self, cond: Any, body: Callable[[], Any], other: Callable[[], Any], dtype: torch.dtype) -> Any:
         """`body()` where cond holds, else `other()`: both run, each with its loads kept in bounds."""

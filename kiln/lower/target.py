@@ -39,6 +39,9 @@ class Target:
     # whether an inner loop converting a 64-bit integer to a float still vectorizes (x86 needs AVX-512DQ;
     # without it g++ leaves the whole loop scalar, exp calls included)
     wide_int_to_float_simd: bool = True
+    # whether kernels may load through an index read from a tensor (`h.indirect`: embedding lookups,
+    # gather, advanced indexing), checking it and reporting one outside its dim to the wrapper
+    indirect_indexing: bool = False
 
     def computes(self, dtype: torch.dtype) -> bool:
         return dtype in self.compute_dtypes

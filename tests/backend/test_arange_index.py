@@ -47,7 +47,8 @@ def test_embedding_of_an_arange_is_lowered(kind, counters):
     c = compiled(fn, w, idx)
     for got, want in zip(c(w, idx), fn(w, idx)):
         assert torch.equal(got, want)
-    assert _fallbacks(counters, "index_select") == 1  # only the lookup of idx, whose values come at run time
+    # the lookup of idx, whose values come at run time, is a load through the index (kiln.lower.indirect)
+    assert _fallbacks(counters, "index_select") == 0
 
 
 def test_select_of_an_arange_is_a_copy_not_an_alias():
@@ -110,6 +111,6 @@ def test_position_embedding_trains_without_torch_index_ops(counters):
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=name)
     assert counters["autograd"]["backward graphs compiled"] == 1
-    # the token lookup and its gradient run with torch; the positions' do not
-    assert _fallbacks(counters, "index_select") == 1 and _fallbacks(counters, "index_put") == 1, \
+    # only the token lookup's gradient (an accumulating index_put) runs with torch
+    assert _fallbacks(counters, "index_select") == 0 and _fallbacks(counters, "index_put") == 1, \
         dict(counters["fallback"])

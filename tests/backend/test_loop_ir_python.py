@@ -42,7 +42,7 @@ from kiln.schedule.fusion import FusedGroup
 from kiln.schedule.printer import schedule_python
 
 HERE = pathlib.Path(__file__).parent
-SOURCES = ["test_cpp_backend.py", "test_memory_order.py", "test_fuzz_cpp.py", "test_concat.py"]
+SOURCES = ["test_cpp_backend.py", "test_memory_order.py", "test_fuzz_cpp.py", "test_concat.py", "test_indirect_index.py"]
 # tests whose own assertions are about the C++ wrapper itself, not values: their programs are still
 # recorded and checked, a failure of the test's own assertions is not one of the printed modules
 WRAPPER_ONLY = {
