@@ -239,15 +239,11 @@ def graph_key(graph: Graph, example_inputs: list, context: Any, target: Any) -> 
 
 
 def torch_fallback(graph: Graph, symbolic: bool) -> Callable[..., Any]:
-    """What the wrapper runs when an input's layout differs from the compile's, or when a kernel found a
-    loaded index outside its dim: the graph, with torch."""
+    """What the wrapper runs when an input's layout differs from the compile's: the graph, with torch."""
     bindings = size_bindings(graph) if symbolic else []
 
-    def fallback(*inputs: Any, _kiln_why: str = "layout") -> Any:
-        if _kiln_why == "index":  # (kiln.codegen.wrapper.INDEX_WHY) torch raises eager's error
-            counters["cpp"]["index out of range: ran the graph with torch"] += 1
-        else:
-            counters["cpp"]["input layout changed: ran the graph with torch"] += 1
+    def fallback(*inputs: Any) -> Any:
+        counters["cpp"]["input layout changed: ran the graph with torch"] += 1
         if bindings:  # a graph compiled for every size: run with torch at this call's sizes
             values = {sym: inputs[i].shape[d] for sym, i, d in bindings}
             return run(specialize_graph(graph, values), inputs, torch_level=True)

@@ -166,7 +166,7 @@ class CppHandler(Handler):
         self.counter += 1
         live = "true" if self.guard is None else f"({self.guard})"
         self.lines.append(f"{self.indent}const int64_t {symbol.name} = kiln_index(static_cast<int64_t>({value}), "
-                          f"{csize(size)}, {'true' if wrap else 'false'}, {live}, &{ERROR_FLAG});")
+                          f"{csize(size)}, {'true' if wrap else 'false'}, {live}, &{BAD_FLAG});")
         self.ranges = {**self.ranges, symbol: size}
         return symbol
 
@@ -322,6 +322,15 @@ class KernelWriter:
             else:
                 self.emit(f"  const int64_t x{d} = {rest} % {csize(size)};", depth)
                 rest = f"({rest} / {csize(size)})"
+        if _loads_through_index(group):
+            self.emit(f"  int {BAD_FLAG} = 0;", depth)
+
+    def _close_outer(self, group: FusedGroup, depth: int) -> None:
+        """End the outer loop's body (opened by _outer_header): a bad index found in it goes to the entry's
+        result."""
+        if _loads_through_index(group):
+            self.emit(f"  if ({BAD_FLAG}) __atomic_store_n(&{ERROR_FLAG}, 1, __ATOMIC_RELAXED);", depth)
+        self.emit("}", depth)
 
     def split_outer(self, group: FusedGroup, parallel: bool | str) -> None:
         """The outer loop over threads when `parallel` (a string: the OpenMP `if` clause deciding it)."""
@@ -350,7 +359,7 @@ class KernelWriter:
                 self.emit(f"  {reg_ctype(self.buffers[name].dtype)} loc_{name};", depth)
         for member in group.members:
             self.member(group, member, depth + 1, split=False)
-        self.emit("}", depth)
+        self._close_outer(group, depth)
         if arrays:
             self.emit("}", depth - 1)
 
@@ -369,7 +378,7 @@ class KernelWriter:
         self._outer_header(group, 3)
         for i, member in enumerate(group.members):
             self.member(group, member, 4, split=True, slot=i)
-        self.emit("}", 3)
+        self._close_outer(group, 3)
         self.emit("}", 2)
 
     # what kiln.codegen.cpp_columns writes through
@@ -657,6 +666,10 @@ class KernelWriter:
         self.emit("}", depth)
 
 
+def _loads_through_index(group: FusedGroup) -> bool:
+    return any(m.buffer.loads_through_index() for m in group.members)
+
+
 def _inside(bounds: tuple | None, size: Any) -> bool:
     """Index bounds [lo, hi] inside a buffer of `size` elements (proved for every size when symbolic); an
     empty buffer is never written."""
@@ -671,6 +684,7 @@ def _inside(bounds: tuple | None, size: Any) -> bool:
 
 TIMES_PARAM = "kiln_times"  # the profiling entry's extra parameter: one double per kernel
 ERROR_FLAG = "kiln_err"  # an entry's result: 1 where a loaded index fell outside its dim (kiln_index)
+BAD_FLAG = "kiln_bad"  # the same, per outer iteration of a kernel (a private local g++ vectorizes around)
 
 
 def _inner_linear(group: FusedGroup) -> str:
@@ -704,7 +718,7 @@ def segment_source(entry: str, groups: list[FusedGroup], args: list[str], buffer
         writer.kernel(group)
         if timing:
             writer.emit(f"{TIMES_PARAM}[{k}] = omp_get_wtime() - kiln_t{k};", 1)
-    if any(f"&{ERROR_FLAG})" in line for line in writer.lines[head:]):
+    if any(f"&{BAD_FLAG})" in line for line in writer.lines[head:]):
         writer.lines.insert(head, f"  int {ERROR_FLAG} = 0;")
         writer.lines.append(f"  return {ERROR_FLAG};")
     else:

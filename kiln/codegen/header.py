@@ -22,14 +22,15 @@ static inline int64_t kiln_floordiv(int64_t a, int64_t b) {
 }
 static inline int64_t kiln_floormod(int64_t a, int64_t b) { return a - kiln_floordiv(a, b) * b; }
 // an index loaded from a tensor (a gather's, an embedding's token): a negative one counts from the end when
-// `wrap`; one outside [0, n) on a live lane sets the entry's error flag (the wrapper then runs the graph with
-// torch, which raises eager's error) and reads element 0 instead: never a load outside the buffer. The flag
-// is a plain store of 1, read after the kernels' closing barrier: an atomic one keeps g++ from hoisting an
-// index that is invariant along the inner loop (an embedding's row), and the row is then read by gathers
-static inline int64_t kiln_index(int64_t i, int64_t n, bool wrap, bool live, int* err) {
+// `wrap`; one outside [0, n) on a live lane reads element 0 instead (never a load outside the buffer) and
+// marks `bad`, the kernel's flag for the current outer iteration, which the kernel passes on to the entry's
+// result (the wrapper then runs the graph with torch, which raises eager's error). An OR into a local of
+// the outer iteration is what g++ still vectorizes (a store through a pointer or into a shared variable
+// leaves the loop scalar) and hoists when the index is invariant along the inner loop (an embedding's row)
+static inline int64_t kiln_index(int64_t i, int64_t n, bool wrap, bool live, int* bad) {
   if (wrap && i < 0) i += n;
   const bool inside = static_cast<uint64_t>(i) < static_cast<uint64_t>(n);
-  if (__builtin_expect(live && !inside, 0)) *err = 1;
+  *bad |= (live && !inside);
   return inside ? i : 0;
 }
 

@@ -23,7 +23,7 @@ import torch
 from ..graph import flatten, map_structure
 from ..graph.layout import contiguous_strides
 from ..graph.symbolic import SymInt, has_symbols, python_expr
-from ..lower.ir import BufferRef, ExternNode, InputBuffer, LoopGraph, OutputView, ViewRef
+from ..lower.ir import BufferRef, ExternNode, IndexCheck, InputBuffer, LoopGraph, OutputView, ViewRef
 from ..lower.printer import layout_text
 from ..lower.sizes import SizeDecision, hint, size_symbols
 from ..schedule.memory import Plan, Segment
@@ -178,12 +178,9 @@ def _stride_check(src: Any, b: Any) -> str:
     return f"({''.join(f'{b.name}.stride({d}), ' for d in kept)}) != {want} or "
 
 
-INDEX_WHY = "index"  # the fallback's reason when a kernel found a loaded index outside its dim
-
-
-def _index_error() -> None:
-    raise IndexError("index out of range in self (a kiln kernel found an index outside the dim it indexes; "
-                     "the graph had already written into an input, so it was not run again with torch)")
+def _check_text(src: _Source, check: IndexCheck) -> str:
+    index = _view_text(src, check.index, check.shape, check.strides, check.offset)
+    return f"({check.kind!r}, {index}, {src.size(check.size)}, {check.dim}, {check.wrap})"
 
 
 def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallback: Callable[..., Any],
@@ -244,12 +241,8 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
     for name in dict.fromkeys(n for names in seen for n in names):
         if graph.storage_of(name) != name:
             windows.setdefault(graph.storage_of(name), []).append(name)
-    inputs_written = False  # whether a step before this one wrote into an input's memory
     for step_index, step in enumerate(plan.steps):
         node = step.node
-        if step.inplace and not isinstance(node, Segment) and \
-                any(isinstance(graph.buffers.get(s), InputBuffer) for s in step.inplace.values()):
-            inputs_written = True
         for name, reuse in step.allocs:
             buf = graph.buffers[name]
             meta = f"  # {layout_text(buf)}"
@@ -288,7 +281,6 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
         # (a fallback run in place moves the version itself: its torch op is in place)
         for source in step.inplace.values() if isinstance(node, Segment) else ():
             if isinstance(graph.buffers[source], InputBuffer):
-                inputs_written = True
                 # the kernel writes into an input's memory: its version moves as eager's in-place op moves
                 # it (and a graph that raises after this is never re-run on the half-updated input)
                 lines.append(f"    _bump_version({source})")
@@ -303,15 +295,12 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
             kernels = ", ".join(g.name for g in node.groups)
             writes = ", ".join(f"{w} {layout_text(graph.buffers[w])}" for w in node.writes)
             call, comment = f"{fn}({', '.join(ptrs)})", f"  # {kernels} -> {writes or 'nothing'}"
+            checks = [c for g in node.groups for m in g.members for c in graph.index_checks.get(m.buffer.name, ())]
             if any(m.buffer.loads_through_index() for g in node.groups for m in g.members):
-                # a loaded index fell outside its dim: eager's error, from torch running the graph (on the
-                # inputs as they came: nothing wrote into them yet), or IndexError once something has
+                # a kernel found a loaded index outside its dim: eager's error, from the index values (the
+                # index buffers are alive: this segment reads them)
                 lines.append(f"    if {call}:{comment}")
-                if inputs_written:
-                    src.globals["_index_error"] = _index_error
-                    lines.append("        _index_error()")
-                else:
-                    lines.append(f"        return _fallback({', '.join(params + ['_kiln_why=' + repr(INDEX_WHY)])})")
+                lines.append(f"        _index_error(({''.join(_check_text(src, c) + ', ' for c in checks)}))")
             else:
                 lines.append(f"    {call}{comment}")
             if timings is not None:

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 
 from .. import config
+from ..counters import counters
 from ..graph import map_structure
 from ..graph.interpreter import write_back
 from ..graph.lazy import is_basic
@@ -160,11 +161,29 @@ def _recycle(pool: BufferPool, name: str, nbytes: int) -> torch.Tensor | None:
     return None
 
 
+def _index_error(checks: tuple) -> None:
+    """Raise eager's error for the first index outside its dim among `checks` ((kind, index tensor, size,
+    dim, wrap) of the lookups a segment made, in program order), after a kernel reported one."""
+    counters["cpp"]["index out of range (eager's error raised)"] += 1
+    for kind, index, size, dim, wrap in checks:
+        flat = index.reshape(-1)
+        low = -size if wrap else 0
+        bad = ((flat < low) | (flat >= size)).nonzero()
+        if bad.numel():
+            value = int(flat[int(bad[0])])
+            if kind == "index_select":
+                raise IndexError("index out of range in self")
+            error = RuntimeError if kind == "gather" else IndexError
+            raise error(f"index {value} is out of bounds for dimension {dim} with size {size}")
+    raise IndexError("index out of range in self")
+
+
 def helper_globals() -> dict[str, Any]:
     """The globals every wrapper reads besides its own constants (a fresh buffer pool each time)."""
     return {"torch": torch, "_restride": _restride, "_recycle": _recycle, "_fresh": _fresh, "_view": _view,
             "_write_back": write_back, "_keep": _keep, "_pool": BufferPool(),
-            "_bump_version": torch.autograd.graph.increment_version, "_linear": torch.nn.functional.linear}
+            "_bump_version": torch.autograd.graph.increment_version, "_linear": torch.nn.functional.linear,
+            "_index_error": _index_error}
 
 
 # globals a wrapper gets from its compile rather than from its source's constants

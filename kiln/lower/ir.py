@@ -243,6 +243,22 @@ class OutputView:
     offset: int
 
 
+@dataclasses.dataclass(frozen=True)
+class IndexCheck:
+    """An index a lookup's kernel loads through (kiln.lower.indirect): where a kernel reports one outside its
+    dim, the wrapper finds it in `index` (a view of that buffer) and raises eager's error for `kind`
+    (index_select, gather or index) on dim `dim` of `size` (negative values counted from the end: `wrap`)."""
+
+    kind: str
+    index: str
+    shape: tuple
+    strides: tuple
+    offset: Any
+    size: Any
+    dim: int
+    wrap: bool
+
+
 @dataclasses.dataclass
 class LoopGraph:
     """The lowered graph: inputs, ordered nodes, the output structure and input mutations."""
@@ -254,6 +270,8 @@ class LoopGraph:
     output: Any  # structure of BufferRef / OutputView / Python constants
     mutations: list[tuple[int, Any]]  # (input position, BufferRef or OutputView of the final value)
     buffers: dict[str, Buffer] = dataclasses.field(default_factory=dict)
+    # the lookups' index checks, by the buffer whose kernel makes them
+    index_checks: dict[str, list[IndexCheck]] = dataclasses.field(default_factory=dict)
 
     def size_symbols(self) -> list:
         """The symbolic sizes the graph's layouts, views and extern arguments mention, sorted by name (what

@@ -588,11 +588,15 @@ def lower_index(ctx: Lowering, node: Node, *args: Any, **kwargs: Any) -> Box:
     # an index the graph computes as an arange is index arithmetic (kiln.lower.arange_index); an index
     # tensor, a load through it where the target's kernels check such loads (kiln.lower.indirect)
     loader = arange_index.loader(node, *args, **kwargs)
-    if loader is None and ctx.target.indirect_indexing:
-        loader = indirect.loader(node, *args, **kwargs)
-    if loader is None:
+    if loader is not None:
+        return Box(node.meta.shape, node.meta.dtype, loader)
+    found = indirect.loader(ctx, node, *args, **kwargs) if ctx.target.indirect_indexing else None
+    if found is None:
         raise Unlowerable("an index not known at compile time")
-    return Box(node.meta.shape, node.meta.dtype, loader)
+    # computed whole, never inlined into a reader of a few elements: eager checks every index it is given
+    box = ctx.realized_box(Box(node.meta.shape, node.meta.dtype, found[0]), node.meta, node)
+    ctx.loop.index_checks[box.view[0]] = found[1]
+    return box
 
 
 @lowering(prims.im2col)

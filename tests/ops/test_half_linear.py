@@ -120,7 +120,18 @@ def test_other_inputs_follow_eager(dtype, counters):
         kiln.reset()
         counters.clear()
         eager, compiled = fn(x), kiln.compile(fn, backend="cpp")(x)
-        _same(compiled, eager)
+        if name == "addmm_beta" and dtype == torch.float16:
+            # eager's float16 gemm with beta sums in float32 in its own order, and kiln's float32 mm in the
+            # BLAS's: the order is the CPU's (bit-equal on the Intel machines this was written on; on an AMD
+            # EPYC 6 of 12,000 elements round the other way). Both round a float32 sum once: kiln is as close
+            # to the float64 product as eager, element by element within one float16 step of it
+            truth = torch.addmm(b.double(), x.double(), w.t().double(), beta=0.5)
+            assert compiled.dtype == eager.dtype and compiled.stride() == eager.stride()
+            assert (compiled.double() - truth).abs().max() <= (eager.double() - truth).abs().max()
+            step = torch.finfo(dtype).eps * eager.abs().double().clamp_min(torch.finfo(dtype).tiny)
+            assert ((compiled.double() - eager.double()).abs() <= step).all(), name
+        else:
+            _same(compiled, eager)
         assert ("prims.addmm" in counters["extern"]) == (name == "addmm"), (name, dict(counters["extern"]))
         assert not counters["fallback"], (name, dict(counters["fallback"]))
 

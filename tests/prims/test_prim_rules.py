@@ -21,9 +21,10 @@ NOT_LOWERED = {
        for name in ("uniform", "normal", "randint", "bernoulli")},
     "var_mean": "a reduction with two outputs (variance and mean), not lowered yet: torch.var_mean runs with "
                 "torch (torch.var's prims.var is lowered)",
-    **{name: "indirect indexing (a load or store whose index is another tensor's value) is not in the loop IR "
-       "yet; index_select and index_put with a static arange index are lowered (lower/arange_index.py)"
-       for name in ("gather", "scatter", "scatter_add", "scatter_reduce", "index")},
+    **{name: "a store whose index is another tensor's value (several elements may land on one: the order "
+       "and the accumulation are eager's) is not in the loop IR; loads through an index are "
+       "(lower/indirect.py), and index_put at a static arange (lower/arange_index.py)"
+       for name in ("scatter", "scatter_add", "scatter_reduce")},
     **{name: "sorting and selection run with torch's kernels" for name in ("sort", "topk")},
     **{name: "a scan whose combine kiln's scan kernels do not express (value and index, or log-sum-exp)"
        for name in ("cummax", "cummin", "logcumsumexp")},
