@@ -22,7 +22,7 @@ from ..graph.layout import contiguous_strides, is_non_overlapping_and_dense
 from ..graph.symbolic import SymInt
 from ..prims import Prim
 from ..prims.shape import view_strides
-from . import arange_index, concat, indirect, reduce_order, windows
+from . import arange_index, concat, indirect, matvec, reduce_order, windows
 from .box import Box, buffer_box as _buffer_box
 from .index import linear_index, simplify_index, unravel
 from .sizes import dense, dim, dims, hint, is_positive, is_static, known_le, nonnegative, same
@@ -206,6 +206,8 @@ class Lowering:
         metas = node.meta if isinstance(node.meta, tuple) else (node.meta,)
         supported = all(isinstance(m, TensorMeta) and self.target.computes(m.dtype) for m in metas)
         extern = prim.name in self.target.extern_prims
+        if extern and self.target.matvec_kernels and matvec.applies(node):
+            fn, extern = _lower_matvec, False
         if fn is not None and supported and not extern:
             args = map_structure(lambda v: self.env[id(v)] if isinstance(v, Node) else v, node.args)
             kwargs = map_structure(lambda v: self.env[id(v)] if isinstance(v, Node) else v, node.kwargs)
@@ -674,6 +676,11 @@ def _reduction(ctx: Lowering, node: Node, a: Box, dims: tuple, rtype: str, dtype
                          Reduction(ranges, rranges, rtype, fn))
     ctx.add_node(buf)
     return _buffer_box(name, dtype, ranges, buf.layout.strides)
+
+
+def _lower_matvec(ctx: Lowering, node: Node, a: Box, b: Box) -> Box:
+    """A one-row product as the sum over K of its terms (kiln.lower.matvec)."""
+    return _reduction(ctx, node, matvec.product(a, b), (2,), "sum", node.meta.dtype)
 
 
 def _simple_reduction(rtype: str) -> Callable[..., Any]:
