@@ -24,7 +24,7 @@ static inline int64_t kiln_floormod(int64_t a, int64_t b) { return a - kiln_floo
 // an index loaded from a tensor (a gather's, an embedding's token): a negative one counts from the end when
 // `wrap`; one outside [0, n) on a live lane reads element 0 instead (never a load outside the buffer) and
 // marks `bad`, the kernel's flag for the current outer iteration, which the kernel passes on to the entry's
-// result (the wrapper then runs the graph with torch, which raises eager's error). An OR into a local of
+// result (the wrapper then raises eager's error, found in the index values). An OR into a local of
 // the outer iteration is what g++ still vectorizes (a store through a pointer or into a shared variable
 // leaves the loop scalar) and hoists when the index is invariant along the inner loop (an embedding's row)
 static inline int64_t kiln_index(int64_t i, int64_t n, bool wrap, bool live, int* bad) {

@@ -129,6 +129,10 @@ class TritonHandler(Handler):
             value += ".to(tl.float32)"
         return self.tmp(value, dtype)
 
+    def indirect(self, value: Any, size: Any, wrap: bool = False) -> Any:
+        # (TRITON_TARGET.indirect_indexing is off: lookups through an index stay torch calls there)
+        raise NotImplementedError("triton codegen: a load through an index read from a tensor")
+
     def constant(self, value: Any, dtype: torch.dtype) -> TValue:
         return self.tmp(f"tl.full([1, 1], {literal(value, dtype)}, {reg_type(dtype)})", dtype)
 

@@ -679,8 +679,11 @@ def _reduction(ctx: Lowering, node: Node, a: Box, dims: tuple, rtype: str, dtype
 
 
 def _lower_matvec(ctx: Lowering, node: Node, a: Box, b: Box) -> Box:
-    """A one-row product as the sum over K of its terms (kiln.lower.matvec)."""
-    return _reduction(ctx, node, matvec.product(a, b), (2,), "sum", node.meta.dtype)
+    """A one-row product as the sum over K of its float32 terms (kiln.lower.matvec)."""
+    total = _reduction(ctx, node, matvec.product(a, b), (2,), "sum", torch.float32)
+    dtype = node.meta.dtype
+    return total if dtype == torch.float32 else \
+        Box(total.shape, dtype, lambda h, index: h.to_dtype(total.loader(h, index), dtype))
 
 
 def _simple_reduction(rtype: str) -> Callable[..., Any]:

@@ -107,9 +107,9 @@ class Handler:
     def indirect(self, value: Any, size: Any, wrap: bool = False) -> sympy.Symbol:
         """An integer value (a loaded index) as an index into a dim of `size`, for index expressions: a
         symbol `indN` that later loads put in their index. With `wrap`, a negative value counts from the end
-        (advanced indexing); a value outside the dim is an error the kernel reports (the wrapper then runs
-        the graph with torch, which raises eager's error), never a read outside the buffer. Handlers that
-        only look at a body get a fresh symbol per call."""
+        (advanced indexing); a value outside the dim is an error the kernel reports (the wrapper then raises
+        eager's error, found in the index values: `LoopGraph.index_checks`), never a read outside the
+        buffer. Handlers that only look at a body get a fresh symbol per call."""
         count = self.__dict__.get("indirect_count", 0)
         self.__dict__["indirect_count"] = count + 1
         return indirect_var(count)

@@ -42,7 +42,7 @@ class Target:
     # whether kernels may load through an index read from a tensor (`h.indirect`: embedding lookups,
     # gather, advanced indexing), checking it and reporting one outside its dim to the wrapper
     indirect_indexing: bool = False
-    # a one-row float32 matrix product (a linear at batch 1) as a kernel rather than the library's gemv
+    # a one-row matrix product (a linear at batch 1) as a kernel rather than the library's gemv
     # (kiln.lower.matvec: the CPU's BLAS reads its weight at half the copy bandwidth)
     matvec_kernels: bool = False
 
