@@ -3,8 +3,9 @@
 At batch 1 each linear reads its weight once and does one multiply-add per element: it is a memory-bound
 dot product per output. The BLAS's gemv read float32 weights at 17-23 GB/s on this machine (one thread,
 weights out of cache, `python bench/bench_matvec.py`), kiln's vectorized row reduction at 35-40 GB/s,
-near the copy bandwidth (bfloat16: oneDNN 13-16 GB/s, kiln 26-32); and as a kernel it takes its neighbours (the bias add, an activation, the input's
-normalization) where an extern call would stand alone between kernels.
+near the copy bandwidth (bfloat16: oneDNN 13-16 GB/s, kiln 26-32); and as a kernel it takes its
+neighbours (the bias add, an activation, the input's normalization) where an extern call would stand alone
+between kernels.
 
 `product(a, b)` is the box of the elementwise products `a[i, k] * b[k, j]` over [M, N, K] in float32, which
 the lowering sums over K (and rounds once to a half type, as eager's library call does). Products with one

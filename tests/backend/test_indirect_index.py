@@ -62,12 +62,16 @@ PROGRAMS = {
     "rows": (lambda x, i: x[i] + 1, lambda: (torch.randn(10, 3), _ids(10, (2, 4)))),
     "columns": (lambda x, i: x[:, i], lambda: (torch.randn(3, 10, 2), _ids(10, (5,)))),
     "negative rows": (lambda x, i: x[i - 10], lambda: (torch.randn(10, 3), _ids(10, (6,)))),
-    "two adjacent indices": (lambda x, i, j: x[:, i, j], lambda: (torch.randn(2, 5, 6, 3), _ids(5, (4,)), _ids(6, (4,), 1))),
-    "two separated indices": (lambda x, i, j: x[i, :, j], lambda: (torch.randn(5, 2, 6), _ids(5, (3, 2)), _ids(6, (3, 2), 1))),
-    "broadcast indices": (lambda x, i, j: x[i[:, None], j], lambda: (torch.randn(5, 6), _ids(5, (3,)), _ids(6, (4,), 1))),
+    "two adjacent indices":
+        (lambda x, i, j: x[:, i, j], lambda: (torch.randn(2, 5, 6, 3), _ids(5, (4,)), _ids(6, (4,), 1))),
+    "two separated indices":
+        (lambda x, i, j: x[i, :, j], lambda: (torch.randn(5, 2, 6), _ids(5, (3, 2)), _ids(6, (3, 2), 1))),
+    "broadcast indices":
+        (lambda x, i, j: x[i[:, None], j], lambda: (torch.randn(5, 6), _ids(5, (3,)), _ids(6, (4,), 1))),
     "bfloat16 rows": (lambda w, i: F.embedding(i, w) * 2, lambda: (torch.randn(30, 8).bfloat16(), _ids(30, (2, 5)))),
     "int64 values": (lambda x, i: x[i] * 3, lambda: (torch.arange(20).view(10, 2), _ids(10, (7,)))),
-    "padded lookup": (lambda w, i: F.pad(F.embedding(i, w), (2, 1, 1, 0)), lambda: (torch.randn(20, 6), _ids(20, (3, 4)))),
+    "padded lookup":
+        (lambda w, i: F.pad(F.embedding(i, w), (2, 1, 1, 0)), lambda: (torch.randn(20, 6), _ids(20, (3, 4)))),
 }
 
 
@@ -91,14 +95,20 @@ def test_lookups_run_in_kernels_with_eager_values(name):
 
 
 ERRORS = {
-    "embedding past the table": (lambda w, i: F.embedding(i, w) + 1, (torch.randn(5, 3), torch.tensor([[1, 5]])), IndexError),
-    "index_select below 0": (lambda x, i: x.index_select(0, i) * 2, (torch.randn(5, 3), torch.tensor([0, -1])), IndexError),
-    "gather past the dim": (lambda x, i: torch.gather(x, 1, i), (torch.randn(2, 3), torch.tensor([[0], [3]])), RuntimeError),
-    "gather below 0": (lambda x, i: torch.gather(x, 1, i).exp(), (torch.randn(2, 3), torch.tensor([[0], [-1]])), RuntimeError),
+    "embedding past the table":
+        (lambda w, i: F.embedding(i, w) + 1, (torch.randn(5, 3), torch.tensor([[1, 5]])), IndexError),
+    "index_select below 0":
+        (lambda x, i: x.index_select(0, i) * 2, (torch.randn(5, 3), torch.tensor([0, -1])), IndexError),
+    "gather past the dim":
+        (lambda x, i: torch.gather(x, 1, i), (torch.randn(2, 3), torch.tensor([[0], [3]])), RuntimeError),
+    "gather below 0":
+        (lambda x, i: torch.gather(x, 1, i).exp(), (torch.randn(2, 3), torch.tensor([[0], [-1]])), RuntimeError),
     "rows past the dim": (lambda x, i: x[i] + 1, (torch.randn(4, 3), torch.tensor([1, 4])), IndexError),
     # eager checks every index, also where the program reads one element of the result
-    "gather read in part": (lambda x, i: torch.gather(x, 0, i)[:1] * 2, (torch.randn(5), torch.tensor([1, 9])), RuntimeError),
-    "embedding read in part": (lambda w, i: F.embedding(i, w)[0] + 1, (torch.randn(5, 3), torch.tensor([2, 5])), IndexError),
+    "gather read in part":
+        (lambda x, i: torch.gather(x, 0, i)[:1] * 2, (torch.randn(5), torch.tensor([1, 9])), RuntimeError),
+    "embedding read in part":
+        (lambda w, i: F.embedding(i, w)[0] + 1, (torch.randn(5, 3), torch.tensor([2, 5])), IndexError),
     "rows below -size": (lambda x, i: x[i] + 1, (torch.randn(4, 3), torch.tensor([-5, 0])), IndexError),
 }
 
