@@ -163,3 +163,25 @@ def test_embedding_trains_with_a_kernel_lookup(counters):
     torch.tanh(reference(idx)).pow(2).sum().backward()
     torch.testing.assert_close(emb.weight.grad, reference.weight.grad)
     assert counters["fallback"]["prims.index_select"] == 0, dict(counters["fallback"])
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert", "t5"])
+def test_hugging_face_lookups_run_in_kernels(family, counters):
+    """Hugging Face models from small configs (transformers' defaults otherwise): token, position and
+    relative-position lookups are kernel loads, outputs as eager's."""
+    transformers = pytest.importorskip("transformers")
+    configs = {
+        "gpt2": lambda: transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=1000),
+        "bert": lambda: transformers.BertConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                                num_attention_heads=2, vocab_size=1000),
+        "t5": lambda: transformers.T5Config(num_layers=2, d_model=64, d_ff=128, num_heads=2, d_kv=32,
+                                            vocab_size=1000),
+    }
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(configs[family]()).eval()
+    ids = _ids(1000, (2, 16))
+    kwargs = {"decoder_input_ids": ids} if family == "t5" else {}
+    with torch.no_grad():
+        got, want = kiln.compile(model)(ids, **kwargs)[0], model(ids, **kwargs)[0]
+    torch.testing.assert_close(got, want)
+    assert _torch_index_calls(counters) == {}, dict(counters["fallback"])
