@@ -18,7 +18,7 @@ import sympy
 import torch
 
 from ..graph.layout import contiguous_strides
-from ..lower.index import index_bounds, index_code, simplify_index
+from ..lower.index import index_bounds, index_code, indirect_var, simplify_index
 from ..lower.ir import Buffer, ComputedBuffer, Reduction
 from ..lower.ops import SCALAR_OP_TABLE, Handler, Result
 from ..lower.sizes import SizeDecision, hint, is_static, known_lt, nonnegative
@@ -161,9 +161,8 @@ class CppHandler(Handler):
     def indirect(self, value: CppValue, size: Any, wrap: bool = False) -> sympy.Symbol:
         """`kiln_index` of the value (see the header): a checked int64 local named as the symbol it stands
         for; within the kernel's index expressions its range is the dim's (loads through it are in bounds)."""
-        symbol = super().indirect(value, size, wrap)
-        symbol = sympy.Symbol(f"{symbol.name}_{self.counter}", integer=True, nonnegative=True)
         self.counter += 1
+        symbol = indirect_var(self.counter)  # (numbered with the temporaries: unique in the kernel)
         live = "true" if self.guard is None else f"({self.guard})"
         self.lines.append(f"{self.indent}const int64_t {symbol.name} = kiln_index(static_cast<int64_t>({value}), "
                           f"{csize(size)}, {'true' if wrap else 'false'}, {live}, &{BAD_FLAG});")
@@ -718,7 +717,7 @@ def segment_source(entry: str, groups: list[FusedGroup], args: list[str], buffer
         writer.kernel(group)
         if timing:
             writer.emit(f"{TIMES_PARAM}[{k}] = omp_get_wtime() - kiln_t{k};", 1)
-    if any(f"&{BAD_FLAG})" in line for line in writer.lines[head:]):
+    if any(_loads_through_index(group) for group in groups):
         writer.lines.insert(head, f"  int {ERROR_FLAG} = 0;")
         writer.lines.append(f"  return {ERROR_FLAG};")
     else:

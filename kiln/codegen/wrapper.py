@@ -295,10 +295,11 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
             kernels = ", ".join(g.name for g in node.groups)
             writes = ", ".join(f"{w} {layout_text(graph.buffers[w])}" for w in node.writes)
             call, comment = f"{fn}({', '.join(ptrs)})", f"  # {kernels} -> {writes or 'nothing'}"
-            checks = [c for g in node.groups for m in g.members for c in graph.index_checks.get(m.buffer.name, ())]
-            if any(m.buffer.loads_through_index() for g in node.groups for m in g.members):
+            members = [m.buffer for g in node.groups for m in g.members]
+            if any(b.loads_through_index() for b in members):
                 # a kernel found a loaded index outside its dim: eager's error, from the index values (the
                 # index buffers are alive: this segment reads them)
+                checks = [c for b in members for c in graph.index_checks.get(b.name, ())]
                 lines.append(f"    if {call}:{comment}")
                 lines.append(f"        _index_error(({''.join(_check_text(src, c) + ', ' for c in checks)}))")
             else:

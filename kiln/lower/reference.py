@@ -307,15 +307,13 @@ class Reference(Handler):
         condition holds raises IndexError; elsewhere it reads as 0. A body run directly (`compute`) gets a
         symbol bound to it, for its sympy index expressions."""
         index = self._value(value).to(torch.int64)
-        size = int(evaluate_index(sympy.sympify(size), self.env)) if isinstance(size, sympy.Basic) else int(size)
+        size = int(evaluate_index(sympy.sympify(size), self.env))
         if wrap:
             index = torch.where(index < 0, index + size, index)
-        bad = (index < 0) | (index >= size)
-        if self._masks:
-            bad = bad & self._masks[-1]
-        if bool(bad.any()):
+        outside = (index < 0) | (index >= size)
+        if bool((outside & self._masks[-1] if self._masks else outside).any()):
             raise IndexError(f"indirect index out of range for a dim of size {size}")
-        index = torch.where((index < 0) | (index >= size), 0, index)
+        index = torch.where(outside, 0, index)
         if not self.direct:
             return index
         symbol = super().indirect(value, size, wrap)
