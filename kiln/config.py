@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import platform
 import sys
 import textwrap
 from typing import Any, Callable, Iterator
@@ -156,6 +157,20 @@ define("fuel_report", None, "write the optimization fuel this process used (deci
 define("conv_gemm_max_macs", 1_000_000, "CPU convolutions with at most this many multiply-adds run as a gather of "
        "their input windows and one matrix product (im2col; forward and backward), not oneDNN's convolution, "
        "whose per-call cost dominates small ones (0: always oneDNN)")
+def _conv_pointwise(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("measure", "gemm", "conv"):
+        raise ValueError(f"expected measure, gemm or conv, got {text!r}")
+    return value
+
+
+define("conv_pointwise", "measure", "CPU 1x1 convolutions (stride 1, no padding, ungrouped) above "
+       "conv_gemm_max_macs: 'measure' times oneDNN's convolution against the matrix product kiln would run, once "
+       "per shape on this machine (cached in cache_dir), and takes the product where it is clearly faster "
+       "(torch's NCHW 1x1 convolution over 2x2 or 3x3 images ran 4-9x slower than it); 'gemm' always the "
+       "product; 'conv' always oneDNN's", type=_conv_pointwise)
+define("conv_pointwise_measure_max_macs", 1 << 27, "1x1 convolutions with more multiply-adds than this are not "
+       "timed by conv_pointwise='measure' (they keep oneDNN's convolution)")
 define("conv_depthwise_max_macs", 250_000, "CPU depthwise convolutions with at most this many multiply-adds "
        "run as a sum of shifted products (one kernel with their neighbours) instead of oneDNN's (0: never)")
 define("half_addmm_min_macs", 1 << 23, "float16/bfloat16 biased matrix products (F.linear, addmm) with at "
@@ -305,6 +320,18 @@ def refresh_channels() -> None:
 def _short_name(record: logging.LogRecord) -> bool:
     record.name_short = record.name.removeprefix("kiln.")
     return True
+
+
+def cpu_name() -> str:
+    """This machine's CPU model (its measurements, cached on disk, are keyed by it)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def child_environment(drop: tuple[str, ...] = ()) -> dict[str, str]:

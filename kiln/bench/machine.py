@@ -12,7 +12,6 @@ import functools
 import json
 import math
 import os
-import platform
 import statistics
 import time
 from typing import Any, Callable
@@ -20,6 +19,7 @@ from typing import Any, Callable
 import torch
 
 from .. import config
+from ..config import cpu_name
 
 log = config.channel("bench")
 PEAKS_FILE = "machine_peaks.json"
@@ -42,17 +42,6 @@ def cpu_count() -> int:
 def overloaded(load: float | None, cpus: int | None = None) -> bool:
     """Whether `load` (a 1-minute load average) is above the machine's CPUs: processes wait for a core."""
     return load is not None and load > (cpus or cpu_count())
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def timed_runs(fn: Callable[[], Any], repeat: int, min_s: float) -> list[float]:

@@ -14,7 +14,9 @@ convolution NHWC), on large ones NHWC wins (the zoo's resnet18 at batch 8: 8.0 -
 channels-last when it is 4-D with static sizes, more than one channel and more than one pixel (so the NHWC
 strides differ from the NCHW ones in every dim that matters), no graph output or mutated input reaches it
 through views (outputs keep eager's strides), and it is either the input of such a convolution or computed
-elementwise (or padded, or concatenated) from a channels-last convolution result, unless it is the input of a
+elementwise (or padded, concatenated, copied) from a channels-last convolution result or from a
+channels-last view (a 1x1 convolution's product rows seen as images, `kiln.ops.conv_gemm`, whose copy into
+eager's layout then stays NHWC), unless it is the input of a
 convolution that stays NCHW (that value's kernel writes NCHW: the transpose happens once, where the images are
 small). A convolution whose input stays NCHW (the graph's input image) gets an NHWC copy of its weight
 instead, which makes torch return an NHWC result just the same. Every layout is correct: kernels address any
@@ -166,8 +168,14 @@ def channels_last_layout(graph: Graph) -> ConvLayout:
             # a convolution's result into it walks both contiguously (kiln.lower.concat)
             chosen.add(id(node))
             nhwc.add(id(node))
-        elif node.op == "call_prim" and "elementwise" in node.target.tags and free(node) and \
-                id(node) not in nchw_inputs:
+        elif node.op == "call_prim" and "view" in node.target.tags and isinstance(node.meta, TensorMeta) and \
+                is_channels_last(node.meta.shape, node.meta.strides):
+            # a channels-last view: a 1x1 convolution's product rows seen as images (kiln.ops.conv_gemm); the
+            # values computed from it stay NHWC, as from a convolution's NHWC result
+            nhwc.add(id(node))
+        elif node.op == "call_prim" and ("elementwise" in node.target.tags or node.target is prims.clone) and \
+                free(node) and id(node) not in nchw_inputs:
+            # (a clone: the copy into eager's layout after such a product, a remap its readers absorb)
             shape = tuple(node.meta.shape)
             if any(id(a) in nhwc and isinstance(a.meta, TensorMeta) and tuple(a.meta.shape) == shape
                    for a in node.inputs()):

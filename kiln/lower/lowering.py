@@ -37,6 +37,11 @@ log = config.channel("fusion")
 
 # Inline a pointwise value into each of several consumers only while it is this cheap (CountHandler units).
 INLINE_REUSE_COST = 8
+# A padded value read by this many consumers (a pooling window's taps: kiln.ops.nn_pool) is computed once into
+# a padded buffer. Inlined, each tap is a load under its own bounds test, and g++ 12 leaves an inner loop with
+# four or more such masked loads scalar: PoolFormer's 3x3 average pools (9 taps, in its NHWC kernels over 16
+# channels) ran at 6-8% of the copy bandwidth, 60 us of its 2.3 ms call each.
+PAD_REALIZE_READERS = 4
 # A per-channel vector broadcast into an NHWC kernel of at least this many elements is computed once into a
 # buffer; below, recomputing it per pixel (a few vector ops per 16 elements) costs less than the buffer's
 # allocation in the wrapper (~4 us)
@@ -216,8 +221,9 @@ class Lowering:
             except Unlowerable as e:
                 log.debug("prims.%s of %s runs as a fallback: %s", prim.name, node.name, e)
             else:
-                if isinstance(box, Box) and box.view is None and len(self.users.get(node, ())) > 1 \
-                        and box.cost() > INLINE_REUSE_COST and id(node) not in self.concat_homed:
+                readers = len(self.users.get(node, ()))
+                if isinstance(box, Box) and box.view is None and readers > 1 and id(node) not in self.concat_homed \
+                        and (box.cost() > INLINE_REUSE_COST or (prim is prims.pad and readers >= PAD_REALIZE_READERS)):
                     box = self.realized_box(box, node.meta, node)
                 return box
         kind = "extern" if extern else "fallback"
@@ -388,7 +394,8 @@ def lower_convert(ctx: Lowering, node: Node, a: Box, dtype: torch.dtype) -> Box:
 
 @lowering(prims.clone)
 def lower_clone(ctx: Lowering, node: Node, a: Box, memory_format: Any = None) -> Box:
-    return ctx.realized_box(Box(a.shape, a.dtype, a.loader), node.meta)
+    # (NHWC where kiln.lower.conv_layout chose it: the copy into eager's layout after a 1x1 convolution's product)
+    return ctx.realized_box(Box(a.shape, a.dtype, a.loader), node.meta, node)
 
 
 @lowering(prims.stop_gradient)

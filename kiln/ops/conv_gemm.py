@@ -22,8 +22,9 @@ the BatchNorm and activation around it (the input padded once up front, so the t
 oneDNN spends ~45 us a call on MobileNet's small depthwise layers; this kernel a few.
 
 Used for non-transposed convolutions of float32/float64 CPU tensors with static sizes: ungrouped ones whose
-multiply-adds are at most `conv_gemm_max_macs` (0 turns it off) and whose gathered windows are at most
-`conv_gemm_max_bytes` (above that oneDNN's own blocking wins, and the gathered copy costs memory), and
+multiply-adds are at most `conv_gemm_max_macs` (0 turns it off), or 1x1 ones timed faster this way on this
+machine (`kiln.ops.conv_choice`), whose gathered windows are at most `conv_gemm_max_bytes` (above that
+oneDNN's own blocking wins, and the gathered copy costs memory), and
 depthwise ones of at most `conv_depthwise_max_macs` (their windows are never gathered into a buffer). The
 three limits are read as the graph being traced sees them: `kiln.compile(options=)` sets them per compile.
 Other grouped convolutions keep oneDNN.
@@ -38,6 +39,7 @@ import torch
 from .. import prims
 from ..graph import traced_flag
 from ..graph.layout import convolution_channels_last
+from .conv_choice import gemm_faster, pointwise
 from .utils import dense_in_order
 from ..graph.lazy import is_expr
 
@@ -79,8 +81,17 @@ def eligible(x: Any, w: Any, transposed: bool, groups: int, stride: Sequence[int
     macs = w.shape[0] * window * columns
     if groups != 1:  # (its windows are never gathered into a buffer: each tap is a view the kernel reads)
         return 0 < macs <= traced_flag("conv_depthwise_max_macs")
+    if window * columns * x.element_size() > traced_flag("conv_gemm_max_bytes"):
+        return False
     limit = traced_flag("conv_gemm_max_macs")
-    return 0 < macs <= limit and window * columns * x.element_size() <= traced_flag("conv_gemm_max_bytes")
+    if limit <= 0 or macs <= 0:
+        return False
+    if macs <= limit:
+        return True
+    # a larger 1x1 convolution: a product where that was timed faster here (kiln.ops.conv_choice)
+    return pointwise(tuple(w.shape), stride, padding, dilation, groups) and \
+        gemm_faster(x.shape[0], x.shape[1], tuple(x.shape[2:]), w.shape[0], x.dtype,
+                    traced_flag("conv_pointwise"), traced_flag("conv_pointwise_measure_max_macs"))
 
 
 def _depthwise(x: Any, w: Any, groups: int) -> bool:
@@ -97,6 +108,18 @@ def convolution(x: Any, w: Any, bias: Any, stride: Sequence[int], padding: Seque
     batch, channels, out_channels = x.shape[0], x.shape[1], w.shape[0]
     out = _out_sizes(x, w, stride, padding, dilation)
     window = _prod(w.shape[2:])
+    spatial = tuple(range(2, n + 2))
+    if pointwise(tuple(w.shape), stride, padding, dilation, groups):
+        # a 1x1 convolution: a product of the pixels' rows (N*L, C) and the weight's transpose, (N*L, O), which
+        # is the channels-last result. Where the layout pass keeps the images channels-last, the rows are a
+        # view of them and the result needs no transpose; otherwise the rows' gather and the result's copy are
+        # transposing kernels that fuse with the producer and the consumers
+        rows = torch.reshape(prims.permute(x, (0,) + spatial + (1,)), (batch * _prod(out), channels))
+        weight = prims.view(w if w.is_contiguous() else prims.clone(w, torch.contiguous_format),
+                            (out_channels, channels))
+        product = prims.mm(rows, prims.permute(weight, (1, 0)))  # (N*L, O)
+        result = prims.permute(prims.view(product, (batch, *out, out_channels)), (0, n + 1, *range(1, n + 1)))
+        return _eager_layout(result, bias, channels_last, n)
     if groups != 1 and any(padding):
         # padded once up front: the K taps below are then plain loads, not K bounds-checked ones each
         pad: list[int] = []
@@ -123,8 +146,11 @@ def convolution(x: Any, w: Any, bias: Any, stride: Sequence[int], padding: Seque
         cols = prims.view(cols, (channels * window, batch * _prod(out)))  # (C*K, N*L)
         product = prims.mm(prims.view(w, (out_channels, channels * window)), cols)  # (O, N*L)
         product = prims.view(product, (out_channels, batch, *out))
-    spatial = tuple(range(2, n + 2))
-    result = prims.permute(product, (1, 0) + spatial)
+    return _eager_layout(prims.permute(product, (1, 0) + spatial), bias, channels_last, n)
+
+
+def _eager_layout(result: Any, bias: Any, channels_last: bool, n: int) -> Any:
+    """The product plus the bias, copied into the strides eager's convolution returns."""
     if bias is not None:
         result = result + torch.reshape(bias, (1, -1) + (1,) * n)
     # eager's layout: the copy is a pointwise remap the consumer's kernel absorbs

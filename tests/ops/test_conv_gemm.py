@@ -206,3 +206,137 @@ def test_compile_options_reach_capture():
     with config.patch(conv_gemm_max_macs=0):  # and an option overrides the flag the other way
         on = prim_names({"conv_gemm_max_macs": 1 << 30})
     assert "im2col" in on and "convolution" not in on, on
+
+
+# ---- 1x1 convolutions: a product of the pixels' rows (kiln.ops.conv_gemm), chosen by timing above the limit
+# (kiln.ops.conv_choice) ------------------------------------------------------------------------------------
+
+# (input shape, weight shape, memory format of the input or None, of the weight or None)
+POINTWISE = [
+    ((2, 8, 5), (12, 8, 1), None, None),                 # conv1d
+    ((2, 8, 3, 3), (12, 8, 1, 1), None, None),
+    ((3, 16, 2, 2), (24, 16, 1, 1), torch.channels_last, None),   # a channels-last input: NHWC result
+    ((3, 16, 2, 4), (24, 16, 1, 1), None, torch.channels_last),   # a channels-last weight, too
+    ((2, 4, 3, 2, 3), (6, 4, 1, 1, 1), None, None),      # conv3d
+]
+
+
+def _pointwise_inputs(xs, ws, x_format, w_format):
+    x, w = torch.randn(xs), torch.randn(ws)
+    return (x if x_format is None else x.contiguous(memory_format=x_format),
+            w if w_format is None else w.contiguous(memory_format=w_format))
+
+
+@pytest.mark.parametrize("case", POINTWISE, ids=[f"{c[0]}-{c[2] or c[3]}" for c in POINTWISE])
+def test_pointwise_takes_the_row_product(case):
+    x, w = _pointwise_inputs(*case)
+    graph = to_prims(kiln.ops.trace(lambda x, w: CONV[x.ndim](x, w), x, w))
+    names = [n.target.name for n in graph.nodes if n.op == "call_prim"]
+    assert "mm" in names and "im2col" not in names and "convolution" not in names, names
+
+
+@needs_cpp
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("case", POINTWISE, ids=[f"{c[0]}-{c[2] or c[3]}" for c in POINTWISE])
+def test_pointwise_values_strides_and_gradients(case, bias, counters):
+    """Forced through the product above the limit too (conv_pointwise='gemm'): eager's values and strides
+    (an NHWC result for a channels-last input or weight), and gradients by the accuracy rule."""
+    x, w = _pointwise_inputs(*case)
+    b = torch.randn(w.shape[0]) if bias else None
+
+    def fn(x, w, b):
+        return F.gelu(CONV[x.ndim](x, w, b)) * 2
+
+    with config.patch(conv_gemm_max_macs=1, conv_pointwise="gemm"):
+        kiln.reset()
+        if x.ndim == 5 and case[2] is not None:
+            pytest.skip("unreachable: no 3-d memory format in POINTWISE")
+        actual = kiln.compile(fn)(x, w, b)
+        expected = fn(x, w, b)
+        _judge(actual, expected, fn(x.double(), w.double(), None if b is None else b.double()), "forward")
+        assert actual.stride() == expected.stride()
+        assert counters["captures"] and not counters["fallbacks"]
+        if not bias:
+            _judge_loss_and_gradients(lambda x, w, b: fn(x, w, b).pow(2).sum(), case[0], case[1])
+
+
+def _answer(monkeypatch, tmp_path, conv_us, product_us):
+    """conv_choice with its timing replaced (conv_us, product_us per call) and its disk cache in tmp_path;
+    returns the list of shapes timed."""
+    from kiln.ops import conv_choice
+    timed = []
+
+    def measure(*shape):
+        timed.append(shape)
+        return conv_us * 1e-6, product_us * 1e-6
+    monkeypatch.setattr(conv_choice, "measure", measure)
+    monkeypatch.setattr(conv_choice, "_answers", {})
+    return timed
+
+
+def test_pointwise_choice_takes_the_product_only_when_clearly_faster(monkeypatch, tmp_path, counters):
+    from kiln.ops.conv_choice import MARGIN, gemm_faster
+    with config.patch(cache_dir=str(tmp_path)):
+        timed = _answer(monkeypatch, tmp_path, 100.0, 100.0 / MARGIN * 0.95)
+        assert gemm_faster(8, 96, (2, 2), 384, torch.float32)
+        timed = _answer(monkeypatch, tmp_path, 100.0, 100.0 / MARGIN * 1.05)
+        assert not gemm_faster(8, 96, (3, 3), 384, torch.float32)  # (a close call keeps oneDNN's)
+        assert len(timed) == 1 and counters["conv_choice"]["1x1 convolutions timed"] == 2
+        # the flag overrides the timing; above the size limit nothing is timed (oneDNN's)
+        assert gemm_faster(8, 96, (5, 5), 384, torch.float32, choice="gemm")
+        assert not gemm_faster(8, 96, (2, 2), 384, torch.float32, choice="conv")
+        assert not gemm_faster(8, 96, (5, 5), 384, torch.float32, max_macs=1000)
+        assert len(timed) == 1
+
+
+def test_pointwise_choice_is_timed_once_per_machine_and_shape(monkeypatch, tmp_path):
+    from kiln.ops import conv_choice
+    with config.patch(cache_dir=str(tmp_path)):
+        timed = _answer(monkeypatch, tmp_path, 200.0, 20.0)
+        assert conv_choice.gemm_faster(8, 96, (2, 2), 384, torch.float32)
+        assert conv_choice.gemm_faster(8, 96, (2, 2), 384, torch.float32)  # (this process's answer)
+        assert len(timed) == 1
+        # another process: the answer comes from the disk cache, the timing says otherwise and is not run
+        timed = _answer(monkeypatch, tmp_path, 10.0, 200.0)
+        assert conv_choice.gemm_faster(8, 96, (2, 2), 384, torch.float32) and not timed
+        assert not conv_choice.gemm_faster(8, 96, (2, 2), 384, torch.float64) and len(timed) == 1
+        saved = (tmp_path / conv_choice.FILE).read_text()
+        assert "8x96x2x2->384" in saved and "threads=" in saved
+
+
+def test_pointwise_choice_timing_runs_on_the_real_kernels():
+    from kiln.ops.conv_choice import measure
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # (times float32 kernels even under autocast)
+        conv_s, product_s = measure(2, 8, (2, 2), 16, torch.float32)
+    assert 0 < conv_s < 1 and 0 < product_s < 1
+
+
+@needs_cpp
+def test_pointwise_products_keep_channels_last_images_without_a_transpose():
+    """In a graph whose convolutions run NHWC (depthwise ones), a 1x1 convolution's product rows are NHWC
+    images (kiln.lower.conv_layout follows them): the values computed from them stay NHWC (the copy into eager's
+    layout after each product too), so no kernel between the convolutions transposes."""
+    from kiln.backends.cpp import compile_graph
+    from kiln.lower.conv_layout import channels_last_strides
+    from kiln.lower.ir import ExternNode
+    x, w = torch.randn(2, 8, 6, 6), torch.randn(16, 8, 3, 3)  # (NCHW: eager's values are NCHW)
+    dw, pw1, pw2, dw2 = torch.randn(16, 1, 3, 3), torch.randn(16, 16, 1, 1), torch.randn(16, 16, 1, 1), \
+        torch.randn(16, 1, 3, 3)
+
+    def fn(x, w, dw, pw1, pw2, dw2):
+        a = F.relu(F.conv2d(F.conv2d(F.conv2d(x, w, padding=1), dw, padding=1, groups=16), pw1))  # (read twice)
+        b = F.relu(F.conv2d(a, pw2)) + a
+        return F.conv2d(b, dw2, padding=1, groups=16).sum(dim=(2, 3))
+
+    inputs = [x, w, dw, pw1, pw2, dw2]
+    with config.patch(conv_gemm_max_macs=1, conv_pointwise="gemm", conv_depthwise_max_macs=0):  # (oneDNN's 3x3s)
+        c = compile_graph(kiln.ops.trace(fn, *inputs), inputs)
+        torch.testing.assert_close(c(*inputs), fn(*inputs), atol=1e-4, rtol=1e-4)
+    products = [n for n in c.loop.nodes if isinstance(n, ExternNode) and n.target_name == "prims.mm"]
+    assert len(products) == 2
+    # every image-shaped buffer is NHWC, or (N, H, W, C) rows in the same order: nothing is NCHW, so no
+    # kernel between the convolutions transposes
+    for name, buf in c.loop.buffers.items():
+        shape, strides = tuple(buf.layout.shape), tuple(buf.layout.strides)
+        if shape == (2, 16, 6, 6):
+            assert strides == channels_last_strides(shape), (name, buf.layout)
