@@ -182,9 +182,16 @@ define("half_addmm_min_macs", 1 << 23, "float16/bfloat16 biased matrix products 
        "[256, 128] @ [128, 384] Linear (12.6M) ran 2-3x faster (0: always the half-precision addmm)")
 define("conv_gemm_max_bytes", 8 << 20, "CPU convolutions whose gathered input windows (im2col) would exceed this "
        "many bytes keep oneDNN's convolution")
-define("pool_buffers", True, "generated wrappers keep their freed buffers of 128 KiB or more for their next "
-       "call (no page faults on fresh memory); off for training's forward and backward graphs, where a pool "
+define("pool_buffers", True, "generated wrappers keep their freed buffers of pool_min_bytes or more for their "
+       "next call (no page faults on fresh memory); off for training's forward and backward graphs, where a pool "
        "would hold the forward's buffers through the backward and raise peak memory above eager's")
+define("pool_min_bytes", 128 << 10, "the smallest buffer a generated wrapper keeps for its next call (smaller ones "
+       "glibc hands back from its free lists without page faults, and torch.empty_strided, ~1 us, costs less than "
+       "a pool round trip, ~3 us)")
+define("malloc_thresholds", True, "the first compiled C++ graph fixes glibc's malloc thresholds at its own "
+       "maxima (mmap 32 MiB, trim 64 MiB; kiln.runtime.malloc): torch's allocations inside graphs (externs' "
+       "results) then reuse heap memory instead of faulting in fresh pages each call (DenseNet at batch 8: "
+       "10.0 -> 8.5 ms); off: glibc's defaults. Not applied where GLIBC_TUNABLES or MALLOC_*_ set them")
 define("pool_max_bytes", 256 << 20, "cpp backend: the most bytes of freed buffers the generated wrappers "
        "keep across calls for reuse, all graphs together (0: none; -1: no bound); kiln.reset() frees them")
 

@@ -28,6 +28,7 @@ from ..counters import counters
 from ..graph import Graph, TensorMeta
 from ..graph.pipeline import CompileContext, CompileState, run_pipeline
 from ..graph.symbolic import SymInt
+from ..runtime import malloc
 from ..runtime.build import load_built
 from . import graph_cache, register_backend
 
@@ -126,6 +127,7 @@ def compile_graph(graph: Graph, example_inputs: list, context: CompileContext | 
     a custom pass list, a debug dump, kiln.profile's compile and optimization fuel always run the passes."""
     context = context or CompileContext()
     start = time.perf_counter()
+    malloc.settle()  # (once per process: glibc's thresholds, where its externs' results are allocated)
     target = target if target is not None else _cpp_target()
     # the module's PASSES, when set (a test replaces a pass there), is the pass list; else cpp_passes'
     # (imported only when the passes run: with it come the loop IR and sympy, which a hit never needs)

@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..backends import cpp
 from . import machine
 
 COMPILERS = ("eager", "torch.compile", "kiln")
@@ -296,6 +297,7 @@ def run(options: Options) -> dict[str, Any]:
     previous = torch.get_num_threads()
     if options.threads:
         torch.set_num_threads(options.threads)
+    cpp.malloc.settle()  # (before any compiler runs: all of them under the same malloc thresholds)
     try:
         before = machine.snapshot(options.threads)
         rows: list[dict[str, Any]] = []

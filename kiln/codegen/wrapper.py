@@ -5,9 +5,10 @@ Python: one stride/shape check per input, one `torch.empty_strided` per fresh bu
 ones: huge-page advice before the first touch), one ctypes call
 per segment of kernels, one torch call per extern node.
 
-Each wrapper keeps the fresh buffers it freed in a `BufferPool` and reuses them on its next call (no page
-faults on fresh memory); all pools together keep at most `pool_max_bytes`, and `release_pools()` (called by
-`kiln.reset()`) empties them. Training's forward and backward graphs do not pool (flag `pool_buffers`):
+Each wrapper keeps the fresh buffers of `pool_min_bytes` (128 KiB) or more it freed in a `BufferPool` and
+reuses them on its next call (no page faults on fresh memory; what torch allocates, an extern's result, is
+`kiln.runtime.malloc`'s concern); all pools together keep at most `pool_max_bytes`, and `release_pools()`
+(called by `kiln.reset()`) empties them. Training's forward and backward graphs do not pool (flag `pool_buffers`):
 a pool would keep the forward's freed buffers through the backward, which eager's allocator reuses.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Callable
 import sympy
 import torch
 
+from .. import config
 from ..graph import flatten, map_structure
 from ..graph.layout import contiguous_strides
 from ..graph.symbolic import SymInt, has_symbols, python_expr
@@ -30,12 +32,6 @@ from ..schedule.memory import Plan, Segment
 # the run-time half (kiln.codegen.wrapper_runtime), still importable from here
 from .wrapper_runtime import (HELPER_NAMES, HUGE_BYTES, SLOT, ExternCall, StructureBuilder,  # noqa: F401
                               helper_globals, load_entry, pooled_bytes, release_pools)
-
-# Buffers smaller than this are not kept across calls: malloc hands a freed chunk of that size back without
-# a page fault (glibc serves requests below its 128 KiB mmap threshold from the heap's free lists), so
-# torch.empty_strided (~1 us) costs less than a pool round trip (_recycle + _keep, ~3 us)
-POOL_MIN_BYTES = 128 << 10
-
 
 class WrapperTimings:
     """What a profiling wrapper (kiln.profile) measured since the last `take()`, summed over its calls.
@@ -190,7 +186,7 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
     `tensor_args` a Python launcher taking the tensors themselves). Buffers are allocated on `device` (the
     CPU when None); an input on another device runs on the fallback. With `timings` (kiln.profile's
     compile: the entries take a times array last) every step and the whole call are timed into it;
-    without it the wrapper has no timing code. With `pool`, buffers of POOL_MIN_BYTES or more are kept for
+    without it the wrapper has no timing code. With `pool`, buffers of `pool_min_bytes` or more are kept for
     the next call (see the module docstring)."""
     src = _Source()
     if timings is not None:
@@ -231,7 +227,7 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
     pooled = {r for s in plan.steps for _, r in s.allocs if r is not None}
     recyclable = {name for s in plan.steps for name, r in s.allocs if pool and r is None and name not in pooled
                   and not size_symbols(graph.buffers[name].layout.shape)  # a symbolic size varies by call
-                  and graph.buffers[name].nbytes() >= POOL_MIN_BYTES}
+                  and graph.buffers[name].nbytes() >= config.get("pool_min_bytes")}
     # windows of a concatenation's memory that a torch call or the outputs see: views of it, made once it
     # is allocated (kernels reach them through its pointer)
     windows: dict[str, list[str]] = {}
