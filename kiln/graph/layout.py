@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence, Union
 
+import torch
+
 from .symbolic import same_sizes
 
 Dim = Union[int, Any]  # an int or a sympy.Expr (named lazily: kiln.graph.lazy)
@@ -143,15 +145,42 @@ def suggests_channels_last(shape: Sequence[Dim], strides: Sequence[Dim]) -> bool
 
 
 def convolution_channels_last(x_shape: Sequence[Dim], x_strides: Sequence[Dim], w_shape: Sequence[Dim],
-                              w_strides: Sequence[Dim]) -> bool:
+                              w_strides: Sequence[Dim], dtype: Any = None, stride: Sequence[Dim] = (),
+                              dilation: Sequence[Dim] = (), groups: Dim = 1) -> bool:
     """Whether eager's CPU convolution runs, and returns, channels-last: its input or weight suggests it.
     A 1-d convolution runs as a 2-d one over unsqueeze(2) views of a contiguous copy of its input and of its
     weight, so only the weight's layout counts there (a transposed weight gives a (N, L, C)-ordered
-    result)."""
+    result). A 3-d one returns channels-last only where oneDNN runs it (`_onednn_3d`, given the `dtype`,
+    `stride`, `dilation` and `groups`): torch's own 3-d kernel writes a contiguous result."""
     if len(w_shape) == 3:
         k, k_stride = w_shape[2], w_strides[2]
         return suggests_channels_last((*w_shape[:2], 1, k), (*w_strides[:2], k * k_stride, k_stride))
-    return suggests_channels_last(x_shape, x_strides) or suggests_channels_last(w_shape, w_strides)
+    suggested = suggests_channels_last(x_shape, x_strides) or suggests_channels_last(w_shape, w_strides)
+    if suggested and len(w_shape) == 5 and dtype is not None:
+        return _onednn_3d(x_shape, w_shape, dtype, stride, dilation, groups)
+    return suggested
+
+
+def _onednn_3d(x_shape: Sequence[Dim], w_shape: Sequence[Dim], dtype: Any, stride: Sequence[Dim],
+               dilation: Sequence[Dim], groups: Dim) -> bool:
+    """Whether torch (2.13's ConvParams::use_mkldnn) runs a CPU 3-d convolution with oneDNN: always for
+    bfloat16, never for float64; for float32 unless it is a 1x1 (in its last two dims), unstrided, undilated
+    one over a batch under 16 on one thread, or one over a single image with kernels up to 3 wide and at most
+    20480 elements in its first four dims (torch's own kernels are faster there). The thread count is the one
+    at capture: a graph run after torch.set_num_threads changes it may return other strides than eager."""
+    if dtype == torch.bfloat16:
+        return True
+    if dtype != torch.float32:
+        return dtype != torch.float64
+    sizes = (*x_shape, *w_shape, *stride, *dilation, groups)
+    if not all(type(v) is int for v in sizes):
+        return True
+    n = x_shape[0]
+    kh, kw = w_shape[-2], w_shape[-1]
+    special = any(s != 1 for s in stride) or any(d != 1 for d in dilation) or n >= 16 or kw != 1 or kh != 1 \
+        or torch.get_num_threads() > 1
+    return special and (groups > 1 or (kw > 3 and kh > 3) or n > 1 or
+                        x_shape[0] * x_shape[1] * x_shape[2] * x_shape[3] > 20480)
 
 
 def elementwise_strides(shape: Sequence[Dim], operands: Sequence[Sequence[Dim]],

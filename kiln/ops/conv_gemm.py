@@ -38,7 +38,7 @@ import torch
 
 from .. import prims
 from ..graph import traced_flag
-from ..graph.layout import convolution_channels_last
+from ..graph.layout import convolution_channels_last, strides_in_order
 from .conv_choice import gemm_faster, pointwise
 from .utils import dense_in_order
 from ..graph.lazy import is_expr
@@ -104,7 +104,8 @@ def convolution(x: Any, w: Any, bias: Any, stride: Sequence[int], padding: Seque
     """conv(x, w) + bias for an `eligible` convolution, as gather + mm (same values up to summation order)."""
     n = w.ndim - 2
     # eager's CPU convolution returns channels-last when its input or weight is (kiln.prims.convolution)
-    channels_last = convolution_channels_last(x.shape, x.stride(), w.shape, w.stride())
+    channels_last = convolution_channels_last(x.shape, x.stride(), w.shape, w.stride(), x.dtype, stride, dilation,
+                                              groups)
     batch, channels, out_channels = x.shape[0], x.shape[1], w.shape[0]
     out = _out_sizes(x, w, stride, padding, dilation)
     window = _prod(w.shape[2:])
@@ -153,9 +154,12 @@ def _eager_layout(result: Any, bias: Any, channels_last: bool, n: int) -> Any:
     """The product plus the bias, copied into the strides eager's convolution returns."""
     if bias is not None:
         result = result + torch.reshape(bias, (1, -1) + (1,) * n)
-    # eager's layout: the copy is a pointwise remap the consumer's kernel absorbs
+    # eager's layout, exactly (a size-1 batch dim's stride too: eager's result is a fresh tensor): the copy is a
+    # remap the consumers' kernels absorb
     if channels_last and n == 1:
         return dense_in_order(result, (0, 2, 1))
-    if channels_last:
-        return result.contiguous(memory_format=torch.channels_last if n == 2 else torch.channels_last_3d)
-    return result.contiguous()
+    order = (1,) + tuple(range(n + 1, 1, -1)) + (0,) if channels_last else tuple(range(n + 1, -1, -1))
+    if tuple(result.stride()) == strides_in_order(tuple(result.shape), order):
+        return result
+    return prims.clone(result, torch.contiguous_format if not channels_last else
+                       torch.channels_last if n == 2 else torch.channels_last_3d)

@@ -183,7 +183,7 @@ def _convolution_meta(x: Any, w: Any, bias: Any, stride: Sequence[int], padding:
           f"({' x '.join(map(str, sizes))}). Calculated output size per channel: "
           f"({' x '.join(map(str, spatial))}). Output size is too small")
     shape = (xm.shape[0], out_channels, *spatial)
-    if convolution_channels_last(xm.shape, xm.strides, wm.shape, wm.strides):
+    if convolution_channels_last(xm.shape, xm.strides, wm.shape, wm.strides, xm.dtype, stride, dilation, groups):
         # eager's CPU convolutions run channels-last when the input or the weight is, and return so
         order = (1,) + tuple(range(n + 1, 1, -1)) + (0,)  # C, the spatial dims from the last, N
         return TensorMeta(shape, xm.dtype, xm.device, strides_in_order(shape, order))

@@ -220,3 +220,39 @@ def test_advanced_indexing_of_a_transposed_input():
     same_as_eager(lambda x: x[[1, 2]], x)
     same_as_eager(lambda x: x[:, torch.tensor([[0, 2], [1, 1]])], x)
     same_as_eager(lambda x: x[torch.tensor([0, 3]), :, torch.tensor([1, 5])], x)
+
+
+# (threads, batch, kernel, stride, dtype): torch runs a 3-d convolution with oneDNN (channels-last result for a
+# channels-last input) or with its own kernel (contiguous result), by its ConvParams::use_mkldnn rule
+CONV3D = [
+    (1, 2, 1, 1, torch.float32),   # 1x1, unstrided, batch under 16, one thread: torch's own (contiguous)
+    (2, 2, 1, 1, torch.float32),   # the same on two threads: oneDNN
+    (1, 2, 3, 1, torch.float32),   # 3x3x3 over two images: oneDNN
+    (1, 1, 3, 1, torch.float32),   # one small image, 3-wide kernel: torch's own
+    (1, 2, 1, 2, torch.float32),   # strided 1x1: oneDNN
+    (1, 2, 3, 1, torch.float64),   # float64: never oneDNN
+    (1, 2, 1, 1, torch.bfloat16),  # bfloat16: always oneDNN
+]
+
+
+@pytest.mark.parametrize("case", CONV3D, ids=[f"t{c[0]}-n{c[1]}-k{c[2]}-s{c[3]}-{c[4]}" for c in CONV3D])
+def test_conv3d_of_a_channels_last_input_has_eagers_layout(case):
+    """A channels-last 3-d convolution's result is channels-last only where oneDNN runs it (found by the
+    differential stride check: a 1x1 one at batch 2 on one thread returned contiguous, kiln channels-last)."""
+    threads, batch, k, stride, dtype = case
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.randn(batch, 8, 4, 5, 6, dtype=dtype).contiguous(memory_format=torch.channels_last_3d)
+        w = torch.randn(12, 8, k, k, k, dtype=dtype)
+        def fn(x, w):
+            return F.conv3d(x, w, stride=stride) * 2
+        with config.patch(conv_gemm_max_macs=0):  # (torch's convolution, as the prim)
+            same_as_eager(fn, x, w)
+        # kiln's gather + product (kiln.ops.conv_gemm): the same strides; its values are another summation
+        # order's (tests/ops/test_conv_gemm.py judges them against float64)
+        got, want = compiled(fn, x, w)(x, w), fn(x, w)
+        assert got.stride() == want.stride()
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    finally:
+        torch.set_num_threads(previous)
