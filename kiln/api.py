@@ -25,7 +25,7 @@ from .optim import CompiledOptimizerStep, is_optimizer_step
 from .runtime import code_cache  # noqa: F401  (installs the capture's disk memo, kiln.graph.memo)
 from .wrapping import _ABSENT, ForwardRoute, RoutedMethod, WrappedModule
 from .capture.errors import GraphBreakError
-from .capture.guards import hooks_present
+from .capture.guards import hooks_present, listed
 from .capture.disabled import disable, disabled_by, module_disabled_by  # noqa: F401  (kiln.disable)
 from .counters import counters
 from .distributed import CompiledDDP, CompiledFSDP, is_ddp, is_fsdp
@@ -390,7 +390,7 @@ def explain(fn_or_module: Any, *args: Any, **kwargs: Any) -> ExplainReport:
     graphs, breaks, guards, ops, fallbacks, symbols, custom_ops = [], [], [], [], [], [], []
     names = []
     for entry in recorded.entries:
-        guards.append(entry.guards)
+        guards.append(listed(entry.guards))
         names.append(entry.name)
         symbols.append(entry.symbols)
         if entry.brk is not None:

@@ -189,7 +189,7 @@ def _captures(trace: Any, shown: list, compiles_of: dict[int, list[int]]) -> str
     index = {id(e): i for i, e in enumerate(shown)}
     for i, entry in enumerate(shown):
         facts = [f"{entry.capture_ms:.1f} ms", f"{sum(entry.ops.values())} ops",
-                 f"{len(entry.guards)} guards"]
+                 f"{sum(len(g.items()) if hasattr(g, 'items') else 1 for g in entry.guards)} guards"]
         links = []
         if entry.brk is not None:
             n = 1 + sum(1 for e in shown[:i] if e.brk is not None)
@@ -211,9 +211,11 @@ def _captures(trace: Any, shown: list, compiles_of: dict[int, list[int]]) -> str
                                  _pre(cut(code, GRAPH_LIMIT)), f"graph-{i}"))
         elif entry.brk is not None:
             parts.append('<div class="meta">no graph (the frame runs natively or the break came first)</div>')
-        guards = entry.guards[:GUARD_LIMIT]
-        more = f"\n... and {len(entry.guards) - len(guards)} more" if len(entry.guards) > len(guards) else ""
-        parts.append(_folded(f"guards ({len(entry.guards)})", _pre("\n".join(guards) + more)))
+        # (a bulk guard lists its facts one per line: kiln.capture.guards.BulkText)
+        every = [line for g in entry.guards for line in (g.items() if hasattr(g, "items") else [g])]
+        guards = every[:GUARD_LIMIT]
+        more = f"\n... and {len(every) - len(guards)} more" if len(every) > len(guards) else ""
+        parts.append(_folded(f"guards ({len(every)})", _pre("\n".join(guards) + more)))
         if entry.symbols:
             parts.append(_folded(f"symbolic sizes ({len(entry.symbols)})", _pre("\n".join(entry.symbols))))
         out.append(f'<div class="card" id="capture-{i}">{"".join(parts)}</div>')

@@ -76,7 +76,7 @@ class CacheEntry:
         for check, text in zip(self.checks, self.guards):
             try:
                 if not check(*args, **kwargs):
-                    return text
+                    return text.failure() if hasattr(text, "failure") else text  # (a bulk guard's item)
             except Exception as e:
                 return f"{text} (raised {type(e).__name__})"
         return "(no guard failed)"

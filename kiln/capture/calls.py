@@ -500,12 +500,15 @@ class CallOps:
             raise GraphBreak(f"call to module {type(module).__name__}, disabled by {disabled}",
                              HINTS["disabled"])
         source = self.cap.source_of(module)
-        if hooks_present(module, self.cap.guards, source):
+        guards = self.cap.guards
+        if hooks_present(module, guards):  # (its hooks, and the global ones: those guarded here)
             raise GraphBreak(f"module {type(module).__name__} has hooks", "hooks run eagerly")
-        if source is not None and "forward" not in vars(module):
-            # its class's forward: a `module.forward = fn` assigned later must make the capture miss
-            self.cap.guards.add(f"'forward' not in {source.expr}.__dict__", f"{source.name}.forward is its "
-                                "class's", "hooks")
+        # a hook registered later, or a `module.forward = fn` assigned later, must make the capture miss
+        if source is not None and not ("forward" not in vars(module) and guards.quiet_module(source, module)):
+            hooks_present(module, guards, source)
+            if "forward" not in vars(module):  # its class's forward
+                guards.add(f"'forward' not in {source.expr}.__dict__", f"{source.name}.forward is its class's",
+                           "hooks")
         forward = self.load_attr(module, "forward")
         return self.call(forward, args, kwargs)
 
