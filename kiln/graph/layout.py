@@ -144,6 +144,15 @@ def suggests_channels_last(shape: Sequence[Dim], strides: Sequence[Dim]) -> bool
     return True
 
 
+# (kiln.lower.conv_layout) A dense convolution is laid out NHWC when its result has at least this many pixels (N * H * W). oneDNN's
+# NHWC convolution wins on large images (one thread, 3x3, 16 -> 16 channels at 32x32: batch 8 599 -> 368
+# us) and loses or ties on small ones (batch 1: 100 -> 104 us; 4x4 at batch 8: 314 -> 304 us only with
+# an NHWC weight, 398 us when torch converts the weight per call); `bench/bench_conv.py --layout`. The
+# bound is the zoo's resnet18 (32x32 images): at batch 8 NHWC through its 2048-pixel stage ran 7.3 ms
+# against 8.0 NCHW; at batch 1 (1024 pixels at most) it stays NCHW, where NHWC lost 2.21 -> 2.41 ms.
+NHWC_MIN_PIXELS = 2048
+
+
 def convolution_channels_last(x_shape: Sequence[Dim], x_strides: Sequence[Dim], w_shape: Sequence[Dim],
                               w_strides: Sequence[Dim], dtype: Any = None, stride: Sequence[Dim] = (),
                               dilation: Sequence[Dim] = (), groups: Dim = 1) -> bool:

@@ -32,7 +32,7 @@ import torch
 
 from .. import prims
 from ..graph import Graph, Node, TensorMeta, flatten
-from ..graph.layout import contiguous_strides
+from ..graph.layout import NHWC_MIN_PIXELS, contiguous_strides
 from .sizes import is_static
 
 
@@ -95,13 +95,6 @@ class ConvLayout:
     results: set[int] = dataclasses.field(default_factory=set)
 
 
-# A dense convolution is laid out NHWC when its result has at least this many pixels (N * H * W). oneDNN's
-# NHWC convolution wins on large images (one thread, 3x3, 16 -> 16 channels at 32x32: batch 8 599 -> 368
-# us) and loses or ties on small ones (batch 1: 100 -> 104 us; 4x4 at batch 8: 314 -> 304 us only with
-# an NHWC weight, 398 us when torch converts the weight per call); `bench/bench_conv.py --layout`. The
-# bound is the zoo's resnet18 (32x32 images): at batch 8 NHWC through its 2048-pixel stage ran 7.3 ms
-# against 8.0 NCHW; at batch 1 (1024 pixels at most) it stays NCHW, where NHWC lost 2.21 -> 2.41 ms.
-NHWC_MIN_PIXELS = 2048
 # oneDNN's half-precision convolutions lose far more to NCHW, at nearly every size (`bench/bench_conv.py
 # --layout --dtype bfloat16 --threads 1`, NCHW -> NHWC input and weight, load 12): resnet18's stages at
 # batch 1 98 -> 56, 92 -> 54, 102 -> 60, 144 -> 135 us; at batch 8 252 -> 110, 170 -> 88, 278 -> 99,

@@ -38,7 +38,7 @@ import torch
 
 from .. import prims
 from ..graph import traced_flag
-from ..graph.layout import convolution_channels_last, strides_in_order
+from ..graph.layout import convolution_channels_last, strides_in_order, suggests_channels_last
 from .conv_choice import gemm_faster, pointwise
 from .utils import dense_in_order
 from ..graph.lazy import is_expr
@@ -110,11 +110,18 @@ def convolution(x: Any, w: Any, bias: Any, stride: Sequence[int], padding: Seque
     out = _out_sizes(x, w, stride, padding, dilation)
     window = _prod(w.shape[2:])
     spatial = tuple(range(2, n + 2))
-    if pointwise(tuple(w.shape), stride, padding, dilation, groups):
-        # a 1x1 convolution: a product of the pixels' rows (N*L, C) and the weight's transpose, (N*L, O), which
-        # is the channels-last result. Where the layout pass keeps the images channels-last, the rows are a
-        # view of them and the result needs no transpose; otherwise the rows' gather and the result's copy are
-        # transposing kernels that fuse with the producer and the consumers
+    macs = out_channels * channels * batch * _prod(out)
+    if pointwise(tuple(w.shape), stride, padding, dilation, groups) and \
+            (macs > traced_flag("conv_gemm_max_macs") or _rows_first(x, out)):
+        # a 1x1 convolution over channels-last images, or a large one timed faster as a product
+        # (kiln.ops.conv_choice: few pixels, many channels): a product of the pixels' rows (N*L, C) and the
+        # weight's transpose, (N*L, O), which is the channels-last result: over NHWC images the rows are a
+        # view of them, and the result needs no transpose (kiln.lower.conv_layout follows it). Small ones over
+        # NCHW images take the channels-first product below (`_rows_first`): there the gather of the rows
+        # would read across the channels, one element per plane (DenseNet at batch 2: 1 GB/s, 3.2 -> 7.6 ms a
+        # call). The large ones are few pixels each (PoolFormer's and EfficientNet's 2x2 and 4x4 stages),
+        # where the rows measured faster either way: with the channels-first product EfficientNet at batch 8
+        # ran 1.6 -> 2.1 ms a call, in its NHWC graph.
         rows = torch.reshape(prims.permute(x, (0,) + spatial + (1,)), (batch * _prod(out), channels))
         weight = prims.view(w if w.is_contiguous() else prims.clone(w, torch.contiguous_format),
                             (out_channels, channels))
@@ -148,6 +155,17 @@ def convolution(x: Any, w: Any, bias: Any, stride: Sequence[int], padding: Seque
         product = prims.mm(prims.view(w, (out_channels, channels * window)), cols)  # (O, N*L)
         product = prims.view(product, (out_channels, batch, *out))
     return _eager_layout(prims.permute(product, (1, 0) + spatial), bias, channels_last, n)
+
+
+def _rows_first(x: Any, out: Sequence[int]) -> bool:
+    """Whether a 1x1 convolution's images are known channels-last where it runs: eager's layout says so, or
+    half precision (kiln.lower.conv_layout always lays those out NHWC). Float images the layout pass makes
+    NHWC (many pixels, a graph with depthwise convolutions) are not known here: rows there measured 5-7%
+    faster at batch 8 (DenseNet, MobileNet, EfficientNet), but where the layouts of neighbouring values
+    differ the rows' gather and the next kernels read across channels (MobileNet at batch 2: 0.96 -> 1.45 ms
+    a call), so those keep the channels-first product."""
+    return len(out) == 2 and (suggests_channels_last(tuple(x.shape), tuple(x.stride())) or
+                              x.dtype in (torch.float16, torch.bfloat16))
 
 
 def _eager_layout(result: Any, bias: Any, channels_last: bool, n: int) -> Any:

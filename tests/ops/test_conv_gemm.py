@@ -228,11 +228,21 @@ def _pointwise_inputs(xs, ws, x_format, w_format):
 
 
 @pytest.mark.parametrize("case", POINTWISE, ids=[f"{c[0]}-{c[2] or c[3]}" for c in POINTWISE])
-def test_pointwise_takes_the_row_product(case):
+def test_pointwise_product_form(case):
+    """A small 1x1 convolution over channels-last images (2-d) is a product of the pixels' rows (no gather),
+    over NCHW images the channels-first product of gathered columns; a large one timed faster as a product
+    takes the rows either way (kiln.ops.conv_gemm._rows_first)."""
     x, w = _pointwise_inputs(*case)
-    graph = to_prims(kiln.ops.trace(lambda x, w: CONV[x.ndim](x, w), x, w))
-    names = [n.target.name for n in graph.nodes if n.op == "call_prim"]
-    assert "mm" in names and "im2col" not in names and "convolution" not in names, names
+    rows = x.ndim == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+
+    def names(**flags):
+        with config.patch(**flags):
+            graph = to_prims(kiln.ops.trace(lambda x, w: CONV[x.ndim](x, w), x, w))
+        return [n.target.name for n in graph.nodes if n.op == "call_prim"]
+    small = names()
+    assert "mm" in small and "convolution" not in small and ("im2col" in small) != rows, small
+    timed = names(conv_gemm_max_macs=1, conv_pointwise="gemm")
+    assert "mm" in timed and "im2col" not in timed and "convolution" not in timed, timed
 
 
 @needs_cpp
