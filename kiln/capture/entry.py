@@ -317,6 +317,7 @@ def _entry_source(cap: Capture, params: str, body: list[str]) -> str:
     cap.shape_env.freeze()
     # (the guards' locals must not shadow a parameter, a held object or a name of the body)
     reserved = set(_IDENTIFIER.findall(params + "\n" + "\n".join(body))) | set(cap.ns.values)
+    cap.guards.settle()
     exprs = [g.expr for g in cap.guards.guards]
     guard = memo.derived_text("check_expr", repr((exprs, sorted(reserved))),
                               lambda: check_expr(cap.guards.guards, reserved))
