@@ -144,7 +144,8 @@ def suggests_channels_last(shape: Sequence[Dim], strides: Sequence[Dim]) -> bool
     return True
 
 
-# (kiln.lower.conv_layout) A dense convolution is laid out NHWC when its result has at least this many pixels (N * H * W). oneDNN's
+# (kiln.lower.conv_layout) A dense convolution is laid out NHWC when its result has at least this many pixels
+# (N * H * W). oneDNN's
 # NHWC convolution wins on large images (one thread, 3x3, 16 -> 16 channels at 32x32: batch 8 599 -> 368
 # us) and loses or ties on small ones (batch 1: 100 -> 104 us; 4x4 at batch 8: 314 -> 304 us only with
 # an NHWC weight, 398 us when torch converts the weight per call); `bench/bench_conv.py --layout`. The
