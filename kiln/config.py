@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import platform
@@ -327,6 +328,26 @@ def refresh_channels() -> None:
 def _short_name(record: logging.LogRecord) -> bool:
     record.name_short = record.name.removeprefix("kiln.")
     return True
+
+
+def read_json_dict(path: str) -> dict:
+    """A JSON object kept in kiln's cache (machine measurements): {} when the file is missing or not one."""
+    try:
+        with open(path) as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def write_json(path: str, data: Any) -> None:
+    """Write `data` as JSON to `path` whole: into a temporary, then renamed (a reader sees the old file or
+    the new one). Raises OSError where the cache cannot be written."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(temporary, path)
 
 
 def cpu_name() -> str:

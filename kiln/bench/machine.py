@@ -9,7 +9,6 @@ their runs; a set measured on a busy machine is measured again when next asked f
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
 import statistics
@@ -132,12 +131,7 @@ def _peaks_key(threads: int | None = None) -> str:
 
 
 def _read_peaks() -> dict[str, Any]:
-    try:
-        with open(peaks_path()) as f:
-            cached = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return cached if isinstance(cached, dict) else {}
+    return config.read_json_dict(peaks_path())
 
 
 def trusted(peaks: Any) -> bool:
@@ -168,10 +162,7 @@ def machine_peaks(remeasure: bool = False) -> dict[str, Any]:
     cached[key] = peaks
     path = peaks_path()
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path + ".tmp", "w") as f:
-            json.dump(cached, f, indent=1)
-        os.replace(path + ".tmp", path)
+        config.write_json(path, cached)
     except OSError as e:  # a read-only cache: measure again next time
         log.debug("could not cache the machine peaks in %s: %s", path, e)
     return dict(peaks, cached=False)

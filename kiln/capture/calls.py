@@ -504,9 +504,10 @@ class CallOps:
         if hooks_present(module, guards):  # (its hooks, and the global ones: those guarded here)
             raise GraphBreak(f"module {type(module).__name__} has hooks", "hooks run eagerly")
         # a hook registered later, or a `module.forward = fn` assigned later, must make the capture miss
-        if source is not None and not ("forward" not in vars(module) and guards.quiet_module(source, module)):
+        class_forward = "forward" not in vars(module)
+        if source is not None and not (class_forward and guards.quiet_module(source, module)):
             hooks_present(module, guards, source)
-            if "forward" not in vars(module):  # its class's forward
+            if class_forward:
                 guards.add(f"'forward' not in {source.expr}.__dict__", f"{source.name}.forward is its class's",
                            "hooks")
         forward = self.load_attr(module, "forward")

@@ -64,10 +64,7 @@ class GuardSet:
         self.guards: list[Guard] = []
         self._seen: set[str] = set()
         self._identity: dict[str, Any] = {}  # source expr -> the object an identity guard holds it to
-        # guards of many modules made in bulk (quiet_module, module_tensor, module_constant): their lists
-        self._quiet: list[torch.nn.Module] | None = None
-        self._tensors: dict[str, list] | None = None
-        self._constants: dict[str, list] | None = None
+        # the bulk guards made so far (quiet_module, _module_tensor, _module_constant), by name
         self._bulk_texts: dict[str, BulkText] = {}
 
     def add(self, expr: str, text: str, kind: str) -> None:
@@ -175,7 +172,7 @@ class GuardSet:
         for i in range(len(self.guards) - 1, -1, -1):
             text = self.guards[i].text
             if isinstance(text, BulkText) and len(text.lists[0]) < BULK_MIN:
-                self.guards[i:i + 1] = [Guard(expr, line, "bulk") for expr, line in text.singles]
+                self.guards[i:i + 1] = [Guard(expr, line, self.guards[i].kind) for expr, line in text.singles]
                 self._seen.update(expr for expr, _ in text.singles)
 
     # ---- guards of many modules, checked in bulk ----
@@ -191,18 +188,16 @@ class GuardSet:
         module = None if source is None else self._identity.get(source.expr)
         return module if isinstance(module, torch.nn.Module) else None
 
-    def _bulk(self, name: str, check: Any, text: str, lists: int, singles: list) -> list:
-        """The lists of bulk guard `name` (created with its guard on first use); `singles` are the (expr,
-        text) guards the new fact would have had on its own."""
-        found = getattr(self, name)
-        if found is None:
-            found = [[] for _ in range(lists)]
-            setattr(self, name, found)
-            held = self.ns.hold(found, name.strip("_"))
-            self._bulk_texts[name] = BulkText(text, check, found)
-            self.add(f"{self.ns.hold(check, check.__name__)}({held})", self._bulk_texts[name], "bulk")
-        self._bulk_texts[name].singles.extend(singles)
-        return found
+    def _bulk(self, name: str, check: Any, text: str, columns: int, singles: list, row: tuple) -> None:
+        """Add a fact (`row`, one value per column) to bulk guard `name`, made with its guard on first use;
+        `singles` are the (expr, text) guards the fact would have had on its own."""
+        bulk = self._bulk_texts.get(name)
+        if bulk is None:
+            bulk = self._bulk_texts[name] = BulkText(text, check, [[] for _ in range(columns)])
+            self.add(f"{self.ns.hold(check, check.__name__)}({self.ns.hold(bulk.lists, name)})", bulk, "bulk")
+        bulk.singles.extend(singles)
+        for column, value in zip(bulk.lists, row):
+            column.append(value)
 
     def quiet_module(self, source: Source, module: torch.nn.Module) -> bool:
         """Guard in bulk that `module` (which has no hooks now and runs its class's forward) gets no hook and
@@ -210,16 +205,14 @@ class GuardSet:
         False where its source is not guarded by identity: the caller then guards it one by one."""
         if self._module_at(source) is not module:
             return False
-        if any(m is module for m in (self._quiet or [[]])[0]):
+        quiet = self._bulk_texts.get("quiet")
+        if quiet is not None and any(m is module for m in quiet.lists[0]):
             return True
         singles = [(" and ".join(f"not {source.expr}.{name}" for name in _MODULE_HOOKS),
                     f"{source.name} has no hooks"),
                    (f"'forward' not in {source.expr}.__dict__", f"{source.name}.forward is its class's")]
-        modules, names = self._bulk("_quiet", modules_quiet, "the modules called have no hooks and run their "
-                                    "class's forward", 2, singles)
-        if all(m is not module for m in modules):
-            modules.append(module)
-            names.append(source.name)
+        self._bulk("quiet", modules_quiet, "the modules called have no hooks and run their class's forward", 2,
+                   singles, (module, source.name))
         return True
 
     def _module_tensor(self, source: Source, t: torch.Tensor) -> bool:
@@ -243,10 +236,9 @@ class GuardSet:
         singles = [(f"{source.expr} is {held}", f"{source.name} is <{type(t).__name__} at {id(t):#x}>"),
                    (f"{source.expr}.requires_grad is {t.requires_grad}",
                     f"{source.name}.requires_grad is {t.requires_grad}")]
-        lists = self._bulk("_tensors", module_tensors_held, "the modules' parameters and buffers are the "
-                           "captured ones, with the same requires_grad", 6, singles)
-        for column, value in zip(lists, (module, container, key, t, t.requires_grad, source.name)):
-            column.append(value)
+        self._bulk("tensors", module_tensors_held, "the modules' parameters and buffers are the captured ones, "
+                   "with the same requires_grad", 6, singles, (module, container, key, t, t.requires_grad,
+                                                                source.name))
         return True
 
     def _module_constant(self, source: Source, value: Any) -> bool:
@@ -259,10 +251,8 @@ class GuardSet:
         lit = self.ns.literal(value)
         singles = [(f"type({source.expr}) is {self.ns.hold(type(value), 'type')} and {source.expr} == {lit}",
                     f"{source.name} == {value!r}")]
-        lists = self._bulk("_constants", module_constants_held, "the modules' attributes read are unchanged", 5,
-                           singles)
-        for column, item in zip(lists, (module, source.expr.rsplit(".", 1)[1], type(value), value, source.name)):
-            column.append(item)
+        self._bulk("constants", module_constants_held, "the modules' attributes read are unchanged", 5, singles,
+                   (module, source.expr.rsplit(".", 1)[1], type(value), value, source.name))
         return True
 
 
@@ -276,18 +266,8 @@ class BulkText(str):
         return obj
 
     def items(self) -> list[str]:
-        """One line per fact checked, as the guards it replaces would read (kiln.explain lists them)."""
-        lines: list[str] = []
-        for i in range(len(self.lists[0])):
-            row = [column[i] for column in self.lists]
-            if self.check is modules_quiet:
-                lines.append(f"{row[1]} has no hooks and runs its class's forward")
-            elif self.check is module_tensors_held:
-                lines.append(f"{row[5]} is <{type(row[3]).__name__} at {id(row[3]):#x}>")
-                lines.append(f"{row[5]}.requires_grad is {row[4]}")
-            else:
-                lines.append(f"{row[4]} == {row[3]!r}")
-        return lines
+        """One line per fact checked, as the guards it replaces read (kiln.explain lists them)."""
+        return [line for _, line in self.singles]
 
     def failure(self) -> str:
         for i in range(len(self.lists[0])):

@@ -26,7 +26,6 @@ timing again. The flag `conv_pointwise` overrides the choice ('gemm', 'conv'); c
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any
@@ -100,26 +99,11 @@ def _path() -> str:
     return os.path.join(config.get("cache_dir"), FILE)
 
 
-def _read() -> dict:
-    try:
-        with open(_path()) as f:
-            found = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return found if isinstance(found, dict) else {}
-
-
 def _write(key: str, entry: dict) -> None:
-    """Add one answer to the file (read, add, write a temporary, rename: a reader sees a whole file)."""
+    """Add one answer to the file (a reader sees a whole file)."""
     path = _path()
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        known = _read()
-        known[key] = entry
-        temporary = f"{path}.{os.getpid()}.tmp"
-        with open(temporary, "w") as f:
-            json.dump(known, f, indent=1, sort_keys=True)
-        os.replace(temporary, path)
+        config.write_json(path, dict(config.read_json_dict(path), **{key: entry}))
     except OSError as e:  # (an unwritable cache: the answer still holds for this process)
         log.info("conv_choice: could not save to %s: %s", path, e)
 
@@ -138,7 +122,7 @@ def gemm_faster(batch: int, channels: int, spatial: tuple, out_channels: int, dt
     key = _key(batch, channels, tuple(spatial), out_channels, dtype)
     if key in _answers:
         return _answers[key]
-    entry = _read().get(key)
+    entry = config.read_json_dict(_path()).get(key)
     if not (isinstance(entry, dict) and isinstance(entry.get("gemm"), bool)):
         conv_s, product_s = measure(batch, channels, tuple(spatial), out_channels, dtype)
         entry = {"gemm": product_s * MARGIN < conv_s, "conv_us": round(conv_s * 1e6, 1),
