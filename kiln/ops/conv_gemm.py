@@ -158,14 +158,13 @@ def convolution(x: Any, w: Any, bias: Any, stride: Sequence[int], padding: Seque
 
 
 def _rows_first(x: Any, out: Sequence[int]) -> bool:
-    """Whether a 1x1 convolution's images are known channels-last where it runs: eager's layout says so, or
-    half precision (kiln.lower.conv_layout always lays those out NHWC). Float images the layout pass makes
-    NHWC (many pixels, a graph with depthwise convolutions) are not known here: rows there measured 5-7%
-    faster at batch 8 (DenseNet, MobileNet, EfficientNet), but where the layouts of neighbouring values
-    differ the rows' gather and the next kernels read across channels (MobileNet at batch 2: 0.96 -> 1.45 ms
-    a call), so those keep the channels-first product."""
-    return len(out) == 2 and (suggests_channels_last(tuple(x.shape), tuple(x.stride())) or
-                              x.dtype in (torch.float16, torch.bfloat16))
+    """Whether a 1x1 convolution's images are known channels-last where it runs: eager's layout says so.
+    Images the layout pass makes NHWC (many pixels, a graph with depthwise convolutions:
+    kiln.lower.conv_layout) are not known here: rows there measured 5-7% faster at batch 8 (DenseNet,
+    MobileNet, EfficientNet), but where the layouts of neighbouring values differ the rows' gather and the
+    next kernels read across channels (MobileNet at batch 2: 0.96 -> 1.45 ms a call), so those keep the
+    channels-first product."""
+    return len(out) == 2 and suggests_channels_last(tuple(x.shape), tuple(x.stride()))
 
 
 def _eager_layout(result: Any, bias: Any, channels_last: bool, n: int) -> Any:
