@@ -174,6 +174,24 @@ define("conv_pointwise_measure_max_macs", 1 << 27, "1x1 convolutions with more m
        "timed by conv_pointwise='measure' (they keep oneDNN's convolution)")
 define("conv_depthwise_max_macs", 250_000, "CPU depthwise convolutions with at most this many multiply-adds "
        "run as a sum of shifted products (one kernel with their neighbours) instead of oneDNN's (0: never)")
+def _half_rounding(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("store", "op"):
+        raise ValueError(f"expected store or op, got {text!r}")
+    return value
+
+
+define("bfloat16_rounding", "store", "bfloat16 values inside a fused kernel: 'store' computes a chain of ops in "
+       "float and rounds to bfloat16 once, where a value is stored or converted to a dtype other than float32 "
+       "(torch.compile's rule, which drops a decomposition's round trip through the half type: within "
+       "bfloat16's tolerance of eager and closer to the float64 result; bfloat16 has float32's range, so only "
+       "the last bits differ), 'op' rounds after every op as eager does (eager's values bit for bit; the "
+       "roundings cost more than the memory traffic: a bfloat16 tanh chain ran 2.7x slower)",
+       type=_half_rounding)
+define("float16_rounding", "op", "float16 values inside a fused kernel: 'op' rounds after every op as eager does, "
+       "so that a value eager overflows to inf (above 65504) or flushes to 0 does so here too (a GradScaler "
+       "skips the steps eager skips); 'store' rounds once where stored, as bfloat16_rounding",
+       type=_half_rounding)
 define("half_addmm_min_macs", 1 << 23, "float16/bfloat16 biased matrix products (F.linear, addmm) with at "
        "least this many multiply-adds run as one half-precision addmm (eager's call, its values bit for bit); "
        "smaller ones as a float32 mm of the upcast operands plus the bias, rounded once (within the dtype's "

@@ -20,7 +20,7 @@ import torch
 from ..graph.layout import contiguous_strides
 from ..lower.index import index_bounds, index_code, indirect_var, simplify_index
 from ..lower.ir import Buffer, ComputedBuffer, Reduction
-from ..lower.ops import SCALAR_OP_TABLE, Handler, Result
+from ..lower.ops import SCALAR_OP_TABLE, Handler, Result, rounded_once
 from ..lower.sizes import SizeDecision, hint, is_static, known_lt, nonnegative
 from ..lower.target import Target
 from ..schedule.group import FusedGroup, Member, Role
@@ -35,8 +35,9 @@ CTYPES = {torch.bfloat16: "kiln_bf16", torch.float16: "kiln_fp16", torch.float32
           torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t", torch.int16: "int16_t",
           torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool"}
 HALF_TYPES = (torch.bfloat16, torch.float16)
-# half-precision values live in float registers (holding the half type's values: rounded by ROUND_HALF after
-# every op) and in memory as their bits: loaded with HALF_FROM_BITS, stored with HALF_TO_BITS. No local of
+# half-precision values live in float registers (rounded by ROUND_HALF after every op, or only where a value
+# is stored or converted: config bfloat16_rounding, float16_rounding) and in memory as their bits: loaded
+# with HALF_FROM_BITS, stored with HALF_TO_BITS. No local of
 # the half types' struct: GCC privatizes a simd loop's locals into arrays and copies a struct local as an
 # aggregate, which it does not vectorize.
 ROUND_HALF = {torch.bfloat16: "kiln_round_bf16", torch.float16: "kiln_round_fp16"}
@@ -117,6 +118,9 @@ class CppHandler(Handler):
         # (buffer, simplified index) -> C++ of an element read earlier into an array (a column kernel's
         # loads invariant along the reduced loops: kiln.codegen.cpp_columns)
         self.preloaded: dict[tuple[str, sympy.Expr], str] = {}
+        # the half types rounded where they leave the kernel's float registers (a store, a kernel-local
+        # buffer, a conversion to a dtype other than float), not after every op as eager rounds
+        self.round_once = rounded_once()
 
     def tmp(self, expr: str, dtype: torch.dtype) -> CppValue:
         self.counter += 1
@@ -183,6 +187,15 @@ class CppHandler(Handler):
         return self.tmp(f"static_cast<{CTYPES[dtype]}>({cexpr(expr)})", dtype)
 
     def to_dtype(self, x: CppValue, dtype: torch.dtype) -> CppValue:
+        # a half type rounded once: nothing rounded between it and float (the decompositions compute a
+        # half-precision op in float between two conversions; torch.compile drops such pairs too), the value
+        # is rounded where it is stored or converted to any other dtype
+        if x.dtype in self.round_once and x.dtype != dtype:
+            if dtype == torch.float32:
+                return CppValue(x.name, dtype)
+            x = self.tmp(round_half(x.name, x.dtype), x.dtype)
+        elif dtype in self.round_once and x.dtype == torch.float32:
+            return CppValue(x.name, dtype)
         if dtype == torch.bool:
             return self.tmp(f"({x} != 0)", dtype)
         if dtype in HALF_TYPES:
@@ -211,12 +224,13 @@ class CppHandler(Handler):
         """A scalar op, spelled by `kiln.codegen.cpp_ops.CODE_FOR_OP` (see there for what is done here)."""
         spec = SCALAR_OP_TABLE.get(name)
         if name != "where" and args[0].dtype in HALF_TYPES:
-            # compute in float, round the result back to the half type (unless it is one of the operands)
+            # compute in float; round the result back to the half type here only when rounding after every op
+            # (and not when it is one of the operands)
             dtype = args[0].dtype
             result = self.op(name, *[CppValue(a.name, torch.float32) for a in args])
             if result.dtype == torch.bool:
                 return result
-            if name in EXACT:
+            if name in EXACT or dtype in self.round_once:
                 return CppValue(result.name, dtype)
             return self.tmp(round_half(result.name, dtype), dtype)
         dtype = args[1].dtype if name == "where" else args[0].dtype

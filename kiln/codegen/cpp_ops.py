@@ -3,8 +3,10 @@
 `CODE_FOR_OP[name](t, *operands)` is the C++ expression of the op on operands of the C type `t` describes,
 or None where the op has no spelling for that dtype. What is the same for every op is done once, by
 `CppHandler.op` (kiln.codegen.cpp), around this table:
-- half types (bfloat16, float16) compute in float: the operands live in float registers, the result is
-  rounded back to the half type's values (a bool result is kept as it is; an `EXACT` op's needs nothing);
+- half types (bfloat16, float16) compute in float: the operands live in float registers; the result is
+  rounded back to the half type's values where the type is rounded after every op (config
+  bfloat16_rounding, float16_rounding 'op'; a bool result is kept as it is, an `EXACT` op's needs
+  nothing), else only where it is stored or converted;
 - a float-only op (the table's domain) on another dtype is not spelled;
 - signed integer add, sub, mul and neg wrap on overflow as eager's integers do (`WRAPPING`: computed in
   the unsigned type, as C++'s signed overflow is undefined);

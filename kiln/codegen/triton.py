@@ -16,8 +16,9 @@ r over its inner ranges (flattened).
 - A value computed in the kernel is read from registers when it is still live (a reduction's or an outer
   member's result, an inner member of the same loop); an inner member of an earlier loop is read back from
   memory after a barrier (`tl.debug_barrier()`: the threads of the program wrote it).
-- bfloat16 and float16 are loaded into float32 and rounded back after every op, as eager and the C++
-  backend compute them; bool is Triton's int1.
+- bfloat16 and float16 are loaded into float32 and rounded back after every op or only where stored or
+  converted (config bfloat16_rounding, float16_rounding), as the C++ backend computes them; bool is
+  Triton's int1.
 
 Static sizes are literals in the source; indices are int32 unless a buffer or the
 iteration space needs int64. Transcendentals call libdevice on a GPU; under Triton's interpreter
@@ -34,7 +35,7 @@ import torch
 
 from ..lower.index import index_bounds, index_code, simplify_index
 from ..lower.ir import Buffer, Reduction, Scan
-from ..lower.ops import SCALAR_OP_TABLE, Handler, Result
+from ..lower.ops import SCALAR_OP_TABLE, Handler, Result, rounded_once
 from ..lower.target import LIBRARY_PRIMS, Target
 from ..schedule.group import FusedGroup, Member, Role
 from .triton_ops import (CODE_FOR_OP, EXACT, HALF_TYPES, ROUND, TL_TYPES, TType, literal,  # noqa: F401
@@ -147,6 +148,12 @@ class TritonHandler(Handler):
     def to_dtype(self, x: TValue, dtype: torch.dtype) -> TValue:
         if x.dtype == dtype:
             return x
+        if x.dtype in self.kernel.round_once:   # (as the C++ kernels: kiln.codegen.cpp's to_dtype)
+            if dtype == torch.float32:
+                return TValue(x.name, dtype)
+            x = self.tmp(round_half(x.name, x.dtype), x.dtype)
+        elif dtype in self.kernel.round_once and x.dtype == torch.float32:
+            return TValue(x.name, dtype)
         if x.dtype == torch.bool:
             return self.tmp(convert(f"{x}.to(tl.int8)", torch.int8, dtype), dtype)
         return self.tmp(convert(str(x), x.dtype, dtype), dtype)
@@ -172,7 +179,9 @@ class TritonHandler(Handler):
             return text
         if spec.result is Result.BOOL:
             return self.tmp(text, torch.bool)
-        return self.tmp(text if name in EXACT else round_half(text, dtype), dtype)
+        if name in EXACT or dtype in self.kernel.round_once:
+            return self.tmp(text, dtype)
+        return self.tmp(round_half(text, dtype), dtype)
 
 
 # ---- reductions ---------------------------------------------------------------------------------------
@@ -244,6 +253,9 @@ class KernelWriter:
             buffers[n].layout.storage_size() for m in group.members for n, _ in m.buffer.reads()
             if n in buffers]
         self.index_dtype = torch.int64 if max(sizes) > INT32_LIMIT // 2 else torch.int32
+        # the half types rounded where stored or converted to a dtype other than float32, not after every
+        # op (as the C++ kernels)
+        self.round_once = rounded_once()
 
     def new_name(self) -> str:
         self.count += 1
@@ -291,6 +303,8 @@ class KernelWriter:
                                f"elements (bounds {bounds}) in {self.group.describe()}")
         text = convert(str(value), value.dtype, buf.dtype)
         if buf.dtype in HALF_TYPES:
+            if value.dtype == buf.dtype and buf.dtype in self.round_once:
+                text = round_half(text, buf.dtype)
             text = f"{text}.to({TL_TYPES[buf.dtype]})"  # exact: the register holds a value of the type
         pointer = f"tl.broadcast_to({self.pointer(buf.name)} + {index_text(index)}, {shape})"
         self.emit(f"tl.store({pointer}, tl.broadcast_to({text}, {shape}), {mask})", depth)

@@ -5,7 +5,9 @@
 spelling for that dtype. What is the same for every op is done once, by `TritonHandler.op`
 (kiln.codegen.triton), around this table:
 - half types (bfloat16, float16) live in float32 registers: a result of their dtype is rounded back to the
-  half type (`round_half`), except for the ops in `EXACT`, whose result is one of their operands' values;
+  half type (`round_half`) where the type is rounded after every op (config bfloat16_rounding and
+  float16_rounding 'op'), except for the ops in `EXACT`, whose result is one of their operands' values;
+  else only where it is stored or converted;
 - a float-only op (the table's domain) on another dtype is not spelled;
 - the result is a bool or the operands' dtype, as the table says.
 Integer arithmetic wraps in Triton as in eager: no wrapper.

@@ -23,6 +23,7 @@ import sympy
 import torch
 from sympy.printing.str import StrPrinter
 
+from .. import config
 from .index import FloorDiv, ModularIndexing, indirect_var, simplify_index
 
 class Result(enum.Enum):
@@ -76,6 +77,15 @@ BINARY_OPS = frozenset(n for n, op in SCALAR_OP_TABLE.items() if op.arity == 2)
 COMPARISONS = frozenset(n for n, op in SCALAR_OP_TABLE.items() if op.result is Result.BOOL)  # bool results
 OTHER_OPS = frozenset(["load", "constant", "index_expr", "to_dtype", "where", "indirect"])
 SCALAR_OPS = UNARY_OPS | BINARY_OPS | OTHER_OPS
+
+
+def rounded_once() -> frozenset[torch.dtype]:
+    """The half types a kernel computes in float and rounds once, where a value is stored or converted to a
+    dtype other than float32, rather than after every op (config bfloat16_rounding, float16_rounding): read
+    by the code emitters when they start a kernel."""
+    return frozenset(dtype for dtype, flag in ((torch.bfloat16, "bfloat16_rounding"),
+                                               (torch.float16, "float16_rounding"))
+                     if config.get(flag) == "store")
 
 
 class Handler:

@@ -77,14 +77,15 @@ static inline uint32_t kiln_mt_temper(uint32_t y) {
 // element = (u < p) for u the low 53 bits m of (first output << 32 | second output), over 2^53. Both m and
 // p * 2^53 are exact doubles, so u < p is m < ceil(p * 2^53) in integers: a 64-bit compare, which vectorizes
 // where an int64 -> double conversion does not (x86 without AVX-512DQ)
+// (`one` is 1 in the output's type: a half type's element is its bits, 1.0's bits)
 template <typename T>
-static inline T kiln_bernoulli_of(uint64_t hi, uint64_t lo, int64_t threshold) {
+static inline T kiln_bernoulli_of(uint64_t hi, uint64_t lo, int64_t threshold, T one) {
   const int64_t m = static_cast<int64_t>(((hi << 32) | lo) & ((1ull << 53) - 1));
-  return m < threshold ? T(1) : T(0);
+  return m < threshold ? one : T(0);
 }
 
 template <typename T>
-static void kiln_draw(uint32_t* __restrict__ s, int64_t* pos, T* __restrict__ out, int64_t n, double p) {
+static void kiln_draw(uint32_t* __restrict__ s, int64_t* pos, T* __restrict__ out, int64_t n, double p, T one) {
   int64_t left = pos[0], next = pos[1];
   const int64_t threshold = static_cast<int64_t>(std::ceil(p * 9007199254740992.0));  // p * 2^53
   int64_t i = 0;
@@ -97,7 +98,7 @@ static void kiln_draw(uint32_t* __restrict__ s, int64_t* pos, T* __restrict__ ou
       T* o = out + i;
       #pragma omp simd
       for (int64_t j = 0; j < k; ++j) {
-        o[j] = kiln_bernoulli_of<T>(kiln_mt_temper(w[2 * j]), kiln_mt_temper(w[2 * j + 1]), threshold);
+        o[j] = kiln_bernoulli_of<T>(kiln_mt_temper(w[2 * j]), kiln_mt_temper(w[2 * j + 1]), threshold, one);
       }
       left -= 2 * k;
       next += 2 * k;
@@ -107,7 +108,7 @@ static void kiln_draw(uint32_t* __restrict__ s, int64_t* pos, T* __restrict__ ou
     // an element whose outputs cross into the next block
     uint64_t hi = kiln_mt_next(s, left, next);
     uint64_t lo = kiln_mt_next(s, left, next);
-    out[i++] = kiln_bernoulli_of<T>(hi, lo, threshold);
+    out[i++] = kiln_bernoulli_of<T>(hi, lo, threshold, one);
   }
   pos[0] = left;
   pos[1] = next;
@@ -117,7 +118,7 @@ static void kiln_draw(uint32_t* __restrict__ s, int64_t* pos, T* __restrict__ ou
 // next (u64), the 624 engine words each stored as a u64, then fields the draws leave alone. They are read,
 // advanced by the n draws and written back in place, for set_state.
 template <typename T>
-static int kiln_draw_state(uint8_t* state, T* out, int64_t n, double p) {
+static int kiln_draw_state(uint8_t* state, T* out, int64_t n, double p, T one) {
   int32_t left32;
   uint64_t next64;
   std::memcpy(&left32, state + 8, 4);
@@ -129,7 +130,7 @@ static int kiln_draw_state(uint8_t* state, T* out, int64_t n, double p) {
     s[i] = static_cast<uint32_t>(w);
   }
   int64_t pos[2] = {left32, static_cast<int64_t>(next64)};
-  kiln_draw<T>(s, pos, out, n, p);
+  kiln_draw<T>(s, pos, out, n, p, one);
   left32 = static_cast<int32_t>(pos[0]);
   next64 = static_cast<uint64_t>(pos[1]);
   std::memcpy(state + 8, &left32, 4);
@@ -142,19 +143,30 @@ static int kiln_draw_state(uint8_t* state, T* out, int64_t n, double p) {
 }
 
 extern "C" int kiln_bernoulli_f32(uint8_t* state, float* out, int64_t n, double p) {
-  return kiln_draw_state<float>(state, out, n, p);
+  return kiln_draw_state<float>(state, out, n, p, 1.0f);
 }
 extern "C" int kiln_bernoulli_f64(uint8_t* state, double* out, int64_t n, double p) {
-  return kiln_draw_state<double>(state, out, n, p);
+  return kiln_draw_state<double>(state, out, n, p, 1.0);
+}
+extern "C" int kiln_bernoulli_bf16(uint8_t* state, uint16_t* out, int64_t n, double p) {
+  return kiln_draw_state<uint16_t>(state, out, n, p, 0x3f80);
+}
+extern "C" int kiln_bernoulli_fp16(uint8_t* state, uint16_t* out, int64_t n, double p) {
+  return kiln_draw_state<uint16_t>(state, out, n, p, 0x3c00);
 }
 """
+
+
+# the dtypes drawn natively, and their entry points
+_NATIVE = {torch.float32: "kiln_bernoulli_f32", torch.float64: "kiln_bernoulli_f64",
+           torch.bfloat16: "kiln_bernoulli_bf16", torch.float16: "kiln_bernoulli_fp16"}
 
 
 @functools.lru_cache(maxsize=None)
 def _entries() -> dict[torch.dtype, Any]:
     lib = ctypes.PyDLL(build(SOURCE)._name)  # PyDLL: the GIL stays held (see the module doc)
     entries = {}
-    for dtype, name in ((torch.float32, "kiln_bernoulli_f32"), (torch.float64, "kiln_bernoulli_f64")):
+    for dtype, name in _NATIVE.items():
         fn = getattr(lib, name)
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_double]
         fn.restype = ctypes.c_int
@@ -180,7 +192,7 @@ def _native_matches() -> bool:
             ours, theirs = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
             torch.empty(17).bernoulli_(0.3, generator=theirs)  # start inside a block, not at its start
             ours.set_state(theirs.get_state())
-            for dtype in (torch.float32, torch.float64):
+            for dtype in _NATIVE:
                 mine = _draw_native((n,), dtype, p, ours)
                 eager = torch.empty(n, dtype=dtype).bernoulli_(p, generator=theirs)
                 if not torch.equal(mine, eager) or not torch.equal(ours.get_state(), theirs.get_state()):
@@ -193,7 +205,7 @@ def _native_matches() -> bool:
 def bernoulli(a: torch.Tensor, p: Any = None, generator: Any = None) -> torch.Tensor:
     """prims.bernoulli's reference (`torch.bernoulli(a, p).contiguous()`), natively where it is the same."""
     native = p is not None and 0.0 <= p <= 1.0 and a.device.type == "cpu" and \
-        a.dtype in (torch.float32, torch.float64) and a.is_contiguous() and a.numel() >= NATIVE_MIN and \
+        a.dtype in _NATIVE and a.is_contiguous() and a.numel() >= NATIVE_MIN and \
         (generator is None or (isinstance(generator, torch.Generator) and generator.device.type == "cpu"))
     if native:
         if _native_matches():

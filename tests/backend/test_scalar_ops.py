@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kiln import config
 from kiln.codegen import cpp, cpp_ops, triton, triton_ops
-from kiln.lower.ops import BINARY_OPS, COMPARISONS, SCALAR_OP_TABLE, UNARY_OPS, CountHandler, Domain, Result
+from kiln.lower.ops import (BINARY_OPS, COMPARISONS, SCALAR_OP_TABLE, UNARY_OPS, CountHandler, Domain, Result,
+                            rounded_once)
 
 FLOATS = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
 INTEGERS = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8]
@@ -28,6 +30,9 @@ GAPS = {
 class _Kernel:  # what a TritonHandler asks of its kernel writer
     libdevice = "libdevice"
     count = 0
+
+    def __init__(self):
+        self.round_once = rounded_once()
 
     def new_name(self):
         self.count += 1
@@ -80,8 +85,25 @@ def test_every_target_spells_every_op_on_its_domain(target, name):
 
 
 def test_half_types_compute_in_float():
-    """C++ and Triton hold half-type values in float registers and round an op's result back to the half
-    type's values (an exact op, such as maximum, is not rounded)."""
+    """C++ and Triton hold half-type values in float registers; rounded after every op, an op's result is
+    rounded back to the half type's values (an exact op, such as maximum, is not rounded); rounded once,
+    only a conversion to a dtype other than float32 rounds inside the kernel."""
+    with config.patch(bfloat16_rounding="store", float16_rounding="store"):
+        h = cpp.CppHandler({}, {}, {}, "  ")
+        out = h.op("add", cpp.CppValue("a", torch.bfloat16), cpp.CppValue("b", torch.bfloat16))
+        wide = h.to_dtype(out, torch.float32)
+        h.to_dtype(out, torch.int32)
+        assert h.lines == ["  float t1 = a + b;", "  float t2 = kiln_round_bf16(t1);",
+                           "  int32_t t3 = static_cast<int32_t>(t2);"] and out.dtype == torch.bfloat16
+        assert wide.name == "t1" and wide.dtype == torch.float32
+        h = triton.TritonHandler(_Kernel(), "[XBLOCK, RBLOCK]", "xmask", "  ")
+        h.op("exp", triton.TValue("a", torch.float16))
+        assert h.lines == ["  tmp1 = libdevice.exp(a)"]
+    with config.patch(bfloat16_rounding="op", float16_rounding="op"):
+        _rounded_after_every_op()
+
+
+def _rounded_after_every_op():
     h = cpp.CppHandler({}, {}, {}, "  ")
     out = h.op("add", cpp.CppValue("a", torch.bfloat16), cpp.CppValue("b", torch.bfloat16))
     h.op("maximum", cpp.CppValue("a", torch.float16), cpp.CppValue("b", torch.float16))

@@ -3,7 +3,9 @@ casts in the graph, regions inside compiled code are captured, and results equal
 
 Each case runs the same program eagerly and compiled, under the same autocast state, and compares values
 and dtypes (bit-equal where kiln runs the same arithmetic as eager: casts, mm, and elementwise ops in the
-autocast dtype); models are judged by the accuracy rule against an fp64 reference.
+autocast dtype, rounded after every op as eager rounds: config bfloat16_rounding 'op' here; with its
+default, 'store', a fused kernel rounds once, and the results are judged by the accuracy rule); models are
+judged by the accuracy rule against an fp64 reference.
 """
 from __future__ import annotations
 
@@ -14,11 +16,19 @@ import torch
 import torch.nn.functional as F
 
 import kiln
+from kiln import config
 from kiln.ops import autocast as kiln_autocast
 from kiln.testing import models as zoo
 from kiln.testing.accuracy import check
 
 pytestmark = pytest.mark.usefixtures("kiln_cache")
+
+
+@pytest.fixture(autouse=True)
+def each_op():
+    """Half-precision results rounded after every op, as eager rounds (the bit-equal comparisons)."""
+    with config.patch(bfloat16_rounding="op", float16_rounding="op"):
+        yield
 
 LOW = [torch.bfloat16, torch.float16]
 BACKENDS = ["eager", "cpp"]
@@ -125,6 +135,21 @@ def test_regions_inside_compiled_code(backend, counters):
         assert not torch.is_autocast_enabled("cpu")
     assert sum(counters["graphs"].values()) == 1
     assert not counters["graph_breaks"]
+
+
+def test_regions_rounded_once_by_the_accuracy_rule():
+    """bfloat16 rounded once in fused kernels (the default): the regions' results within bfloat16's
+    tolerance of eager autocast's, by the accuracy rule against float64, in one graph."""
+    kiln.reset()
+    with config.patch(bfloat16_rounding="store"):
+        cf = kiln.compile(_regions, backend="cpp")
+        x, w = torch.randn(8, 16), torch.randn(16, 4)
+        got, want = cf(x, w), _regions(x, w)
+    xd, wd = x.double(), w.double()
+    z = torch.relu(xd @ wd) + 1   # (_regions in float64)
+    fp64 = (xd @ wd, z, z @ wd.t(), xd @ wd, xd @ wd) + want[-2:]
+    verdict = check(got, want, fp64, tol=1e-2)
+    assert verdict.passed, verdict.reason
 
 
 def test_region_entered_outside_and_inside(counters):
