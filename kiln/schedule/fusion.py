@@ -127,7 +127,10 @@ def _new_group(name: str, buf: ComputedBuffer) -> FusedGroup:
 
 class _Fusion:
     """The items of the schedule while kernels merge. An item is named by its first node's index (its
-    representative); `ancestors[r]` and `descendants[r]` are bit sets of representatives."""
+    representative); `ancestors[r]` and `descendants[r]` are bit sets of representatives, read through
+    `live` (the representatives still standing): a merged-away item's bit may stay in others' sets, so
+    that a merge updates only the items whose closure it changes (a model of 12k nodes spent 118 s
+    rewriting every item's sets at each of 10k merges)."""
 
     def __init__(self, graph: LoopGraph):
         self.graph = graph
@@ -152,6 +155,8 @@ class _Fusion:
                                               if not isinstance(node, ExternNode)}
         self.alive = list(range(len(nodes)))  # representatives, in program order
         self.rep = list(range(len(nodes)))
+        self.members = {i: [i] for i in range(len(nodes))}  # representative -> the nodes it stands for
+        self.live = (1 << len(nodes)) - 1
         self.reads = {i: set(r) for i, r in enumerate(reads)}
         self.writes = {i: set(w) for i, w in enumerate(writes)}
         self.version = {i: 0 for i in range(len(nodes))}
@@ -182,7 +187,8 @@ class _Fusion:
 
     def legal(self, a: int, b: int) -> bool:
         """No path between the two runs through a third item."""
-        return not (self.descendants[a] & self.ancestors[b]) and not (self.descendants[b] & self.ancestors[a])
+        return not (self.descendants[a] & self.ancestors[b] & self.live) and \
+            not (self.descendants[b] & self.ancestors[a] & self.live)
 
     def score(self, a: int, b: int) -> int:
         """Bytes the pair's fusion saves: what one writes and the other reads, what both read."""
@@ -219,26 +225,33 @@ class _Fusion:
         return True
 
     def join(self, first: int, second: int, group: FusedGroup) -> None:
+        """Merge `second` into `first`'s kernel. The closures change only where an item was before or after
+        one of the two and not the other: each such item gains the other's side (an item before or after
+        both already holds everything the merged one has; the merged-away bit it holds is not `live`)."""
         keep, gone = min(first, second), max(first, second)
         both = (1 << keep) | (1 << gone)
-        ancestors = (self.ancestors[keep] | self.ancestors[gone]) & ~both
-        descendants = (self.descendants[keep] | self.descendants[gone]) & ~both
+        anc_k, anc_g = self.ancestors[keep], self.ancestors[gone]
+        desc_k, desc_g = self.descendants[keep], self.descendants[gone]
+        ancestors = (anc_k | anc_g) & ~both
+        descendants = (desc_k | desc_g) & ~both
         self.alive.remove(gone)
+        self.live &= ~(1 << gone)
         del self.groups[gone], self.ancestors[gone], self.descendants[gone]
         self.groups[keep] = dataclasses.replace(group, name=self.groups[keep].name)
         self.ancestors[keep], self.descendants[keep] = ancestors, descendants
-        for x in self.alive:
-            if x == keep:
-                continue
-            if self.ancestors[x] & both:  # x runs after the merged kernel: after all it waits for
-                self.ancestors[x] = (self.ancestors[x] & ~both) | (1 << keep) | ancestors
-            if self.descendants[x] & both:
-                self.descendants[x] = (self.descendants[x] & ~both) | (1 << keep) | descendants
+        for x in _bits(desc_g & ~desc_k & self.live & ~both):   # after `gone` only: now after `keep` too
+            self.ancestors[x] |= (1 << keep) | ancestors
+        for x in _bits(desc_k & ~desc_g & self.live & ~both):   # after `keep` only: after `gone`'s past too
+            self.ancestors[x] |= anc_g
+        for x in _bits(anc_g & ~anc_k & self.live & ~both):
+            self.descendants[x] |= (1 << keep) | descendants
+        for x in _bits(anc_k & ~anc_g & self.live & ~both):
+            self.descendants[x] |= desc_g
         self.reads[keep] |= self.reads.pop(gone)
         self.writes[keep] |= self.writes.pop(gone)
-        for i, r in enumerate(self.rep):
-            if r == gone:
-                self.rep[i] = keep
+        for i in self.members[gone]:
+            self.rep[i] = keep
+        self.members[keep] += self.members.pop(gone)
         self.version[keep] += 1
 
     def by_score(self) -> None:
@@ -301,6 +314,16 @@ class _Fusion:
         if len(result) != len(items):
             raise AssertionError(f"fusion made a dependency cycle among {len(items) - len(result)} items")
         return result
+
+
+_BYTE_BITS = tuple(tuple(j for j in range(8) if value >> j & 1) for value in range(256))
+
+
+def _bits(mask: int) -> list[int]:
+    """The positions of a bit set's ones, lowest first (byte by byte: a loop over the ones themselves
+    costs a pass over the whole number per one)."""
+    data = mask.to_bytes((mask.bit_length() + 7) // 8, "little")
+    return [8 * i + j for i, byte in enumerate(data) if byte for j in _BYTE_BITS[byte]]
 
 
 def fuse(graph: LoopGraph, target: Target) -> list[FusedGroup | ExternNode]:

@@ -131,3 +131,73 @@ def test_without_fuel_every_node_is_its_own_kernel(monkeypatch):
     x, w = torch.randn(64, 48), torch.randn(48, 16)
     monkeypatch.setattr(FUEL, "take", lambda pass_name, decision: pass_name != "fuse")
     check(sibling_reductions_around_matmul, x, w, kernels=2)
+
+
+def _block(x, w1, w2):
+    for _ in range(2):
+        h = torch.nn.functional.layer_norm(x, (x.shape[-1],))
+        a = torch.softmax(h @ w1, -1)
+        x = x + torch.relu(a @ w2) * h.sum(-1, keepdim=True)
+    return x, x.amax(0)
+
+
+def _siblings(x, w1, w2):
+    p = torch.relu(x @ w1) * 3      # producers of only one of the siblings below each
+    r = torch.sigmoid(w2 @ w2) * 2
+    a = (x * 2 + r).sum(-1, keepdim=True)
+    b = (x + p).amax(-1, keepdim=True)
+    q = torch.tanh(w2 @ w1) + 1     # a producer of only the consumer below
+    return (a.exp() * x) @ q, (b.exp() * x) @ w1, (p + 1) @ w2
+
+
+def _assert_closures_exact(f) -> None:
+    """Legality and order read from the kept closures equal a search of the merged items' dependency
+    graph."""
+    items = list(f.alive)
+    after = {r: set() for r in items}
+    for i, deps in enumerate(f.before):
+        for j in deps:
+            if f.rep[j] != f.rep[i]:
+                after[f.rep[j]].add(f.rep[i])
+    reach = {}
+    for r in items:   # everything after r (depth-first)
+        seen, stack = set(), list(after[r])
+        while stack:
+            s = stack.pop()
+            if s not in seen:
+                seen.add(s)
+                stack.extend(after[s])
+        reach[r] = seen
+    before = {r: {s for s in items if r in reach[s]} for r in items}
+    for a in items:
+        assert a not in reach[a], "a cycle among merged items"
+        for b in items:
+            if a < b:
+                exact = not (reach[a] & before[b]) and not (reach[b] & before[a])
+                assert f.legal(a, b) == exact, (a, b)
+                assert bool(f.ancestors[b] >> a & 1) == (b in reach[a]), (a, b)
+                assert bool(f.descendants[a] >> b & 1) == (b in reach[a]), (a, b)
+                assert bool(f.descendants[b] >> a & 1) == (a in reach[b]), (a, b)
+
+
+def test_merges_keep_the_closures_exact():
+    """A merge updates only the items before or after one of the two merged and not the other (it once
+    rewrote every item's sets at every merge: 118 s of fusion for a 12k-node model); after each merge the
+    legality it reads equals a search of the merged graph."""
+    from kiln.schedule import fusion
+    x, w1, w2 = torch.randn(32, 32), torch.randn(32, 32), torch.randn(32, 32)
+    for fn in (_block, _siblings):
+        c = compile_graph(kiln.ops.trace(fn, x, w1, w2), [x, w1, w2])
+        f = fusion._Fusion(c.loop)
+        join, merges = f.join, []
+
+        def checked_join(first, second, group, f=f, join=join, merges=merges):
+            join(first, second, group)
+            merges.append((first, second))
+            _assert_closures_exact(f)
+        f.join = checked_join
+        _assert_closures_exact(f)
+        f.by_score()
+        f.first_fit()
+        assert len(merges) >= 3
+        assert len(f.schedule()) == c.kernel_count + len(c.externs)
