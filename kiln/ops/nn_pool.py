@@ -19,6 +19,11 @@ from ..prims.registry import check, shape_text
 from .registry import NoDecomposition, register
 from .utils import computation_dtype, convert, eager_format, is_float_dtype, wants_gradient
 
+# a pooling window of more elements than this is not a sum or maximum of one slice per element (the graph
+# would hold one node per element: ALIGN's AvgPool2d(hidden_dim, ceil_mode=True), a 64x64 window at the small
+# config, never finished compiling); a single window per pooled dim is a reduction over the input it covers
+MAX_WINDOW_TAPS = 256
+
 
 def _tuple(op: str, name: str, value: Any, n: int, default: Any = None) -> tuple[int, ...]:
     if value is None or (isinstance(value, (list, tuple)) and len(value) == 0 and default is not None):
@@ -124,6 +129,11 @@ def _flat_index(w: Windows, positions: list[np.ndarray], device: torch.device) -
 def _max_pool_with_indices(w: Windows, input: Any) -> tuple[Any, Any]:
     """Eager's scan: start at -inf with the window's first valid element, take an element when it is greater
     or NaN (ties keep the first, NaN the last), in kernel order."""
+    taps = 1
+    for k in w.kernel:
+        taps *= k
+    if taps > MAX_WINDOW_TAPS:
+        raise NoDecomposition(f"{w.op} with indices (or a gradient) over a window of {taps} elements")
     x = w.padded(input, _lowest(input.dtype))
     first = []
     for d in range(w.n):
@@ -161,10 +171,27 @@ def _max_pool(op: str, n: int, input: Any, kernel_size: Any, stride: Any, paddin
         return _pooled(best, input, n), _pooled(index, input, n)
     if wants_gradient(input):  # eager's gradient goes to each window's first maximum (maximum's splits ties)
         return _pooled(_max_pool_with_indices(w, input)[0], input, n)
-    result = None
-    for s in w.slices(w.padded(input, _lowest(input.dtype))):
+    result = _one_window(w, input, torch.amax)   # (amax propagates NaN too)
+    for s in w.slices(w.padded(input, _lowest(input.dtype))) if result is None else ():
         result = s if result is None else torch.maximum(result, s)  # propagates NaN, as eager
     return eager_format(result, input)
+
+
+def _one_window(w: Windows, x: Any, reduce: Any) -> Any:
+    """A window of more than MAX_WINDOW_TAPS elements: where each pooled dim has one window, `reduce` over
+    the part of x it covers (its padding holds no element of x); None for a small window."""
+    taps = 1
+    for k in w.kernel:
+        taps *= k
+    if taps <= MAX_WINDOW_TAPS:
+        return None
+    if any(o != 1 for o in w.out) or any(dl != 1 for dl in w.dilation):
+        raise NoDecomposition(f"{w.op} with a window of {taps} elements over more than one position")
+    lead = x.ndim - w.n
+    for d in range(w.n):
+        start, end = max(-w.padding[d], 0), min(w.kernel[d] - w.padding[d], w.sizes[d])
+        x = x.narrow(lead + d, start, end - start)
+    return reduce(x, dim=tuple(range(lead, x.ndim)), keepdim=True)
 
 
 @register(F.max_pool1d_with_indices)
@@ -230,8 +257,8 @@ def _avg_pool(op: str, n: int, input: Any, kernel_size: Any, stride: Any, paddin
         raise NoDecomposition(f"{op} of an integer tensor")  # eager divides in integers (or refuses)
     check(divisor_override is None or divisor_override != 0, lambda: "divisor must be not zero", RuntimeError)
     x = convert(input, computation_dtype(input.dtype))
-    total = None
-    for s in w.slices(w.padded(x, 0.0)):
+    total = _one_window(w, x, torch.sum)
+    for s in w.slices(w.padded(x, 0.0)) if total is None else ():
         total = s if total is None else total + s
     if divisor_override is not None:
         return _pooled(convert(total / divisor_override, input.dtype), input, n)

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import kiln.ops
+from kiln import graph as kg
 from kiln.counters import counters
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -176,3 +177,30 @@ def test_pool_random_configurations():
                 check_error(fn, x)
                 continue
             check_nn(fn, x)
+
+
+@pytest.mark.parametrize("include_pad", [True, False])
+def test_window_larger_than_the_input_is_one_reduction(include_pad):
+    """transformers' ALIGN pools with AvgPool2d(hidden_dim, ceil_mode=True): one window of 64x64 over a 2x2
+    map (one graph node per element never finished compiling). A window above MAX_WINDOW_TAPS with one
+    position per dim is a sum (a maximum) over the input it covers; with more positions the op runs as a
+    fallback, counted."""
+    from kiln.ops import nn_pool
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 4)
+    for fn in (lambda a: F.avg_pool2d(a, 64, ceil_mode=True, count_include_pad=include_pad),
+               lambda a: F.avg_pool2d(a, (20, 17), padding=(3, 8), ceil_mode=True,
+                                      count_include_pad=include_pad),
+               lambda a: F.avg_pool2d(a, 20, ceil_mode=True, divisor_override=7),
+               lambda a: F.max_pool2d(a, (20, 17), padding=(3, 8), ceil_mode=True),
+               lambda a: F.avg_pool1d(a[0], 300, ceil_mode=True)):
+        g = check_nn(fn, x)
+        assert len(g.nodes) < 40
+    big = torch.randn(1, 2, 40, 40)
+    fn = lambda a: F.avg_pool2d(a, 17, stride=10)  # noqa: E731
+    counters.clear()
+    p = kg.to_prims(kiln.ops.trace(fn, big))
+    torch.testing.assert_close(kg.run(p, [big]), fn(big))
+    assert [n.target_name() for n in p.fallbacks()] == ["torch.nn.functional.avg_pool2d"]
+    assert any("window of 289 elements" in reason for reason in counters["no_decomposition"])
+    assert nn_pool.MAX_WINDOW_TAPS < 17 * 17
