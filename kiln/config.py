@@ -186,7 +186,7 @@ define("bfloat16_rounding", "store", "bfloat16 values inside a fused kernel: 'st
        "(torch.compile's rule, which drops a decomposition's round trip through the half type: within "
        "bfloat16's tolerance of eager and closer to the float64 result; bfloat16 has float32's range, so only "
        "the last bits differ), 'op' rounds after every op as eager does (eager's values bit for bit; the "
-       "roundings cost more than the memory traffic: a bfloat16 tanh chain ran 2.7x slower)",
+       "roundings cost more than the memory traffic: a bfloat16 tanh chain ran 3x slower)",
        type=_half_rounding)
 define("float16_rounding", "op", "float16 values inside a fused kernel: 'op' rounds after every op as eager does, "
        "so that a value eager overflows to inf (above 65504) or flushes to 0 does so here too (a GradScaler "
