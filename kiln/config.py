@@ -45,6 +45,16 @@ def _parse_optional_str(text: str) -> str | None:
     return text or None
 
 
+def one_of(*choices: str) -> Callable[[str], str]:
+    """A flag's parser that accepts one of `choices` (any case)."""
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in choices:
+            raise ValueError(f"expected {', '.join(choices[:-1])} or {choices[-1]}, got {text!r}")
+        return value
+    return parse
+
+
 _FLAGS: dict[str, Flag] = {}
 
 
@@ -158,40 +168,26 @@ define("fuel_report", None, "write the optimization fuel this process used (deci
 define("conv_gemm_max_macs", 1_000_000, "CPU convolutions with at most this many multiply-adds run as a gather of "
        "their input windows and one matrix product (im2col; forward and backward), not oneDNN's convolution, "
        "whose per-call cost dominates small ones (0: always oneDNN)")
-def _conv_pointwise(text: str) -> str:
-    value = text.strip().lower()
-    if value not in ("measure", "gemm", "conv"):
-        raise ValueError(f"expected measure, gemm or conv, got {text!r}")
-    return value
-
-
 define("conv_pointwise", "measure", "CPU 1x1 convolutions (stride 1, no padding, ungrouped) above "
        "conv_gemm_max_macs: 'measure' times oneDNN's convolution against the matrix product kiln would run, once "
        "per shape on this machine (cached in cache_dir), and takes the product where it is clearly faster "
        "(torch's NCHW 1x1 convolution over 2x2 or 3x3 images ran 4-9x slower than it); 'gemm' always the "
-       "product; 'conv' always oneDNN's", type=_conv_pointwise)
+       "product; 'conv' always oneDNN's", type=one_of("measure", "gemm", "conv"))
 define("conv_pointwise_measure_max_macs", 1 << 27, "1x1 convolutions with more multiply-adds than this are not "
        "timed by conv_pointwise='measure' (they keep oneDNN's convolution)")
 define("conv_depthwise_max_macs", 250_000, "CPU depthwise convolutions with at most this many multiply-adds "
        "run as a sum of shifted products (one kernel with their neighbours) instead of oneDNN's (0: never)")
-def _half_rounding(text: str) -> str:
-    value = text.strip().lower()
-    if value not in ("store", "op"):
-        raise ValueError(f"expected store or op, got {text!r}")
-    return value
-
-
 define("bfloat16_rounding", "store", "bfloat16 values inside a fused kernel: 'store' computes a chain of ops in "
        "float and rounds to bfloat16 once, where a value is stored or converted to a dtype other than float32 "
        "(torch.compile's rule, which drops a decomposition's round trip through the half type: within "
        "bfloat16's tolerance of eager and closer to the float64 result; bfloat16 has float32's range, so only "
        "the last bits differ), 'op' rounds after every op as eager does (eager's values bit for bit; the "
        "roundings cost more than the memory traffic: a bfloat16 tanh chain ran 3x slower)",
-       type=_half_rounding)
+       type=one_of("store", "op"))
 define("float16_rounding", "op", "float16 values inside a fused kernel: 'op' rounds after every op as eager does, "
        "so that a value eager overflows to inf (above 65504) or flushes to 0 does so here too (a GradScaler "
        "skips the steps eager skips); 'store' rounds once where stored, as bfloat16_rounding",
-       type=_half_rounding)
+       type=one_of("store", "op"))
 define("half_addmm_min_macs", 1 << 23, "float16/bfloat16 biased matrix products (F.linear, addmm) with at "
        "least this many multiply-adds run as one half-precision addmm (eager's call, its values bit for bit); "
        "smaller ones as a float32 mm of the upcast operands plus the bias, rounded once (within the dtype's "

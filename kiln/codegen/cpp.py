@@ -20,7 +20,7 @@ import torch
 from ..graph.layout import contiguous_strides
 from ..lower.index import index_bounds, index_code, indirect_var, simplify_index
 from ..lower.ir import Buffer, ComputedBuffer, Reduction
-from ..lower.ops import SCALAR_OP_TABLE, Handler, Result, rounded_once
+from ..lower.ops import SCALAR_OP_TABLE, Handler, Result, keeps_register, rounded_once
 from ..lower.sizes import SizeDecision, hint, is_static, known_lt, nonnegative
 from ..lower.target import Target
 from ..schedule.group import FusedGroup, Member, Role
@@ -187,15 +187,10 @@ class CppHandler(Handler):
         return self.tmp(f"static_cast<{CTYPES[dtype]}>({cexpr(expr)})", dtype)
 
     def to_dtype(self, x: CppValue, dtype: torch.dtype) -> CppValue:
-        # a half type rounded once: nothing rounded between it and float (the decompositions compute a
-        # half-precision op in float between two conversions; torch.compile drops such pairs too), the value
-        # is rounded where it is stored or converted to any other dtype
-        if x.dtype in self.round_once and x.dtype != dtype:
-            if dtype == torch.float32:
-                return CppValue(x.name, dtype)
-            x = self.tmp(round_half(x.name, x.dtype), x.dtype)
-        elif dtype in self.round_once and x.dtype == torch.float32:
+        if keeps_register(x.dtype, dtype, self.round_once):
             return CppValue(x.name, dtype)
+        if x.dtype in self.round_once and x.dtype != dtype:
+            x = self.tmp(round_half(x.name, x.dtype), x.dtype)
         if dtype == torch.bool:
             return self.tmp(f"({x} != 0)", dtype)
         if dtype in HALF_TYPES:

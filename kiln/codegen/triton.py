@@ -35,7 +35,7 @@ import torch
 
 from ..lower.index import index_bounds, index_code, simplify_index
 from ..lower.ir import Buffer, Reduction, Scan
-from ..lower.ops import SCALAR_OP_TABLE, Handler, Result, rounded_once
+from ..lower.ops import SCALAR_OP_TABLE, Handler, Result, keeps_register, rounded_once
 from ..lower.target import LIBRARY_PRIMS, Target
 from ..schedule.group import FusedGroup, Member, Role
 from .triton_ops import (CODE_FOR_OP, EXACT, HALF_TYPES, ROUND, TL_TYPES, TType, literal,  # noqa: F401
@@ -148,12 +148,10 @@ class TritonHandler(Handler):
     def to_dtype(self, x: TValue, dtype: torch.dtype) -> TValue:
         if x.dtype == dtype:
             return x
-        if x.dtype in self.kernel.round_once:   # (as the C++ kernels: kiln.codegen.cpp's to_dtype)
-            if dtype == torch.float32:
-                return TValue(x.name, dtype)
-            x = self.tmp(round_half(x.name, x.dtype), x.dtype)
-        elif dtype in self.kernel.round_once and x.dtype == torch.float32:
+        if keeps_register(x.dtype, dtype, self.kernel.round_once):
             return TValue(x.name, dtype)
+        if x.dtype in self.kernel.round_once:
+            x = self.tmp(round_half(x.name, x.dtype), x.dtype)
         if x.dtype == torch.bool:
             return self.tmp(convert(f"{x}.to(tl.int8)", torch.int8, dtype), dtype)
         return self.tmp(convert(str(x), x.dtype, dtype), dtype)

@@ -88,6 +88,14 @@ def rounded_once() -> frozenset[torch.dtype]:
                      if config.get(flag) == "store")
 
 
+def keeps_register(source: torch.dtype, dtype: torch.dtype, round_once: frozenset[torch.dtype]) -> bool:
+    """Whether a kernel converts a value of `source` to `dtype` by keeping its float register as it is:
+    between float32 and a half type rounded once (the decompositions compute a half-precision op in float
+    between two conversions; torch.compile drops such pairs too). A value of such a type converted to any
+    other dtype is rounded to its type first."""
+    return (source in round_once and dtype == torch.float32) or (dtype in round_once and source == torch.float32)
+
+
 class Handler:
     """Base of the op handlers: `h.add(a, b)` calls `self.op("add", a, b)`."""
 

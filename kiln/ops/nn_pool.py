@@ -78,6 +78,14 @@ class Windows:
         check(all(o > 0 for o in self.out), lambda: f"{op}: Given input size: {list(input.shape)}. "
               f"Calculated output size: {list(self.out)}. Output size is too small", RuntimeError)
 
+    @property
+    def taps(self) -> int:
+        """The elements of one window."""
+        count = 1
+        for k in self.kernel:
+            count *= k
+        return count
+
     def padded(self, x: Any, value: Any) -> Any:
         """x padded on the last n dims so that every window (including ceil_mode's last) lies inside."""
         config = [(0, 0, 0)] * (x.ndim - self.n)
@@ -129,11 +137,8 @@ def _flat_index(w: Windows, positions: list[np.ndarray], device: torch.device) -
 def _max_pool_with_indices(w: Windows, input: Any) -> tuple[Any, Any]:
     """Eager's scan: start at -inf with the window's first valid element, take an element when it is greater
     or NaN (ties keep the first, NaN the last), in kernel order."""
-    taps = 1
-    for k in w.kernel:
-        taps *= k
-    if taps > MAX_WINDOW_TAPS:
-        raise NoDecomposition(f"{w.op} with indices (or a gradient) over a window of {taps} elements")
+    if w.taps > MAX_WINDOW_TAPS:
+        raise NoDecomposition(f"{w.op} with indices (or a gradient) over a window of {w.taps} elements")
     x = w.padded(input, _lowest(input.dtype))
     first = []
     for d in range(w.n):
@@ -172,21 +177,19 @@ def _max_pool(op: str, n: int, input: Any, kernel_size: Any, stride: Any, paddin
     if wants_gradient(input):  # eager's gradient goes to each window's first maximum (maximum's splits ties)
         return _pooled(_max_pool_with_indices(w, input)[0], input, n)
     result = _one_window(w, input, torch.amax)   # (amax propagates NaN too)
-    for s in w.slices(w.padded(input, _lowest(input.dtype))) if result is None else ():
-        result = s if result is None else torch.maximum(result, s)  # propagates NaN, as eager
+    if result is None:
+        for s in w.slices(w.padded(input, _lowest(input.dtype))):
+            result = s if result is None else torch.maximum(result, s)  # propagates NaN, as eager
     return eager_format(result, input)
 
 
 def _one_window(w: Windows, x: Any, reduce: Any) -> Any:
     """A window of more than MAX_WINDOW_TAPS elements: where each pooled dim has one window, `reduce` over
     the part of x it covers (its padding holds no element of x); None for a small window."""
-    taps = 1
-    for k in w.kernel:
-        taps *= k
-    if taps <= MAX_WINDOW_TAPS:
+    if w.taps <= MAX_WINDOW_TAPS:
         return None
     if any(o != 1 for o in w.out) or any(dl != 1 for dl in w.dilation):
-        raise NoDecomposition(f"{w.op} with a window of {taps} elements over more than one position")
+        raise NoDecomposition(f"{w.op} with a window of {w.taps} elements over more than one position")
     lead = x.ndim - w.n
     for d in range(w.n):
         start, end = max(-w.padding[d], 0), min(w.kernel[d] - w.padding[d], w.sizes[d])
@@ -258,8 +261,9 @@ def _avg_pool(op: str, n: int, input: Any, kernel_size: Any, stride: Any, paddin
     check(divisor_override is None or divisor_override != 0, lambda: "divisor must be not zero", RuntimeError)
     x = convert(input, computation_dtype(input.dtype))
     total = _one_window(w, x, torch.sum)
-    for s in w.slices(w.padded(x, 0.0)) if total is None else ():
-        total = s if total is None else total + s
+    if total is None:
+        for s in w.slices(w.padded(x, 0.0)):
+            total = s if total is None else total + s
     if divisor_override is not None:
         return _pooled(convert(total / divisor_override, input.dtype), input, n)
     factors = _avg_divisors(w, count_include_pad)
