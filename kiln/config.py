@@ -207,6 +207,11 @@ define("malloc_thresholds", True, "the first compiled C++ graph fixes glibc's ma
        "maxima (mmap 32 MiB, trim 64 MiB; kiln.runtime.malloc): torch's allocations inside graphs (externs' "
        "results) then reuse heap memory instead of faulting in fresh pages each call (DenseNet at batch 8: "
        "10.0 -> 8.5 ms); off: glibc's defaults. Not applied where GLIBC_TUNABLES or MALLOC_*_ set them")
+define("native_runs", True, "cpp backend: consecutive segments of kernels and float32 matrix products (mm, "
+       "addmm, bmm: BLAS's sgemm_, the routine torch calls, with torch's arguments) run as one C++ entry "
+       "(kiln.codegen.cpp_native): one ctypes call instead of a ctypes or torch call per step")
+define("native_run_max_bytes", 16 << 20, "cpp backend: a run allocates its steps' buffers before its one call; "
+       "beyond its first step's, at most this many bytes of fresh buffers (a longer run is cut)")
 define("pool_max_bytes", 256 << 20, "cpp backend: the most bytes of freed buffers the generated wrappers "
        "keep across calls for reuse, all graphs together (0: none; -1: no bound); kiln.reset() frees them")
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 import torch
 
 from ..codegen.cpp import segment_source
+from ..codegen.cpp_native import native_gemms, plan_runs, run_source
 from ..codegen.header import header_for
 from ..codegen.wrapper import WrapperTimings, wrapper_source
-from ..codegen.wrapper_runtime import HELPER_NAMES, load_entry
+from ..codegen.wrapper_runtime import HELPER_NAMES, blas_sgemm, load_entry
 from ..graph import cse, dce, flatten, to_prims, verify
 from ..graph.pipeline import CompileContext, CompileState, Pass
 from ..lower import lower
@@ -102,11 +103,20 @@ def _plan(state: CompileState, ctx: CompileContext) -> None:
 def _codegen(state: CompileState, ctx: CompileContext) -> None:
     loop, parts = state.loop, []
     sizes = loop.size_symbols()
+    timing = profiling(ctx)
     for step in state.plan.steps:
         if isinstance(step.node, Segment):
             parts.append(segment_source(f"kiln_{step.node.name}", step.node.groups, step.node.args,
                                         loop.buffers, step.node.aliases, state.target,
-                                        timing=profiling(ctx), sizes=sizes))
+                                        timing=timing, sizes=sizes))
+    # products through BLAS and consecutive steps as one entry (kiln.codegen.cpp_native)
+    state.gemms = native_gemms(loop, state.plan) if ctx.flag("native_runs") and blas_sgemm() else {}
+    state.runs = plan_runs(loop, state.plan, state.gemms, ctx.flag("native_run_max_bytes")) \
+        if ctx.flag("native_runs") else []
+    flagged = {step.node.name for step in state.plan.steps if isinstance(step.node, Segment)
+               and any(m.buffer.loads_through_index() for g in step.node.groups for m in g.members)}
+    for run in state.runs:
+        parts.append(run_source(run, state.plan, loop, state.gemms, flagged, timing, sizes))
     state.cpp_source = "\n".join([header_for("\n".join(parts))] + parts) + "\n" if parts else ""
 
 
@@ -121,10 +131,15 @@ def _build(state: CompileState, ctx: CompileContext) -> None:
         if isinstance(step.node, Segment):
             specs[step.node.name] = (f"kiln_{step.node.name}", len(step.node.args) + timed, nsizes)
             entries[step.node.name] = load_entry(lib, *specs[step.node.name])
+    for run in state.runs:
+        nargs = run.gemm + len(run.args) + bool(run.arena) + (len(run.steps) if timed else 0)
+        specs[run.name] = (f"kiln_{run.name}", nargs, nsizes)
+        entries[run.name] = load_entry(lib, *specs[run.name])
     fallback = torch_fallback(graph, bool(nsizes))
-    state.timings = WrapperTimings(state.plan) if timed else None
+    state.timings = WrapperTimings(state.plan, set(state.gemms)) if timed else None
     state.wrapper_source, env = wrapper_source(state.loop, state.plan, entries, fallback,
-                                               timings=state.timings, pool=ctx.flag("pool_buffers"))
+                                               timings=state.timings, pool=ctx.flag("pool_buffers"),
+                                               runs=state.runs, gemms=state.gemms)
     state.library_key = lib_key(state.cpp_source) if lib is not None else None
     # what the graph cache stores: the wrapper's own constants, and which globals are segment entries
     by_entry = {id(fn): name for name, fn in entries.items()}

@@ -301,4 +301,7 @@ def header_for(body: str) -> str:
     if _MATH_MARKERS.search(body):
         parts.append(HEADER_MATH)
     parts.append(HEADER_REDUCTIONS)
+    if "kiln_gemm(" in body:
+        from .cpp_native import HEADER_GEMM
+        parts.append(HEADER_GEMM)
     return "".join(parts)

@@ -41,11 +41,13 @@ class WrapperTimings:
     (written into `arrays[step]` by the entry, one double per kernel); and the whole call's nanoseconds.
     """
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, native: set[str] = frozenset()):
         self.arrays: dict[int, Any] = {}
         for i, step in enumerate(plan.steps):
             if isinstance(step.node, Segment):
                 self.arrays[i] = (ctypes.c_double * max(1, len(step.node.groups)))()
+            elif step.node.name in native:  # a product computed inside a run: its own seconds
+                self.arrays[i] = (ctypes.c_double * 1)()
         self.n_steps = len(plan.steps)
         self._clear()
 
@@ -63,6 +65,15 @@ class WrapperTimings:
         times, array = self.kernel_s[step], self.arrays[step]
         for k in range(len(times)):
             times[k] += array[k]
+
+    def run(self, steps: list[int], ns: int) -> None:
+        """A run's call (`ns`) over its steps: each step is the time its C++ measured; the rest of the call
+        counts as the wrapper's own time."""
+        for step in steps:
+            self.step_ns[step] += int(sum(self.arrays[step]) * 1e9)
+            times, array = self.kernel_s[step], self.arrays[step]
+            for k in range(len(times)):
+                times[k] += array[k]
 
     def step(self, step: int, ns: int) -> None:
         self.step_ns[step] += ns
@@ -181,14 +192,21 @@ def _check_text(src: _Source, check: IndexCheck) -> str:
 
 def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallback: Callable[..., Any],
                    device: torch.device | None = None, tensor_args: bool = False,
-                   timings: WrapperTimings | None = None, pool: bool = True) -> tuple[str, dict[str, Any]]:
+                   timings: WrapperTimings | None = None, pool: bool = True, runs: list | None = None,
+                   gemms: dict | None = None) -> tuple[str, dict[str, Any]]:
     """Source of `kiln_call(*inputs)` and its globals (`entries`: segment name → ctypes function, or with
     `tensor_args` a Python launcher taking the tensors themselves). Buffers are allocated on `device` (the
     CPU when None); an input on another device runs on the fallback. With `timings` (kiln.profile's
     compile: the entries take a times array last) every step and the whole call are timed into it;
     without it the wrapper has no timing code. With `pool`, buffers of `pool_min_bytes` or more are kept for
-    the next call (see the module docstring)."""
+    the next call (see the module docstring). `runs` (kiln.codegen.cpp_native.Run) are consecutive steps
+    called as one entry (`entries[run.name]`), and `gemms` the extern steps computed inside runs."""
     src = _Source()
+    gemms = gemms or {}
+    run_at = {run.steps[0]: run for run in runs or ()}
+    # a product computed by a run writes into a buffer the wrapper allocates (torch allocated an extern's)
+    native_allocs = {i: [(o.name, None) for o in step.node.outputs] for i, step in enumerate(plan.steps)
+                     if isinstance(step.node, ExternNode) and step.node.name in gemms}
     if timings is not None:
         # names no parameter takes (inputs are named after the user's arguments)
         src.globals["_kiln_now"] = time.perf_counter_ns
@@ -225,7 +243,8 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
         src.layouts[name] = (tuple(buf.layout.shape), tuple(buf.layout.strides), buf.layout.offset)
     # buffers allocated fresh (not carved from another freed one, none carved from them) recycle across calls
     pooled = {r for s in plan.steps for _, r in s.allocs if r is not None}
-    recyclable = {name for s in plan.steps for name, r in s.allocs if pool and r is None and name not in pooled
+    recyclable = {name for i, s in enumerate(plan.steps) for name, r in s.allocs + native_allocs.get(i, [])
+                  if pool and r is None and name not in pooled
                   and not size_symbols(graph.buffers[name].layout.shape)  # a symbolic size varies by call
                   and graph.buffers[name].nbytes() >= config.get("pool_min_bytes")}
     # windows of a concatenation's memory that a torch call or the outputs see: views of it, made once it
@@ -237,84 +256,34 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
     for name in dict.fromkeys(n for names in seen for n in names):
         if graph.storage_of(name) != name:
             windows.setdefault(graph.storage_of(name), []).append(name)
-    for step_index, step in enumerate(plan.steps):
-        node = step.node
-        for name, reuse in step.allocs:
-            buf = graph.buffers[name]
-            meta = f"  # {layout_text(buf)}"
-            if reuse is None or reuse in src.zero_offset:  # (as_strided keeps its base's storage offset)
-                src.zero_offset.add(name)
-            if reuse is not None and graph.buffers[reuse].dtype == buf.dtype and \
-                    src.layouts.get(reuse) == src.layouts[name]:
-                # the freed buffer as it is: the same tensor object, no view (an as_strided call per call)
-                lines.append(f"    {name} = {reuse}" + ("" if name in step.inplace else f"; del {reuse}") + meta)
-            elif reuse is not None and name in step.inplace:
-                # written in place by this step's kernels: `reuse` is still passed to them, freed after
-                lines.append(f"    {name} = {reuse}.as_strided({src.sizes(buf.shape)}, "
-                             f"{src.sizes(buf.layout.strides)}){meta}")
-            elif reuse is not None:
-                lines.append(f"    {name} = {reuse}.as_strided({src.sizes(buf.shape)}, "
-                             f"{src.sizes(buf.layout.strides)}); del {reuse}{meta}")
-            else:
-                dt = src.const(buf.dtype, "dtype")
-                shape, strides = src.sizes(buf.shape), src.sizes(buf.layout.strides)
-                alloc = f"torch.empty_strided({shape}, {strides}, dtype={dt}{dev})"
-                if on_cpu and hint(buf.layout.storage_size()) * buf.dtype.itemsize >= HUGE_BYTES:
-                    alloc = f"_fresh({shape}, {strides}, {dt})"
-                if name in recyclable:
-                    lines.append(f"    {name} = _recycle(_pool, {name!r}, {buf.nbytes()}){meta}")
-                    lines.append(f"    if {name} is None:")
-                    lines.append(f"        {name} = {alloc}{meta}")
-                else:
-                    lines.append(f"    {name} = {alloc}{meta}")
-            if windows.get(name) and name not in src.zero_offset:  # (never: the pool holds kiln's own buffers)
-                raise NotImplementedError(f"wrapper: the memory of concatenation {name} has a storage offset")
-            for window in windows.get(name, ()):
-                w = graph.buffers[window]
-                view = f"{src.sizes(w.shape)}, {src.sizes(w.layout.strides)}, {src.size(w.layout.offset)}"
-                lines.append(f"    {window} = {name}.as_strided({view})  # {layout_text(w)}")
-                src.zero_offset.add(window)  # (its offset counts from its storage's first element)
-        # (a fallback run in place moves the version itself: its torch op is in place)
-        for source in step.inplace.values() if isinstance(node, Segment) else ():
-            if isinstance(graph.buffers[source], InputBuffer):
-                # the kernel writes into an input's memory: its version moves as eager's in-place op moves
-                # it (and a graph that raises after this is never re-run on the half-updated input)
-                lines.append(f"    _bump_version({source})")
-        if timings is not None:
-            lines.append("    _kiln_t = _kiln_now()")
-        if isinstance(node, Segment):
-            fn = src.const(entries[node.name], node.name + "_")
-            ptrs = [a if tensor_args else f"{a}.data_ptr()" for a in node.args]
-            if timings is not None:
-                ptrs.append(src.const(timings.address(step_index), "times"))
-            ptrs += [src.names[s] for s in symbols]
-            kernels = ", ".join(g.name for g in node.groups)
-            writes = ", ".join(f"{w} {layout_text(graph.buffers[w])}" for w in node.writes)
-            call, comment = f"{fn}({', '.join(ptrs)})", f"  # {kernels} -> {writes or 'nothing'}"
-            members = [m.buffer for g in node.groups for m in g.members]
-            if any(b.loads_through_index() for b in members):
-                # a kernel found a loaded index outside its dim: eager's error, from the index values (the
-                # index buffers are alive: this segment reads them)
-                checks = [c for b in members for c in graph.index_checks.get(b.name, ())]
-                lines.append(f"    if {call}:{comment}")
-                lines.append(f"        _index_error(({''.join(_check_text(src, c) + ', ' for c in checks)}))")
-            else:
-                lines.append(f"    {call}{comment}")
-            if timings is not None:
-                lines.append(f"    _kiln_timing.segment({step_index}, _kiln_now() - _kiln_t)")
-        else:
-            if step.inplace:  # the fallback's in-place reference writes the input (kiln.schedule.memory)
-                lines.append(f"    # in place of {', '.join(step.inplace.values())}")
-                node = dataclasses.replace(node, target=node.inplace_target)
-            lines.extend(_extern_lines(src, node))
-            if timings is not None:
-                lines.append(f"    _kiln_timing.step({step_index}, _kiln_now() - _kiln_t)")
-        for name in step.frees:
-            if name in recyclable:
-                nbytes = graph.buffers[name].nbytes()
-                lines.append(f"    _keep(_pool, {name!r}, {name}, {nbytes}); del {name}")
-            elif name not in pooled or name in step.inplace.values():
-                lines.append(f"    del {name}")
+    steps = plan.steps
+    index = 0
+    while index < len(steps):
+        run = run_at.get(index)
+        indices = run.steps if run is not None else [index]
+        parts = [_StepLines() for _ in indices]
+        arena = run.arena if run is not None else {}
+        for i, part in zip(indices, parts):
+            _step_lines(src, graph, plan, i, part, windows, recyclable, pooled, native_allocs, entries,
+                        tensor_args, timings, symbols, dev, device_name, on_cpu, arena)
+        if run is None:
+            lines.extend(parts[0].allocs + parts[0].dels + parts[0].pre + parts[0].call + parts[0].frees)
+        else:  # every buffer of the run's steps allocated before its one call, freed after it
+            for part in parts:
+                lines.extend(part.allocs)
+            for part in parts:
+                lines.extend(part.pre)
+            arena_name = f"kiln_arena_{run.name}"
+            if run.arena:  # (one block of bytes for the buffers born and dead inside the run)
+                size = src.size(run.arena_bytes)
+                lines.append(f"    {arena_name} = _arena(_pool, {run.name!r}, {size})" if pool else
+                             f"    {arena_name} = torch.empty(({size},), dtype=torch.uint8)")
+            lines.extend(_run_call(src, graph, plan, run, entries, timings, symbols, arena_name))
+            if run.arena and pool:
+                lines.append(f"    _keep(_pool, {run.name!r}, {arena_name}, {arena_name}.numel())")
+            for part in parts:
+                lines.extend(part.dels + part.frees)
+        index = indices[-1] + 1
     for position, value in graph.mutations:
         lines.append(f"    _write_back({params[position]}, {_render(src, value)})")
         if isinstance(value, BufferRef) and value.name not in src.written_back:
@@ -328,6 +297,142 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
     else:
         lines.append(f"    return {_render(src, graph.output)}")
     return "\n".join(lines) + "\n", src.globals
+
+
+@dataclasses.dataclass
+class _StepLines:
+    """One plan step's wrapper lines: its allocations, the `del`s of the freed buffers they took (after a
+    run's call: an earlier step of the run still reads them), what precedes its call, the call, its frees."""
+
+    allocs: list[str] = dataclasses.field(default_factory=list)
+    dels: list[str] = dataclasses.field(default_factory=list)
+    pre: list[str] = dataclasses.field(default_factory=list)
+    call: list[str] = dataclasses.field(default_factory=list)
+    frees: list[str] = dataclasses.field(default_factory=list)
+
+
+def _step_lines(src: _Source, graph: LoopGraph, plan: Plan, step_index: int, out: _StepLines,
+                windows: dict[str, list[str]], recyclable: set[str], pooled: set[str], native_allocs: dict,
+                entries: dict[str, Any], tensor_args: bool, timings: WrapperTimings | None, symbols: list,
+                dev: str, device_name: str | None, on_cpu: bool, arena: dict) -> None:
+    step = plan.steps[step_index]
+    node = step.node
+    for name, reuse in step.allocs + native_allocs.get(step_index, []):
+        if name in arena:  # (its memory is the run's arena: no tensor)
+            continue
+        buf = graph.buffers[name]
+        meta = f"  # {layout_text(buf)}"
+        if reuse is None or reuse in src.zero_offset:  # (as_strided keeps its base's storage offset)
+            src.zero_offset.add(name)
+        if reuse is not None and graph.buffers[reuse].dtype == buf.dtype and \
+                src.layouts.get(reuse) == src.layouts[name]:
+            # the freed buffer as it is: the same tensor object, no view (an as_strided call per call)
+            out.allocs.append(f"    {name} = {reuse}{meta}")
+            if name not in step.inplace:
+                out.dels.append(f"    del {reuse}")
+        elif reuse is not None:
+            out.allocs.append(f"    {name} = {reuse}.as_strided({src.sizes(buf.shape)}, "
+                              f"{src.sizes(buf.layout.strides)}){meta}")
+            if name not in step.inplace:  # (written in place: `reuse` is still passed, freed after)
+                out.dels.append(f"    del {reuse}")
+        else:
+            dt = src.const(buf.dtype, "dtype")
+            shape, strides = src.sizes(buf.shape), src.sizes(buf.layout.strides)
+            alloc = f"torch.empty_strided({shape}, {strides}, dtype={dt}{dev})"
+            if on_cpu and hint(buf.layout.storage_size()) * buf.dtype.itemsize >= HUGE_BYTES:
+                alloc = f"_fresh({shape}, {strides}, {dt})"
+            if name in recyclable:
+                out.allocs.append(f"    {name} = _recycle(_pool, {name!r}, {buf.nbytes()}){meta}")
+                out.allocs.append(f"    if {name} is None:")
+                out.allocs.append(f"        {name} = {alloc}{meta}")
+            else:
+                out.allocs.append(f"    {name} = {alloc}{meta}")
+        if windows.get(name) and name not in src.zero_offset:  # (never: the pool holds kiln's own buffers)
+            raise NotImplementedError(f"wrapper: the memory of concatenation {name} has a storage offset")
+        for window in windows.get(name, ()):
+            w = graph.buffers[window]
+            view = f"{src.sizes(w.shape)}, {src.sizes(w.layout.strides)}, {src.size(w.layout.offset)}"
+            out.allocs.append(f"    {window} = {name}.as_strided({view})  # {layout_text(w)}")
+            src.zero_offset.add(window)  # (its offset counts from its storage's first element)
+    # (a fallback run in place moves the version itself: its torch op is in place)
+    for source in step.inplace.values() if isinstance(node, Segment) else ():
+        if isinstance(graph.buffers[source], InputBuffer):
+            # the kernel writes into an input's memory: its version moves as eager's in-place op moves
+            # it (and a graph that raises after this is never re-run on the half-updated input)
+            out.pre.append(f"    _bump_version({source})")
+    lines = out.call
+    if timings is not None:
+        lines.append("    _kiln_t = _kiln_now()")
+    if isinstance(node, Segment):
+        fn = src.const(entries[node.name], node.name + "_")
+        ptrs = [a if tensor_args else f"{a}.data_ptr()" for a in node.args]
+        if timings is not None:
+            ptrs.append(src.const(timings.address(step_index), "times"))
+        ptrs += [src.names[s] for s in symbols]
+        kernels = ", ".join(g.name for g in node.groups)
+        writes = ", ".join(f"{w} {layout_text(graph.buffers[w])}" for w in node.writes)
+        call, comment = f"{fn}({', '.join(ptrs)})", f"  # {kernels} -> {writes or 'nothing'}"
+        checks = _segment_checks(graph, node)
+        if checks is not None:
+            # a kernel found a loaded index outside its dim: eager's error, from the index values (the
+            # index buffers are alive: this segment reads them)
+            lines.append(f"    if {call}:{comment}")
+            lines.append(f"        _index_error(({''.join(_check_text(src, c) + ', ' for c in checks)}))")
+        else:
+            lines.append(f"    {call}{comment}")
+        if timings is not None:
+            lines.append(f"    _kiln_timing.segment({step_index}, _kiln_now() - _kiln_t)")
+    elif step_index not in native_allocs:
+        if step.inplace:  # the fallback's in-place reference writes the input (kiln.schedule.memory)
+            lines.append(f"    # in place of {', '.join(step.inplace.values())}")
+            node = dataclasses.replace(node, target=node.inplace_target)
+        lines.extend(_extern_lines(src, node))
+        if timings is not None:
+            lines.append(f"    _kiln_timing.step({step_index}, _kiln_now() - _kiln_t)")
+    for name in step.frees:
+        if name in arena:
+            continue
+        if name in recyclable:
+            nbytes = graph.buffers[name].nbytes()
+            out.frees.append(f"    _keep(_pool, {name!r}, {name}, {nbytes}); del {name}")
+        elif name not in pooled or name in step.inplace.values():
+            out.frees.append(f"    del {name}")
+
+
+def _segment_checks(graph: LoopGraph, node: Segment) -> list | None:
+    """The index checks of a segment whose kernels load through an index (None where none does)."""
+    members = [m.buffer for g in node.groups for m in g.members]
+    if not any(b.loads_through_index() for b in members):
+        return None
+    return [c for b in members for c in graph.index_checks.get(b.name, ())]
+
+
+def _run_call(src: _Source, graph: LoopGraph, plan: Plan, run: Any, entries: dict[str, Any],
+              timings: WrapperTimings | None, symbols: list, arena_name: str) -> list[str]:
+    """The one call of a run's entry (kiln.codegen.cpp_native): its pointers, its arena's, then each step's
+    times array when profiling, then the sizes; a bad loaded index raises eager's error from the run's
+    checks."""
+    fn = src.const(entries[run.name], run.name + "_")
+    ptrs = (["_sgemm"] if run.gemm else []) + [f"{a}.data_ptr()" for a in run.args]
+    if run.arena:
+        ptrs.append(f"{arena_name}.data_ptr()")
+    if timings is not None:
+        ptrs += [src.const(timings.address(i), "times") for i in run.steps]
+    ptrs += [src.names[s] for s in symbols]
+    what = ", ".join(plan.steps[i].node.name for i in run.steps)
+    call, comment = f"{fn}({', '.join(ptrs)})", f"  # {what}"
+    lines = ["    _kiln_t = _kiln_now()"] if timings is not None else []
+    flagged = [_segment_checks(graph, plan.steps[i].node) for i in run.steps
+               if isinstance(plan.steps[i].node, Segment)]
+    checks = [c for found in flagged if found is not None for c in found]
+    if any(found is not None for found in flagged):
+        lines.append(f"    if {call}:{comment}")
+        lines.append(f"        _index_error(({''.join(_check_text(src, c) + ', ' for c in checks)}))")
+    else:
+        lines.append(f"    {call}{comment}")
+    if timings is not None:
+        lines.append(f"    _kiln_timing.run({run.steps}, _kiln_now() - _kiln_t)")
+    return lines
 
 
 def _bind_sizes(src: _Source, graph: LoopGraph, symbols: list, params: list[str]) -> None:

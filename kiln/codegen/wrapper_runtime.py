@@ -161,6 +161,20 @@ def _recycle(pool: BufferPool, name: str, nbytes: int) -> torch.Tensor | None:
     return None
 
 
+def _arena(pool: BufferPool, key: str, nbytes: int) -> torch.Tensor:
+    """Bytes for a run's arena (kiln.codegen.cpp_native): the one this wrapper kept from its last call where
+    it is large enough (taken out of the pool while in use, so a nested or concurrent call makes its own),
+    else a new one. Nothing outside the run ever sees it."""
+    global _kept_bytes
+    t = pool.buffers.pop(key, None)
+    if t is not None:
+        pool.nbytes -= t.numel()
+        _kept_bytes -= t.numel()
+        if t.numel() >= nbytes:
+            return t
+    return torch.empty((max(nbytes, 1),), dtype=torch.uint8)
+
+
 def _index_error(checks: tuple) -> None:
     """Raise eager's error for the first index outside its dim among `checks` ((kind, index tensor, size,
     dim, wrap) of the lookups a segment made, in program order), after a kernel reported one."""
@@ -178,12 +192,30 @@ def _index_error(checks: tuple) -> None:
     raise IndexError("index out of range in self")
 
 
+_SGEMM: list = []
+
+
+def blas_sgemm() -> int | None:
+    """The address of BLAS's `sgemm_` in torch's CPU library (the routine its float32 matmul calls), or None
+    where torch's library exports none. Looked up once per process."""
+    if not _SGEMM:
+        address = None
+        try:
+            import os
+            lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+            address = ctypes.cast(lib.sgemm_, ctypes.c_void_p).value
+        except (OSError, AttributeError):
+            address = None
+        _SGEMM.append(address)
+    return _SGEMM[0]
+
+
 def helper_globals() -> dict[str, Any]:
     """The globals every wrapper reads besides its own constants (a fresh buffer pool each time)."""
     return {"torch": torch, "_restride": _restride, "_recycle": _recycle, "_fresh": _fresh, "_view": _view,
             "_write_back": write_back, "_keep": _keep, "_pool": BufferPool(),
             "_bump_version": torch.autograd.graph.increment_version, "_linear": torch.nn.functional.linear,
-            "_index_error": _index_error}
+            "_index_error": _index_error, "_sgemm": blas_sgemm(), "_arena": _arena}
 
 
 # globals a wrapper gets from its compile rather than from its source's constants

@@ -308,7 +308,13 @@ def test_bias_add_folds_into_addmm_only_when_materialized():
 def test_products_run_as_eager_linear_calls_without_views():
     """The wrapper calls a product as eager's F.linear does: mm(a, w.t()) is F.linear(a, w), addmm(b, a,
     w.t()) is F.linear(a, w, b), on the 3-d input itself where it is row-major; no view of the weight, the
-    bias or the input is built per call. Same bits as eager."""
+    bias or the input is built per call. Same bits as eager. (With native runs, the default, float32
+    products are BLAS calls from C++ instead: tests/backend/test_native_runs.py.)"""
+    with config.patch(native_runs=False):
+        _products_as_linear_calls()
+
+
+def _products_as_linear_calls():
     torch.manual_seed(0)
     lin = torch.nn.Linear(32, 24)
     x = torch.randn(3, 5, 32)
