@@ -8,7 +8,10 @@ graph's outputs, so what is timed is what runs before and after the graph (the m
 lookup, the guards, the entry function's glue), for `a + b`, a 3-layer MLP and nanoGPT tiny. Medians and
 minimums over the repeats (the minimum is the steadier figure on a shared machine).
 
-    python bench/bench_overhead.py [--repeat 7] [--calls 2000] [--only capture]
+Then (or alone, `--only cpp`) whole compiled calls through kiln's cpp backend, with and without runs (one C++
+entry for consecutive kernels and products), beside eager and torch.compile's default.
+
+    python bench/bench_overhead.py [--repeat 7] [--calls 2000] [--only capture|cpp] [--threads 1]
 """
 from __future__ import annotations
 
@@ -41,7 +44,8 @@ def per_call_us(fn, args, calls: int) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
-def bench(name: str, variants: dict, args: tuple, repeat: int, calls: int) -> dict[str, float]:
+def bench(name: str, variants: dict, args: tuple, repeat: int, calls: int,
+          ratio: tuple[str, str] = ("kiln (eager)", "torch.compile (eager)")) -> dict[str, float]:
     for fn in variants.values():  # warm up: capture / compile outside the timed region
         for _ in range(3):
             fn(*args)
@@ -54,7 +58,7 @@ def bench(name: str, variants: dict, args: tuple, repeat: int, calls: int) -> di
     print(f"\n{name}")
     for key, us in medians.items():
         print(f"  {key:<28} {us:9.2f} us/call   {us / base:6.2f}x eager")
-    print(f"  kiln / torch.compile: {medians['kiln (eager)'] / medians['torch.compile (eager)']:.2f}x")
+    print(f"  {ratio[0]} / {ratio[1]}: {medians[ratio[0]] / medians[ratio[1]]:.2f}x")
     return medians
 
 
@@ -97,16 +101,42 @@ def capture_side(repeat: int, calls: int) -> dict[str, float]:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def compiled_calls(repeat: int, calls: int) -> dict[str, dict[str, float]]:
+    """Whole compiled calls, kiln's cpp backend with and without runs (kiln.codegen.cpp_native) beside eager
+    and torch.compile's default: `a + b` (the per-call floor: one tiny kernel), a 3-layer and a 20-layer MLP
+    at batch 4, nanoGPT tiny."""
+    model, (nargs, _) = build("nanogpt_tiny")
+    programs = [("a + b  (8 floats)", add, (torch.randn(8), torch.randn(8))),
+                ("MLP 3 x (Linear 32x32 + ReLU), batch 4", make_mlp(3), (torch.randn(4, 32),)),
+                ("MLP 20 x (Linear 32x32 + ReLU), batch 4", make_mlp(20), (torch.randn(4, 32),)),
+                ("nanoGPT tiny (1 block, dim 32, 32 tokens)", model, tuple(nargs))]
+    out = {}
+    for name, fn, args in programs:
+        out[name] = bench(name, {
+            "eager": fn,
+            "kiln (cpp)": kiln.compile(fn, options={"native_runs": True}),
+            "kiln (cpp, no runs)": kiln.compile(fn, options={"native_runs": False}),
+            "torch.compile": torch.compile(fn),
+        }, args, repeat, calls, ratio=("kiln (cpp)", "torch.compile"))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--calls", type=int, default=1000)
-    parser.add_argument("--only", choices=["capture"], help="only the capture-side overhead")
+    parser.add_argument("--only", choices=["capture", "cpp"],
+                        help="only the capture-side overhead, or only the compiled (cpp backend) calls")
+    parser.add_argument("--threads", type=int, default=1)
     opts = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_grad_enabled(False)
+    torch.set_num_threads(opts.threads)
     if opts.only == "capture":
         capture_side(max(opts.repeat, 15), opts.calls)
+        return
+    if opts.only == "cpp":
+        compiled_calls(opts.repeat, opts.calls)
         return
     a, b = torch.randn(8), torch.randn(8)
     bench("a + b  (8 floats)", {
@@ -128,6 +158,7 @@ def main() -> None:
         "torch.compile (eager)": torch.compile(gpt, backend="eager"),
     }, tuple(gargs), opts.repeat, max(opts.calls // 10, 50))
     capture_side(max(opts.repeat, 15), opts.calls)
+    compiled_calls(opts.repeat, opts.calls)
 
 
 if __name__ == "__main__":

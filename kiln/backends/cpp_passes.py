@@ -24,6 +24,7 @@ from ..schedule.memory import Segment, plan
 from ..schedule.order import order
 from ..schedule.verify import verify_plan, verify_schedule
 from .. import config
+from ..counters import counters
 from .dumps import cpp_wrapper_module, graph_module
 from .graph_cache import torch_fallback
 
@@ -117,6 +118,8 @@ def _codegen(state: CompileState, ctx: CompileContext) -> None:
                and any(m.buffer.loads_through_index() for g in step.node.groups for m in g.members)}
     for run in state.runs:
         parts.append(run_source(run, state.plan, loop, state.gemms, flagged, timing, sizes))
+    if state.gemms:
+        counters["cpp"]["float32 products called through BLAS from a run"] += len(state.gemms)
     state.cpp_source = "\n".join([header_for("\n".join(parts))] + parts) + "\n" if parts else ""
 
 

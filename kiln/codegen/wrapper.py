@@ -280,7 +280,7 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
                              f"    {arena_name} = torch.empty(({size},), dtype=torch.uint8)")
             lines.extend(_run_call(src, graph, plan, run, entries, timings, symbols, arena_name))
             if run.arena and pool:
-                lines.append(f"    _keep(_pool, {run.name!r}, {arena_name}, {arena_name}.numel())")
+                lines.append(f"    _keep_arena(_pool, {run.name!r}, {arena_name})")
             for part in parts:
                 lines.extend(part.dels + part.frees)
         index = indices[-1] + 1

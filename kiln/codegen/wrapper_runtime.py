@@ -175,6 +175,13 @@ def _arena(pool: BufferPool, key: str, nbytes: int) -> torch.Tensor:
     return torch.empty((max(nbytes, 1),), dtype=torch.uint8)
 
 
+def _keep_arena(pool: BufferPool, key: str, t: torch.Tensor) -> None:
+    """Keep a run's arena for the next call where it is at least `pool_min_bytes` (a smaller one costs less
+    to allocate than to keep, as any buffer)."""
+    if t.numel() >= config.get("pool_min_bytes"):
+        _keep(pool, key, t, t.numel())
+
+
 def _index_error(checks: tuple) -> None:
     """Raise eager's error for the first index outside its dim among `checks` ((kind, index tensor, size,
     dim, wrap) of the lookups a segment made, in program order), after a kernel reported one."""
@@ -215,7 +222,8 @@ def helper_globals() -> dict[str, Any]:
     return {"torch": torch, "_restride": _restride, "_recycle": _recycle, "_fresh": _fresh, "_view": _view,
             "_write_back": write_back, "_keep": _keep, "_pool": BufferPool(),
             "_bump_version": torch.autograd.graph.increment_version, "_linear": torch.nn.functional.linear,
-            "_index_error": _index_error, "_sgemm": blas_sgemm(), "_arena": _arena}
+            "_index_error": _index_error, "_sgemm": blas_sgemm(), "_arena": _arena,
+            "_keep_arena": _keep_arena}
 
 
 # globals a wrapper gets from its compile rather than from its source's constants
