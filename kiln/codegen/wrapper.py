@@ -256,6 +256,8 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
     for name in dict.fromkeys(n for names in seen for n in names):
         if graph.storage_of(name) != name:
             windows.setdefault(graph.storage_of(name), []).append(name)
+    emit = _Emit(src, graph, plan, entries, windows, recyclable, pooled, native_allocs, tensor_args, timings,
+                 symbols, dev, on_cpu)
     steps = plan.steps
     index = 0
     while index < len(steps):
@@ -264,8 +266,7 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
         parts = [_StepLines() for _ in indices]
         arena = run.arena if run is not None else {}
         for i, part in zip(indices, parts):
-            _step_lines(src, graph, plan, i, part, windows, recyclable, pooled, native_allocs, entries,
-                        tensor_args, timings, symbols, dev, device_name, on_cpu, arena)
+            _step_lines(emit, i, part, arena)
         if run is None:
             lines.extend(parts[0].allocs + parts[0].dels + parts[0].pre + parts[0].call + parts[0].frees)
         else:  # every buffer of the run's steps allocated before its one call, freed after it
@@ -278,7 +279,7 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
                 size = src.size(run.arena_bytes)
                 lines.append(f"    {arena_name} = _arena(_pool, {run.name!r}, {size})" if pool else
                              f"    {arena_name} = torch.empty(({size},), dtype=torch.uint8)")
-            lines.extend(_run_call(src, graph, plan, run, entries, timings, symbols, arena_name))
+            lines.extend(_run_call(emit, run, arena_name))
             if run.arena and pool:
                 lines.append(f"    _keep_arena(_pool, {run.name!r}, {arena_name})")
             for part in parts:
@@ -311,10 +312,29 @@ class _StepLines:
     frees: list[str] = dataclasses.field(default_factory=list)
 
 
-def _step_lines(src: _Source, graph: LoopGraph, plan: Plan, step_index: int, out: _StepLines,
-                windows: dict[str, list[str]], recyclable: set[str], pooled: set[str], native_allocs: dict,
-                entries: dict[str, Any], tensor_args: bool, timings: WrapperTimings | None, symbols: list,
-                dev: str, device_name: str | None, on_cpu: bool, arena: dict) -> None:
+@dataclasses.dataclass
+class _Emit:
+    """What writing one wrapper's steps reads (wrapper_source sets it up)."""
+
+    src: _Source
+    graph: LoopGraph
+    plan: Plan
+    entries: dict[str, Any]
+    windows: dict[str, list[str]]  # a concatenation's memory -> the windows of it made as views
+    recyclable: set[str]  # buffers kept in the pool across calls
+    pooled: set[str]  # freed buffers whose memory a later buffer takes over
+    native_allocs: dict[int, list]  # step -> the results of a product computed by a run, allocated here
+    tensor_args: bool
+    timings: WrapperTimings | None
+    symbols: list
+    dev: str  # `, device=...` of an allocation ("" on the CPU by default)
+    on_cpu: bool
+
+
+def _step_lines(emit: _Emit, step_index: int, out: _StepLines, arena: dict) -> None:
+    src, graph, plan, windows = emit.src, emit.graph, emit.plan, emit.windows
+    recyclable, pooled, native_allocs, timings = emit.recyclable, emit.pooled, emit.native_allocs, emit.timings
+    symbols, dev, on_cpu = emit.symbols, emit.dev, emit.on_cpu
     step = plan.steps[step_index]
     node = step.node
     for name, reuse in step.allocs + native_allocs.get(step_index, []):
@@ -364,8 +384,8 @@ def _step_lines(src: _Source, graph: LoopGraph, plan: Plan, step_index: int, out
     if timings is not None:
         lines.append("    _kiln_t = _kiln_now()")
     if isinstance(node, Segment):
-        fn = src.const(entries[node.name], node.name + "_")
-        ptrs = [a if tensor_args else f"{a}.data_ptr()" for a in node.args]
+        fn = src.const(emit.entries[node.name], node.name + "_")
+        ptrs = [a if emit.tensor_args else f"{a}.data_ptr()" for a in node.args]
         if timings is not None:
             ptrs.append(src.const(timings.address(step_index), "times"))
         ptrs += [src.names[s] for s in symbols]
@@ -407,18 +427,18 @@ def _segment_checks(graph: LoopGraph, node: Segment) -> list | None:
     return [c for b in members for c in graph.index_checks.get(b.name, ())]
 
 
-def _run_call(src: _Source, graph: LoopGraph, plan: Plan, run: Any, entries: dict[str, Any],
-              timings: WrapperTimings | None, symbols: list, arena_name: str) -> list[str]:
+def _run_call(emit: _Emit, run: Any, arena_name: str) -> list[str]:
     """The one call of a run's entry (kiln.codegen.cpp_native): its pointers, its arena's, then each step's
     times array when profiling, then the sizes; a bad loaded index raises eager's error from the run's
     checks."""
-    fn = src.const(entries[run.name], run.name + "_")
+    src, graph, plan, timings = emit.src, emit.graph, emit.plan, emit.timings
+    fn = src.const(emit.entries[run.name], run.name + "_")
     ptrs = (["_sgemm"] if run.gemm else []) + [f"{a}.data_ptr()" for a in run.args]
     if run.arena:
         ptrs.append(f"{arena_name}.data_ptr()")
     if timings is not None:
         ptrs += [src.const(timings.address(i), "times") for i in run.steps]
-    ptrs += [src.names[s] for s in symbols]
+    ptrs += [src.names[s] for s in emit.symbols]
     what = ", ".join(plan.steps[i].node.name for i in run.steps)
     call, comment = f"{fn}({', '.join(ptrs)})", f"  # {what}"
     lines = ["    _kiln_t = _kiln_now()"] if timings is not None else []
