@@ -25,7 +25,9 @@ from .. import config
 
 log = config.channel("passes")
 
-MODES = {None: "supported", "default": "supported", "reduce-overhead": "not supported yet",
+# reduce-overhead: the cpp backend's runs (kiln.codegen.cpp_native: one C++ entry per run of kernels and
+# float32 products, intermediates in a kept arena) are its CPU form, always on; no CUDA graphs elsewhere
+MODES = {None: "supported", "default": "supported", "reduce-overhead": "cpp",
          "max-autotune": "triton", "max-autotune-no-cudagraphs": "triton"}
 _WARNED: set[str] = set()
 
@@ -64,6 +66,11 @@ class CompileContext:
                 warn_once(f"mode:{mode}:{backend}", f"kiln.compile(mode={mode!r}) autotunes only the triton "
                           "backend's kernels (`auto` picks it for CUDA tensors); other backends compile with the "
                           "default mode")
+        elif MODES[mode] == "cpp":
+            if backend not in ("cpp", "auto"):
+                warn_once(f"mode:{mode}:{backend}", f"kiln.compile(mode={mode!r}): the cpp backend's runs (one "
+                          "C++ entry per run of kernels and float32 products, always on) are its only form; "
+                          f"{'the ' + repr(backend) if backend else 'this'} backend compiles with the default mode")
         elif MODES[mode] != "supported":
             warn_once(f"mode:{mode}", f"kiln.compile(mode={mode!r}) is not supported yet: compiling with the "
                       "default mode")

@@ -179,14 +179,15 @@ def test_unknown_options_and_modes_raise_unsupported_ones_warn():
     pipeline._WARNED.clear()
     with pytest.warns(UserWarning, match="mode='max-autotune'.*autotunes only the triton"):
         kiln.compile(f, mode="max-autotune")
-    with pytest.warns(UserWarning, match="mode='reduce-overhead'.*not supported yet"):
-        kiln.compile(f, mode="reduce-overhead")
+    with pytest.warns(UserWarning, match="mode='reduce-overhead'.*runs.*'eager' backend compiles with the default"):
+        kiln.compile(f, mode="reduce-overhead", backend="eager")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         kiln.compile(f, dynamic=True)  # supported: symbolic sizes (tests/capture/test_dynamic_shapes.py)
         kiln.compile(f, mode="max-autotune")  # once only
         kiln.compile(f, mode="max-autotune", backend="triton")  # what the mode tunes: no warning
         kiln.compile(f, mode="default", dynamic=False)
+        kiln.compile(f, mode="reduce-overhead")  # the cpp backend's runs (kiln/codegen/cpp_native.py)
         g = kiln.compile(torch.nn.Linear(2, 2), mode="default", dynamic=False)
     assert isinstance(g, kiln.CompiledModule)
 
