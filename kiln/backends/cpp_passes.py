@@ -114,8 +114,8 @@ def _codegen(state: CompileState, ctx: CompileContext) -> None:
     state.gemms = native_gemms(loop, state.plan) if ctx.flag("native_runs") and blas_sgemm() else {}
     state.runs = plan_runs(loop, state.plan, state.gemms, ctx.flag("native_run_max_bytes")) \
         if ctx.flag("native_runs") else []
-    flagged = {step.node.name for step in state.plan.steps if isinstance(step.node, Segment)
-               and any(m.buffer.loads_through_index() for g in step.node.groups for m in g.members)}
+    flagged = {step.node.name for step in state.plan.steps
+               if isinstance(step.node, Segment) and step.node.loads_through_index()}
     for run in state.runs:
         parts.append(run_source(run, state.plan, loop, state.gemms, flagged, timing, sizes))
     if state.gemms:

@@ -26,10 +26,11 @@ from typing import Any
 import sympy
 import torch
 
+from ..graph.layout import is_contiguous
 from ..graph.symbolic import SymInt
 from ..lower.ir import BufferRef, ExternNode, LoopGraph, ViewRef
 from ..lower.sizes import hint
-from ..schedule.memory import Plan, Segment
+from ..schedule.memory import Plan, Segment, Step
 from .cpp import CTYPES, ERROR_FLAG, TIMES_PARAM, cexpr
 
 GEMM_TARGETS = ("prims.mm", "prims.addmm", "torch.addmm", "prims.bmm")
@@ -185,7 +186,7 @@ def native_gemm(graph: LoopGraph, node: ExternNode) -> NativeGemm | None:
     if node.target_name == "torch.addmm":  # the 2-d product viewed as `shape`: a row-major result only
         m, n = a_op.shape[0], b_op.shape[1]
         rows = tuple(_size(s) for s in out.layout.shape)
-        if not _row_major(rows, result.strides) or sympy.expand(sympy.Mul(*rows) - m * n) != 0 or \
+        if not is_contiguous(rows, result.strides) or sympy.expand(sympy.Mul(*rows) - m * n) != 0 or \
                 sympy.expand(rows[-1] - n) != 0:
             return None
         result = Operand(out.name, 0, (m, n), (n, 1))
@@ -199,13 +200,12 @@ def native_gemm(graph: LoopGraph, node: ExternNode) -> NativeGemm | None:
     return NativeGemm(node.name, a_op, b_op, result, bias_op)
 
 
-def _row_major(shape: tuple, strides: tuple) -> bool:
-    expect = 1
-    for size, stride in zip(reversed(shape), reversed(strides)):
-        if sympy.expand(sympy.sympify(stride) - expect) != 0 and sympy.sympify(size) != 1:
-            return False
-        expect = expect * size
-    return True
+def step_allocs(step: Step, gemms: dict[str, NativeGemm]) -> list[tuple[str, str | None]]:
+    """A step's allocations as the wrapper makes them: the plan's, and a native product's result (a torch
+    extern's result was torch's own allocation)."""
+    if isinstance(step.node, ExternNode) and step.node.name in gemms:
+        return step.allocs + [(o.name, None) for o in step.node.outputs]
+    return step.allocs
 
 
 def native_gemms(graph: LoopGraph, plan: Plan) -> dict[str, NativeGemm]:
@@ -225,13 +225,16 @@ def plan_runs(graph: LoopGraph, plan: Plan, gemms: dict[str, NativeGemm], max_by
     runs: list[Run] = []
     current: list[int] = []
     held = 0
+    taken_at = {reuse: i for i, step in enumerate(plan.steps) for _, reuse in step.allocs if reuse is not None}
 
     def close() -> None:
         steps = list(current)
         current.clear()
         if not steps or (len(steps) == 1 and isinstance(plan.steps[steps[0]].node, Segment)):
             return
-        runs.append(_run(graph, plan, gemms, f"run{len(runs)}", steps))
+        arena, arena_bytes = _arena(graph, plan, gemms, steps, taken_at)
+        args, gemm = _pointers(plan, gemms, steps)
+        runs.append(Run(f"run{len(runs)}", steps, [a for a in args if a not in arena], gemm, arena, arena_bytes))
 
     for i, step in enumerate(plan.steps):
         node = step.node
@@ -239,9 +242,8 @@ def plan_runs(graph: LoopGraph, plan: Plan, gemms: dict[str, NativeGemm], max_by
         if not runnable:
             close()
             continue
-        fresh = sum(hint(graph.buffers[name].nbytes()) for name, reuse in step.allocs if reuse is None)
-        if isinstance(node, ExternNode):
-            fresh += sum(hint(o.nbytes()) for o in node.outputs)
+        fresh = sum(hint(graph.buffers[name].nbytes()) for name, reuse in step_allocs(step, gemms)
+                    if reuse is None)
         if current and held + fresh > max_bytes:
             close()
         held = held + fresh if current else 0
@@ -250,11 +252,12 @@ def plan_runs(graph: LoopGraph, plan: Plan, gemms: dict[str, NativeGemm], max_by
     return runs
 
 
-def _arena(graph: LoopGraph, plan: Plan, gemms: dict[str, NativeGemm], steps: list[int]) -> tuple[dict, Any]:
+def _arena(graph: LoopGraph, plan: Plan, gemms: dict[str, NativeGemm], steps: list[int],
+           taken_at: dict[str, int]) -> tuple[dict, Any]:
     """The run's arena: each block of memory (a fresh buffer and those that reuse it, kiln.schedule.memory)
     whose buffers are all allocated and freed by the run's steps, none kept, none a concatenation's memory.
     Blocks are laid out by item size, largest first, so each starts aligned to its type (static sizes are
-    padded to 64 bytes)."""
+    padded to 64 bytes). `taken_at`: the step carving a buffer from each freed one."""
     windowed = {graph.storage_of(n) for n in graph.buffers if graph.storage_of(n) != n}
     # an index a kernel loads through stays a tensor: a bad index value is found in it by the wrapper
     checked = {c.index for i in steps if isinstance(plan.steps[i].node, Segment)
@@ -265,10 +268,7 @@ def _arena(graph: LoopGraph, plan: Plan, gemms: dict[str, NativeGemm], steps: li
     freed: set[str] = set()
     for i in steps:
         step = plan.steps[i]
-        allocs = list(step.allocs)
-        if isinstance(step.node, ExternNode) and step.node.name in gemms:
-            allocs += [(o.name, None) for o in step.node.outputs]
-        for name, reuse in allocs:
+        for name, reuse in step_allocs(step, gemms):
             if reuse is None:
                 root[name] = name
                 members[name] = [name]
@@ -278,7 +278,7 @@ def _arena(graph: LoopGraph, plan: Plan, gemms: dict[str, NativeGemm], steps: li
         freed.update(step.frees)
     # memory a step outside the run takes over (a buffer carved from a freed one) stays a tensor
     inside = set(steps)
-    taken = {reuse for i, step in enumerate(plan.steps) if i not in inside for _, reuse in step.allocs}
+    taken = {name for name, i in taken_at.items() if i not in inside}
     blocks = []
     for block, names in members.items():
         if any(n not in freed or n in plan.kept or n in windowed or n in checked or n in taken for n in names):
@@ -297,15 +297,8 @@ def _arena(graph: LoopGraph, plan: Plan, gemms: dict[str, NativeGemm], steps: li
     return offsets, at
 
 
-def _run(graph: LoopGraph, plan: Plan, gemms: dict[str, NativeGemm], name: str, steps: list[int]) -> Run:
-    arena, arena_bytes = _arena(graph, plan, gemms, steps)
-    run = _pointers(graph, plan, gemms, name, steps)
-    run.args = [a for a in run.args if a not in arena]
-    run.arena, run.arena_bytes = arena, arena_bytes
-    return run
-
-
-def _pointers(graph: LoopGraph, plan: Plan, gemms: dict[str, NativeGemm], name: str, steps: list[int]) -> Run:
+def _pointers(plan: Plan, gemms: dict[str, NativeGemm], steps: list[int]) -> tuple[list[str], bool]:
+    """The buffers the run's steps take pointers to, in order, and whether any step is a product."""
     args: dict[str, None] = {}
     gemm = False
     for i in steps:
@@ -318,7 +311,7 @@ def _pointers(graph: LoopGraph, plan: Plan, gemms: dict[str, NativeGemm], name: 
             for op in (spec.a, spec.b, spec.out, spec.bias):
                 if op is not None:
                     args[op.storage] = None
-    return Run(name, steps, list(args), gemm)
+    return list(args), gemm
 
 
 def _gemm_lines(spec: NativeGemm, timing: str | None) -> list[str]:

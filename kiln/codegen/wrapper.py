@@ -30,6 +30,7 @@ from ..lower.printer import layout_text
 from ..lower.sizes import SizeDecision, hint, size_symbols
 from ..schedule.memory import Plan, Segment
 # the run-time half (kiln.codegen.wrapper_runtime), still importable from here
+from .cpp_native import step_allocs
 from .wrapper_runtime import (HELPER_NAMES, HUGE_BYTES, SLOT, ExternCall, StructureBuilder,  # noqa: F401
                               helper_globals, load_entry, pooled_bytes, release_pools)
 
@@ -205,7 +206,7 @@ def wrapper_source(graph: LoopGraph, plan: Plan, entries: dict[str, Any], fallba
     gemms = gemms or {}
     run_at = {run.steps[0]: run for run in runs or ()}
     # a product computed by a run writes into a buffer the wrapper allocates (torch allocated an extern's)
-    native_allocs = {i: [(o.name, None) for o in step.node.outputs] for i, step in enumerate(plan.steps)
+    native_allocs = {i: step_allocs(step, gemms)[len(step.allocs):] for i, step in enumerate(plan.steps)
                      if isinstance(step.node, ExternNode) and step.node.name in gemms}
     if timings is not None:
         # names no parameter takes (inputs are named after the user's arguments)
@@ -392,14 +393,7 @@ def _step_lines(emit: _Emit, step_index: int, out: _StepLines, arena: dict) -> N
         kernels = ", ".join(g.name for g in node.groups)
         writes = ", ".join(f"{w} {layout_text(graph.buffers[w])}" for w in node.writes)
         call, comment = f"{fn}({', '.join(ptrs)})", f"  # {kernels} -> {writes or 'nothing'}"
-        checks = _segment_checks(graph, node)
-        if checks is not None:
-            # a kernel found a loaded index outside its dim: eager's error, from the index values (the
-            # index buffers are alive: this segment reads them)
-            lines.append(f"    if {call}:{comment}")
-            lines.append(f"        _index_error(({''.join(_check_text(src, c) + ', ' for c in checks)}))")
-        else:
-            lines.append(f"    {call}{comment}")
+        lines += _checked_call(src, call, comment, _segment_checks(graph, node))
         if timings is not None:
             lines.append(f"    _kiln_timing.segment({step_index}, _kiln_now() - _kiln_t)")
     elif step_index not in native_allocs:
@@ -421,10 +415,18 @@ def _step_lines(emit: _Emit, step_index: int, out: _StepLines, arena: dict) -> N
 
 def _segment_checks(graph: LoopGraph, node: Segment) -> list | None:
     """The index checks of a segment whose kernels load through an index (None where none does)."""
-    members = [m.buffer for g in node.groups for m in g.members]
-    if not any(b.loads_through_index() for b in members):
+    if not node.loads_through_index():
         return None
-    return [c for b in members for c in graph.index_checks.get(b.name, ())]
+    return [c for g in node.groups for m in g.members for c in graph.index_checks.get(m.buffer.name, ())]
+
+
+def _checked_call(src: _Source, call: str, comment: str, checks: list | None) -> list[str]:
+    """The line calling an entry; with `checks` (its kernels load through an index), a nonzero result raises
+    eager's error, found in the index values (the index buffers are alive: the entry reads them)."""
+    if checks is None:
+        return [f"    {call}{comment}"]
+    return [f"    if {call}:{comment}",
+            f"        _index_error(({''.join(_check_text(src, c) + ', ' for c in checks)}))"]
 
 
 def _run_call(emit: _Emit, run: Any, arena_name: str) -> list[str]:
@@ -445,11 +447,7 @@ def _run_call(emit: _Emit, run: Any, arena_name: str) -> list[str]:
     flagged = [_segment_checks(graph, plan.steps[i].node) for i in run.steps
                if isinstance(plan.steps[i].node, Segment)]
     checks = [c for found in flagged if found is not None for c in found]
-    if any(found is not None for found in flagged):
-        lines.append(f"    if {call}:{comment}")
-        lines.append(f"        _index_error(({''.join(_check_text(src, c) + ', ' for c in checks)}))")
-    else:
-        lines.append(f"    {call}{comment}")
+    lines += _checked_call(src, call, comment, checks if any(f is not None for f in flagged) else None)
     if timings is not None:
         lines.append(f"    _kiln_timing.run({run.steps}, _kiln_now() - _kiln_t)")
     return lines

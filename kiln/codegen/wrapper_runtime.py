@@ -9,6 +9,7 @@ buffers and views are `SLOT`s, filled in order by the tensors of each call.
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 import weakref
 from typing import Any, Callable
@@ -208,7 +209,6 @@ def blas_sgemm() -> int | None:
     if not _SGEMM:
         address = None
         try:
-            import os
             lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
             address = ctypes.cast(lib.sgemm_, ctypes.c_void_p).value
         except (OSError, AttributeError):

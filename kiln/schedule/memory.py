@@ -42,6 +42,11 @@ class Segment:
     args: list[str] = dataclasses.field(default_factory=list)  # pointer parameters, in order
     aliases: dict[str, str] = dataclasses.field(default_factory=dict)  # in-place buffer -> pointer param
 
+    def loads_through_index(self) -> bool:
+        """A kernel of it loads through an index tensor: its entry returns a flag for an index outside its
+        dim (kiln.lower.indirect), from which the wrapper raises eager's error."""
+        return any(m.buffer.loads_through_index() for g in self.groups for m in g.members)
+
 
 @dataclasses.dataclass
 class Step:
