@@ -142,6 +142,11 @@ define("raise_on_error", False, "raise internal compile errors instead of fallin
 define("recompile_limit", 8, "recaptures of one code object before it runs eagerly")
 define("strict_decompositions", False,
        "raise when a decomposition disagrees with eager instead of falling back to the torch op")
+define("check_metas", False,
+       "while tracing, run every decomposed op with torch on the example inputs and compare its result's "
+       "shapes and dtypes with the decomposition's (a mismatch runs the torch op, counted; raises under "
+       "strict_decompositions). Off: ops are recorded from their metas and run on examples only where a "
+       "real value is asked for (the test suite turns it on for the op sweeps)")
 define("fuel", -1, "optimization fuel: allow this many optimizing decisions (fusions, rewrites, in-place "
        "writes) in this process, then refuse the rest (-1: unlimited); bisects a miscompile to one decision")
 define("dynamic_compile_after", 2, "dynamic shapes: a graph with symbolic sizes is compiled on its Nth call "

@@ -137,11 +137,24 @@ def test_trace_raises_eagers_error(op, args, kwargs):
 
 
 def test_value_dependent_errors_come_from_the_examples():
+    """Under check_metas the trace runs gather on its examples and raises eager's error."""
     x, index = T(2, 3), torch.tensor([[0, 7]])
     expected = _eager_error(torch.gather, (x, 1, index), {})
-    with pytest.raises(Exception) as info:
+    with kiln.config.patch(check_metas=True), pytest.raises(Exception) as info:
         kiln.ops.trace(lambda x, i: torch.gather(x, 1, i), x, index)
     _check(info.value, expected, torch.gather, (x, 1, index), {}, "trace")
+
+
+@pytest.mark.parametrize("backend", ["eager", "cpp"])
+def test_value_dependent_errors_of_a_compiled_call_are_eagers(backend):
+    """Capture records gather without looking at the index values; the compiled graph's run raises, and the
+    call runs again natively: the error is eager's own."""
+    x, index = T(2, 3), torch.tensor([[0, 7]])
+    expected = _eager_error(torch.gather, (x, 1, index), {})
+    kiln.reset()
+    with pytest.raises(type(expected)) as info:
+        kiln.compile(lambda x, i: torch.gather(x, 1, i) * 2, backend=backend)(x, index)
+    assert str(expected) in str(info.value)
 
 
 @pytest.mark.parametrize("op, args, kwargs", [

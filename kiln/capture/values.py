@@ -240,20 +240,22 @@ class ValueOps:
         if name in _NO_TENSOR_ATTRS:
             raise GraphBreak(f"tensor attribute .{name} is not captured (it needs the real tensor)",
                              "use it outside the compiled function")
-        if name in ("stride", "is_contiguous") and proxy.example is not None:
-            # the layout eager gives this value (its example ran the same ops on equally strided inputs)
+        example = proxy.example_at_hand() if name in ("stride", "is_contiguous") else None
+        if example is not None:
+            # the layout eager gives this value (an input, or an example computed: the same ops ran on
+            # equally strided inputs). Else the meta's, which the decompositions give as eager's.
             meta = proxy.meta
             if has_symbols(meta):
                 # symbolic sizes: the meta's expressions where they agree with the example's layout; else
                 # the example's numbers, valid for these sizes only (each size is specialized, guarded)
                 hinted = hint_of(meta)
-                agrees = tuple(hinted.strides) == tuple(proxy.example.stride()) if name == "stride" else \
-                    hinted.is_contiguous() == proxy.example.is_contiguous()
+                agrees = tuple(hinted.strides) == tuple(example.stride()) if name == "stride" else \
+                    hinted.is_contiguous() == example.is_contiguous()
                 if agrees:
                     return NativeCall(getattr(proxy, name), f"Tensor.{name}", proxy, name)
                 for size in meta.shape:
                     int(size)
-            return NativeCall(getattr(proxy.example, name), f"Tensor.{name}", proxy, name)
+            return NativeCall(getattr(example, name), f"Tensor.{name}", proxy, name)
         cls = torch.nn.Parameter if id(proxy) in self.cap.param_proxies else torch.Tensor
         if class_lookup(cls, name) is MISSING:
             return self.tensor_own_attr(proxy, name)

@@ -20,6 +20,17 @@ from .graph import Graph, Node
 from .meta import TensorMeta
 
 
+class Deferred:
+    """An example value not computed yet (kiln.ops.standins.LazyRun): `resolve()` computes it once, or
+    gives None when it cannot be computed. `done` and `value` say whether and what it was."""
+
+    done: bool = False
+    value: torch.Tensor | None = None
+
+    def resolve(self) -> torch.Tensor | None:
+        raise NotImplementedError
+
+
 class DataDependentError(RuntimeError):
     """Python needed a concrete tensor value (a branch on a tensor, .item(), ...) while tracing."""
 
@@ -104,11 +115,40 @@ def _method(name: str) -> Callable[..., Any]:
 class Proxy:
     """A symbolic tensor: a node of the graph being built."""
 
-    __slots__ = ("node", "example", "__weakref__")
+    __slots__ = ("node", "_example", "__weakref__")
 
-    def __init__(self, node: Node, example: torch.Tensor | None = None):
+    def __init__(self, node: Node, example: "torch.Tensor | Deferred | None" = None):
         self.node = node
-        self.example = example  # a real value, when the trace runs on example inputs
+        self._example = example  # a real value, or how to compute one, when the trace has example inputs
+
+    # -- example values --
+    @property
+    def example(self) -> torch.Tensor | None:
+        """The value this tensor has for the trace's example inputs, computed on first use (`Deferred`):
+        capture records ops from their metas and runs them only where a real value is asked for."""
+        value = self._example
+        if isinstance(value, Deferred):
+            return value.resolve()
+        return value
+
+    @example.setter
+    def example(self, value: "torch.Tensor | Deferred | None") -> None:
+        self._example = value
+
+    def has_example(self) -> bool:
+        """Whether an example value exists or can be computed (without computing it)."""
+        return self._example is not None
+
+    def example_at_hand(self) -> torch.Tensor | None:
+        """The example value when it is already computed; None when it would have to be computed."""
+        value = self._example
+        if isinstance(value, Deferred):
+            return value.value if value.done else None
+        return value
+
+    def take_example_of(self, other: "Proxy") -> None:
+        """Stand for `other`'s example from now on, without computing it."""
+        self._example = other._example
 
     # -- metadata --
     @property

@@ -24,7 +24,7 @@ import torch
 
 from .. import config
 from ..counters import counters
-from ..graph.node import is_custom_op
+from ..graph.node import Node, is_custom_op
 from ..graph import (DataDependentError, Graph, Proxy, TensorMeta, Tracer, current_tracer, dce,
                      flatten, map_structure, torch_name, tracing)
 from ..graph.proxy import set_torch_call_handler
@@ -33,9 +33,9 @@ from . import autocast, grad_flags
 from . import updates as argument_updates
 from .kinds import (_METADATA_ONLY, _RESTRIDE_INPLACE, INPLACE_FLAG_OPS, INPLACE_OPS, VIEW_OPS,  # noqa: F401
                     is_inplace, mark_inplace, mark_inplace_flag, mark_view)
-from .standins import CannotCheck, run_on
+from .standins import CannotCheck, LazyRun, aliasing, run_on
 from .targets import OnCopy, TensorLeaves
-from .overlap import memory_relation as _memory_relation, overlaps_itself, shared_memory, uniform_fill
+from .overlap import memory_relation as _memory_relation, overlapping, overlaps_itself, shared_memory, uniform_fill
 from .overlap import storage_key as _storage_key
 
 log = config.channel("prims")
@@ -181,7 +181,7 @@ def _check_sizes_follow_metas(func: Any, name: str, args: tuple, kwargs: dict, r
 
 
 def _has_examples(args: tuple, kwargs: dict) -> bool:
-    return all(p.example is not None for p in flatten((args, kwargs)) if isinstance(p, Proxy))
+    return all(p.has_example() for p in flatten((args, kwargs)) if isinstance(p, Proxy))
 
 
 def call(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -317,7 +317,16 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
         _check_inplace(graph, func, (t, *[o for o in outer if o is not t]))
     func = argument_updates.wrap(func, args, kwargs, targets)
     real: Any = None
-    if examples:
+    deferred: LazyRun | None = None
+    owners_of: list[int | None] | None = None  # eager's aliasing of the results, from the meta device
+    if examples and decomposition is not None and not region and not tracer.flag("check_metas"):
+        # Recorded, not run: eager's checks and result metadata come from the meta device, and the examples
+        # of the results are computed only if something asks for one. (Under autocast eager's result is
+        # checked as it runs: a composite such as einsum reaches ops autocast casts inside it, which its
+        # decomposition, built with autocast off, does not.)
+        deferred = LazyRun(func, args, kwargs, protect=False, autocast_state=region)
+        real, owners_of = _eager_checks(func, name, args, kwargs, result)
+    elif examples:
         try:
             real = run_on(func, args, kwargs, "example", protect=decomposition is None)
         except Exception as e:  # bad input: eager's exception, naming the op and the shapes
@@ -335,6 +344,9 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
             if tracer.flag("strict_decompositions"):
                 raise AssertionError(f"decomposition of {name} disagrees with eager on metadata")
             decomposition = None
+            if deferred is not None:  # the torch op runs: its results' examples are real values
+                deferred = owners_of = None
+                real = run_on(func, args, kwargs, "example")
         else:
             sub.output(map_structure(lambda v: v.node if isinstance(v, Proxy) else v, result))
             dce(sub)
@@ -387,7 +399,8 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     node = graph.call_torch(target, node_args, node_kwargs, metas[0] if single else metas, decomposition,
                             origin=tracer.origin)
     if single:
-        out: Any = Proxy(node, example=real if isinstance(real, torch.Tensor) else None)
+        out: Any = Proxy(node, example=deferred.leaf(0) if deferred is not None else
+                         real if isinstance(real, torch.Tensor) else None)
     else:
         counter = itertools.count()
         real_leaves = [t for t in flatten(real) if isinstance(t, torch.Tensor)] if real is not None else None
@@ -395,14 +408,21 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
         def rebuild(v: Any) -> Any:
             if isinstance(v, (Proxy, torch.Tensor)):
                 i = next(counter)
-                return Proxy(graph.getitem(node, i), example=real_leaves[i] if real_leaves else None)
+                example = deferred.leaf(i) if deferred is not None else real_leaves[i] if real_leaves else None
+                return Proxy(graph.getitem(node, i), example=example)
             return v
         out = map_structure(rebuild, structure)
-    if func in VIEW_OPS and outer:
+    step = (func, args[1:], kwargs) if args and outer and args[0] is outer[0] else None
+    if deferred is not None:
+        if outer and (func in VIEW_OPS or not inplace and _views_an_input(decomposition)):
+            # which results share an argument's memory is eager's to say: its run on the meta device tells
+            # (the examples, where the meta device could not run it)
+            _note_shared_storage(graph, outer, out, step if func not in VIEW_OPS else (func, args[1:], kwargs),
+                                 owners_of, view_op=func in VIEW_OPS)
+    elif func in VIEW_OPS and outer:
         _note_views(graph, outer[0], out, (func, args[1:], kwargs))
     elif real is not None and outer and not inplace:
-        _note_shared_storage(graph, outer, out, (func, args[1:], kwargs) if args and args[0] is outer[0]
-                             else None)
+        _note_shared_storage(graph, outer, out, step)
     if inplace:
         updated = _apply_inplace(graph, args[0], out)
         _propagate_to_aliases(graph, updated)
@@ -411,6 +431,53 @@ def _record(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
         _apply_inplace(graph, t, value)
         _propagate_to_aliases(graph, t)
     return out[0] if targets else out
+
+
+def _eager_checks(func: Any, name: str, args: tuple, kwargs: dict,
+                  result: Any) -> tuple[Any, list[int | None] | None]:
+    """What a decomposed op learns from eager without running it on the examples: its run on zero-filled
+    stand-ins laid out as its arguments where every tensor, its arguments' and its result's, is small
+    (eager's kernels' checks, such as the dtypes a kernel is built for), else on the meta device (eager's
+    checks of shapes and dtypes). Either gives the result's metadata and eager's aliasing (views share
+    their base's storage on both). Where the run raises, the examples decide: eager's error, named, when
+    they fail too (a zero divisor fails where the values do not). Returns the result and its aliasing;
+    (None, None) where neither can run it. Above 2**16 elements eager's kernels are not asked: the
+    decomposition's and the meta device's checks stand (`check_metas` runs every op on its examples)."""
+    failed: BaseException | None = None
+    small = all(hint_of(p.meta).numel() <= 1 << 16 for p in flatten(result) if isinstance(p, Proxy))
+    for on in ("zeros", "meta") if small else ("meta",):
+        stand_ins: list = []
+        try:
+            out = run_on(func, args, kwargs, on, stand_ins=stand_ins)
+            return out, aliasing(out, stand_ins)
+        except CannotCheck:
+            continue
+        except NotImplementedError as e:
+            if on == "meta":
+                return None, None  # (no meta kernel)
+            failed = e
+        except Exception as e:
+            failed = e
+        break
+    try:
+        run_on(func, args, kwargs, "example")
+    except Exception as e:  # bad input: eager's exception, naming the op and the shapes
+        raise _named(e, name, args, kwargs) from None
+    counters["capture"]["stand-in runs refusing what eager takes"] += 1
+    return None, None
+
+
+def _views_an_input(decomposition: Graph | None) -> bool:
+    """Whether a result of the decomposition is one of its inputs seen through view prims only (the op may
+    return a view, as einsum does when it only permutes): then eager's aliasing is asked."""
+    if decomposition is None:
+        return False
+    for node in flatten(decomposition.output_node.args):
+        while isinstance(node, Node) and node.op == "call_prim" and "view" in node.target.tags:
+            node = node.args[0]
+        if isinstance(node, Node) and node.op == "placeholder":
+            return True
+    return False
 
 
 def _flat_tensor_sequence(structure: Any) -> bool:
@@ -537,15 +604,16 @@ def _check_inplace(graph: Graph, func: Any, args: tuple) -> None:
         raise TypeError(f"{_op_name(func)}: expected a tensor to update in place")
     al = aliases(graph)
     root = al.base.get(target, target)
-    written = target.example
+    sharing = [o for o in flatten(args[1:]) if isinstance(o, Proxy) and o is not target and
+               al.base.get(o, o) is root]
+    written = target.example if sharing else None
     if func is torch.Tensor.__setitem__ and written is not None and len(args) > 1:
         try:  # the region `x[index] = v` writes
             written = written[args[1]] if not any(isinstance(a, Proxy) for a in flatten(args[1])) else None
         except Exception:
             written = None
-    for other in flatten(args[1:]):
-        if isinstance(other, Proxy) and other is not target and al.base.get(other, other) is root and \
-                _memory_relation(other.example, written) == "partial":
+    for other in sharing:
+        if _memory_relation(other.example, written) == "partial":
             # the op reads memory it writes, partly (x.add_(x[0])): eager refuses it or computes element by
             # element; it runs eagerly
             raise UnsupportedError(f"{_op_name(func)} reads a tensor that shares memory with the tensor it "
@@ -574,8 +642,7 @@ def _functional_update_ok(al: _Aliases, target: Proxy) -> bool:
     """An update through an alias can be recorded functionally (kiln/ops/views.py): every live view of
     the base has a known chain, and the target has no overlapping elements (eager refuses those)."""
     root = al.base.get(target, target)
-    example = target.example
-    if example is None or overlaps_itself(example):
+    if overlapping(target):  # (from the meta when it can tell; unknown counts as overlapping)
         return False
     return all(al.chain.get(v) is not None for v in _views_of(al, root))
 
@@ -597,37 +664,65 @@ def _propagate_to_aliases(graph: Graph, target: Proxy) -> None:
     for view in views:
         fresh = al.chain.get(view).apply(root, call)
         view.node = fresh.node
-        view.example = fresh.example
+        view.take_example_of(fresh)
 
 
-def _note_views(graph: Graph, source: Proxy, out: Any, step: tuple | None = None) -> None:
+def _note_views(graph: Graph, source: Proxy, out: Any, step: tuple | None = None,
+                same: list[bool | None] | None = None) -> None:
+    """Results of a view op of `source` (or results found to share its memory) are views of its base.
+    `same[i]`: whether result i shares source's memory (eager's answer, from the meta device); without
+    it the examples say, and a result whose memory no example tells is taken as a view that cannot be
+    re-derived (an update through it runs eagerly)."""
     from .views import ViewChain
     al = aliases(graph)
     base = al.base.get(source, source)
     if source in al.base:
         chain = al.chain.get(source)
     else:
-        strides = tuple(source.example.stride()) if isinstance(source.example, torch.Tensor) else None
-        chain = ViewChain((), strides if strides is not None else tuple(source.meta.strides))
+        example = source.example_at_hand()
+        chain = ViewChain((), tuple(example.stride()) if isinstance(example, torch.Tensor) else
+                          tuple(source.meta.strides))
     outputs = out if isinstance(out, (tuple, list)) else None
+    k = -1  # (which tensor of the result: `same` counts tensors only)
     for i, v in enumerate(flatten(out)):
+        k += isinstance(v, Proxy)
         if isinstance(v, Proxy) and v is not source:
-            mine = _storage_key(v.example) if v.example is not None else None
-            theirs = _storage_key(source.example) if source.example is not None else None
-            if mine is not None and theirs is not None and mine != theirs:
+            if same is not None:
+                known = same[k] if k < len(same) else None
+            else:
+                mine = _storage_key(v.example) if v.example is not None else None
+                theirs = _storage_key(source.example) if source.example is not None else None
+                known = None if mine is None or theirs is None else mine == theirs
+            if known is False:
                 continue  # eager made a copy here (a reshape of a non-contiguous tensor): not an alias
             al.base[v] = base
             al.has_views.add(base)
-            shares = step is not None and mine is not None and mine == theirs and \
-                not any(isinstance(a, Proxy) for a in flatten(step[1:]))
+            shares = step is not None and known is True and not any(isinstance(a, Proxy) for a in flatten(step[1:]))
             index = i if outputs is not None else None
             al.chain[v] = chain.then(step[0], tuple(step[1]), dict(step[2]), index) \
                 if shares and chain is not None else None
 
 
-def _note_shared_storage(graph: Graph, inputs: list[Proxy], out: Any, step: tuple | None = None) -> None:
+def _note_shared_storage(graph: Graph, inputs: list[Proxy], out: Any, step: tuple | None = None,
+                         owners_of: list[int | None] | None = None, view_op: bool = False) -> None:
     """Eager's own answer to aliasing: an output whose example shares memory with an input's example is a
-    view of it (einsum that only permutes, fallbacks that return views, ...), whatever the op's name."""
+    view of it (einsum that only permutes, fallbacks that return views, ...), whatever the op's name.
+    `owners_of` (kiln.ops.standins.meta_aliases): per result, the input whose memory it shares, as the
+    meta device says; the examples decide where it could not run (None). `view_op`: an op eager documents
+    as a view of its first argument (`step` re-derives its results)."""
+    if owners_of is not None and view_op:
+        _note_views(graph, inputs[0], out, step, same=[o == 0 for o in owners_of])
+        return
+    if view_op:
+        _note_views(graph, inputs[0], out, step)
+        return
+    if owners_of is not None:
+        single = not isinstance(out, (tuple, list))
+        for v, owner in zip([v for v in flatten(out) if isinstance(v, Proxy)], owners_of):
+            source = inputs[owner] if owner is not None else None
+            if source is not None and v is not source:
+                _note_views(graph, source, v, step if source is inputs[0] and single else None, same=[True])
+        return
     owners: dict[int, Proxy] = {}
     for p in inputs:
         key = _storage_key(p.example)
@@ -664,7 +759,7 @@ def _apply_inplace(graph: Graph, target: Proxy, result: Any) -> Proxy:
         new.node.meta = new.meta.with_(requires_grad=True)
         aliases(graph).updated_without_grad.add(target)
     target.node = new.node
-    target.example = new.example
+    target.take_example_of(new)
     if name is not None:
         graph.mutated_inputs[name] = new.node
     return target

@@ -37,12 +37,13 @@ class ViewChain:
 
     def sizes(self) -> tuple:
         """Every argument of the steps (where symbolic sizes may be: kiln.graph.symbolic looks here)."""
-        return tuple((rest, kwargs) for _, rest, kwargs, _ in self.steps)
+        return tuple((rest, kwargs) for _, rest, kwargs, _ in self.steps) + (self.base_strides,)
 
     def map_sizes(self, fn: Any) -> "ViewChain":
-        """The chain with `fn` applied to each step's arguments (symbolic sizes replaced by numbers)."""
+        """The chain with `fn` applied to each step's arguments and the base's strides (symbolic sizes
+        replaced by numbers)."""
         return ViewChain(tuple((f, fn(rest), fn(kwargs), i) for f, rest, kwargs, i in self.steps),
-                         self.base_strides)
+                         fn(self.base_strides) if self.base_strides is not None else None)
 
     def apply(self, t: Any, invoke: Any = None) -> Any:
         """The view of `t`; `invoke(func, args, kwargs)` records each op when t is a proxy."""
