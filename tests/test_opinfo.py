@@ -131,7 +131,7 @@ def test_harness_classifies_eager_errors_and_kiln_errors(monkeypatch):
     def broken(a):
         raise kiln.ops.UnsupportedError("not today")
     monkeypatch.setitem(kiln.ops.DECOMPOSITIONS, torch.sinh, broken)
-    monkeypatch.setattr(kiln.ops.registry, "run_on", lambda *a, **k: (_ for _ in ()).throw(
+    monkeypatch.setattr(kiln.ops.record, "run_on", lambda *a, **k: (_ for _ in ()).throw(
         kiln.ops.UnsupportedError("no eager either")))
     # a clean refusal to trace is a graph break under kiln.compile (eager runs the call): a fallback
     brk = opinfo.run_sample(_FakeOpInfo("sinh", torch.sinh), _sample(torch.randn(3)))

@@ -63,7 +63,7 @@ class Capture:
         # its graphs serve later calls with other values: ops whose output shape depends on the values
         # (x[mask], nonzero) are refused (kiln.ops.registry), so they run outside the graph
         self.tracer.static_shapes = True
-        self.tracer.sourced = True  # (every tensor through a guarded source: kiln.ops.registry._lift)
+        self.tracer.sourced = True  # (every tensor through a guarded source: kiln.ops.record._lift)
         self.sources: dict[int, tuple[Any, Source]] = {}
         self.tensor_proxies: dict[int, Proxy] = {}
         self.proxy_sources: dict[int, Source] = {}

@@ -6,6 +6,7 @@ on proxies.
 """
 from .registry import (DECOMPOSITIONS, NoDecomposition, UnsupportedError, call, lookup, mark_inplace,
                        mark_view, register, symbolic_call)
+from . import record  # noqa: F401  (installs the recording of a top-level torch call)
 from .trace import trace
 
 # Decomposition modules, imported here for their registrations; no module imports another to register it.

@@ -3,7 +3,7 @@
 torch's own checkpoint code runs the function, unseen by capture. A closure's parameters used to become
 constants of the graph without gradients, and a global tensor it read an unguarded constant (wrong results);
 now a torch function that would call a user's function breaks the graph (kiln/capture/calls.py), and a
-parameter reaching an op without a source is refused (kiln.ops.registry._lift): torch runs the checkpointed
+parameter reaching an op without a source is refused (kiln.ops.record._lift): torch runs the checkpointed
 call, keeping its memory savings. (A
 stand-in that inlined the function compiled the layers but saved every activation for backward: HF LLaMA
 training with checkpointing peaked 48% higher than without the stand-in, so it was not kept.)"""
