@@ -110,6 +110,7 @@ CODE_FOR_OP: dict[str, Spelling] = {
     "exp": lambda t, a: f"kiln_exp({a})",
     "tanh": lambda t, a: f"kiln_tanh({a})",
     "erf": lambda t, a: f"kiln_erf({a})",
+    "erfinv": lambda t, a: f"kiln_erfinv<{t.ctype}>({a})",
     "sigmoid": lambda t, a: f"{t.ctype}(1) / ({t.ctype}(1) + kiln_exp(-{a}))",
     "rsqrt": lambda t, a: f"{t.ctype}(1) / std::sqrt({a})",
     "reciprocal": lambda t, a: f"{t.ctype}(1) / {a}",

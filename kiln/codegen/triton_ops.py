@@ -183,6 +183,6 @@ CODE_FOR_OP: dict[str, Spelling] = {
     "round": _lib("nearbyint"),
     "sqrt": lambda t, a: f"{t.lib}.sqrt({a})" if t.dtype == torch.float64 else f"tl.sqrt_rn({a})",
     **{name: _lib(name) for name in ("exp exp2 expm1 log log2 log10 log1p sin cos tan asin acos atan sinh cosh "
-                                      "tanh asinh acosh atanh erf erfc lgamma ceil floor trunc atan2 hypot "
+                                      "tanh asinh acosh atanh erf erfc erfinv lgamma ceil floor trunc atan2 hypot "
                                       "copysign nextafter").split()},
 }

@@ -60,6 +60,7 @@ SCALAR_OP_TABLE: dict[str, ScalarOp] = {op.name: op for op in [
     *_ops("abs neg sign", 1),
     *_ops("exp exp2 expm1 log log2 log10 log1p sin cos tan asin acos atan sinh cosh tanh asinh acosh atanh "
           "erf erfc lgamma sigmoid", 1, domain=Domain.FLOAT, cost=10),
+    *_ops("erfinv", 1, domain=Domain.FLOAT, cost=40),
     *_ops("sqrt rsqrt reciprocal ceil floor round trunc", 1, domain=Domain.FLOAT),
     *_ops("bitwise_not", 1, domain=Domain.INTEGER),
     *_ops("isnan isinf isfinite signbit logical_not", 1, result=Result.BOOL),

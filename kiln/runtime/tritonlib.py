@@ -176,7 +176,7 @@ _TORCH_MATH = {
     "log10": torch.log10, "log1p": torch.log1p, "sqrt": torch.sqrt, "sin": torch.sin, "cos": torch.cos,
     "tan": torch.tan, "asin": torch.asin, "acos": torch.acos, "atan": torch.atan, "sinh": torch.sinh,
     "cosh": torch.cosh, "tanh": torch.tanh, "asinh": torch.asinh, "acosh": torch.acosh, "atanh": torch.atanh,
-    "erf": torch.erf, "erfc": torch.erfc, "lgamma": torch.lgamma, "ceil": torch.ceil, "floor": torch.floor,
+    "erf": torch.erf, "erfc": torch.erfc, "erfinv": torch.erfinv, "lgamma": torch.lgamma, "ceil": torch.ceil, "floor": torch.floor,
     "trunc": torch.trunc, "nearbyint": torch.round, "atan2": torch.atan2, "hypot": torch.hypot,
     "copysign": torch.copysign, "nextafter": torch.nextafter, "fmod": torch.fmod, "pow": torch.pow,
 }
