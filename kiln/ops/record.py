@@ -176,7 +176,32 @@ def _ask_eager(op: OpCall, dec: Decomposed) -> EagerFacts:
         real, owners_of = _eager_checks(op.func, op.name, op.args, op.kwargs, dec.result)
         return EagerFacts(real, LazyRun(op.func, op.args, op.kwargs, protect=False, autocast_state=op.region),
                           owners_of)
+    if dec.graph is None:
+        facts = _fallback_on_meta(op)
+        if facts is not None:
+            return facts
     return EagerFacts(_run_on_examples(op, protect=dec.graph is None))
+
+
+def _fallback_on_meta(op: OpCall) -> EagerFacts | None:
+    """An op that runs with torch, recorded from its run on the meta device (its results' metadata and
+    aliasing; the examples deferred) where that is eager's: every tensor on the CPU, no autocast region,
+    not check_metas, and not a custom operator (its fake kernel may give sizes the op does not: the
+    examples check them). The meta device refuses ops whose sizes depend on values; those, and ops it
+    cannot run, run on their examples."""
+    if op.region or op.tracer.flag("check_metas") or is_custom_op(op.func) or _custom_operator(op.func) or \
+            "device" in op.kwargs or any(p.meta.device.type != "cpu" for p in op.outer):
+        return None
+    stand_ins: list = []
+    try:
+        real = run_on(op.func, op.args, op.kwargs, "meta", stand_ins=stand_ins)
+    except Exception:
+        return None
+    if any(isinstance(v, (bool, int, float, complex)) for v in flatten(real)) or \
+            any(t.device.type != "meta" for t in flatten(real) if isinstance(t, torch.Tensor)):
+        return None  # (a number, or a tensor elsewhere: the examples tell)
+    counters["capture"]["fallbacks recorded from the meta device"] += 1
+    return EagerFacts(real, LazyRun(op.func, op.args, op.kwargs, protect=True), aliasing(real, stand_ins))
 
 
 def _run_on_examples(op: OpCall, protect: bool = True) -> Any:
@@ -223,7 +248,7 @@ def _fallback_result(op: OpCall, facts: EagerFacts) -> None:
         except Exception as e:
             raise UnsupportedError(f"{name} has no decomposition and no meta implementation, so kiln "
                                    f"cannot know its output shape ({type(e).__name__}: {e})") from None
-    else:
+    elif facts.deferred is None:
         _check_sizes_follow_metas(op.func, name, args, kwargs, facts.real)
     real = facts.real
     if any(isinstance(v, (bool, int, float, complex)) for v in flatten(real)):
@@ -247,6 +272,8 @@ def _emit(op: OpCall, dec: Decomposed, facts: EagerFacts) -> Any:
         _fallback_result(op, facts)
         structure = facts.real
         metas = tuple(TensorMeta.of(t) for t in flatten(structure) if isinstance(t, torch.Tensor))
+        if facts.deferred is not None:  # (a run on the meta device of an op on CPU tensors)
+            metas = tuple(m.with_(device=torch.device("cpu")) for m in metas)
     real, deferred = facts.real, facts.deferred
     node_args = map_structure(lambda v: v.node if isinstance(v, Proxy) else v, args)
     node_kwargs = map_structure(lambda v: v.node if isinstance(v, Proxy) else v, kwargs)
@@ -302,7 +329,7 @@ def _note_aliasing(op: OpCall, dec: Decomposed, facts: EagerFacts, out: Any) -> 
     graph, func, args, kwargs, outer = op.graph, op.func, op.args, op.kwargs, op.outer
     step = (func, args[1:], kwargs) if args and outer and args[0] is outer[0] else None
     if facts.deferred is not None:
-        if outer and (func in VIEW_OPS or not op.inplace and _views_an_input(dec.graph)):
+        if outer and (func in VIEW_OPS or not op.inplace and (dec.graph is None or _views_an_input(dec.graph))):
             # (the examples decide where the stand-ins could not run it: owners_of None)
             _note_shared_storage(graph, outer, out, step if func not in VIEW_OPS else (func, args[1:], kwargs),
                                  facts.owners_of, view_op=func in VIEW_OPS)

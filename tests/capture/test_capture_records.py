@@ -157,3 +157,23 @@ def test_a_zero_divisor_in_the_stand_ins_is_not_an_error():
     a, b = torch.tensor([7, 9]), torch.tensor([2, 4])
     kiln.reset()
     torch.testing.assert_close(kiln.compile(f, backend="eager")(a, b), f(a, b))
+
+
+@pytest.mark.parametrize("backend", ["eager", "cpp"])
+def test_a_fallback_is_recorded_from_the_meta_device(example_runs, backend):
+    """torch.histc has no decomposition: it runs with torch in the graph, its result's metadata from the
+    meta device (on the CPU, as eager's), the examples before it never computed."""
+    def f(x):
+        y = torch.tanh(x * 2)
+        h = torch.histc(y, bins=4, min=-1, max=1)
+        return h + 1, y.sum()
+    x = torch.randn(64)
+    kiln.reset()
+    counters.clear()
+    got, want = kiln.compile(f, backend=backend)(x), f(x)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+        assert g.device == w.device and g.dtype == w.dtype
+    assert counters["fallback"]["torch.histc"] >= 1  # (counted by capture, and by the cpp backend again)
+    assert counters["capture"]["fallbacks recorded from the meta device"] == 1
+    assert example_runs == []
