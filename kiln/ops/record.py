@@ -31,7 +31,7 @@ from . import autocast, grad_flags
 from . import updates as argument_updates
 from .kinds import _RESTRIDE_INPLACE, VIEW_OPS, is_inplace
 from .registry import (_OVERLOADS, DataDependentShape, NoDecomposition, UnsupportedError, _apply_inplace,
-                       _check_inplace, _note_shared_storage, _note_views, _op_name, _propagate_to_aliases,
+                       _check_inplace, _note_shared_storage, _op_name, _propagate_to_aliases,
                        aliases, install_recorder, log, lookup)
 from .standins import CannotCheck, LazyRun, aliasing, run_on
 from .targets import OnCopy, TensorLeaves
@@ -174,7 +174,7 @@ def _ask_eager(op: OpCall, dec: Decomposed) -> EagerFacts:
         # einsum reaches ops autocast casts inside it, which its decomposition, built with autocast off,
         # does not.)
         real, owners_of = _eager_checks(op.func, op.name, op.args, op.kwargs, dec.result)
-        return EagerFacts(real, LazyRun(op.func, op.args, op.kwargs, protect=False, autocast_state=op.region),
+        return EagerFacts(real, LazyRun(op.func, op.args, op.kwargs, protect=False),
                           owners_of)
     if dec.graph is None:
         facts = _fallback_on_meta(op)
@@ -327,16 +327,17 @@ def _note_aliasing(op: OpCall, dec: Decomposed, facts: EagerFacts, out: Any) -> 
     """Results that share an argument's memory in eager are views of it: eager's run says which (on the
     stand-ins when deferred, on the examples otherwise)."""
     graph, func, args, kwargs, outer = op.graph, op.func, op.args, op.kwargs, op.outer
-    step = (func, args[1:], kwargs) if args and outer and args[0] is outer[0] else None
-    if facts.deferred is not None:
-        if outer and (func in VIEW_OPS or not op.inplace and (dec.graph is None or _views_an_input(dec.graph))):
-            # (the examples decide where the stand-ins could not run it: owners_of None)
-            _note_shared_storage(graph, outer, out, step if func not in VIEW_OPS else (func, args[1:], kwargs),
-                                 facts.owners_of, view_op=func in VIEW_OPS)
-    elif func in VIEW_OPS and outer:
-        _note_views(graph, outer[0], out, (func, args[1:], kwargs))
-    elif facts.real is not None and outer and not op.inplace:
-        _note_shared_storage(graph, outer, out, step)
+    if not outer:
+        return
+    if func in VIEW_OPS:
+        _note_shared_storage(graph, outer, out, (func, args[1:], kwargs), facts.owners_of, view_op=True)
+        return
+    asked = (dec.graph is None or _views_an_input(dec.graph)) if facts.deferred is not None else \
+        facts.real is not None
+    if asked and not op.inplace:
+        # (owners_of: the stand-ins' answer when deferred; else, or where they could not run, the examples')
+        step = (func, args[1:], kwargs) if args and args[0] is outer[0] else None
+        _note_shared_storage(graph, outer, out, step, facts.owners_of)
 
 
 def _lift(tracer: Tracer, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

@@ -126,19 +126,19 @@ def strided_copy(t: torch.Tensor) -> torch.Tensor:
 class LazyRun:
     """A traced op's run on the examples, deferred: capture records an op from its metas, and the examples
     of its results are computed only when something asks for one (an alias or overlap eager's memory
-    decides, a fallback run on real values, `.stride()` of a layout the metas cannot tell). The arguments'
-    examples are taken as they are at recording (an in-place update later gives its target a new one), and
-    the op runs under the autocast state it was recorded in. A run that fails gives no example (None)."""
+    decides, a fallback run on real values, an update reading memory it writes). The arguments' examples
+    are taken as they are at recording (an in-place update later gives its target a new one). Only ops
+    recorded outside autocast regions are deferred (inside one they run as they are recorded), so the run
+    needs no autocast state. A run that fails gives no example (None)."""
 
-    __slots__ = ("func", "args", "kwargs", "protect", "autocast", "done", "leaves", "__weakref__")
+    __slots__ = ("func", "args", "kwargs", "protect", "done", "leaves", "__weakref__")
 
-    def __init__(self, func: Any, args: tuple, kwargs: dict, protect: bool, autocast_state: Any = None):
+    def __init__(self, func: Any, args: tuple, kwargs: dict, protect: bool):
         def freeze(v: Any) -> Any:
             return Proxy(v.node, v._example) if isinstance(v, Proxy) else v
         self.func = func
         self.args, self.kwargs = map_structure(freeze, args), map_structure(freeze, kwargs)
         self.protect = protect
-        self.autocast = autocast_state
         self.done = False
         self.leaves: list[torch.Tensor] | None = None
 
@@ -175,13 +175,8 @@ class LazyRun:
             return
         self.done = True
         try:
-            if self.autocast:
-                from .autocast import under
-                with under(self.autocast), torch.no_grad():
-                    out = run_on(self.func, self.args, self.kwargs, "example", protect=self.protect)
-            else:
-                with torch.no_grad():
-                    out = run_on(self.func, self.args, self.kwargs, "example", protect=self.protect)
+            with torch.no_grad():
+                out = run_on(self.func, self.args, self.kwargs, "example", protect=self.protect)
         except Exception:  # (LookupError: an argument has no example; or the op fails on these values)
             counters["capture"]["deferred example runs that failed"] += 1
             return
