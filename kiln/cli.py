@@ -6,7 +6,7 @@ Both `bench` and `explain` run the quick suite unless told otherwise (--suite, -
                [--mode inference|training] [--precision fp32|bf16|fp16|amp|bf16-weights|fp16-weights]
                [--batch N] [--out DIR] [--kiln-backend NAME] [--memory] [--memory-only] [--profile]
                [--profile-only]
-    kiln bench --distributed N [--strategy ddp|tp] [--models NAMES] [--bucket-cap-mb MB]
+    kiln bench --distributed N [--strategy ddp|tp|pp] [--models NAMES] [--bucket-cap-mb MB]
     kiln bench --generate [--models NAMES] [--new-tokens N] [--repeat R] [--caches dynamic,static]
                           [--threads N]
     kiln explain [--models NAMES|all|hf-all] [--suite quick|full|hf] [--json PATH] [--against PATH] [--isolate]
@@ -122,10 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="dynamic shapes: a decoder block at 30 shapes, HF GPT-2/LLaMA at 8 lengths, "
                             "greedy decoding with a growing KV cache; kiln beside torch.compile "
                             "(bench/bench_dynamic.py; table, OUT/dynamic.json)")
-    bench.add_argument("--strategy", choices=("ddp", "tp"), default="ddp",
-                       help="with --distributed: ddp (DistributedDataParallel, the default) or tp (tensor "
+    bench.add_argument("--strategy", choices=("ddp", "tp", "pp"), default="ddp",
+                       help="with --distributed: ddp (DistributedDataParallel, the default), tp (tensor "
                             "parallel: parallelize_module with ColwiseParallel/RowwiseParallel; eager TP, "
-                            "kiln, torch.compile; models mlp, llama)")
+                            "kiln, torch.compile; models mlp, llama) or pp (pipeline parallel: one stage "
+                            "per rank under PipelineStage, GPipe and 1F1B schedules; eager, kiln and "
+                            "torch.compile stage modules; models nanogpt, llama)")
     bench.add_argument("--generate", action="store_true",
                        help="greedy generation at batch 1: prefill ms, decode ms/token and tokens/s for "
                             "eager, torch.compile and kiln, with the bandwidth floor (--models from "
@@ -257,6 +259,9 @@ def bench_main(args: argparse.Namespace) -> int:
     if args.distributed and args.strategy == "tp":
         from .bench import distributed_tp
         return distributed_tp.main(args.distributed, args.models, timeout_s=args.timeout * 2)
+    if args.distributed and args.strategy == "pp":
+        from .bench import distributed_pp
+        return distributed_pp.main(args.distributed, args.models, timeout_s=args.timeout * 2)
     if args.generate:
         return generate_main(args)
     if args.distributed:

@@ -325,8 +325,15 @@ def prim_ref(name: str) -> Callable[..., Any]:
     return PRIMS[name].ref
 
 
+def op_overload(namespace: str, name: str, overload: str) -> torch._ops.OpOverload:
+    """torch.ops.<namespace>.<name>.<overload> (a fallback's target; a custom operator's library must be
+    loaded again for its entry to load)."""
+    return getattr(getattr(getattr(torch.ops, namespace), name), overload)
+
+
 class _Pickler(pickle.Pickler):
-    """Pickles a prim's implementation (often a lambda) by its prim's name."""
+    """Pickles a prim's implementation (often a lambda) by its prim's name, and an operator overload (which
+    does not pickle) by its qualified name."""
 
     def __init__(self, file: Any):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
@@ -337,6 +344,8 @@ class _Pickler(pickle.Pickler):
             name = self.refs.get(id(obj))
             if name is not None and PRIMS[name].ref is obj:
                 return prim_ref, (name,)
+        if isinstance(obj, torch._ops.OpOverload):
+            return op_overload, (obj.namespace, obj._schema.name.split("::", 1)[1], obj._overloadname)
         return NotImplemented
 
 

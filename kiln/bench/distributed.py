@@ -21,7 +21,7 @@ import socket
 import statistics
 import tempfile
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -63,61 +63,84 @@ def _rank_main(rank: int, world: int, port: int, name: str, variants: list[str],
                cache_dir: str, ddp_kwargs: dict, out_dir: str) -> None:
     import torch.distributed as dist
 
-    from kiln import config
     from kiln.testing import models as zoo
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=300))
     spec = zoo.get(name)
-    runs: dict[str, dict[str, Any]] = {}
-    for variant in variants:
+
+    def prepare(variant: str) -> tuple:
         model, (args, kwargs) = zoo.build(name, batch=spec.batch * world)
         model.train()
         share = spec.batch
         args = tuple(a[rank * share:(rank + 1) * share] if isinstance(a, torch.Tensor) else a for a in args)
-        entry: dict[str, Any] = {"times": [], "status": "ok"}
-        try:
-            wrapped = _wrap(variant, model, os.path.join(cache_dir, variant.replace(" ", "_")), ddp_kwargs)
-            opt = torch.optim.SGD(model.parameters(), lr=0.01)
-            entry["step"] = (wrapped, opt, args, kwargs)
-        except Exception as e:  # this variant's row says why; the others run
-            entry["status"] = f"{type(e).__name__}: {e}"
-        runs[variant] = entry
+        wrapped = _wrap(variant, model, os.path.join(cache_dir, variant.replace(" ", "_")), ddp_kwargs)
+        return wrapped, torch.optim.SGD(model.parameters(), lr=0.01), args, kwargs
 
-    def step(variant: str) -> float:
-        wrapped, opt, args, kwargs = runs[variant]["step"]
-        dist.barrier()
-        start = time.perf_counter()
+    def step(state: tuple) -> None:
+        wrapped, opt, args, kwargs = state
         opt.zero_grad()
         _loss(wrapped(*args, **kwargs)).backward()
         opt.step()
+
+    def pieces(variant: str, state: tuple) -> dict[str, Any]:
+        return {"pieces": [len(s.pieces) for s in getattr(state[0], "splits", [])]}
+
+    time_variants(rank, variants, prepare, step, steps, warmup, cache_dir, out_dir, after_warmup=pieces)
+    dist.destroy_process_group()
+
+
+def time_variants(rank: int, variants: list[str], prepare: Callable[[str], Any], step: Callable[[Any], None],
+                  steps: int, warmup: int, cache_dir: str, out_dir: str,
+                  after_warmup: Callable[[str, Any], dict] | None = None) -> None:
+    """The timing every `kiln bench --distributed` strategy shares, run on each rank of a process group:
+    `prepare(variant)` builds a variant's state (an exception makes its row say why; the others run),
+    `step(state)` runs one training step. Each variant's warm-up steps (the compiles, from a cold cache of
+    its own; the first is `first`) run in turn, then `after_warmup(variant, state)` adds columns; then the
+    variants take turns step by step, each step between barriers. A step's time is the slowest rank's.
+    Rank 0 writes {variant: {times, first, status, ...}} to out_dir/summary.pt."""
+    import torch.distributed as dist
+
+    from kiln import config
+
+    runs: dict[str, dict[str, Any]] = {}
+    for variant in variants:
+        runs[variant] = {"times": [], "status": "ok"}
+        try:
+            runs[variant]["state"] = prepare(variant)
+        except Exception as e:  # this variant's row says why; the others run
+            runs[variant]["status"] = f"{type(e).__name__}: {str(e)[:200]}"
+
+    def timed(variant: str) -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        step(runs[variant]["state"])
         return time.perf_counter() - start
 
     live = [v for v in variants if runs[v]["status"] == "ok"]
     for variant in list(live):
         try:
             with config.patch(cache_dir=os.path.join(cache_dir, variant.replace(" ", "_"), "kiln")):
-                first = [step(variant) for _ in range(warmup)]  # compiles, each variant from a cold cache
+                first = [timed(variant) for _ in range(warmup)]  # compiles, each variant from a cold cache
+                if after_warmup is not None:
+                    runs[variant].update(after_warmup(variant, runs[variant]["state"]))
         except Exception as e:  # every rank fails alike (same model, same data): the row says why
             runs[variant]["status"] = f"{type(e).__name__}: {str(e)[:200]}"
             live.remove(variant)
             continue
         runs[variant]["first"] = first[0] if first else float("nan")
-        runs[variant]["pieces"] = [len(s.pieces) for s in getattr(runs[variant]["step"][0], "splits", [])]
     for _ in range(steps):
         for variant in live:
-            runs[variant]["times"].append(step(variant))
-    # the slowest rank's time of each step
-    for variant in live:
+            runs[variant]["times"].append(timed(variant))
+    for variant in live:  # the slowest rank's time of each step
         times = torch.tensor([runs[variant]["first"]] + runs[variant]["times"], dtype=torch.float64)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)
         runs[variant]["first"], runs[variant]["times"] = times[0].item(), times[1:].tolist()
     if rank == 0:
-        summary = {v: {k: runs[v].get(k) for k in ("times", "first", "status", "pieces")} for v in variants}
+        summary = {v: {k: value for k, value in runs[v].items() if k != "state"} for v in variants}
         torch.save(summary, os.path.join(out_dir, "summary.pt"))
     dist.barrier()
-    dist.destroy_process_group()
 
 
 def run(world: int = 2, model: str = "nanogpt", variants: tuple[str, ...] = VARIANTS, steps: int = 20,
@@ -155,19 +178,31 @@ def wait_for_ranks(context: Any, timeout_s: float, what: str) -> None:
 
 def table(results: dict[str, Any], world: int, model: str, steps: int) -> str:
     """The step-time table: median ms, speedup over eager DDP, first (compiling) step, pieces."""
-    eager = results.get("eager DDP", {}).get("times") or []
+    title = (f"kiln bench --distributed {world}: {model}, DDP over gloo, {world} ranks x 1 thread, "
+             f"{steps} interleaved steps each (slowest rank per step)")
+    return step_table(results, title, "eager DDP", lambda entry: (f"graph pieces {entry['pieces']}"
+                                                                 if entry.get("pieces") else ""))
+
+
+def step_table(results: dict[str, Any], title: str, baseline: str,
+               note: Callable[[dict], str] = lambda entry: "") -> str:
+    """Each variant's median step ms, its speedup over `baseline`'s median, the quartiles of its steps,
+    its first (compiling) step and `note(entry)`; a variant that failed, why."""
+    eager = results.get(baseline, {}).get("times") or []
     base = statistics.median(eager) if eager else None
-    lines = [f"kiln bench --distributed {world}: {model}, DDP over gloo, {world} ranks x 1 thread, "
-             f"{steps} interleaved steps each (slowest rank per step)",
-             f"{'variant':20s} {'median step ms':>15s} {'vs eager DDP':>13s} {'first step s':>13s}  note"]
+    width = max([20] + [len(v) for v in results])
+    lines = [title, f"{'variant':{width}s} {'median step ms':>15s} {'vs ' + baseline:>14s} {'quartiles ms':>16s} "
+             f"{'first step s':>13s}  note"]
     for variant, entry in results.items():
         if entry["status"] != "ok" or not entry["times"]:
-            lines.append(f"{variant:20s} {'-':>15s} {'-':>13s} {'-':>13s}  {entry['status']}")
+            lines.append(f"{variant:{width}s} {'-':>15s} {'-':>14s} {'-':>16s} {'-':>13s}  {entry['status']}")
             continue
-        median = statistics.median(entry["times"])
+        times = sorted(entry["times"])
+        median = statistics.median(times)
+        quartiles = f"{times[len(times) // 4] * 1e3:.2f}-{times[(3 * len(times)) // 4] * 1e3:.2f}"
         speedup = f"{base / median:.2f}x" if base else "-"
-        note = f"graph pieces {entry['pieces']}" if entry.get("pieces") else ""
-        lines.append(f"{variant:20s} {median * 1e3:15.2f} {speedup:>13s} {entry['first']:13.2f}  {note}")
+        lines.append(f"{variant:{width}s} {median * 1e3:15.2f} {speedup:>14s} {quartiles:>16s} "
+                     f"{entry['first']:13.2f}  {note(entry)}")
     return "\n".join(lines)
 
 

@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import datetime
 import os
-import statistics
 import tempfile
-import time
 from typing import Any
 
 import torch
 
-from .distributed import free_port, join_ranks
+from .distributed import free_port, join_ranks, step_table, time_variants
 
 VARIANTS = ("eager TP", "kiln TP", "kiln TP (hooks)", "torch.compile TP")
 MODELS = ("mlp", "llama")
@@ -56,60 +54,37 @@ def _rank_main(rank: int, world: int, port: int, name: str, variants: list[str],
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
 
-    import kiln
-    from kiln import config
     from kiln.testing.tp_models import build
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=300))
     mesh = init_device_mesh("cpu", (world,))
-    runs: dict[str, dict[str, Any]] = {}
-    for variant in variants:
-        entry: dict[str, Any] = {"times": [], "status": "ok"}
-        try:
-            model, plan, example = build(name, size="bench")
-            parallelize_module(model, mesh, plan)
-            wrapped = _wrap(variant, model, os.path.join(cache_dir, variant.replace(" ", "_")))
-            entry["step"] = (wrapped, torch.optim.SGD(model.parameters(), lr=0.01), example)
-        except Exception as e:  # this variant's row says why; the others run
-            entry["status"] = f"{type(e).__name__}: {str(e)[:200]}"
-        runs[variant] = entry
 
-    def step(variant: str) -> float:
-        wrapped, opt, example = runs[variant]["step"]
-        dist.barrier()
-        start = time.perf_counter()
+    def prepare(variant: str) -> tuple:
+        model, plan, example = build(name, size="bench")
+        parallelize_module(model, mesh, plan)
+        wrapped = _wrap(variant, model, os.path.join(cache_dir, variant.replace(" ", "_")))
+        return wrapped, torch.optim.SGD(model.parameters(), lr=0.01), example
+
+    def step(state: tuple) -> None:
+        wrapped, opt, example = state
         opt.zero_grad()
         (wrapped(example) ** 2).mean().backward()
         opt.step()
-        return time.perf_counter() - start
 
-    live = [v for v in variants if runs[v]["status"] == "ok"]
-    for variant in list(live):
-        try:
-            with config.patch(cache_dir=os.path.join(cache_dir, variant.replace(" ", "_"), "kiln")):
-                first = [step(variant) for _ in range(warmup)]  # compiles, each variant from a cold cache
-                if variant.startswith("kiln"):
-                    report = kiln.explain(runs[variant]["step"][0], runs[variant]["step"][2])
-                    runs[variant]["graphs"] = (report.graph_count, report.graph_break_count)
-        except Exception as e:  # every rank fails alike (same model, same data): the row says why
-            runs[variant]["status"] = f"{type(e).__name__}: {str(e)[:200]}"
-            live.remove(variant)
-            continue
-        runs[variant]["first"] = first[0] if first else float("nan")
-    for _ in range(steps):
-        for variant in live:
-            runs[variant]["times"].append(step(variant))
-    for variant in live:  # the slowest rank's time of each step
-        times = torch.tensor([runs[variant]["first"]] + runs[variant]["times"], dtype=torch.float64)
-        dist.all_reduce(times, op=dist.ReduceOp.MAX)
-        runs[variant]["first"], runs[variant]["times"] = times[0].item(), times[1:].tolist()
-    if rank == 0:
-        summary = {v: {k: runs[v].get(k) for k in ("times", "first", "status", "graphs")} for v in variants}
-        torch.save(summary, os.path.join(out_dir, "summary.pt"))
-    dist.barrier()
+    time_variants(rank, variants, prepare, step, steps, warmup, cache_dir, out_dir,
+                  after_warmup=lambda variant, state: explain_counts(variant, state[0], state[2]))
     dist.destroy_process_group()
+
+
+def explain_counts(variant: str, compiled: Any, example: Any) -> dict[str, Any]:
+    """kiln.explain's (graphs, breaks) of a kiln variant's compiled model, as the table's note."""
+    if not variant.startswith("kiln"):
+        return {}
+    import kiln
+    report = kiln.explain(compiled, example)
+    return {"graphs": (report.graph_count, report.graph_break_count)}
 
 
 def run(world: int = 2, model: str = "mlp", variants: tuple[str, ...] = VARIANTS, steps: int = 20,
@@ -126,24 +101,13 @@ def run(world: int = 2, model: str = "mlp", variants: tuple[str, ...] = VARIANTS
 
 def table(results: dict[str, Any], world: int, model: str, steps: int) -> str:
     """The step-time table: median ms, speedup over eager TP, first (compiling) step, kiln's graphs."""
-    eager = results.get("eager TP", {}).get("times") or []
-    base = statistics.median(eager) if eager else None
-    lines = [f"kiln bench --distributed {world} --strategy tp: {model}, ColwiseParallel/RowwiseParallel over "
-             f"gloo, {world} ranks x 1 thread, {steps} interleaved steps each (slowest rank per step)",
-             f"{'variant':18s} {'median step ms':>15s} {'vs eager TP':>12s} {'spread ms':>16s} "
-             f"{'first step s':>13s}  note"]
-    for variant, entry in results.items():
-        if entry["status"] != "ok" or not entry["times"]:
-            lines.append(f"{variant:18s} {'-':>15s} {'-':>12s} {'-':>16s} {'-':>13s}  {entry['status']}")
-            continue
-        times = sorted(entry["times"])
-        median = statistics.median(times)
-        quartiles = f"{times[len(times) // 4] * 1e3:.2f}-{times[(3 * len(times)) // 4] * 1e3:.2f}"
-        speedup = f"{base / median:.2f}x" if base else "-"
-        note = f"{entry['graphs'][0]} graphs, {entry['graphs'][1]} breaks" if entry.get("graphs") else ""
-        lines.append(f"{variant:18s} {median * 1e3:15.2f} {speedup:>12s} {quartiles:>16s} "
-                     f"{entry['first']:13.2f}  {note}")
-    return "\n".join(lines)
+    title = (f"kiln bench --distributed {world} --strategy tp: {model}, ColwiseParallel/RowwiseParallel over "
+             f"gloo, {world} ranks x 1 thread, {steps} interleaved steps each (slowest rank per step)")
+    return step_table(results, title, "eager TP", graphs_note)
+
+
+def graphs_note(entry: dict) -> str:
+    return f"{entry['graphs'][0]} graphs, {entry['graphs'][1]} breaks" if entry.get("graphs") else ""
 
 
 def main(world: int, models: list[str] | None, steps: int = 20, timeout_s: float = 900.0) -> int:

@@ -93,8 +93,12 @@ def communicates(fn: Any) -> bool:
 
 
 def is_torch_callable(fn: Any) -> bool:
+    """Whether `fn` is torch's, called as one op (else Python that capture inlines). Inlined: torch's module
+    forwards, and the Python of exported modules (torch.export.unflatten's InterpreterModule runs its
+    GraphModule's code under a compiler) and of the pytree helpers that code flattens its inputs with."""
     module = getattr(fn, "__module__", None) or ""
-    if module.startswith("torch.nn.modules") or module.startswith("torch.nn.utils.parametriz"):
+    if module.startswith(("torch.nn.modules", "torch.nn.utils.parametriz", "torch.export.unflatten",
+                          "torch.fx._pytree", "torch.utils._pytree")):
         return False
     if module == "torch" or module.startswith("torch.") or module.startswith("torch._"):
         return True

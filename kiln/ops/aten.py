@@ -94,9 +94,11 @@ _RULES: dict[str, Callable[[dict], Mapped | None]] = {
     "aten::split.Tensor": _split_rule,
     "aten::split_with_sizes": _split_with_sizes_rule,
     "aten::split.sizes": lambda bound: _split_with_sizes_rule({**bound, "split_sizes": bound["split_size"]}),
-    "aten::atleast_1d.default": lambda bound: (torch.atleast_1d, (bound["self"],), {}),
-    "aten::atleast_2d.default": lambda bound: (torch.atleast_2d, (bound["self"],), {}),
-    "aten::atleast_3d.default": lambda bound: (torch.atleast_3d, (bound["self"],), {}),
+    # (torch.export writes aten.alias where a module hands back a value it did not compute)
+    "aten::alias": lambda bound: (torch.Tensor.view_as, (bound["self"], bound["self"]), {}),
+    "aten::atleast_1d": lambda bound: (torch.atleast_1d, (bound["self"],), {}),
+    "aten::atleast_2d": lambda bound: (torch.atleast_2d, (bound["self"],), {}),
+    "aten::atleast_3d": lambda bound: (torch.atleast_3d, (bound["self"],), {}),
 }
 
 
