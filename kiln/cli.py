@@ -6,7 +6,7 @@ Both `bench` and `explain` run the quick suite unless told otherwise (--suite, -
                [--mode inference|training] [--precision fp32|bf16|fp16|amp|bf16-weights|fp16-weights]
                [--batch N] [--out DIR] [--kiln-backend NAME] [--memory] [--memory-only] [--profile]
                [--profile-only]
-    kiln bench --distributed N [--strategy ddp|tp|pp] [--models NAMES] [--bucket-cap-mb MB]
+    kiln bench --distributed N [--strategy ddp|fsdp|tp|pp] [--models NAMES] [--bucket-cap-mb MB]
     kiln bench --generate [--models NAMES] [--new-tokens N] [--repeat R] [--caches dynamic,static]
                           [--threads N]
     kiln explain [--models NAMES|all|hf-all] [--suite quick|full|hf] [--json PATH] [--against PATH] [--isolate]
@@ -122,8 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="dynamic shapes: a decoder block at 30 shapes, HF GPT-2/LLaMA at 8 lengths, "
                             "greedy decoding with a growing KV cache; kiln beside torch.compile "
                             "(bench/bench_dynamic.py; table, OUT/dynamic.json)")
-    bench.add_argument("--strategy", choices=("ddp", "tp", "pp"), default="ddp",
-                       help="with --distributed: ddp (DistributedDataParallel, the default), tp (tensor "
+    bench.add_argument("--strategy", choices=("ddp", "fsdp", "tp", "pp"), default="ddp",
+                       help="with --distributed: ddp (DistributedDataParallel, the default), fsdp (FSDP2: "
+                            "fully_shard on each block and the model; eager, kiln, torch.compile), tp (tensor "
                             "parallel: parallelize_module with ColwiseParallel/RowwiseParallel; eager TP, "
                             "kiln, torch.compile; models mlp, llama) or pp (pipeline parallel: one stage "
                             "per rank under PipelineStage, GPipe and 1F1B schedules; eager, kiln and "
@@ -267,7 +268,7 @@ def bench_main(args: argparse.Namespace) -> int:
     if args.distributed:
         from .bench import distributed
         return distributed.main(args.distributed, args.models, timeout_s=args.timeout * 2,
-                                bucket_cap_mb=args.bucket_cap_mb)
+                                bucket_cap_mb=args.bucket_cap_mb, strategy=args.strategy)
     if args.list:
         for name, spec in zoo.ZOO.items():
             extra = "" if spec.available() else f"  (needs {', '.join(spec.requires)})"

@@ -1,4 +1,5 @@
-"""`kiln bench --distributed N`: DDP training step time on N gloo ranks of this machine, side by side.
+"""`kiln bench --distributed N [--strategy fsdp]`: DDP (or FSDP2) training step time on N gloo ranks of this
+machine, side by side.
 
 Columns, each a DistributedDataParallel training step (forward, loss, backward with DDP's all-reduce, SGD
 step) of the same zoo model on the same data, every rank taking an equal slice of one global batch:
@@ -7,6 +8,14 @@ step) of the same zoo model on the same data, every rank taking an equal slice o
     kiln DDP            kiln.compile(DDP(model))   (DDP's forward eager; graphs cut at its buckets)
     DDP(kiln)           DDP(kiln.compile(model))
     torch.compile DDP   the torch.compile baseline wrapping the DDP module (bench/baselines.py)
+
+With `--strategy fsdp`, FSDP2 (`fully_shard` on each of the model's blocks, then on the model; models with
+`blocks`: nanogpt, llama):
+
+    eager FSDP2             the sharded model
+    kiln FSDP2              kiln.compile(model): each sharded block's forward and the model's compiled,
+                            FSDP's hooks (all-gather, reshard, reduce-scatter) eager around them
+    torch.compile FSDP2     the torch.compile baseline of the sharded model
 
 All in one run on the same ranks: after the warm-up steps (the compiles, timed as `first step`), the
 variants take turns step by step, each step between barriers; a step's time is the slowest rank's, and
@@ -26,6 +35,7 @@ from typing import Any, Callable
 import torch
 
 VARIANTS = ("eager DDP", "kiln DDP", "DDP(kiln)", "torch.compile DDP")
+FSDP_VARIANTS = ("eager FSDP2", "kiln FSDP2", "torch.compile FSDP2")
 
 
 def free_port() -> int:
@@ -39,19 +49,29 @@ def _wrap(variant: str, model: torch.nn.Module, cache_dir: str, ddp_kwargs: dict
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import kiln
+    if "FSDP2" in variant:
+        from torch.distributed.fsdp import fully_shard
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        if variant == "eager FSDP2":
+            return model
+        if variant == "kiln FSDP2":
+            return kiln.compile(model)
     if variant == "eager DDP":
         return DDP(model, **ddp_kwargs)
     if variant == "kiln DDP":
         return kiln.compile(DDP(model, **ddp_kwargs))
     if variant == "DDP(kiln)":
         return DDP(kiln.compile(model), **ddp_kwargs)
-    if variant == "torch.compile DDP":
+    if variant.startswith("torch.compile"):
         from .adapters import Unavailable, load_baselines
         baselines = load_baselines()
         if baselines is None or "torch.compile" not in baselines.BASELINES:
             raise Unavailable("bench/baselines.py (torch.compile) is not in this checkout")
-        return baselines.BASELINES["torch.compile"](DDP(model, **ddp_kwargs), cache_dir)
-    raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
+        return baselines.BASELINES["torch.compile"](model if "FSDP2" in variant else DDP(model, **ddp_kwargs),
+                                                    cache_dir)
+    raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS + FSDP_VARIANTS)}")
 
 
 def _loss(out: Any) -> torch.Tensor:
@@ -85,6 +105,8 @@ def _rank_main(rank: int, world: int, port: int, name: str, variants: list[str],
         opt.step()
 
     def pieces(variant: str, state: tuple) -> dict[str, Any]:
+        if "FSDP2" in variant:
+            return explain_counts(variant, state[0], *state[2])
         return {"pieces": [len(s.pieces) for s in getattr(state[0], "splits", [])]}
 
     time_variants(rank, variants, prepare, step, steps, warmup, cache_dir, out_dir, after_warmup=pieces)
@@ -176,12 +198,29 @@ def wait_for_ranks(context: Any, timeout_s: float, what: str) -> None:
                 process.join(5)
 
 
-def table(results: dict[str, Any], world: int, model: str, steps: int) -> str:
-    """The step-time table: median ms, speedup over eager DDP, first (compiling) step, pieces."""
-    title = (f"kiln bench --distributed {world}: {model}, DDP over gloo, {world} ranks x 1 thread, "
-             f"{steps} interleaved steps each (slowest rank per step)")
-    return step_table(results, title, "eager DDP", lambda entry: (f"graph pieces {entry['pieces']}"
-                                                                 if entry.get("pieces") else ""))
+def table(results: dict[str, Any], world: int, model: str, steps: int, strategy: str = "ddp") -> str:
+    """The step-time table: median ms, speedup over eager DDP (FSDP2), first (compiling) step, the note
+    (DDP: the graph pieces; FSDP2: kiln.explain's graphs and breaks)."""
+    name = {"ddp": "DDP", "fsdp": "FSDP2"}[strategy]
+    title = (f"kiln bench --distributed {world}{' --strategy fsdp' if strategy == 'fsdp' else ''}: {model}, "
+             f"{name} over gloo, {world} ranks x 1 thread, {steps} interleaved steps each (slowest rank per step)")
+    return step_table(results, title, f"eager {name}", lambda entry: (
+        f"graph pieces {entry['pieces']}" if entry.get("pieces") else graphs_note(entry)))
+
+
+def explain_counts(variant: str, compiled: Any, *example: Any) -> dict[str, Any]:
+    """kiln.explain's (graphs, breaks) of a kiln variant's compiled model, as the table's note."""
+    if not variant.startswith("kiln"):
+        return {}
+    import kiln
+    report = kiln.explain(compiled, *example)
+    return {"graphs": (report.graph_count, report.graph_break_count)}
+
+
+def graphs_note(entry: dict) -> str:
+    return f"{entry['graphs'][0]} graphs, {entry['graphs'][1]} breaks" if entry.get("graphs") else ""
+
+
 
 
 def step_table(results: dict[str, Any], title: str, baseline: str,
@@ -191,27 +230,28 @@ def step_table(results: dict[str, Any], title: str, baseline: str,
     eager = results.get(baseline, {}).get("times") or []
     base = statistics.median(eager) if eager else None
     width = max([20] + [len(v) for v in results])
-    lines = [title, f"{'variant':{width}s} {'median step ms':>15s} {'vs ' + baseline:>14s} {'quartiles ms':>16s} "
+    lines = [title, f"{'variant':{width}s} {'median step ms':>15s} {'vs ' + baseline:>15s} {'quartiles ms':>16s} "
              f"{'first step s':>13s}  note"]
     for variant, entry in results.items():
         if entry["status"] != "ok" or not entry["times"]:
-            lines.append(f"{variant:{width}s} {'-':>15s} {'-':>14s} {'-':>16s} {'-':>13s}  {entry['status']}")
+            lines.append(f"{variant:{width}s} {'-':>15s} {'-':>15s} {'-':>16s} {'-':>13s}  {entry['status']}")
             continue
         times = sorted(entry["times"])
         median = statistics.median(times)
         quartiles = f"{times[len(times) // 4] * 1e3:.2f}-{times[(3 * len(times)) // 4] * 1e3:.2f}"
         speedup = f"{base / median:.2f}x" if base else "-"
-        lines.append(f"{variant:{width}s} {median * 1e3:15.2f} {speedup:>14s} {quartiles:>16s} "
+        lines.append(f"{variant:{width}s} {median * 1e3:15.2f} {speedup:>15s} {quartiles:>16s} "
                      f"{entry['first']:13.2f}  {note(entry)}")
     return "\n".join(lines)
 
 
 def main(world: int, models: list[str] | None, steps: int = 20, timeout_s: float = 900.0,
-         bucket_cap_mb: float | None = None) -> int:
-    """`kiln bench --distributed N`: print one table per model (default nanogpt)."""
+         bucket_cap_mb: float | None = None, strategy: str = "ddp") -> int:
+    """`kiln bench --distributed N [--strategy fsdp]`: print one table per model (default nanogpt)."""
     ddp_kwargs = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+    variants = FSDP_VARIANTS if strategy == "fsdp" else VARIANTS
     for model in models or ["nanogpt"]:
-        results = run(world, model, steps=steps, timeout_s=timeout_s, ddp_kwargs=ddp_kwargs)
-        print(table(results, world, model, steps))
+        results = run(world, model, variants, steps=steps, timeout_s=timeout_s, ddp_kwargs=ddp_kwargs)
+        print(table(results, world, model, steps, strategy))
         print()
     return 0

@@ -22,8 +22,7 @@ from typing import Any
 
 import torch
 
-from .distributed import free_port, join_ranks, step_table, time_variants
-from .distributed_tp import explain_counts, graphs_note
+from .distributed import explain_counts, free_port, graphs_note, join_ranks, step_table, time_variants
 
 VARIANTS = ("eager PP", "kiln PP", "torch.compile PP")
 SCHEDULES = ("gpipe", "1f1b")

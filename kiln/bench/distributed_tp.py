@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .distributed import free_port, join_ranks, step_table, time_variants
+from .distributed import explain_counts, free_port, graphs_note, join_ranks, step_table, time_variants
 
 VARIANTS = ("eager TP", "kiln TP", "kiln TP (hooks)", "torch.compile TP")
 MODELS = ("mlp", "llama")
@@ -78,15 +78,6 @@ def _rank_main(rank: int, world: int, port: int, name: str, variants: list[str],
     dist.destroy_process_group()
 
 
-def explain_counts(variant: str, compiled: Any, example: Any) -> dict[str, Any]:
-    """kiln.explain's (graphs, breaks) of a kiln variant's compiled model, as the table's note."""
-    if not variant.startswith("kiln"):
-        return {}
-    import kiln
-    report = kiln.explain(compiled, example)
-    return {"graphs": (report.graph_count, report.graph_break_count)}
-
-
 def run(world: int = 2, model: str = "mlp", variants: tuple[str, ...] = VARIANTS, steps: int = 20,
         warmup: int = 3, timeout_s: float = 900.0) -> dict[str, Any]:
     """Spawn `world` ranks, run every variant, and return {variant: {times, first, status, graphs}}."""
@@ -104,10 +95,6 @@ def table(results: dict[str, Any], world: int, model: str, steps: int) -> str:
     title = (f"kiln bench --distributed {world} --strategy tp: {model}, ColwiseParallel/RowwiseParallel over "
              f"gloo, {world} ranks x 1 thread, {steps} interleaved steps each (slowest rank per step)")
     return step_table(results, title, "eager TP", graphs_note)
-
-
-def graphs_note(entry: dict) -> str:
-    return f"{entry['graphs'][0]} graphs, {entry['graphs'][1]} breaks" if entry.get("graphs") else ""
 
 
 def main(world: int, models: list[str] | None, steps: int = 20, timeout_s: float = 900.0) -> int:
