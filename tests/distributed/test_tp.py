@@ -95,3 +95,18 @@ def test_tp_with_biases_trains_as_eager_tp(cache_dir):
     # column-parallel biases are sharded, the row-parallel bias replicated (added after the all-reduce)
     configs = [("mlp", True)]
     _check_training(run_ranks(train_tp, (configs, STEPS, cache_dir), timeout=170), configs)
+
+
+def test_tp_times_dp_on_four_ranks_trains_as_eager(cache_dir):
+    """TP x DP on 4 ranks: parallelize_module over a mesh's tp dimension, FSDP2 over its dp dimension. kiln
+    does not compile over a 2-D mesh's shards yet: the model compiles as FSDP2's (kiln.compile's
+    CompiledFSDP) and each hooked Linear is a graph break named by kiln.explain; steps equal eager 2-D."""
+    from tp_workers import train_tp_dp
+    ranks = run_ranks(train_tp_dp, (STEPS, cache_dir), world_size=4, timeout=240)
+    for rank, result in enumerate(ranks):
+        _assert_matches(result["kiln"], result["eager"], f"tp x dp rank {rank}")
+        assert result["kiln"]["type"] == "CompiledFSDP"
+        assert "has hooks" in result["kiln"]["explain"], result["kiln"]["explain"]
+    # the tp pairs see the same batches, the dp groups different ones
+    assert ranks[0]["eager"]["losses"] == ranks[1]["eager"]["losses"]
+    assert ranks[0]["eager"]["losses"] != ranks[2]["eager"]["losses"]

@@ -94,3 +94,37 @@ def unsupported_layout(rank: int, world: int, cache_dir: str) -> dict[str, Any]:
         report = kiln.explain(compiled, x)
     return {"expected": expected.detach(), "actual": actual.detach(), "type": type(compiled).__name__,
             "breaks": report.graph_break_count, "explain": str(report)}
+
+
+def train_tp_dp(rank: int, world: int, steps: int, cache_dir: str) -> dict[str, Any]:
+    """2-D parallelism as torch's tutorials write it: a (dp, tp) mesh of the ranks, parallelize_module over
+    the tp dimension, then FSDP2's fully_shard over the dp dimension; each dp group takes its own batches.
+    `steps` SGD steps eagerly and through kiln.compile: losses, full parameters, explain."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+    results: dict[str, Any] = {}
+    with config.patch(cache_dir=cache_dir):
+        for variant in ("eager", "kiln"):
+            kiln.reset()
+            model, plan, example = build("mlp")
+            parallelize_module(model, mesh["tp"], plan)
+            fully_shard(model, mesh=mesh["dp"])
+            run = kiln.compile(model) if variant == "kiln" else model
+            opt = torch.optim.SGD(model.parameters(), lr=LR)
+            gen = torch.Generator().manual_seed(1234 + mesh["dp"].get_local_rank())
+            data = [torch.randn(example.shape, generator=gen) for _ in range(steps)]
+            losses = []
+            for x in data:
+                opt.zero_grad()
+                loss = (run(x) ** 2).mean()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+            results[variant] = {"losses": losses, "params": full_parameters(model), "type": type(run).__name__,
+                                "counters": {k: dict(v) for k, v in kiln.counters.items()}}
+            if variant == "kiln":
+                results[variant]["explain"] = str(kiln.explain(run, data[0]))
+    return results
