@@ -37,7 +37,7 @@ from .guards import hooks_present, is_constant
 from .interpreter import Interpreter
 from .native import routed_function
 from .resume import NotResumable, check_resumable, make_resume_function
-from .stitch import make_break_entry
+from .stitch import CALL_OPS, make_break_entry
 from .sources import local
 from .state import Capture
 
@@ -413,7 +413,8 @@ class CompiledFunction:
             return None
         try:
             # refuse early (loops, try/with blocks) before capturing a second time
-            check_resumable(self.code, Interpreter.instructions(self.code)[brk.top_index].offset)
+            inst = Interpreter.instructions(self.code)[brk.top_index]
+            check_resumable(self.code, inst.offset, inst.opname in CALL_OPS)
             cap, frame, _, _, stopped, grad_changed = self._interpret(args, kwargs, brk.top_index)
             if not stopped:
                 raise NotResumable("a second capture did not reach the break")

@@ -51,6 +51,11 @@ class SymIter:
     def describe(self) -> str:
         return type(self).__name__
 
+    def remaining(self) -> list | None:
+        """The items this iterator has left, where they are fixed now (a list's items may change while a
+        loop over it runs: not those), without advancing it; None where they are not known."""
+        return None
+
 
 class ListIter(SymIter):
     """`iter()` of a list of symbolic values (lists, tuples, dict keys, ranges...)."""
@@ -69,6 +74,9 @@ class ListIter(SymIter):
     def rebuild(self, rec: Any) -> str:
         rest = list(self.items[self.pos:])
         return f"iter({rec.value(rest)})"
+
+    def remaining(self) -> list | None:
+        return list(self.items[self.pos:])
 
     def describe(self) -> str:
         return self.kind
@@ -95,6 +103,9 @@ class LiveListIter(ListIter):
 
     def rebuild(self, rec: Any) -> str:
         return f"{rec.cap.ns.hold(iterator_at, 'iterator_at')}({rec.value(self.items)}, {self.pos})"
+
+    def remaining(self) -> list | None:
+        return None  # (the live list may grow or shrink after the break)
 
 
 class DictIter(SymIter):
@@ -259,6 +270,12 @@ class EnumerateIter(SymIter):
     def __init__(self, inner: SymIter, start: Any):
         self.inner = inner
         self.count = start
+
+    def remaining(self) -> list | None:
+        rest = self.inner.remaining()
+        if rest is None or not isinstance(self.count, int):
+            return None
+        return [(self.count + k, item) for k, item in enumerate(rest)]
 
     def advance(self, frame: Any) -> Any:
         item = self.inner.advance(frame)

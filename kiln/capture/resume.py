@@ -39,9 +39,25 @@ class NotResumable(GraphBreak):
     """The frame broke where kiln cannot continue in a resume function; it runs natively instead."""
 
 
-def check_resumable(code: types.CodeType, offset: int) -> None:
+# A break inside a loop resumes in a resume code that continues the loop; when the next iteration breaks
+# again, in a resume code of that one. Each is a capture of its own; past this many resumes of one frame the
+# rest of a loop runs natively (a loop of thousands of iterations with a break in each would otherwise
+# compile thousands of captures).
+MAX_LOOP_RESUMES = 128
+_DEPTH: dict[types.CodeType, int] = {}  # resume code -> how many resumes of its frame it is
+
+
+def in_loop(code: types.CodeType, offset: int) -> bool:
+    """Whether the instruction at `offset` (bytes) can run again: it is inside a loop."""
+    here = index_at(code, offset)
+    return here in closure(code, flow(code)[1][here])
+
+
+def check_resumable(code: types.CodeType, offset: int, call: bool = True) -> None:
     """Raise NotResumable when a break at `offset` (bytes) cannot be resumed: inside a try or with block,
-    inside a loop, in a generator, or in a frame with cell variables."""
+    in a generator, in a frame with cell variables, or inside a loop where the break is not at a call
+    (`call`) or the frame was resumed MAX_LOOP_RESUMES times already. (A loop's iterator on the stack must
+    also be one make_break_entry can pass on: stitch checks that.)"""
     if code.co_flags & _NOT_RESUMABLE_FLAGS:
         raise NotResumable("the break is in a generator or coroutine")
     if code.co_cellvars:
@@ -49,9 +65,12 @@ def check_resumable(code: types.CodeType, offset: int) -> None:
         raise NotResumable(f"the frame has variables captured by inner functions ({names})")
     if any(start <= offset < end for start, end, *_ in exception_table(code)):
         raise NotResumable("the break is inside a try or with block")
-    here = index_at(code, offset)
-    if here in closure(code, flow(code)[1][here]):  # (the break can run again: a loop)
-        raise NotResumable("the break is inside a loop")
+    if in_loop(code, offset):
+        if not call:
+            raise NotResumable("the break is inside a loop, not at a call")
+        if _DEPTH.get(code, 0) >= MAX_LOOP_RESUMES:
+            raise NotResumable(f"the break is inside a loop and the frame was resumed {MAX_LOOP_RESUMES} "
+                               "times already (the rest of the loop runs natively)")
 
 
 def live_locals(code: types.CodeType, offset: int) -> set[str]:
@@ -74,22 +93,28 @@ def resume_arguments(code: types.CodeType, local_names: tuple[str, ...]) -> tupl
 _RESUME_CODES: dict[tuple, types.CodeType] = {}
 
 
+NULL_SLOT, VALUE_SLOT, ITER_SLOT = 0, 1, 2
+
+
 def resume_code(code: types.CodeType, target: int, local_names: tuple[str, ...],
-                stack: tuple[bool, ...]) -> types.CodeType:
+                stack: tuple[int, ...]) -> types.CodeType:
     """The code object continuing `code` at byte offset `target`.
 
     `local_names` become the first parameters; `stack` says for each stack slot (bottom first) whether it
-    is a value (a parameter `__stack_i`) or a NULL (pushed by the prologue). Cached per arguments."""
+    is a value (VALUE_SLOT: a parameter `__stack_i`), a NULL (NULL_SLOT: pushed by the prologue) or a loop's
+    iterator (ITER_SLOT: the parameter is a tuple of the items it has left, and the prologue pushes
+    `iter()` of it). Cached per arguments."""
     key = (code, target, local_names, stack)
     found = _RESUME_CODES.get(key)
     if found is None:
         build = _build if PY < (3, 12) else _build_in_place
         found = _RESUME_CODES[key] = build(code, target, local_names, stack)
+        _DEPTH[found] = _DEPTH.get(code, 0) + 1
     return found
 
 
 def _build_in_place(code: types.CodeType, target: int, local_names: tuple[str, ...],
-                    stack: tuple[bool, ...]) -> types.CodeType:
+                    stack: tuple[int, ...]) -> types.CodeType:
     """3.12+: every local keeps its slot and becomes a parameter (3.13's superinstructions pack two slots
     of at most 15 into one argument, so locals cannot be renumbered); the stack values follow them. The
     prologue unbinds the locals the frame had no value for."""
@@ -97,7 +122,7 @@ def _build_in_place(code: types.CodeType, target: int, local_names: tuple[str, .
         raise NotResumable("the frame has cell variables")
     old_names = code.co_varnames
     n_old = len(old_names)
-    stack_names = _fresh_names(sum(stack), set(old_names))
+    stack_names = _fresh_names(sum(1 for slot in stack if slot), set(old_names))
     n_stack = len(stack_names)
 
     def shift(op: int, full: int) -> int | None:
@@ -139,9 +164,10 @@ def _rewrite_args(code: types.CodeType, fix: Any) -> bytearray:
     return body
 
 
-def _prologue(code: types.CodeType, unbound: list[int], stack: tuple[bool, ...], stack_slots: Any) -> bytearray:
+def _prologue(code: types.CodeType, unbound: list[int], stack: tuple[int, ...], stack_slots: Any) -> bytearray:
     """The resume prologue before its jump: free variables copied, RESUME, the `unbound` local slots
-    deleted, then the stack rebuilt bottom first (LOAD_FAST from `stack_slots` for a value, PUSH_NULL)."""
+    deleted, then the stack rebuilt bottom first (LOAD_FAST from `stack_slots` for a value, followed by
+    GET_ITER for an iterator's items; PUSH_NULL)."""
     out = bytearray()
     if code.co_freevars:
         out += bytes((_OP["COPY_FREE_VARS"], len(code.co_freevars)))
@@ -151,12 +177,14 @@ def _prologue(code: types.CodeType, unbound: list[int], stack: tuple[bool, ...],
             raise NotResumable("the frame has too many local variables to unbind")
         out += bytes((_OP["DELETE_FAST"], slot))
     slots = iter(stack_slots)
-    for is_value in stack:
-        if is_value:
+    for kind in stack:
+        if kind:
             slot = next(slots)
             if slot > 255:
                 raise NotResumable("too many values on the stack to pass")
             out += bytes((_OP["LOAD_FAST"], slot))
+            if kind == ITER_SLOT:
+                out += bytes((_OP["GET_ITER"], 0))
         else:
             out += bytes((_OP["PUSH_NULL"], 0))
     return out
@@ -182,11 +210,11 @@ def _finish(code: types.CodeType, target: int, prologue: bytearray, new_names: t
 
 
 def _build(code: types.CodeType, target: int, local_names: tuple[str, ...],
-           stack: tuple[bool, ...]) -> types.CodeType:
+           stack: tuple[int, ...]) -> types.CodeType:
     if code.co_cellvars:
         raise NotResumable("the frame has cell variables")
     old_names = code.co_varnames
-    stack_names = _fresh_names(sum(stack), set(old_names) | set(local_names))
+    stack_names = _fresh_names(sum(1 for slot in stack if slot), set(old_names) | set(local_names))
     rest = tuple(n for n in old_names if n not in local_names)
     new_names = tuple(local_names) + stack_names + rest
     index = {name: i for i, name in enumerate(new_names)}

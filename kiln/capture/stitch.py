@@ -19,6 +19,7 @@ import operator
 import types
 from typing import Any, Callable
 
+import torch
 
 from ..graph import Proxy
 from ..ops.registry import aliases
@@ -27,7 +28,9 @@ from .entry import Reconstructor, _entry_source, _checks_source, _exec, _fix_set
 from .errors import GraphBreak
 from .frame import _BINARY_BY_ARG, _COMPARE, NULL, Frame
 from .bytecode import PUSHES_NULL_FIRST, PY
-from .resume import NotResumable, check_resumable, live_locals, resume_arguments, resume_code
+from .iterators import SymIter
+from .resume import ITER_SLOT, NULL_SLOT, VALUE_SLOT, NotResumable, check_resumable, in_loop, live_locals, \
+    resume_arguments, resume_code
 from .state import Capture
 
 _UNARY = {"UNARY_NOT": operator.not_, "UNARY_NEGATIVE": operator.neg, "UNARY_POSITIVE": operator.pos,
@@ -182,9 +185,10 @@ def make_break_entry(cap: Capture, fn: Any, code: types.CodeType, frame: Frame, 
     instruction): graph, restore, native instruction, resume functions. Raises GraphBreak (NotResumable
     among them) when the frame cannot be continued this way; the caller then runs it natively."""
     inst = frame.insts[frame.pc]
-    if not brk.resumable and not (brk.in_callee and inst.opname in ("CALL", "CALL_KW", "CALL_FUNCTION_EX")):
+    call = inst.opname in CALL_OPS
+    if not brk.resumable and not (brk.in_callee and call):
         raise NotResumable("the break raises an exception")
-    check_resumable(code, inst.offset)
+    check_resumable(code, inst.offset, call)
     if grad_changed:
         raise NotResumable("grad mode changed before the break")
     graph = cap.graph
@@ -201,9 +205,16 @@ def make_break_entry(cap: Capture, fn: Any, code: types.CodeType, frame: Frame, 
     for source, tensor, by_identity in cap.inputs:
         if by_identity:
             rec.held_inputs[source.expr] = ns.hold(tensor, "input")
-    stack = [None if v is NULL else temp(rec.value(v)) for v in frame.stack]
+    # in a loop, the loop's iterator (below the call's values) goes on as a tuple of the items it has left
+    # (the resume code's prologue makes an iterator of it, ITER_SLOT; a tuple: its items are fixed, so the
+    # resumed capture iterates it as such)
+    iter_slots = _loop_iterators(frame) if in_loop(code, inst.offset) else {}
+    stack = [None if v is NULL else temp(rec.value(tuple(iter_slots[i]) if i in iter_slots else v))
+             for i, v in enumerate(frame.stack)]
     consumed, native, branches = native_instruction(frame, inst, stack, ns)
     below = stack[:len(stack) - consumed]
+    if any(i >= len(below) for i in iter_slots):
+        raise NotResumable("the break's instruction takes the loop's iterator")
     conts = [(cond, _skip_pop_top(frame, c)) for cond, c in branches]
     local_names: dict[int, tuple[str, ...]] = {}
     local_temps: dict[str, str] = {}
@@ -228,7 +239,8 @@ def make_break_entry(cap: Capture, fn: Any, code: types.CodeType, frame: Frame, 
         if cont.offset not in local_names:
             call = f"return {values[-1]}"
         else:
-            layout = tuple(v is not None for v in values)
+            layout = tuple(NULL_SLOT if v is None else ITER_SLOT if i in iter_slots else VALUE_SLOT
+                           for i, v in enumerate(values))
             rcode = resume_code(code, cont.offset, local_names[cont.offset], layout)
             resumed = resume_factory(rcode)
             resumes.append(resumed)
@@ -250,6 +262,34 @@ def make_break_entry(cap: Capture, fn: Any, code: types.CodeType, frame: Frame, 
     source = _entry_source(cap, params, body) + _checks_source(cap, params)
     env = _exec(cap, source, fn, extra, (code.co_filename, frame.lines[frame.pc]))
     return env["__entry"], env["__checks"], source, resumes
+
+
+CALL_OPS = ("CALL", "CALL_KW", "CALL_FUNCTION_EX")
+
+
+def _loop_iterators(frame: Frame) -> dict[int, list]:
+    """The iterators on the stack of a frame that broke inside a loop, by stack position: the items each has
+    left. Only a loop over modules resumes (a model's `for layer in self.layers`, `enumerate` of them: as
+    many resumes as layers at most): a break inside any other loop (a `while`, a `for` over a range of
+    steps, where each iteration would be a capture of its own) raises NotResumable, as does an iterator
+    whose items are not fixed (a live list, a generator, a zip) or that is also held elsewhere (a local:
+    advancing the tuple would not advance it)."""
+    found: dict[int, list] = {}
+    held = [id(v) for v in frame.locals.values()] + [id(v) for v in frame.stack]
+    for i, v in enumerate(frame.stack):
+        if not isinstance(v, SymIter):
+            continue
+        rest = v.remaining()
+        inner = getattr(v, "inner", None)
+        if rest is None or held.count(id(v)) > 1 or (inner is not None and id(inner) in held):
+            raise NotResumable(f"the break is inside a loop over a {v.describe()} kiln cannot pass on")
+        if not all(isinstance(item[-1] if type(item) is tuple and item else item, torch.nn.Module)
+                   for item in rest):
+            raise NotResumable("the break is inside a loop that is not over modules")
+        found[i] = rest
+    if not found:
+        raise NotResumable("the break is inside a loop that is not over modules")
+    return found
 
 
 def _check_no_live_views(cap: Capture, rec: Reconstructor) -> None:

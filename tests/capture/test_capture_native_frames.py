@@ -114,12 +114,17 @@ class LoopWithPrint(nn.Module):
         return x
 
 
-def test_module_loop_with_break_still_compiles_each_block():
+def test_module_loop_with_break_resumes_in_the_loop():
+    """A break inside a loop over modules resumes inside the loop (the iterator goes on as a tuple of the
+    modules left): the frame is captured around each break, no frame runs natively. (It ran natively,
+    each block's forward captured as a callee.)"""
     torch.manual_seed(0)
     model = LoopWithPrint()
     with torch.no_grad():
         report = kiln.explain(model, X)
-        assert report.graph_count == 3 and len(report.frames_run_natively) == 1
+        assert report.graph_count == 3 and report.graph_break_count == 3, str(report)
+        assert not report.frames_run_natively, str(report)
+        assert all(b.resumed for b in report.breaks), str(report)
         kiln.reset()
         compiled = kiln.compile(model)
         for _ in range(2):

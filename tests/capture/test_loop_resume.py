@@ -1,0 +1,184 @@
+"""A graph break inside a loop over modules resumes inside the loop.
+
+`for block in self.blocks: x = block(x)` where a block call breaks (a module with hooks, FSDP2's sharded
+blocks, a print inside the loop): the loop's iterator goes on to the resume code as a tuple of the modules it
+has left, so the frame is captured around every break: the embedding before the loop and the head after it
+are graphs, not run natively. Other loops (a `while`, a `for` over a range, an iterator also held in a
+local) still run the frame natively, named; past MAX_LOOP_RESUMES resumes of a frame the rest of its loop
+runs natively. Values, gradients and module state equal eager's."""
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kiln
+from kiln.capture import resume
+
+OUT = io.StringIO()
+
+
+class Block(nn.Module):
+    def __init__(self, width: int = 8):
+        super().__init__()
+        self.lin = nn.Linear(width, width)
+
+    def forward(self, x):
+        return torch.relu(self.lin(x))
+
+
+class Model(nn.Module):
+    def __init__(self, blocks: int = 4, loop: str = "enumerate"):
+        super().__init__()
+        self.embed = nn.Linear(8, 8)
+        self.blocks = nn.ModuleList(Block() for _ in range(blocks))
+        self.head = nn.Linear(8, 3)
+        self.loop = loop
+
+    def forward(self, x):
+        x = self.embed(x) * 2
+        if self.loop == "enumerate":
+            for i, block in enumerate(self.blocks):
+                x = block(x) + i
+        elif self.loop == "print":
+            for block in self.blocks:
+                print("block", file=OUT)
+                x = block(x)
+        elif self.loop == "range":
+            for i in range(len(self.blocks)):
+                print("block", file=OUT)
+                x = self.blocks[i](x)
+        elif self.loop == "while":
+            i = 0
+            while i < len(self.blocks):
+                x = self.blocks[i](x)
+                print("block", file=OUT)
+                i += 1
+        elif self.loop == "local":
+            it = iter(self.blocks)
+            for block in it:
+                print("block", file=OUT)
+                x = block(x)
+        return self.head(x).sin()
+
+
+def _hooked(model):
+    for block in model.blocks:
+        block.register_forward_hook(lambda module, args, out: out * 1.5)
+    return model
+
+
+def _check_values_and_grads(model, compiled, x):
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), model(x))
+    compiled(x).sum().backward()
+    got = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    model(x).sum().backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(got[n], p.grad, msg=n)
+
+
+def test_hooked_blocks_in_an_enumerate_loop_resume_and_train_as_eager():
+    torch.manual_seed(0)
+    model = _hooked(Model())
+    x = torch.randn(2, 8)
+    kiln.reset()
+    compiled = kiln.compile(model)
+    _check_values_and_grads(model, compiled, x)
+    report = kiln.explain(compiled, x)
+    # the frame's own code around the four hooked calls: the embedding, three `+ i`, the head
+    assert (report.graph_count, report.graph_break_count) == (5, 4), str(report)
+    assert not report.frames_run_natively and all(b.resumed for b in report.breaks), str(report)
+    assert "has hooks" in report.breaks[0].reason
+
+
+@pytest.mark.parametrize("loop,why", [
+    ("range", "the break is inside a loop that is not over modules"),
+    ("while", "the break is inside a loop that is not over modules"),
+    ("local", "kiln cannot pass on"),
+])
+def test_other_loops_still_run_the_frame_natively(loop, why):
+    torch.manual_seed(0)
+    model = Model(loop=loop)
+    x = torch.randn(2, 8)
+    kiln.reset()
+    compiled = kiln.compile(model)
+    _check_values_and_grads(model, compiled, x)
+    report = kiln.explain(compiled, x)
+    assert report.frames_run_natively and why in str(report), str(report)
+
+
+def test_a_loop_longer_than_the_resume_limit_finishes_natively(monkeypatch):
+    monkeypatch.setattr(resume, "MAX_LOOP_RESUMES", 3)
+    torch.manual_seed(0)
+    model = Model(blocks=6, loop="print")
+    x = torch.randn(2, 8)
+    kiln.reset()
+    compiled = kiln.compile(model, backend="eager")
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x), model(x))
+    report = kiln.explain(compiled, x)
+    assert "resumed 3 times already (the rest of the loop runs natively)" in str(report), str(report)
+
+
+def test_the_loop_resumes_for_new_sizes_and_a_changed_module_list():
+    torch.manual_seed(0)
+    model = _hooked(Model())
+    kiln.reset()
+    compiled = kiln.compile(model)
+    for batch in (2, 5, 3):
+        x = torch.randn(batch, 8)
+        torch.testing.assert_close(compiled(x), model(x))
+    extra = Block()
+    extra.register_forward_hook(lambda module, args, out: out * 1.5)
+    model.blocks.append(extra)  # one more hooked block: the guards see it
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(compiled(x), model(x))
+    del model.blocks[0]
+    torch.testing.assert_close(compiled(x), model(x))
+
+
+class Shapes(nn.Module):
+    """Loop bodies around a break: an early exit, a list of outputs, a nested loop, state on the module."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.stages = nn.ModuleList(nn.ModuleList(Block() for _ in range(2)) for _ in range(3))
+        self.calls = 0
+
+    def forward(self, x):
+        outs = []
+        for s, stage in enumerate(self.stages):
+            for block in stage:
+                print("block", file=OUT)
+                x = block(x) * (s + 1)
+                self.calls += 1
+                if self.kind == "early" and s == 1:
+                    break
+                if self.kind == "return" and s == 2:
+                    return x - 1
+            outs.append(x.sum(-1))
+            if self.kind == "early" and s == 1:
+                break
+        return torch.stack(outs), x
+
+
+@pytest.mark.parametrize("kind", ["plain", "early", "return"])
+def test_loop_bodies_around_a_break_match_eager(kind):
+    torch.manual_seed(0)
+    model = Shapes(kind)
+    twin = Shapes(kind)
+    twin.load_state_dict(model.state_dict())
+    x = torch.randn(2, 8)
+    kiln.reset()
+    compiled = kiln.compile(model)
+    for _ in range(3):
+        got, want = compiled(x), twin(x)
+        torch.testing.assert_close(got, want)
+    assert model.calls == twin.calls
+    report = kiln.explain(compiled, x)
+    assert not report.frames_run_natively, str(report)
