@@ -1,11 +1,11 @@
-"""Run a function on 2 gloo ranks, processes started here, bounded in time.
+"""Run a function on gloo ranks (2 unless `world_size` says otherwise), processes started here, bounded in time.
 
     results = run_ranks(worker, args, timeout=120)   # worker(rank, world_size, *args) -> picklable result
 
 Each rank is a spawned process on this machine (torch.multiprocessing, MASTER_ADDR=127.0.0.1, a free port
 found by binding port 0), one torch thread, in a gloo process group. A rank that raises stops all of them
 and the error is raised here; past `timeout` seconds every rank is killed and TimeoutError raised. The
-workers live in importable modules (spawn pickles them by name): this one and ddp_workers.py.
+workers live in importable modules (spawn pickles them by name): ddp_workers.py, tp_workers.py, pp_workers.py.
 """
 from __future__ import annotations
 
