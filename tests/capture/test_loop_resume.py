@@ -182,3 +182,46 @@ def test_loop_bodies_around_a_break_match_eager(kind):
     assert model.calls == twin.calls
     report = kiln.explain(compiled, x)
     assert not report.frames_run_natively, str(report)
+
+
+@pytest.mark.parametrize("name", ["hf_llama", "hf_gpt2"])
+def test_hugging_face_decoder_with_a_hook_on_every_layer(name):
+    """Third-party code: a forward hook on each of a transformers decoder's layers (how users read
+    activations). The model's forward resumes in its layer loop: its embeddings and final norm are graphs
+    (transformers' own wrappers around it, a `with` block, still run natively, their callee captured).
+    Outputs and what the hooks saw equal eager's."""
+    pytest.importorskip("transformers")
+    from kiln.testing import models as zoo
+    torch.manual_seed(0)
+    model, (args, kwargs) = zoo.build(name, batch=2)
+    model.eval()
+    layers = [m for n, m in model.named_modules()
+              if type(m).__name__.endswith(("DecoderLayer", "Block")) and n.count(".") <= 2]
+    assert len(layers) >= 2
+    seen = []
+    for layer in layers:
+        layer.register_forward_hook(
+            lambda module, args_, out: seen.append((out[0] if isinstance(out, tuple) else out).clone()))
+
+    def first(out):
+        return out[0] if isinstance(out, tuple) else out.last_hidden_state
+
+    with torch.no_grad():
+        want = first(model(*args, **kwargs))
+        want_seen, seen[:] = list(seen), []
+        kiln.reset()
+        compiled = kiln.compile(model)
+        for _ in range(2):
+            got = first(compiled(*args, **kwargs))
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            assert len(seen) == len(want_seen)
+            for a, b in zip(seen, want_seen):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+            seen[:] = []
+        report = kiln.explain(compiled, *args, **kwargs)
+    model_frame = type(model).__name__ + ".forward"
+    assert not any(f.startswith(model_frame + " (") and "modeling_" in f for f in report.frames_run_natively), \
+        str(report)
+    assert any(k.startswith(model_frame + " (resumed at line") for k in kiln.counters["captures"]), \
+        dict(kiln.counters["captures"])
+    assert report.graph_count >= 2, str(report)
