@@ -22,7 +22,7 @@ from . import bytecode
 from . import sources as S
 from .bytecode import PUSHES_NULL_FIRST, PY
 from .errors import HINTS, GraphBreak, RaisedError
-from .iterators import _STOP as STOP, GeneratorValue, Suspend, SymIter
+from .iterators import _STOP as STOP, EnumerateIter, GeneratorValue, Suspend, SymIter
 from .state import Capture
 
 CO_GENERATOR = 0x20
@@ -598,9 +598,15 @@ class Frame:
 
     # ---- iteration ----
     def op_GET_ITER(self, inst: dis.Instruction) -> None:
-        self.push(self.get_iterator(self.pop()))
+        value = self.pop()
+        here = self.index[inst.offset]
+        if isinstance(value, EnumerateIter) and here > 0 and not getattr(inst, "is_jump_target", True) and \
+                self.insts[here - 1].opname in ("CALL", "CALL_KW"):
+            value.loop_owned = True  # `for ... in enumerate(...)`: the call's result, held by nothing else
+        self.push(self.loop_iterator(value))
 
-    op_GET_YIELD_FROM_ITER = op_GET_ITER
+    def op_GET_YIELD_FROM_ITER(self, inst: dis.Instruction) -> None:
+        self.push(self.get_iterator(self.pop()))
 
     def op_FOR_ITER(self, inst: dis.Instruction) -> int | None:
         it = self.stack[-1]

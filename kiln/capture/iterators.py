@@ -17,6 +17,8 @@ import itertools
 import types
 from typing import Any
 
+import torch
+
 from .errors import GraphBreak, RaisedError
 
 _STOP = object()
@@ -50,6 +52,11 @@ class SymIter:
 
     def describe(self) -> str:
         return type(self).__name__
+
+    # the iterator a `for` loop made over a module container or a tuple (frame.op_GET_ITER), which nothing
+    # but the loop holds: a break in the loop can pass on what it has left (stitch._loop_iterators)
+    loop_owned = False
+    container: Any = None  # the container it iterates (its items re-read after a break, if a module's)
 
     def remaining(self) -> list | None:
         """The items this iterator has left, where they are fixed now (a list's items may change while a
@@ -272,7 +279,7 @@ class EnumerateIter(SymIter):
         self.count = start
 
     def remaining(self) -> list | None:
-        rest = self.inner.remaining()
+        rest = self.inner.remaining() if self.inner.loop_owned else None
         if rest is None or not isinstance(self.count, int):
             return None
         return [(self.count + k, item) for k, item in enumerate(rest)]
@@ -422,6 +429,9 @@ def drain(frame: Any, it: SymIter) -> list:
         out.append(item)
 
 
+LOOP_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, tuple)
+
+
 def is_outside_iterator(value: Any) -> bool:
     """A real iterator (it has `__next__`): advancing it while tracing would change the program's state."""
     return not isinstance(value, SymIter) and hasattr(type(value), "__next__") and \
@@ -434,7 +444,7 @@ def make_lazy(frame: Any, cls: Any, args: list, kwargs: dict) -> SymIter | None:
         if not args:
             return None
         start = args[1] if len(args) > 1 else kwargs.get("start", 0)
-        return EnumerateIter(frame.get_iterator(args[0]), start)
+        return EnumerateIter(frame.loop_iterator(args[0]), start)
     if cls is zip:
         strict = bool(kwargs.get("strict", False))
         return ZipIter([frame.get_iterator(a) for a in args], strict)

@@ -28,7 +28,7 @@ from .entry import Reconstructor, _entry_source, _checks_source, _exec, _fix_set
 from .errors import GraphBreak
 from .frame import _BINARY_BY_ARG, _COMPARE, NULL, Frame
 from .bytecode import PUSHES_NULL_FIRST, PY
-from .iterators import SymIter
+from .iterators import EnumerateIter, SymIter
 from .resume import ITER_SLOT, NULL_SLOT, VALUE_SLOT, NotResumable, check_resumable, in_loop, live_locals, \
     resume_arguments, resume_code
 from .state import Capture
@@ -209,8 +209,20 @@ def make_break_entry(cap: Capture, fn: Any, code: types.CodeType, frame: Frame, 
     # (the resume code's prologue makes an iterator of it, ITER_SLOT; a tuple: its items are fixed, so the
     # resumed capture iterates it as such)
     iter_slots = _loop_iterators(frame) if in_loop(code, inst.offset) else {}
-    stack = [None if v is NULL else temp(rec.value(tuple(iter_slots[i]) if i in iter_slots else v))
-             for i, v in enumerate(frame.stack)]
+    late: list[str] = []  # a module container's items left, read after the native call (it may change them)
+    stack = []
+    for i, v in enumerate(frame.stack):
+        if v is NULL:
+            stack.append(None)
+        elif i in iter_slots:
+            live = _live_rest(cap, rec, v)
+            if live is None:
+                stack.append(temp(rec.value(tuple(iter_slots[i]))))
+            else:
+                stack.append(f"__loop{len(late)}")
+                late.append(f"__loop{len(late)} = {live}")
+        else:
+            stack.append(temp(rec.value(v)))
     consumed, native, branches = native_instruction(frame, inst, stack, ns)
     below = stack[:len(stack) - consumed]
     if any(i >= len(below) for i in iter_slots):
@@ -232,7 +244,7 @@ def make_break_entry(cap: Capture, fn: Any, code: types.CodeType, frame: Frame, 
     if not getattr(compile_graph, "keeps_views", False) or cap.graph.mutated_inputs:
         # (a view kept as a view is still a view of the graph's copy of a mutated input, not of the input)
         _check_no_live_views(cap, rec)
-    body = temps + writes + native
+    body = temps + writes + native + late
     resumes = []
     for cond, cont in conts:
         values = below + cont.pushed
@@ -280,16 +292,38 @@ def _loop_iterators(frame: Frame) -> dict[int, list]:
         if not isinstance(v, SymIter):
             continue
         rest = v.remaining()
-        inner = getattr(v, "inner", None)
-        if rest is None or held.count(id(v)) > 1 or (inner is not None and id(inner) in held):
-            raise NotResumable(f"the break is inside a loop over a {v.describe()} kiln cannot pass on")
-        if not all(isinstance(item[-1] if type(item) is tuple and item else item, torch.nn.Module)
-                   for item in rest):
+        if rest is not None and not all(isinstance(item[-1] if type(item) is tuple and item else item,
+                                                   torch.nn.Module) for item in rest):
             raise NotResumable("the break is inside a loop that is not over modules")
+        inner = getattr(v, "inner", None)
+        if rest is None or not v.loop_owned or held.count(id(v)) > 1 or (inner is not None and id(inner) in held):
+            raise NotResumable(f"the break is inside a loop over a {v.describe()} kiln cannot pass on")
         found[i] = rest
     if not found:
         raise NotResumable("the break is inside a loop that is not over modules")
     return found
+
+
+def loop_rest(container: Any, pos: int, size: int, start: int | None) -> tuple:
+    """The modules a `for` loop over a module container has left after a break, read from the container as
+    it is now (the break's call may have replaced one: eager's iterator would yield the new one), as
+    eager's iterator over its dict of modules does: a changed number of modules raises its RuntimeError.
+    With `start`, as `enumerate(..., start)` pairs."""
+    items = tuple(container._modules.values())
+    if len(items) != size:
+        raise RuntimeError("dictionary changed size during iteration")
+    return items[pos:] if start is None else tuple(enumerate(items[pos:], start))
+
+
+def _live_rest(cap: Capture, rec: Reconstructor, it: SymIter) -> str | None:
+    """Source reading what a loop over an existing module container has left, after the break's call; None
+    for a tuple or a container the compiled code made itself (nothing else can change those)."""
+    inner, start = (it.inner, it.count) if isinstance(it, EnumerateIter) else (it, None)
+    container = inner.container
+    if not isinstance(container, torch.nn.Module) or cap.is_local(container):
+        return None
+    args = [rec.value(container), str(inner.pos), str(len(inner.items)), repr(start)]
+    return f"{cap.ns.hold(loop_rest, 'loop_rest')}({', '.join(args)})"
 
 
 def _check_no_live_views(cap: Capture, rec: Reconstructor) -> None:

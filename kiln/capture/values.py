@@ -14,7 +14,7 @@ from ..ops.aten import OVERLOADS
 from .errors import GraphBreak, RaisedError
 from .bytecode import PUSHES_NULL_FIRST
 from .frame import NATIVE_OPERAND_TYPES, NULL, symbolic_break
-from .iterators import DequeIter, DictIter, GeneratorValue, ListIter, LiveListIter, NativeIter, OutsideIterator, SymIter, UserIter, drain, \
+from .iterators import LOOP_CONTAINERS, DequeIter, DictIter, GeneratorValue, ListIter, LiveListIter, NativeIter, OutsideIterator, SymIter, UserIter, drain, \
     is_outside_iterator, stop_iteration, _STOP
 from .state import MISSING, trusted_module
 
@@ -406,6 +406,16 @@ class ValueOps:
         return value
 
     # ---- iteration ----
+    def loop_iterator(self, value: Any) -> SymIter:
+        """get_iterator(value), marked `loop_owned` where it is a fresh iterator over a module container or a
+        tuple (nothing else can hold it: `for` made it, or `enumerate` of such a container did)."""
+        it = self.get_iterator(value)
+        if type(it) is ListIter and (type(value) is tuple or isinstance(value, LOOP_CONTAINERS[:2]) and
+                                     type(value).__iter__ in (torch.nn.ModuleList.__iter__,
+                                                              torch.nn.Sequential.__iter__)):
+            it.loop_owned, it.container = True, value
+        return it
+
     def get_iterator(self, value: Any) -> SymIter:
         """iter(value) as a symbolic iterator: generators and user iterators stay lazy, everything else
         iterates a list of its symbolic items."""

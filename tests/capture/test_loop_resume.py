@@ -225,3 +225,103 @@ def test_hugging_face_decoder_with_a_hook_on_every_layer(name):
     assert any(k.startswith(model_frame + " (resumed at line") for k in kiln.counters["captures"]), \
         dict(kiln.counters["captures"])
     assert report.graph_count >= 2, str(report)
+
+
+
+class IteratorKept(nn.Module):
+    """The loop's iterator is also held by an attribute: a second loop continues it after the first left."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(4))
+
+    def forward(self, x):
+        self.it = iter(self.blocks)
+        n = 0
+        for block in self.it:
+            x = block(x)
+            n += 1
+            if n == 2:
+                break
+        for block in self.it:
+            x = block(x) * 3
+        return x
+
+
+class Walker:
+    def __init__(self, modules):
+        self.modules = modules
+
+    def __iter__(self):
+        self.it = iter(self.modules)  # (kept: a second loop could continue it)
+        return self.it
+
+
+class IteratorInContainer(nn.Module):
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.blocks = nn.ModuleList(Block() for _ in range(4))
+
+    def forward(self, x):
+        if self.kind == "list":
+            its = [iter(self.blocks)]
+            for block in its[0]:
+                x = block(x)
+                if block is self.blocks[1]:
+                    break
+            rest = its[0]
+        else:
+            walker = Walker(self.blocks)
+            for block in walker:
+                x = block(x)
+                if block is self.blocks[1]:
+                    break
+            rest = walker.it
+        for block in rest:
+            x = block(x) * 3
+        return x
+
+
+@pytest.mark.parametrize("make", [IteratorKept, lambda: IteratorInContainer("list"),
+                                  lambda: IteratorInContainer("walker")], ids=["attribute", "list", "walker"])
+def test_a_loop_iterator_held_elsewhere_is_not_passed_on(make):
+    """Found in review: the iterator also stored in an attribute, a list or by a user __iter__ was rebuilt
+    apart from the loop's tuple, so a second loop over it ran blocks the first had already run."""
+    torch.manual_seed(0)
+    model = _hooked(make())
+    x = torch.randn(2, 8)
+    kiln.reset()
+    compiled = kiln.compile(model)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+class Swapping(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(3))
+        self.spare = Block()
+
+        def swap(module, args, out):
+            self.blocks[1], self.spare = self.spare, self.blocks[1]  # the same key, a new module
+            return out
+        self.blocks[0].register_forward_hook(swap)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_a_module_the_breaking_call_puts_in_the_list_runs_next():
+    """Found in review: the hook on blocks[0] replaces blocks[1]; eager's iterator over the ModuleList's
+    modules yields the new one, so the loop's rest is read from the container after the call."""
+    torch.manual_seed(0)
+    model, twin = Swapping(), Swapping()
+    twin.load_state_dict(model.state_dict())
+    x = torch.randn(2, 8)
+    kiln.reset()
+    compiled = kiln.compile(model)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), twin(x))
