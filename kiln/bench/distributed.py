@@ -45,6 +45,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def torch_compile_baseline(module: torch.nn.Module, cache_dir: str) -> Any:
+    """`module` compiled by bench/baselines.py's torch.compile entry (Unavailable outside a checkout)."""
+    from .adapters import Unavailable, load_baselines
+    baselines = load_baselines()
+    if baselines is None or "torch.compile" not in baselines.BASELINES:
+        raise Unavailable("bench/baselines.py (torch.compile) is not in this checkout")
+    return baselines.BASELINES["torch.compile"](module, cache_dir)
+
+
 def _wrap(variant: str, model: torch.nn.Module, cache_dir: str, ddp_kwargs: dict) -> Any:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -65,12 +74,7 @@ def _wrap(variant: str, model: torch.nn.Module, cache_dir: str, ddp_kwargs: dict
     if variant == "DDP(kiln)":
         return DDP(kiln.compile(model), **ddp_kwargs)
     if variant.startswith("torch.compile"):
-        from .adapters import Unavailable, load_baselines
-        baselines = load_baselines()
-        if baselines is None or "torch.compile" not in baselines.BASELINES:
-            raise Unavailable("bench/baselines.py (torch.compile) is not in this checkout")
-        return baselines.BASELINES["torch.compile"](model if "FSDP2" in variant else DDP(model, **ddp_kwargs),
-                                                    cache_dir)
+        return torch_compile_baseline(model if "FSDP2" in variant else DDP(model, **ddp_kwargs), cache_dir)
     raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS + FSDP_VARIANTS)}")
 
 

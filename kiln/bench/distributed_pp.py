@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from .distributed import explain_counts, free_port, graphs_note, join_ranks, step_table, time_variants
+from .distributed import explain_counts, free_port, graphs_note, join_ranks, step_table, time_variants, \
+    torch_compile_baseline
 
 VARIANTS = ("eager PP", "kiln PP", "torch.compile PP")
 SCHEDULES = ("gpipe", "1f1b")
@@ -36,12 +37,21 @@ def _wrap(variant: str, stage: torch.nn.Module, cache_dir: str) -> Any:
     if variant == "kiln PP":
         return kiln.compile(stage)
     if variant == "torch.compile PP":
-        from .adapters import Unavailable, load_baselines
-        baselines = load_baselines()
-        if baselines is None or "torch.compile" not in baselines.BASELINES:
-            raise Unavailable("bench/baselines.py (torch.compile) is not in this checkout")
-        return baselines.BASELINES["torch.compile"](stage, cache_dir)
+        return torch_compile_baseline(stage, cache_dir)
     raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
+
+
+def schedule_step(runner: Any, rank: int, world: int, inputs: Any, target: Any) -> list[torch.Tensor]:
+    """One step of a pipeline schedule on this rank: the first stage feeds `inputs`, the last takes `target`
+    and returns its microbatches' losses (other ranks: an empty list)."""
+    losses: list[torch.Tensor] = []
+    if rank == 0:
+        runner.step(inputs)
+    elif rank == world - 1:
+        runner.step(target=target, losses=losses)
+    else:
+        runner.step()
+    return losses
 
 
 def _rank_main(rank: int, world: int, port: int, name: str, schedule: str, variants: list[str], steps: int,
@@ -66,12 +76,7 @@ def _rank_main(rank: int, world: int, port: int, name: str, schedule: str, varia
     def step(state: tuple) -> None:
         runner, opt, tokens, target, _ = state
         opt.zero_grad()
-        if rank == 0:
-            runner.step(tokens)
-        elif rank == world - 1:
-            runner.step(target=target, losses=[])
-        else:
-            runner.step()
+        schedule_step(runner, rank, world, tokens, target)
         opt.step()
 
     def graphs(variant: str, state: tuple) -> dict[str, Any]:

@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from .distributed import explain_counts, free_port, graphs_note, join_ranks, step_table, time_variants
+from .distributed import explain_counts, free_port, graphs_note, join_ranks, step_table, time_variants, \
+    torch_compile_baseline
 
 VARIANTS = ("eager TP", "kiln TP", "kiln TP (hooks)", "torch.compile TP")
 MODELS = ("mlp", "llama")
@@ -40,11 +41,7 @@ def _wrap(variant: str, model: torch.nn.Module, cache_dir: str) -> Any:
     if variant == "kiln TP (hooks)":
         return kiln.api.CompiledModule(model)  # kiln's plain module path, not the shards' one
     if variant == "torch.compile TP":
-        from .adapters import Unavailable, load_baselines
-        baselines = load_baselines()
-        if baselines is None or "torch.compile" not in baselines.BASELINES:
-            raise Unavailable("bench/baselines.py (torch.compile) is not in this checkout")
-        return baselines.BASELINES["torch.compile"](model, cache_dir)
+        return torch_compile_baseline(model, cache_dir)
     raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
 
 

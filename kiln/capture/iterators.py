@@ -79,8 +79,7 @@ class ListIter(SymIter):
         return self.items[self.pos - 1]
 
     def rebuild(self, rec: Any) -> str:
-        rest = list(self.items[self.pos:])
-        return f"iter({rec.value(rest)})"
+        return f"iter({rec.value(self.remaining())})"
 
     def remaining(self) -> list | None:
         return list(self.items[self.pos:])
@@ -429,7 +428,7 @@ def drain(frame: Any, it: SymIter) -> list:
         out.append(item)
 
 
-LOOP_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, tuple)
+MODULE_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential)  # what a loop's rest is re-read from
 
 
 def is_outside_iterator(value: Any) -> bool:

@@ -14,7 +14,7 @@ from ..ops.aten import OVERLOADS
 from .errors import GraphBreak, RaisedError
 from .bytecode import PUSHES_NULL_FIRST
 from .frame import NATIVE_OPERAND_TYPES, NULL, symbolic_break
-from .iterators import LOOP_CONTAINERS, DequeIter, DictIter, GeneratorValue, ListIter, LiveListIter, NativeIter, OutsideIterator, SymIter, UserIter, drain, \
+from .iterators import MODULE_CONTAINERS, DequeIter, DictIter, GeneratorValue, ListIter, LiveListIter, NativeIter, OutsideIterator, SymIter, UserIter, drain, \
     is_outside_iterator, stop_iteration, _STOP
 from .state import MISSING, trusted_module
 
@@ -410,9 +410,9 @@ class ValueOps:
         """get_iterator(value), marked `loop_owned` where it is a fresh iterator over a module container or a
         tuple (nothing else can hold it: `for` made it, or `enumerate` of such a container did)."""
         it = self.get_iterator(value)
-        if type(it) is ListIter and (type(value) is tuple or isinstance(value, LOOP_CONTAINERS[:2]) and
-                                     type(value).__iter__ in (torch.nn.ModuleList.__iter__,
-                                                              torch.nn.Sequential.__iter__)):
+        module_container = isinstance(value, MODULE_CONTAINERS) and \
+            type(value).__iter__ in (c.__iter__ for c in MODULE_CONTAINERS)  # (not a subclass's own __iter__)
+        if type(it) is ListIter and (type(value) is tuple or module_container):
             it.loop_owned, it.container = True, value
         return it
 

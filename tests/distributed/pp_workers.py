@@ -12,10 +12,24 @@ import torch
 
 import kiln
 from kiln import config
+from kiln.bench.distributed_pp import schedule_step
 from kiln.testing.pp_models import build_stage, loss_fn
 
 LR = 0.05
 MICROBATCHES = 4
+
+
+def schedule_steps(schedule: Any, opt: torch.optim.Optimizer, rank: int, world: int, inputs: torch.Tensor,
+                   target: torch.Tensor, steps: int) -> list[float]:
+    """`steps` SGD steps through a pipeline schedule: the last stage's losses (the mean over microbatches)."""
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        microbatch_losses = schedule_step(schedule, rank, world, inputs, target)
+        if microbatch_losses:
+            losses.append(torch.stack(microbatch_losses).mean().item())
+        opt.step()
+    return losses
 
 
 def train_pp(rank: int, world: int, configs: list[tuple[str, str]], steps: int, cache_dir: str,
@@ -37,18 +51,7 @@ def train_pp(rank: int, world: int, configs: list[tuple[str, str]], steps: int, 
                 stage = PipelineStage(run, rank, world, torch.device("cpu"))
                 step = schedules[schedule](stage, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
                 opt = torch.optim.SGD(stage_module.parameters(), lr=LR)
-                losses = []
-                for _ in range(steps):
-                    opt.zero_grad()
-                    if rank == 0:
-                        step.step(tokens)
-                    elif rank == world - 1:
-                        microbatch_losses: list[torch.Tensor] = []
-                        step.step(target=target, losses=microbatch_losses)
-                        losses.append(torch.stack(microbatch_losses).mean().item())
-                    else:
-                        step.step()
-                    opt.step()
+                losses = schedule_steps(step, opt, rank, world, tokens, target, steps)
                 entry = {"losses": losses, "type": type(run).__name__,
                          "params": {n: p.detach().clone() for n, p in stage_module.named_parameters()},
                          "counters": {k: dict(v) for k, v in kiln.counters.items()}}
@@ -92,16 +95,7 @@ def train_traced(rank: int, world: int, steps: int, cache_dir: str) -> dict[str,
                 stage.submod = kiln.compile(module)
             step = ScheduleGPipe(stage, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
             opt = torch.optim.SGD(module.parameters(), lr=LR)
-            losses = []
-            for _ in range(steps):
-                opt.zero_grad()
-                if rank == 0:
-                    step.step(inputs)
-                else:
-                    microbatch_losses: list[torch.Tensor] = []
-                    step.step(target=target, losses=microbatch_losses)
-                    losses.append(torch.stack(microbatch_losses).mean().item())
-                opt.step()
+            losses = schedule_steps(step, opt, rank, world, inputs, target, steps)
             results[variant] = {"losses": losses, "type": type(stage.submod).__name__,
                                 "params": {n: p.detach().clone() for n, p in module.named_parameters()},
                                 "counters": {k: dict(v) for k, v in kiln.counters.items()}}

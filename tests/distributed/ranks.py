@@ -11,13 +11,24 @@ from __future__ import annotations
 
 import datetime
 import os
+import shutil
 import tempfile
 from typing import Any, Callable
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
+from kiln import config
 from kiln.bench.distributed import free_port, wait_for_ranks
+
+# the marks of a module of tests that start ranks: `pytestmark = RANK_TESTS`
+RANK_TESTS = [
+    pytest.mark.distributed,
+    pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+                       reason="torch.distributed with gloo is not available"),
+    pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler"),
+]
 
 
 def _entry(rank: int, worker: Callable[..., Any], port: int, world_size: int, out_dir: str,
@@ -32,6 +43,16 @@ def _entry(rank: int, worker: Callable[..., Any], port: int, world_size: int, ou
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+
+
+def assert_training_matches(result: dict, reference: dict, what: str, rtol: float = 1e-4) -> None:
+    """A run's losses and parameters (`{"losses": [...], "params": {name: tensor}}`) equal the reference's
+    within `rtol` relative (parameters also within 1e-6 absolute)."""
+    assert result["losses"] == pytest.approx(reference["losses"], rel=rtol), (what, result["losses"],
+                                                                             reference["losses"])
+    for name, expected in reference["params"].items():
+        torch.testing.assert_close(result["params"][name], expected, rtol=rtol, atol=1e-6,
+                                   msg=lambda m: f"{what} {name}: {m}")
 
 
 def run_ranks(worker: Callable[..., Any], args: tuple = (), world_size: int = 2,

@@ -3,20 +3,11 @@ step is timed on the slowest rank, and the table shows kiln's graphs (the shared
 distributed benches: kiln.bench.distributed.time_variants)."""
 from __future__ import annotations
 
-import shutil
-
-import pytest
-import torch
-
-from kiln import config
 from kiln.bench import distributed, distributed_pp
 
-pytestmark = [
-    pytest.mark.distributed,
-    pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-                       reason="torch.distributed with gloo is not available"),
-    pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler"),
-]
+from ranks import RANK_TESTS
+
+pytestmark = RANK_TESTS
 STEPS = 3
 
 

@@ -9,37 +9,14 @@
 """
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 
-from kiln import config
-
 from ddp_workers import collectives_in_compiled_code, eager_reference, train, train_fsdp
-from ranks import run_ranks
+from ranks import RANK_TESTS, assert_training_matches, run_ranks
 
-pytestmark = [
-    pytest.mark.distributed,
-    pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-                       reason="torch.distributed with gloo is not available"),
-    pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler"),
-]
+pytestmark = RANK_TESTS
 STEPS = 5
-RTOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("kiln_cache"))
-
-
-def _assert_matches(result: dict, reference: dict, what: str) -> None:
-    assert result["losses"] == pytest.approx(reference["losses"], rel=RTOL), (what, result["losses"],
-                                                                             reference["losses"])
-    for name, expected in reference["params"].items():
-        torch.testing.assert_close(result["params"][name], expected, rtol=RTOL, atol=1e-6,
-                                   msg=lambda m: f"{what} {name}: {m}")
 
 
 def _handed_to_torch(counters: dict) -> dict:
@@ -52,7 +29,7 @@ def test_nanogpt_ddp_training_both_wrappings_match_full_batch_eager(cache_dir):
     reference = eager_reference("nanogpt", 4, STEPS)
     for wrapping in wrappings:
         for rank, result in enumerate(ranks):
-            _assert_matches(result[wrapping], reference, f"{wrapping} rank {rank}")
+            assert_training_matches(result[wrapping], reference, f"{wrapping} rank {rank}")
             counters = result[wrapping]["counters"]
             assert counters["autograd"]["backward graphs compiled"] >= 1, counters
             assert not _handed_to_torch(counters), counters["cpp"]
@@ -67,7 +44,7 @@ def test_small_buckets_split_the_graph_and_overlap_the_backward(cache_dir):
     reference = eager_reference("nanogpt_tiny", 4, 3)
     for rank, result in enumerate(ranks):
         split = result["compiled_ddp"]
-        _assert_matches(split, reference, f"split rank {rank}")
+        assert_training_matches(split, reference, f"split rank {rank}")
         assert split["piece_counts"] == [4], split["splits"]
         assert split["counters"]["ddp"]["pieces"] == 4
         assert split["counters"]["ddp"]["graphs split at bucket boundaries"] == 1
@@ -84,7 +61,7 @@ def test_small_buckets_split_the_graph_and_overlap_the_backward(cache_dir):
             assert log.index("allreduce") < len(log) - 1 - log[::-1].index("backward"), log
         # one compiled graph: every gradient arrives when the whole backward is done
         whole = result["ddp_of_compiled"]
-        _assert_matches(whole, reference, f"unsplit rank {rank}")
+        assert_training_matches(whole, reference, f"unsplit rank {rank}")
         for log in whole["events"][1:]:
             assert log.index("allreduce") > log.index("backward"), log
 
@@ -105,7 +82,7 @@ def test_fsdp2_blocks_compile_and_match_eager_fsdp2(name, cache_dir):
     for rank, result in enumerate(ranks):
         eager, mine = result["eager"], result["kiln"]
         assert mine["type"] == "CompiledFSDP"
-        _assert_matches(mine, eager, f"fsdp2 {name} rank {rank}")
+        assert_training_matches(mine, eager, f"fsdp2 {name} rank {rank}")
         counters = mine["counters"]
         # each block's forward is a graph of its own, compiled with its backward
         blocks = counters["graphs"].get("GPTBlock.forward", 0) + counters["graphs"].get("LlamaBlock.forward", 0)

@@ -8,40 +8,21 @@ graph with no break and its backward compiled. The stages `pipeline()` cuts from
 """
 from __future__ import annotations
 
-import shutil
-
 import pytest
-import torch
 
-from kiln import config
-
-from ranks import run_ranks
+from ranks import RANK_TESTS, assert_training_matches, run_ranks
 from pp_workers import train_pp, train_traced
 
-pytestmark = [
-    pytest.mark.distributed,
-    pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-                       reason="torch.distributed with gloo is not available"),
-    pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler"),
-]
+pytestmark = RANK_TESTS
 STEPS = 5
 RTOL = 1e-4
 CONFIGS = [("nanogpt", "gpipe"), ("llama", "1f1b")]
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("kiln_cache"))
-
-
 def _assert_matches(result: dict, reference: dict, what: str) -> None:
     assert len(result["losses"]) == len(reference["losses"])
-    assert result["losses"] == pytest.approx(reference["losses"], rel=RTOL), (what, result["losses"],
-                                                                             reference["losses"])
     assert result["params"].keys() == reference["params"].keys()
-    for name, expected in reference["params"].items():
-        torch.testing.assert_close(result["params"][name], expected, rtol=RTOL, atol=1e-6,
-                                   msg=lambda m: f"{what} {name}: {m}")
+    assert_training_matches(result, reference, what, RTOL)
 
 
 # the embedding's gradient, on the first stage: index_put accumulating rows at the token ids, a scatter

@@ -7,45 +7,23 @@ the graph. Layouts kiln does not compile over shards keep the hooks: visible bre
 """
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 
-from kiln import config
-
-from ranks import run_ranks
+from ranks import RANK_TESTS, assert_training_matches, run_ranks
 from tp_workers import train_tp
 
-pytestmark = [
-    pytest.mark.distributed,
-    pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-                       reason="torch.distributed with gloo is not available"),
-    pytest.mark.skipif(shutil.which(config.get("cxx")) is None, reason="no C++ compiler"),
-]
+pytestmark = RANK_TESTS
 STEPS = 5
 RTOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("kiln_cache"))
-
-
-def _assert_matches(result: dict, reference: dict, what: str) -> None:
-    assert result["losses"] == pytest.approx(reference["losses"], rel=RTOL), (what, result["losses"],
-                                                                             reference["losses"])
-    for name, expected in reference["params"].items():
-        torch.testing.assert_close(result["params"][name], expected, rtol=RTOL, atol=1e-6,
-                                   msg=lambda m: f"{what} {name}: {m}")
 
 
 def _check_run(result: dict, name: str, what: str) -> None:
     kiln_run = result["kiln"]
     assert kiln_run["type"] == "CompiledTP"
-    _assert_matches(kiln_run, result["eager"], what)
+    assert_training_matches(kiln_run, result["eager"], what)
     assert result["kiln_eager"]["type"] == "CompiledTP"
-    _assert_matches(result["kiln_eager"], result["eager"], f"{what} (backend eager)")
+    assert_training_matches(result["kiln_eager"], result["eager"], f"{what} (backend eager)")
     assert (kiln_run["graphs"], kiln_run["breaks"]) == (1, 0), kiln_run["explain"]
     assert kiln_run["raw_model_counts"] == (1, 0)
     explain = kiln_run["explain"]
@@ -104,7 +82,7 @@ def test_tp_times_dp_on_four_ranks_trains_as_eager(cache_dir):
     from tp_workers import train_tp_dp
     ranks = run_ranks(train_tp_dp, (STEPS, cache_dir), world_size=4, timeout=240)
     for rank, result in enumerate(ranks):
-        _assert_matches(result["kiln"], result["eager"], f"tp x dp rank {rank}")
+        assert_training_matches(result["kiln"], result["eager"], f"tp x dp rank {rank}")
         assert result["kiln"]["type"] == "CompiledFSDP"
         assert "has hooks" in result["kiln"]["explain"], result["kiln"]["explain"]
     # the tp pairs see the same batches, the dp groups different ones

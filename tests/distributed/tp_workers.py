@@ -22,6 +22,18 @@ def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
             for n, p in model.named_parameters()}
 
 
+def sgd_steps(run: Any, opt: torch.optim.Optimizer, data: list) -> list[float]:
+    """One SGD step of `(run(x) ** 2).mean()` per batch of `data`: the losses."""
+    losses = []
+    for x in data:
+        opt.zero_grad()
+        loss = (run(x) ** 2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
 def train_tp(rank: int, world: int, configs: list[tuple[str, bool]], steps: int, cache_dir: str,
              with_unsupported: bool = False) -> dict[Any, Any]:
     """train_one for each (model name, bias) in `configs`, in one set of ranks (and, with
@@ -53,13 +65,7 @@ def train_one(mesh: Any, name: str, steps: int, cache_dir: str, bias: bool = Fal
             opt = torch.optim.SGD(model.parameters(), lr=LR)
             gen = torch.Generator().manual_seed(1234)
             data = [torch.randn(example.shape, generator=gen) for _ in range(steps)]
-            losses = []
-            for x in data:
-                opt.zero_grad()
-                loss = (run(x) ** 2).mean()
-                loss.backward()
-                opt.step()
-                losses.append(loss.item())
+            losses = sgd_steps(run, opt, data)
             results[variant] = {"losses": losses, "params": full_parameters(model),
                                 "counters": {k: dict(v) for k, v in kiln.counters.items()},
                                 "type": type(run).__name__}
@@ -116,13 +122,7 @@ def train_tp_dp(rank: int, world: int, steps: int, cache_dir: str) -> dict[str, 
             opt = torch.optim.SGD(model.parameters(), lr=LR)
             gen = torch.Generator().manual_seed(1234 + mesh["dp"].get_local_rank())
             data = [torch.randn(example.shape, generator=gen) for _ in range(steps)]
-            losses = []
-            for x in data:
-                opt.zero_grad()
-                loss = (run(x) ** 2).mean()
-                loss.backward()
-                opt.step()
-                losses.append(loss.item())
+            losses = sgd_steps(run, opt, data)
             results[variant] = {"losses": losses, "params": full_parameters(model), "type": type(run).__name__,
                                 "counters": {k: dict(v) for k, v in kiln.counters.items()}}
             if variant == "kiln":
